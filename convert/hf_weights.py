@@ -1,0 +1,187 @@
+"""Hugging Face DeepseekV3 / Kimi tensor names -> jaxspec weight pytrees, one layer at a time.
+
+Layouts: linear weights keep HF's [out, in]; q_b_proj, kv_b_proj and o_proj are split per head
+([N, .., ..]) so heads can be sharded; routed experts are stacked to [E, ..]. INT4 experts stay packed,
+FP8 experts stay FP8 unless `dequantize_experts`; every other quantized tensor becomes `dtype`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from convert.safetensors_reader import CheckpointError
+from model.attention_mla import MLAWeights
+from model.config import TextConfig
+from model.decoder import KimiWeights, LayerWeights
+from model.mlp import MLPWeights
+from model.moe import ExpertWeights, MoEWeights
+from model.quant import Fp8Weight, Int4Weight
+
+
+class TensorSource(Protocol):
+    def has(self, name: str) -> bool: ...
+    def get(self, name: str) -> np.ndarray: ...
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+
+def layer_prefix(cfg: TextConfig, layer: int) -> str:
+    return f"{cfg.weight_prefix}model.layers.{layer}."
+
+
+class WeightBuilder:
+    """Reads tensors by HF name, checks shapes against the config, dequantizes where asked."""
+
+    def __init__(self, src: TensorSource, cfg: TextConfig, dtype=jnp.bfloat16, *, dequantize_experts=False):
+        self.src, self.cfg, self.dtype = src, cfg, np.dtype(dtype)
+        self.dequantize_experts = dequantize_experts
+        self.used: set[str] = set()
+
+    # --- raw access ---------------------------------------------------------------------------------
+    def raw(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        if not self.src.has(name):
+            raise CheckpointError(f"missing tensor '{name}'")
+        if shape is not None and tuple(self.src.shape(name)) != tuple(shape):
+            raise CheckpointError(
+                f"tensor '{name}' has shape {tuple(self.src.shape(name))}, config expects {tuple(shape)}"
+            )
+        self.used.add(name)
+        return self.src.get(name)
+
+    def dense(self, module: str, out: int, inp: int, dtype=None) -> np.ndarray:
+        """A Linear's weight [out, in] as a dense array (FP8 / INT4 dequantized)."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        q = self.quantized(module, out, inp)
+        if isinstance(q, np.ndarray):
+            return q.astype(dtype)
+        from model.quant import dequantize
+
+        return np.asarray(dequantize(q, jnp.float32)).astype(dtype)
+
+    def quantized(self, module: str, out: int, inp: int):
+        """A Linear's weight as stored: ndarray, Int4Weight or Fp8Weight (numpy-backed)."""
+        if self.src.has(module + ".weight_packed"):
+            return self._int4(module, out, inp)
+        w = self.raw(module + ".weight", (out, inp))
+        if self.src.has(module + ".weight_scale_inv"):
+            if w.dtype != ml_dtypes.float8_e4m3fn:
+                raise CheckpointError(f"tensor '{module}.weight' has dtype {w.dtype} but a weight_scale_inv (FP8 expects float8_e4m3fn)")
+            bo, bi = self.cfg.quant.block_size if self.cfg.quant else (128, 128)
+            s = self.raw(module + ".weight_scale_inv", (-(-out // bo), -(-inp // bi)))
+            return Fp8Weight(w, s.astype(np.float32))
+        if w.dtype == ml_dtypes.float8_e4m3fn:
+            raise CheckpointError(f"tensor '{module}.weight' is float8 but '{module}.weight_scale_inv' is missing")
+        if w.dtype.kind not in "f" and w.dtype != ml_dtypes.bfloat16:
+            raise CheckpointError(f"tensor '{module}.weight' has unsupported dtype {w.dtype}")
+        return w
+
+    def _int4(self, module: str, out: int, inp: int) -> Int4Weight:
+        q = self.cfg.quant
+        if q is None or q.method != "int4":
+            raise CheckpointError(f"tensor '{module}.weight_packed' is INT4 but config.json declares no compressed-tensors quantization")
+        if inp % 8 or inp % q.group_size:
+            raise CheckpointError(f"tensor '{module}': input dim {inp} is not a multiple of 8 and group_size {q.group_size}")
+        packed = self.raw(module + ".weight_packed", (out, inp // 8))
+        if packed.dtype != np.int32:
+            raise CheckpointError(f"tensor '{module}.weight_packed' has dtype {packed.dtype}, expected int32")
+        scale = self.raw(module + ".weight_scale", (out, inp // q.group_size))
+        if self.src.has(module + ".weight_shape"):
+            ws = [int(v) for v in self.raw(module + ".weight_shape").reshape(-1)]
+            if ws != [out, inp]:
+                raise CheckpointError(f"tensor '{module}.weight_shape' says {ws}, config expects {[out, inp]}")
+        return Int4Weight(packed.view(np.uint32), scale)
+
+    def vector(self, name: str, n: int, dtype=None) -> np.ndarray:
+        return self.raw(name, (n,)).astype(self.dtype if dtype is None else dtype)
+
+    # --- blocks -------------------------------------------------------------------------------------
+    def mla(self, layer: int) -> MLAWeights:
+        c, p = self.cfg, layer_prefix(self.cfg, layer) + "self_attn."
+        h, n, dn, r, dv, kc = c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
+        if c.q_lora_rank is None:
+            q_a, q_norm = None, None
+            q_b = self.dense(p + "q_proj", n * (dn + r), h).reshape(n, dn + r, h)
+        else:
+            q_a = self.dense(p + "q_a_proj", c.q_lora_rank, h)
+            q_norm = self.vector(p + "q_a_layernorm.weight", c.q_lora_rank)
+            q_b = self.dense(p + "q_b_proj", n * (dn + r), c.q_lora_rank).reshape(n, dn + r, c.q_lora_rank)
+        kv_b = self.dense(p + "kv_b_proj", n * (dn + dv), kc).reshape(n, dn + dv, kc)
+        return MLAWeights(
+            q_a_proj=q_a, q_a_norm=q_norm, q_b_proj=q_b,
+            kv_a_proj=self.dense(p + "kv_a_proj_with_mqa", kc + r, h),
+            kv_a_norm=self.vector(p + "kv_a_layernorm.weight", kc),
+            w_uk=np.ascontiguousarray(kv_b[:, :dn]), w_uv=np.ascontiguousarray(kv_b[:, dn:]),
+            o_proj=self.dense(p + "o_proj", h, n * dv).reshape(h, n, dv),
+        )
+
+    def mlp(self, prefix: str, hidden: int, inter: int) -> MLPWeights:
+        return MLPWeights(
+            gate=self.dense(prefix + "gate_proj", inter, hidden),
+            up=self.dense(prefix + "up_proj", inter, hidden),
+            down=self.dense(prefix + "down_proj", hidden, inter),
+        )
+
+    def experts(self, layer: int) -> ExpertWeights:
+        c, p = self.cfg, layer_prefix(self.cfg, layer) + "mlp.experts."
+        h, f = c.hidden_size, c.moe_intermediate_size
+
+        def stack(proj: str, out: int, inp: int):
+            mats = [self.quantized(f"{p}{e}.{proj}", out, inp) for e in range(c.n_routed_experts)]
+            if isinstance(mats[0], np.ndarray) or self.dequantize_experts:
+                return np.stack([self.dense(f"{p}{e}.{proj}", out, inp) for e in range(c.n_routed_experts)])
+            kinds = {type(m) for m in mats}
+            if len(kinds) != 1:
+                raise CheckpointError(f"layer {layer} experts mix storage formats {sorted(k.__name__ for k in kinds)} in {proj}")
+            if isinstance(mats[0], Int4Weight):
+                return Int4Weight(np.stack([m.packed for m in mats]), np.stack([np.asarray(m.scale) for m in mats]))
+            return Fp8Weight(np.stack([m.weight for m in mats]), np.stack([m.scale_inv for m in mats]))
+
+        return ExpertWeights(gate=stack("gate_proj", f, h), up=stack("up_proj", f, h), down=stack("down_proj", h, f))
+
+    def layer(self, layer: int) -> LayerWeights:
+        c, p = self.cfg, layer_prefix(self.cfg, layer)
+        if c.is_moe_layer(layer):
+            ff = MoEWeights(
+                router=self.raw(p + "mlp.gate.weight", (c.n_routed_experts, c.hidden_size)).astype(np.float32),
+                router_bias=self.vector(p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, np.float32),
+                experts=self.experts(layer),
+                shared=None if c.n_shared_experts == 0 else self.mlp(
+                    p + "mlp.shared_experts.", c.hidden_size, c.moe_intermediate_size * c.n_shared_experts
+                ),
+            )
+        else:
+            ff = self.mlp(p + "mlp.", c.hidden_size, c.intermediate_size)
+        return LayerWeights(
+            input_norm=self.vector(p + "input_layernorm.weight", c.hidden_size),
+            post_attention_norm=self.vector(p + "post_attention_layernorm.weight", c.hidden_size),
+            attn=self.mla(layer),
+            mlp=ff,
+        )
+
+    def embed(self) -> np.ndarray:
+        c = self.cfg
+        return self.raw(f"{c.weight_prefix}model.embed_tokens.weight", (c.vocab_size, c.hidden_size)).astype(self.dtype)
+
+    def final_norm(self) -> np.ndarray:
+        return self.vector(f"{self.cfg.weight_prefix}model.norm.weight", self.cfg.hidden_size)
+
+    def lm_head(self) -> np.ndarray:
+        c = self.cfg
+        return self.dense(f"{c.weight_prefix}lm_head", c.vocab_size, c.hidden_size)
+
+
+def load_kimi_weights(src: TensorSource, cfg: TextConfig, dtype=jnp.bfloat16, **kw) -> KimiWeights:
+    """Whole-model load into memory (tests and small models; `python -m convert` streams instead)."""
+    b = WeightBuilder(src, cfg, dtype, **kw)
+    w = KimiWeights(
+        embed=b.embed(),
+        layers=tuple(b.layer(i) for i in range(cfg.num_hidden_layers)),
+        final_norm=b.final_norm(),
+        lm_head=b.lm_head(),
+    )
+    import jax
+
+    return jax.tree_util.tree_map(jnp.asarray, w)

@@ -1,0 +1,93 @@
+"""Multi-head latent attention (MLA) over the latent cache.
+
+`absorbed` is what runs: the k_nope half of kv_b_proj is folded into the query and the v half into the
+output, so attention reads only the cached normalized latent [C] and roped key [R] per token.
+`decompressed` expands K and V per head (HF's formulation) and exists as the test reference.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from model.config import TextConfig
+from model.kv_cache import visible_slots, write_slots
+from model.norms import rms_norm
+from model.quant import Weight, linear
+from model.rope import apply_interleaved
+
+# HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
+LORA_NORM_EPS = 1e-6
+
+
+@struct.dataclass
+class MLAWeights:
+    q_a_proj: Weight | None  # [Q, H] (None when q_lora_rank is None)
+    q_a_norm: jax.Array | None  # [Q]
+    q_b_proj: jax.Array  # [N, Dn+R, Q], or [N, Dn+R, H] as q_proj without q-LoRA
+    kv_a_proj: Weight  # [C+R, H]
+    kv_a_norm: jax.Array  # [C]
+    w_uk: jax.Array  # [N, Dn, C]  k_nope rows of kv_b_proj
+    w_uv: jax.Array  # [N, Dv, C]  v rows of kv_b_proj
+    o_proj: jax.Array  # [H, N, Dv]
+
+
+def project_query(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin):
+    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R]."""
+    q_in = x_BTH if w.q_a_proj is None else rms_norm(linear(x_BTH, w.q_a_proj), w.q_a_norm, LORA_NORM_EPS)
+    q_BTNK = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
+    q_nope, q_rope = q_BTNK[..., : cfg.qk_nope_head_dim], q_BTNK[..., cfg.qk_nope_head_dim :]
+    return q_nope, apply_interleaved(q_rope, cos, sin)
+
+
+def project_latent(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin):
+    """-> normalized latent [B, T, C], roped shared key [B, T, R]: what the cache stores."""
+    kv_BTX = linear(x_BTH, w.kv_a_proj)
+    latent_BTC = rms_norm(kv_BTX[..., : cfg.kv_lora_rank], w.kv_a_norm, LORA_NORM_EPS)
+    k_rope_BTR = apply_interleaved(kv_BTX[..., cfg.kv_lora_rank :][:, :, None, :], cos, sin)[:, :, 0, :]
+    return latent_BTC, k_rope_BTR
+
+
+def _softmax_masked(scores_BNTS, positions_BT, scale):
+    mask_B1TS = visible_slots(positions_BT, scores_BNTS.shape[-1])[:, None]
+    scores = jnp.where(mask_B1TS, scores_BNTS * scale, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def attend_absorbed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
+    dt = q_nope.dtype
+    q_lat_BTNC = jnp.einsum("btnd,ndc->btnc", q_nope, w.w_uk.astype(dt))
+    scores_BNTS = jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, latent_BSC, preferred_element_type=jnp.float32)
+    scores_BNTS += jnp.einsum("btnr,bsr->bnts", q_rope, k_rope_BSR, preferred_element_type=jnp.float32)
+    probs_BNTS = _softmax_masked(scores_BNTS, positions_BT, cfg.softmax_scale).astype(dt)
+    ctx_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, latent_BSC.astype(dt))
+    return jnp.einsum("btnc,nvc->btnv", ctx_BTNC, w.w_uv.astype(dt))
+
+
+def attend_decompressed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
+    dt = q_nope.dtype
+    k_nope_BSND = jnp.einsum("bsc,ndc->bsnd", latent_BSC.astype(dt), w.w_uk.astype(dt))
+    v_BSNV = jnp.einsum("bsc,nvc->bsnv", latent_BSC.astype(dt), w.w_uv.astype(dt))
+    n = k_nope_BSND.shape[2]
+    k_rope_BSNR = jnp.broadcast_to(k_rope_BSR[:, :, None, :].astype(dt), (*k_rope_BSR.shape[:2], n, k_rope_BSR.shape[-1]))
+    k_BSNK = jnp.concatenate([k_nope_BSND, k_rope_BSNR], axis=-1)
+    q_BTNK = jnp.concatenate([q_nope, q_rope], axis=-1)
+    scores_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK, k_BSNK, preferred_element_type=jnp.float32)
+    probs_BNTS = _softmax_masked(scores_BNTS, positions_BT, cfg.softmax_scale).astype(dt)
+    return jnp.einsum("bnts,bsnv->btnv", probs_BNTS, v_BSNV)
+
+
+ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed}
+
+
+def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed"):
+    """One MLA layer: write the T new tokens into the cache, attend, project out.
+
+    Returns (out [B, T, H], latent cache, rope-key cache)."""
+    q_nope, q_rope = project_query(x_BTH, w, cfg, cos, sin)
+    latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin)
+    latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
+    k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
+    out_BTNV = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
+    return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR

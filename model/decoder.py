@@ -1,0 +1,90 @@
+"""The Kimi K2 / DeepseekV3 decoder: one forward for decode (T=1), verify (T=K+1) and prefill buckets."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from model.attention_mla import MLAWeights, mla
+from model.config import TextConfig
+from model.kv_cache import LatentCache
+from model.mlp import MLPWeights, swiglu
+from model.moe import MoEWeights, moe
+from model.norms import rms_norm
+from model.rope import cos_sin, target_rope_tables
+
+
+@struct.dataclass
+class LayerWeights:
+    input_norm: jax.Array  # [H]
+    post_attention_norm: jax.Array  # [H]
+    attn: MLAWeights
+    mlp: MLPWeights | MoEWeights  # dense for layers < first_k_dense_replace
+
+
+@struct.dataclass
+class KimiWeights:
+    embed: jax.Array  # [V, H]
+    layers: tuple[LayerWeights, ...]  # separate arrays per layer: the layer loop unrolls at trace time
+    final_norm: jax.Array  # [H]
+    lm_head: jax.Array  # [V, H]
+
+    @property
+    def dtype(self):
+        return self.embed.dtype
+
+
+class ForwardOutput(NamedTuple):
+    logits: jax.Array  # [B, T, V] float32 (or [B, 1, V] when logits_at is given)
+    aux_hidden: jax.Array  # [B, T, len(aux_layers) * H]: residual stream leaving each aux layer
+    cache: LatentCache  # lengths unchanged: the caller decides what is committed
+    final_hidden: jax.Array  # [B, T, H] after the final norm
+
+
+def decoder_layer(x_BTH, lw: LayerWeights, cfg: TextConfig, cos, sin, positions_BT, latent, k_rope, attention):
+    attn_BTH, latent, k_rope = mla(
+        rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention
+    )
+    x_BTH = x_BTH + attn_BTH
+    h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
+    ff_BTH = moe(h_BTH, lw.mlp, cfg) if isinstance(lw.mlp, MoEWeights) else swiglu(h_BTH, lw.mlp)
+    return x_BTH + ff_BTH, latent, k_rope
+
+
+def forward(
+    w: KimiWeights,
+    cfg: TextConfig,
+    tokens_BT: jax.Array,
+    positions_BT: jax.Array,
+    cache: LatentCache,
+    *,
+    logits_at: jax.Array | None = None,
+    attention: str = "absorbed",
+) -> ForwardOutput:
+    """Run T new tokens per sequence at `positions` (slot = position) through the target.
+
+    `logits_at` [B] picks one token per sequence for the lm_head (prefill needs only the last)."""
+    inv_freq, multiplier = target_rope_tables(cfg)
+    cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
+    x_BTH = w.embed[tokens_BT]
+    aux_ids = set(cfg.eagle_aux_layers)
+    aux, latents, k_ropes = [], [], []
+    for i, lw in enumerate(w.layers):
+        x_BTH, latent, k_rope = decoder_layer(
+            x_BTH, lw, cfg, cos, sin, positions_BT, cache.latent[i], cache.k_rope[i], attention
+        )
+        latents.append(latent)
+        k_ropes.append(k_rope)
+        if i in aux_ids:
+            aux.append(x_BTH)
+    final_BTH = rms_norm(x_BTH, w.final_norm, cfg.rms_norm_eps)
+    head_in = final_BTH
+    if logits_at is not None:
+        head_in = jnp.take_along_axis(final_BTH, logits_at[:, None, None].astype(jnp.int32), axis=1)
+    logits = jnp.einsum("bth,vh->btv", head_in, w.lm_head.astype(head_in.dtype), preferred_element_type=jnp.float32)
+    aux_BTA = jnp.concatenate(aux, axis=-1) if aux else jnp.zeros((*x_BTH.shape[:2], 0), x_BTH.dtype)
+    new_cache = LatentCache(latent=tuple(latents), k_rope=tuple(k_ropes), lengths=cache.lengths)
+    return ForwardOutput(logits, aux_BTA, new_cache, final_BTH)

@@ -1,0 +1,50 @@
+"""The target's MLA latent cache: per layer, normalized latent [B, S, C] and roped shared key [B, S, R].
+
+Slot s holds absolute position s. A forward writes its T new tokens at their positions and attends to
+slots <= the query's position, so slots past a sequence's length (padding, rejected drafts) are never
+read before they are overwritten.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from model.config import TextConfig
+
+
+@struct.dataclass
+class LatentCache:
+    latent: tuple[jax.Array, ...]  # per layer [B, S, kv_lora_rank]
+    k_rope: tuple[jax.Array, ...]  # per layer [B, S, qk_rope_head_dim]
+    lengths: jax.Array  # [B] int32: committed tokens per sequence
+
+    @property
+    def capacity(self) -> int:
+        return self.latent[0].shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.latent[0].shape[0]
+
+
+def init_latent_cache(cfg: TextConfig, batch: int, capacity: int, dtype=jnp.bfloat16) -> LatentCache:
+    zeros = lambda d: jnp.zeros((batch, capacity, d), dtype)  # noqa: E731
+    n = cfg.num_hidden_layers
+    return LatentCache(
+        latent=tuple(zeros(cfg.kv_lora_rank) for _ in range(n)),
+        k_rope=tuple(zeros(cfg.qk_rope_head_dim) for _ in range(n)),
+        lengths=jnp.zeros((batch,), jnp.int32),
+    )
+
+
+def write_slots(cache_BSX: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    """Store token t of sequence b at slot positions[b, t]."""
+    batch_B1 = jnp.arange(cache_BSX.shape[0])[:, None]
+    return cache_BSX.at[batch_B1, positions_BT].set(new_BTX.astype(cache_BSX.dtype), mode="drop")
+
+
+def visible_slots(positions_BT: jax.Array, capacity: int) -> jax.Array:
+    """[B, T, S] bool: query (b, t) may attend slot s iff s <= its position (causal + past-length mask)."""
+    return jnp.arange(capacity)[None, None, :] <= positions_BT[:, :, None]

@@ -1,0 +1,73 @@
+"""Mixture of experts: routed SwiGLU experts (bf16, INT4 or FP8) plus the shared expert.
+
+Two plain-XLA reference paths compute the routed experts:
+- gather: pull only the selected experts' weights (few tokens: decode, verify);
+- dense: run every expert on every token and weight the results (many tokens: prefill), which reads
+  each expert once instead of materializing T*K weight copies.
+GPU kernels (bench/, issue 6) are held to these.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from model.config import TextConfig
+from model.mlp import MLPWeights, swiglu
+from model.quant import Weight, dequantize
+from model.router import route
+
+
+@struct.dataclass
+class ExpertWeights:
+    gate: Weight  # [E, F, H]
+    up: Weight  # [E, F, H]
+    down: Weight  # [E, H, F]
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate.shape[0]
+
+
+@struct.dataclass
+class MoEWeights:
+    router: jax.Array  # [E, H] float32
+    router_bias: jax.Array  # [E] float32 (e_score_correction_bias: used for choosing only)
+    experts: ExpertWeights
+    shared: MLPWeights | None
+
+
+def experts_gather(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
+    dt = x_TH.dtype
+    gate_TKFH = dequantize(experts.gate[ids_TK], dt)
+    up_TKFH = dequantize(experts.up[ids_TK], dt)
+    down_TKHF = dequantize(experts.down[ids_TK], dt)
+    h_TKF = jax.nn.silu(jnp.einsum("th,tkfh->tkf", x_TH, gate_TKFH)) * jnp.einsum("th,tkfh->tkf", x_TH, up_TKFH)
+    y_TKH = jnp.einsum("tkf,tkhf->tkh", h_TKF, down_TKHF)
+    return jnp.einsum("tk,tkh->th", weights_TK.astype(dt), y_TKH)
+
+
+def experts_dense(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
+    dt = x_TH.dtype
+    t, e = x_TH.shape[0], experts.num_experts
+    gate_EFH, up_EFH, down_EHF = (dequantize(m, dt) for m in (experts.gate, experts.up, experts.down))
+    h_TEF = jax.nn.silu(jnp.einsum("th,efh->tef", x_TH, gate_EFH)) * jnp.einsum("th,efh->tef", x_TH, up_EFH)
+    combine_TE = jnp.zeros((t, e), jnp.float32).at[jnp.arange(t)[:, None], ids_TK].add(weights_TK)
+    return jnp.einsum("te,tef,ehf->th", combine_TE.astype(dt), h_TEF, down_EHF)
+
+
+def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
+    if ids_TK.size >= experts.num_experts:
+        return experts_dense(x_TH, experts, ids_TK, weights_TK)
+    return experts_gather(x_TH, experts, ids_TK, weights_TK)
+
+
+def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig) -> jax.Array:
+    b, t, h = x_BTH.shape
+    x_TH = x_BTH.reshape(b * t, h)
+    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
+    y_TH = routed_experts(x_TH, w.experts, ids_TK, weights_TK)
+    if w.shared is not None:
+        y_TH = y_TH + swiglu(x_TH, w.shared)
+    return y_TH.reshape(b, t, h)
