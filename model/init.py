@@ -1,0 +1,115 @@
+"""Random weights for tests and benchmarks, in the exact pytree layout a converted checkpoint has."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.attention_mla import MLAWeights
+from model.config import TextConfig
+from model.decoder import KimiWeights, LayerWeights
+from model.eagle3 import DraftConfig, DraftWeights
+from model.mlp import MLPWeights
+from model.moe import ExpertWeights, MoEWeights
+from model.quant import Int4Weight
+
+
+class _Keys:
+    def __init__(self, key):
+        self.key = key
+
+    def __call__(self):
+        self.key, sub = jax.random.split(self.key)
+        return sub
+
+
+def _normal(keys, shape, dtype, fan_in):
+    return (jax.random.normal(keys(), shape, jnp.float32) * fan_in**-0.5).astype(dtype)
+
+
+def _norm_weight(keys, n, dtype):
+    return (1.0 + 0.1 * jax.random.normal(keys(), (n,), jnp.float32)).astype(dtype)
+
+
+def _int4(keys, shape, group):
+    """Random INT4 weights whose dequantized values have about unit-fan-in variance."""
+    *lead, out, inp = shape
+    packed = jax.random.bits(keys(), (*lead, out, inp // 8), jnp.uint32)
+    scale = jnp.full((*lead, out, inp // group), (inp**-0.5) / 4.6, jnp.bfloat16)  # std of U{-8..7} ~ 4.6
+    return Int4Weight(packed, scale)
+
+
+def _mlp(keys, hidden, inter, dtype):
+    return MLPWeights(
+        gate=_normal(keys, (inter, hidden), dtype, hidden),
+        up=_normal(keys, (inter, hidden), dtype, hidden),
+        down=_normal(keys, (hidden, inter), dtype, inter),
+    )
+
+
+def init_kimi_weights(cfg: TextConfig, key, dtype=jnp.bfloat16, experts: str = "bf16") -> KimiWeights:
+    """`experts`: "bf16" (dense, in `dtype`) or "int4" (packed with bf16 group scales)."""
+    keys = _Keys(key)
+    h, n = cfg.hidden_size, cfg.num_attention_heads
+    dn, r, dv, c = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    group = cfg.quant.group_size if cfg.quant and cfg.quant.method == "int4" else 32
+
+    def layer(i):
+        q_in = h if cfg.q_lora_rank is None else cfg.q_lora_rank
+        attn = MLAWeights(
+            q_a_proj=None if cfg.q_lora_rank is None else _normal(keys, (cfg.q_lora_rank, h), dtype, h),
+            q_a_norm=None if cfg.q_lora_rank is None else _norm_weight(keys, cfg.q_lora_rank, dtype),
+            q_b_proj=_normal(keys, (n, dn + r, q_in), dtype, q_in),
+            kv_a_proj=_normal(keys, (c + r, h), dtype, h),
+            kv_a_norm=_norm_weight(keys, c, dtype),
+            w_uk=_normal(keys, (n, dn, c), dtype, c),
+            w_uv=_normal(keys, (n, dv, c), dtype, c),
+            o_proj=_normal(keys, (h, n, dv), dtype, n * dv),
+        )
+        if cfg.is_moe_layer(i):
+            e, f = cfg.n_routed_experts, cfg.moe_intermediate_size
+            if experts == "int4":
+                ew = ExpertWeights(_int4(keys, (e, f, h), group), _int4(keys, (e, f, h), group), _int4(keys, (e, h, f), group))
+            else:
+                ew = ExpertWeights(
+                    _normal(keys, (e, f, h), dtype, h), _normal(keys, (e, f, h), dtype, h), _normal(keys, (e, h, f), dtype, f)
+                )
+            ff = MoEWeights(
+                router=_normal(keys, (e, h), jnp.float32, h),
+                router_bias=0.01 * jax.random.normal(keys(), (e,), jnp.float32),
+                experts=ew,
+                shared=None if cfg.n_shared_experts == 0 else _mlp(keys, h, f * cfg.n_shared_experts, dtype),
+            )
+        else:
+            ff = _mlp(keys, h, cfg.intermediate_size, dtype)
+        return LayerWeights(_norm_weight(keys, h, dtype), _norm_weight(keys, h, dtype), attn, ff)
+
+    return KimiWeights(
+        embed=jax.random.normal(keys(), (cfg.vocab_size, h), jnp.float32).astype(dtype),
+        layers=tuple(layer(i) for i in range(cfg.num_hidden_layers)),
+        final_norm=_norm_weight(keys, h, dtype),
+        lm_head=_normal(keys, (cfg.vocab_size, h), dtype, h),
+    )
+
+
+def init_draft_weights(cfg: DraftConfig, key, dtype=jnp.bfloat16, *, own_embed=False, d2t=None) -> DraftWeights:
+    """`d2t`: numpy offsets [draft_vocab_size] (None: identity vocab, using the target's lm_head)."""
+    keys = _Keys(key)
+    h, n, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    reduced = d2t is not None
+    return DraftWeights(
+        fc=_normal(keys, (h, cfg.aux_width), dtype, cfg.aux_width),
+        input_norm=_norm_weight(keys, h, dtype),
+        hidden_norm=_norm_weight(keys, h, dtype),
+        post_attention_norm=_norm_weight(keys, h, dtype),
+        q_proj=_normal(keys, (n * d, 2 * h), dtype, 2 * h),
+        k_proj=_normal(keys, (nkv * d, 2 * h), dtype, 2 * h),
+        v_proj=_normal(keys, (nkv * d, 2 * h), dtype, 2 * h),
+        o_proj=_normal(keys, (h, n * d), dtype, n * d),
+        mlp=_mlp(keys, h, cfg.intermediate_size, dtype),
+        final_norm=_norm_weight(keys, h, dtype),
+        lm_head=_normal(keys, (cfg.draft_vocab_size, h), dtype, h) if reduced else None,
+        embed=jax.random.normal(keys(), (cfg.vocab_size, h), jnp.float32).astype(dtype) if own_embed else None,
+        d2t=None if d2t is None else jnp.asarray(np.asarray(d2t), jnp.int32),
+    )
