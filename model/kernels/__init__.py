@@ -1,0 +1,55 @@
+"""GPU kernels, each beside the plain-XLA reference it is tested against; the engine picks per backend.
+
+`routed_experts_for_backend` has the signature of `model.moe.routed_experts`: on a GPU it runs the fused
+Pallas MoE (model/kernels/moe_gather.py) when the shapes fit, elsewhere the plain reference paths.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas, token_tile
+from model.quant import Fp8Weight
+
+# Above this many tokens (prefill buckets) the kernel's per-slot pass stops paying: the plain dense path runs.
+MAX_KERNEL_TOKENS = 128
+
+
+def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
+    """Tile sizes for the H200 (bench/moe_layer.py times the candidates)."""
+    del tokens, experts
+    return MoEKernelConfig()
+
+
+def fused_moe_applies(x_TH: jax.Array, experts) -> bool:
+    if jax.default_backend() != "gpu" or isinstance(experts.gate, Fp8Weight):
+        return False
+    if x_TH.shape[0] > MAX_KERNEL_TOKENS:
+        return False
+    try:
+        check_shapes(experts, kernel_config_for(x_TH.shape[0], experts))
+    except ValueError:
+        return False
+    return True
+
+
+def routed_experts_for_backend(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
+    """Fused Pallas MoE on GPU, plain XLA reference elsewhere; [T, H] -> [T, H]."""
+    if fused_moe_applies(x_TH, experts):
+        cfg = kernel_config_for(x_TH.shape[0], experts)
+        return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=cfg)
+    from model.moe import experts_dense, experts_gather  # lazy: model.moe calls into this module
+
+    plain = experts_dense if ids_TK.size >= experts.num_experts else experts_gather
+    return plain(x_TH, experts, ids_TK, weights_TK)
+
+
+__all__ = [
+    "MAX_KERNEL_TOKENS",
+    "MoEKernelConfig",
+    "fused_moe_applies",
+    "kernel_config_for",
+    "routed_experts_for_backend",
+    "routed_experts_pallas",
+    "token_tile",
+]

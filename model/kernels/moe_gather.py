@@ -1,0 +1,186 @@
+"""Fused routed experts for few tokens (decode, verify): Pallas (Triton) gather-GEMMs over the selected experts.
+
+Plain reference: `model.moe.experts_gather` (tests hold this to it in Pallas interpret mode on CPU).
+
+Two kernels, each reading every selected expert once (slots from `expert_slots`):
+1. gate_up: grid (slot, block of F rows). h[u, f, t] = silu(x_t . gate[e_u, f]) * (x_t . up[e_u, f]) * c[u, t],
+   where c[u, t] is token t's routing weight for the slot's expert (0 when t did not choose it).
+2. down: grid (block of H rows). y[h, t] = sum over used slots u of down[e_u, h, :] . h[u, :, t].
+The T tokens ride along as the N side of a small matrix product (padded to 16+), so T = 1..16 tokens cost
+about the same bytes as one: weights are read once per slot, never per (token, choice) pair.
+
+INT4 weights stay packed in HBM and are dequantized in registers (see int4_tile.py): nibble j of each
+word is a "part" dotted with the inputs 8*w + j, so the wrapper lays x out j-major ([8, H/8, T]) and the
+gate_up kernel computes F rows in the matching j-major order, which is the layout the down kernel needs
+for its own inputs. bf16 weights are the same code with one part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from model.kernels.expert_slots import expert_slots
+from model.kernels.int4_tile import dequant_part, repeat_last
+from model.quant import Int4Weight
+
+MIN_TOKEN_TILE = 16  # Triton's dot needs every dimension >= 16
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEKernelConfig:
+    block_f: int = 64  # gate_up: rows of F per program
+    block_h: int = 32  # down: rows of H per program
+    block_k: int = 64  # words (int4) or elements (bf16) of the contracted dim per loop step and part
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def token_tile(t: int) -> int:
+    return max(MIN_TOKEN_TILE, 1 << (t - 1).bit_length())
+
+
+def _div(a, b: int):
+    # lax.div/rem (truncating; operands are >= 0): jnp's floor division emits sign fix-ups Triton rejects
+    return jax.lax.div(a, jnp.int32(b))
+
+
+def _rem(a, b: int):
+    return jax.lax.rem(a, jnp.int32(b))
+
+
+def _parts(w) -> int:
+    return 8 if isinstance(w, Int4Weight) else 1
+
+
+def _weight_arrays(w) -> tuple[jax.Array, ...]:
+    return (w.packed, w.scale) if isinstance(w, Int4Weight) else (w,)
+
+
+def _words_per_group(w) -> int:
+    return w.group_size // 8 if isinstance(w, Int4Weight) else 1
+
+
+def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype):
+    """One [rows, block_k] tile of expert e -> `parts` operands [rows, block_k] in `dtype`."""
+    words = w_ref[e, rows, pl.ds(k0, block_k)]
+    if s_ref is None:
+        return [words.astype(dtype)]
+    scales = s_ref[e, rows, pl.ds(_div(k0, words_per_group), block_k // words_per_group)]
+    scale_words = repeat_last(scales, words_per_group)  # one scale per word: shared by its 8 nibbles
+    return [dequant_part(words, scale_words, j, dtype) for j in range(parts)]
+
+
+def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words_per_group, rows_per_part,
+                    cfg: MoEKernelConfig, n_k: int):
+    if parts > 1:
+        gate_w, gate_s, up_w, up_s, h_ref = refs
+    else:
+        (gate_w, up_w, h_ref), gate_s, up_s = refs, None, None
+    u = pl.program_id(0)
+    p0 = pl.program_id(1) * cfg.block_f  # first j-major position of this block
+    dt = h_ref.dtype
+
+    @pl.when(u < num_ref[0])
+    def _():
+        e = expert_ref[u]
+        # j-major position p = j * rows_per_part + w is matrix row f = parts * w + j
+        rows = pl.ds(parts * _rem(p0, rows_per_part) + _div(p0, rows_per_part), cfg.block_f, stride=parts)
+
+        def step(i, acc):
+            acc_g, acc_u = acc
+            k0 = i * cfg.block_k
+            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt)
+            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt)
+            for j in range(parts):
+                x_j = x_ref[j, pl.ds(k0, cfg.block_k), :]
+                acc_g += jnp.dot(g_parts[j], x_j, preferred_element_type=jnp.float32)
+                acc_u += jnp.dot(u_parts[j], x_j, preferred_element_type=jnp.float32)
+            return acc_g, acc_u
+
+        zeros = jnp.zeros((cfg.block_f, x_ref.shape[-1]), jnp.float32)
+        acc_g, acc_u = jax.lax.fori_loop(0, n_k, step, (zeros, zeros))
+        h = jax.nn.silu(acc_g) * acc_u * combine_ref[u, :][None, :]
+        h_ref[u, pl.ds(p0, cfg.block_f), :] = h.astype(dt)
+
+
+def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows_per_part,
+                 cfg: MoEKernelConfig, n_k: int):
+    if parts > 1:
+        down_w, down_s, y_ref = refs
+    else:
+        (down_w, y_ref), down_s = refs, None
+    r0 = pl.program_id(0) * cfg.block_h
+    dt = h_ref.dtype
+
+    def step(i, acc):
+        u = _div(i, n_k)
+        k0 = _rem(i, n_k) * cfg.block_k
+        e = expert_ref[u]
+        d_parts = _load_parts(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt)
+        for j in range(parts):
+            h_j = h_ref[u, pl.ds(j * rows_per_part + k0, cfg.block_k), :]
+            acc += jnp.dot(d_parts[j], h_j, preferred_element_type=jnp.float32)
+        return acc
+
+    zeros = jnp.zeros((cfg.block_h, h_ref.shape[-1]), jnp.float32)
+    y_ref[pl.ds(r0, cfg.block_h), :] = jax.lax.fori_loop(0, num_ref[0] * n_k, step, zeros)
+
+
+def check_shapes(experts, cfg: MoEKernelConfig) -> None:
+    """Raise ValueError when the tiles do not divide these expert shapes."""
+    e, f, h = experts.gate.shape
+    parts = _parts(experts.gate)
+    wpg = _words_per_group(experts.gate)
+    if wpg & (wpg - 1):
+        raise ValueError(f"group size {experts.gate.group_size} must be 8 * a power of two")
+    for name, n, b in (("F/parts", f // parts, cfg.block_f), ("F/parts", f // parts, cfg.block_k),
+                       ("H/parts", h // parts, cfg.block_k), ("H", h, cfg.block_h)):
+        if n % b or b % wpg:
+            raise ValueError(f"{name}={n} is not a multiple of block {b} (or block not of whole groups)")
+    if _parts(experts.down) != parts:
+        raise ValueError("gate/up and down must share one storage format")
+
+
+def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelConfig = MoEKernelConfig(),
+                          interpret: bool = False) -> jax.Array:
+    """Same contract as `model.moe.experts_gather`: [T, H] -> [T, H] in x's dtype."""
+    check_shapes(experts, cfg)
+    t, hidden = x_TH.shape
+    num_experts, f, _ = experts.gate.shape
+    parts, wpg = _parts(experts.gate), _words_per_group(experts.gate)
+    tp = token_tile(t)
+    dt = x_TH.dtype
+    slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), tp)
+    u = slots.expert_U.shape[0]
+    # element parts * w + j of each row -> x[j, w, t] (j-major, matching the nibble parts)
+    x_PWT = jnp.pad(x_TH, ((0, tp - t), (0, 0))).reshape(tp, hidden // parts, parts).transpose(2, 1, 0)
+    params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = dict(parts=parts, words_per_group=wpg, rows_per_part=f // parts, cfg=cfg)
+
+    gate_up = functools.partial(_gate_up_kernel, n_k=hidden // parts // cfg.block_k, **common)
+    h_UPT = pl.pallas_call(
+        gate_up,
+        out_shape=jax.ShapeDtypeStruct((u, f, tp), dt),
+        grid=(u, f // cfg.block_f),
+        compiler_params=params,
+        interpret=interpret,
+        name="moe_gate_up",
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PWT,
+      *_weight_arrays(experts.gate), *_weight_arrays(experts.up))
+
+    down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, **common)
+    y_HT = pl.pallas_call(
+        down,
+        out_shape=jax.ShapeDtypeStruct((hidden, tp), jnp.float32),
+        grid=(hidden // cfg.block_h,),
+        compiler_params=params,
+        interpret=interpret,
+        name="moe_down",
+    )(slots.expert_U, slots.num_used, h_UPT, *_weight_arrays(experts.down))
+    return y_HT[:, :t].T.astype(dt)

@@ -1,0 +1,142 @@
+"""The fused Pallas MoE (model/kernels) against the plain reference `experts_gather`, in interpret mode on CPU.
+
+The GPU run of the same kernel is checked against the reference by bench/moe_layer.py (its result is in
+bench/results/). Here we also lower the kernel to Triton IR at Kimi K2 shapes, which catches
+unsupported operations without a GPU.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.kernels import routed_experts_for_backend
+from model.kernels.expert_slots import expert_slots
+from model.kernels.int4_tile import nibble_values, repeat_last
+from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
+from model.moe import ExpertWeights, experts_gather, routed_experts
+from model.quant import Int4Weight, dequantize, unpack_int4
+
+E, F, H, K = 6, 128, 256, 3
+TINY = MoEKernelConfig(block_f=16, block_h=16, block_k=16)
+# jitted: interpret mode run op by op is far slower than one compiled loop over the grid
+interpret_kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=TINY, interpret=True))
+
+
+def _int4(key, out, inp):
+    kb, ks = jax.random.split(key)
+    packed = jax.random.bits(kb, (E, out, inp // 8), jnp.uint32)
+    scale = (0.01 + 0.05 * jax.random.uniform(ks, (E, out, inp // 32))).astype(jnp.bfloat16)
+    return Int4Weight(packed, scale)
+
+
+@pytest.fixture(scope="module")
+def int4_experts():
+    kg, ku, kd = jax.random.split(jax.random.PRNGKey(0), 3)
+    return ExpertWeights(_int4(kg, F, H), _int4(ku, F, H), _int4(kd, H, F))
+
+
+def _routing(t, seed):
+    """Distinct experts per token; tokens overlap (so slots must merge them)."""
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.permutation(E)[:K] for _ in range(t)]).astype(np.int32)
+    weights = rng.uniform(0.1, 1.0, size=(t, K)).astype(np.float32)
+    return jnp.asarray(ids), jnp.asarray(weights)
+
+
+def _rel_err(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert np.isfinite(out).all()
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+def test_nibble_values_match_unpack():
+    words = jax.random.bits(jax.random.PRNGKey(1), (4, 16), jnp.uint32)
+    q = np.asarray(unpack_int4(words)).reshape(4, 16, 8)
+    for j in range(8):
+        np.testing.assert_array_equal(np.asarray(nibble_values(words, j)), q[:, :, j].astype(np.float32))
+
+
+def test_repeat_last_is_repeat():
+    x = jnp.arange(24.0).reshape(3, 8)
+    np.testing.assert_array_equal(np.asarray(repeat_last(x, 4)), np.repeat(np.asarray(x), 4, axis=-1))
+
+
+def test_expert_slots_merge_shared_experts():
+    ids = jnp.asarray([[4, 1, 2], [2, 4, 0]], jnp.int32)
+    w = jnp.asarray([[0.5, 0.25, 0.125], [1.0, 2.0, 4.0]], jnp.float32)
+    s = expert_slots(ids, w, num_slots=6, tokens_padded=4)
+    assert int(s.num_used[0]) == 4
+    np.testing.assert_array_equal(np.asarray(s.expert_U[:4]), [0, 1, 2, 4])
+    expected = np.zeros((6, 4), np.float32)
+    expected[[0, 1, 2, 3], 0] = [0.0, 0.25, 0.125, 0.5]
+    expected[[0, 1, 2, 3], 1] = [4.0, 0.0, 1.0, 2.0]
+    np.testing.assert_array_equal(np.asarray(s.combine_UT), expected)
+
+
+def test_int4_kernel_is_exact_in_float32(int4_experts):
+    """float32 activations: the same arithmetic as the reference up to summation order (3 tokens sharing experts)."""
+    ids, w = _routing(3, seed=3)
+    x = jax.random.normal(jax.random.PRNGKey(3), (3, H), jnp.float32)
+    assert _rel_err(interpret_kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
+
+
+def test_int4_kernel_bf16_decode_token(int4_experts):
+    """bf16 activations (what runs): within bf16 rounding of the reference."""
+    ids, w = _routing(1, seed=1)
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, H), jnp.float32).astype(jnp.bfloat16)
+    out = interpret_kernel(x, int4_experts, ids, w)
+    assert out.dtype == jnp.bfloat16
+    assert _rel_err(out, experts_gather(x, int4_experts, ids, w)) < 2e-2
+
+
+def test_bf16_kernel_matches_reference(int4_experts):
+    experts = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in (int4_experts.gate, int4_experts.up, int4_experts.down)))
+    ids, w = _routing(2, seed=7)
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, H), jnp.float32).astype(jnp.bfloat16)
+    out = interpret_kernel(x, experts, ids, w)
+    assert _rel_err(out, experts_gather(x, experts, ids, w)) < 2e-2
+
+
+def test_backend_dispatch_is_reference_on_cpu(int4_experts):
+    ids, w = _routing(2, seed=9)
+    x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
+    np.testing.assert_array_equal(
+        np.asarray(routed_experts_for_backend(x, int4_experts, ids, w)), np.asarray(routed_experts(x, int4_experts, ids, w))
+    )
+
+
+def _pretend_h200():
+    """jax >= 0.11 asks the local device for its compute capability when lowering for CUDA."""
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:
+        return lambda: None
+    saved = gpu_info.get_gpu_info
+    gpu_info.get_gpu_info = lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200)
+
+    def restore():
+        gpu_info.get_gpu_info = saved
+
+    return restore
+
+
+@pytest.mark.parametrize("fmt", ["int4", "bf16"])
+def test_lowers_to_triton_at_kimi_shapes(fmt):
+    e, f, h, k, t = 384, 2048, 7168, 8, 4
+    sds = jax.ShapeDtypeStruct
+    if fmt == "int4":
+        mat = lambda o, i: Int4Weight(sds((e, o, i // 8), jnp.uint32), sds((e, o, i // 32), jnp.bfloat16))  # noqa: E731
+    else:
+        mat = lambda o, i: sds((e, o, i), jnp.bfloat16)  # noqa: E731
+    experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
+    restore = _pretend_h200()
+    try:
+        lowered = jax.jit(routed_experts_pallas).trace(
+            sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
+        ).lower(lowering_platforms=("cuda",))
+    finally:
+        restore()
+    assert lowered.as_text().count("triton") >= 2
