@@ -1,0 +1,36 @@
+"""Plain decoding without speculation: the same target forward with T = 1, for fair comparisons."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.models import SpecConfig, SpecWeights
+from jaxspec.sampling import processed_probs, sample
+from jaxspec.state import BaselineState
+from model.decoder import forward
+
+
+def baseline_step(w: SpecWeights, state: BaselineState, sp: dict, *, cfg: SpecConfig, greedy: bool,
+                  max_new_tokens: int) -> BaselineState:
+    key, k_tok = jax.random.split(state.key)
+    lengths_B = state.target_cache.lengths
+    out = forward(w.target, cfg.target, state.pending[:, None], lengths_B[:, None], state.target_cache)
+    logits_BV = out.logits[:, 0]
+    tok_B = jnp.argmax(logits_BV, -1).astype(jnp.int32) if greedy else sample(k_tok, processed_probs(logits_BV, **sp))
+    live_B = ~state.done
+    b = tok_B.shape[0]
+    col_B = jnp.where(live_B, state.generated, state.out_tokens.shape[1])
+    generated = state.generated + live_B.astype(jnp.int32)
+    done = state.done | (generated >= max_new_tokens)
+    if cfg.eos_ids:
+        done = done | (live_B & jnp.isin(tok_B, jnp.asarray(cfg.eos_ids)))
+    return state.replace(
+        target_cache=out.cache.replace(lengths=lengths_B + live_B.astype(jnp.int32)),
+        pending=jnp.where(live_B, tok_B, state.pending),
+        done=done,
+        generated=generated,
+        out_tokens=state.out_tokens.at[jnp.arange(b), col_B].set(tok_B, mode="drop"),
+        steps=state.steps + 1,
+        key=key,
+    )

@@ -1,0 +1,180 @@
+"""The generation engine: prefill + speculative cycles (or the T=1 baseline), on device or streaming.
+
+Each jitted program is compiled ahead of time once per static shape (batch, prompt bucket, cache
+capacity, K, greedy, max_new_tokens) and cached, so compile time is measured apart from run time and
+tests can count compilations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.baseline_step import baseline_step
+from jaxspec.models import SpecConfig, SpecWeights
+from jaxspec.prefill import baseline_prefill, prompt_bucket, spec_prefill
+from jaxspec.sampling import SamplingParams
+from jaxspec.spec_step import speculative_cycle
+from jaxspec.stats import AcceptanceStats
+
+
+class PromptTooLong(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # generated tokens per sequence (EOS included when hit)
+    accepted: list[list[int]]  # drafts accepted per cycle, per sequence (empty for the baseline)
+    prompt_tokens: list[int]
+    prefill_s: float
+    decode_s: float
+    compile_s: float
+    cycles: int  # speculative cycles or baseline steps run after prefill
+
+    @property
+    def stats(self) -> AcceptanceStats:
+        return AcceptanceStats.from_lists(self.accepted)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # tokens emitted after prefill (the first token comes out of the prefill)
+        n = sum(max(len(t) - 1, 0) for t in self.tokens)
+        return n / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+def _pad_prompts(prompts: list[list[int]], bucket: int, pad_id: int):
+    tokens = np.full((len(prompts), bucket), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = p
+    return tokens, np.array([len(p) for p in prompts], np.int32)
+
+
+class Engine:
+    def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int = 3, max_context: int | None = None,
+                 drafter=None):
+        if num_steps > 0 and (cfg.draft is None or weights.draft is None):
+            raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
+        self.cfg, self.weights, self.k = cfg, weights, num_steps
+        self.max_context = max_context or cfg.target.max_position_embeddings
+        self.drafter = drafter  # None: the EAGLE-3 draft chain
+        self._compiled: dict[tuple, Callable] = {}
+        self.compile_count = 0
+
+    # --- compilation ---------------------------------------------------------------------------------
+    def _compile(self, name: str, fn, static: dict, args: tuple, donate: tuple = ()):
+        key = (name, tuple(sorted(static.items())), tuple((a.shape, str(a.dtype)) for a in jax.tree_util.tree_leaves(args)))
+        hit = self._compiled.get(key)
+        if hit is not None:
+            return hit, 0.0
+        t0 = time.perf_counter()
+        jitted = jax.jit(functools.partial(fn, **static), donate_argnums=donate)
+        compiled = jitted.lower(*args).compile()
+        self._compiled[key] = compiled
+        self.compile_count += 1
+        return compiled, time.perf_counter() - t0
+
+    def _shapes(self, prompts, max_new_tokens):
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(len(p) for p in prompts)
+        need = longest + max_new_tokens + self.k + 1
+        if need > self.max_context:
+            raise PromptTooLong(
+                f"prompt of {longest} tokens + {max_new_tokens} new tokens (+{self.k + 1} verify slots) "
+                f"exceeds the context of {self.max_context} tokens"
+            )
+        bucket = prompt_bucket(longest)
+        capacity = -(-max(bucket, need) // 64) * 64
+        return bucket, capacity
+
+    # --- on-device generation ----------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+                 seed: int = 0, speculative: bool | None = None) -> GenerationResult:
+        """Run prefill, then every cycle inside one jitted `lax.while_loop` (no host round trip per cycle)."""
+        speculative = self.k > 0 if speculative is None else speculative
+        state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
+        sp = sampling.validate().as_arrays()
+        step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
+        loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
+        compiled, c = self._compile("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp), (1,))
+        compile_s += c
+        t0 = time.perf_counter()
+        state = compiled(self.weights, state, sp)
+        jax.block_until_ready(state.generated)
+        decode_s = time.perf_counter() - t0
+        return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative)
+
+    # --- streaming ----------------------------------------------------------------------------------
+    def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+               seed: int = 0, speculative: bool | None = None) -> Iterator[list[list[int]] | GenerationResult]:
+        """Yield the tokens each cycle accepted (one list per sequence), then the final GenerationResult."""
+        speculative = self.k > 0 if speculative is None else speculative
+        state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
+        sp = sampling.validate().as_arrays()
+        step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
+        compiled, c = self._compile("cycle_spec" if speculative else "cycle_base", step, {}, (self.weights, state, sp), (1,))
+        compile_s += c
+        shown = np.zeros(len(prompts), np.int64)
+        decode_s = 0.0
+        while True:
+            generated, out_tokens, done = jax.device_get((state.generated, state.out_tokens, state.done))
+            new = [out_tokens[i, shown[i] : generated[i]].tolist() for i in range(len(prompts))]
+            shown[:] = generated
+            if any(new):
+                yield new
+            if done.all():
+                break
+            t0 = time.perf_counter()
+            state = compiled(self.weights, state, sp)
+            jax.block_until_ready(state.generated)
+            decode_s += time.perf_counter() - t0
+        yield self._result(state, lengths, prefill_s, decode_s, compile_s, speculative)
+
+    # --- pieces -------------------------------------------------------------------------------------
+    def _step_fn(self, speculative: bool, greedy: bool, max_new_tokens: int):
+        if speculative:
+            return functools.partial(speculative_cycle, cfg=self.cfg, k=self.k, greedy=greedy,
+                                     max_new_tokens=max_new_tokens, drafter=self.drafter)
+        return functools.partial(baseline_step, cfg=self.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
+
+    def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative):
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        bucket, capacity = self._shapes(prompts, max_new_tokens)
+        pad = self.cfg.target.pad_token_id or 0
+        tokens, lengths = _pad_prompts(prompts, bucket, pad)
+        sp = sampling.validate().as_arrays()
+        args = (self.weights, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(seed), sp)
+        if speculative:
+            fn, static = spec_prefill, dict(cfg=self.cfg, capacity=capacity, k=self.k, greedy=sampling.greedy,
+                                            max_new_tokens=max_new_tokens, max_cycles=max_new_tokens)
+        else:
+            fn, static = baseline_prefill, dict(cfg=self.cfg, capacity=capacity, greedy=sampling.greedy,
+                                                max_new_tokens=max_new_tokens)
+        compiled, compile_s = self._compile("prefill_spec" if speculative else "prefill_base", fn, static, args)
+        t0 = time.perf_counter()
+        state = compiled(*args)
+        jax.block_until_ready(state.generated)
+        return state, time.perf_counter() - t0, compile_s, lengths
+
+    def _result(self, state, lengths, prefill_s, decode_s, compile_s, speculative) -> GenerationResult:
+        generated, out_tokens = jax.device_get((state.generated, state.out_tokens))
+        tokens = [out_tokens[i, : generated[i]].tolist() for i in range(len(generated))]
+        if speculative:
+            log = jax.device_get(state.accepted_log)
+            accepted = [[int(a) for a in row if a >= 0] for row in log]
+            cycles = int(state.cycles)
+        else:
+            accepted, cycles = [[] for _ in tokens], int(state.steps)
+        return GenerationResult(tokens, accepted, [int(x) for x in lengths], prefill_s, decode_s, compile_s, cycles)

@@ -1,0 +1,60 @@
+"""Logit processing shared by draft, target and baseline: temperature, top-k, top-p -> probabilities.
+
+The parameters are traced values, so changing them never recompiles; only greedy vs sampling is static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax)
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> "SamplingParams":
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        return self
+
+    def as_arrays(self) -> dict:
+        return dict(
+            temperature=jnp.float32(max(self.temperature, 1e-6)),
+            top_k=jnp.int32(self.top_k),
+            top_p=jnp.float32(self.top_p),
+        )
+
+
+def processed_probs(logits_XV: jax.Array, temperature, top_k, top_p) -> jax.Array:
+    """Softmax of logits / temperature restricted to the top-k, then to the smallest top-p nucleus."""
+    scaled = logits_XV.astype(jnp.float32) / temperature
+    v = scaled.shape[-1]
+    sorted_desc = -jnp.sort(-scaled, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+    kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(k - 1, scaled.shape[:-1])[..., None], axis=-1)
+    scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+    probs = jax.nn.softmax(scaled, axis=-1)
+    # nucleus: keep tokens whose preceding cumulative mass (in descending order) is < top_p
+    sorted_probs = -jnp.sort(-probs, axis=-1)
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    keep_sorted = mass_before < top_p
+    cutoff = jnp.min(jnp.where(keep_sorted, sorted_probs, jnp.inf), axis=-1, keepdims=True)
+    probs = jnp.where(probs >= cutoff, probs, 0.0)
+    return probs / probs.sum(-1, keepdims=True)
+
+
+def sample(key, probs_XV: jax.Array) -> jax.Array:
+    return jax.random.categorical(key, jnp.log(probs_XV), axis=-1).astype(jnp.int32)

@@ -1,0 +1,23 @@
+"""Drafters with known acceptance for tests: the target's own greedy continuation, and its negation."""
+
+import jax.numpy as jnp
+
+from model.decoder import forward
+
+
+def oracle_drafter(key, w, cfg, state, k, greedy, sp):
+    """Propose exactly the target's greedy continuation (every draft must be accepted)."""
+    cache, tok_B, lengths_B = state.target_cache, state.pending, state.target_cache.lengths
+    drafts = []
+    for j in range(k):
+        out = forward(w.target, cfg.target, tok_B[:, None], (lengths_B + j)[:, None], cache)
+        cache = out.cache
+        tok_B = jnp.argmax(out.logits[:, 0], axis=-1).astype(jnp.int32)
+        drafts.append(tok_B)
+    return jnp.stack(drafts, axis=1), None, state.draft_cache
+
+
+def wrong_drafter(key, w, cfg, state, k, greedy, sp):
+    """Propose a token that is never the target's argmax (every first draft must be rejected)."""
+    drafts_BK, _, cache = oracle_drafter(key, w, cfg, state, k, greedy, sp)
+    return (drafts_BK + 1) % cfg.target.vocab_size, None, cache

@@ -1,0 +1,161 @@
+"""The fused speculative cycle: greedy and sampling losslessness, acceptance, EOS, compilation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from jaxspec import acceptance, spec_step
+from jaxspec.engine import Engine
+from jaxspec.sampling import SamplingParams, sample
+from tests.oracle_drafters import oracle_drafter, wrong_drafter
+from tests.tiny_models import tiny_pair
+
+PROMPTS_3 = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56]]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(seed=0, logit_scale=3.0)
+
+
+@pytest.fixture(scope="module")
+def baseline_tokens(pair):
+    cfg, w = pair
+    return Engine(cfg, w, num_steps=1).generate(PROMPTS_3, MAX_NEW, speculative=False).tokens
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("drafter_name", ["random", "oracle", "wrong"])
+def test_greedy_speculation_equals_baseline(pair, baseline_tokens, k, drafter_name):
+    cfg, w = pair
+    drafter = {"random": None, "oracle": oracle_drafter, "wrong": wrong_drafter}[drafter_name]
+    res = Engine(cfg, w, num_steps=k, drafter=drafter).generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens
+    assert all(len(t) == MAX_NEW for t in res.tokens)
+    flat = res.stats.accepted_per_cycle
+    if drafter_name == "oracle":
+        assert flat and all(a == k for a in flat)  # acceptance length K+1 every cycle
+        assert res.stats.mean_acceptance_length == k + 1
+    elif drafter_name == "wrong":
+        assert flat and all(a == 0 for a in flat)  # acceptance length exactly 1
+    # every cycle's tokens are accounted for: first token from prefill, then accepted + 1 per cycle
+    for row, toks in zip(res.accepted, res.tokens):
+        assert 1 + sum(a + 1 for a in row) >= len(toks) > sum(a + 1 for a in row[:-1])
+
+
+def test_batch_one_equals_batch_three(pair, baseline_tokens):
+    cfg, w = pair
+    eng = Engine(cfg, w, num_steps=3)
+    for i, p in enumerate(PROMPTS_3):
+        assert eng.generate([p], MAX_NEW).tokens[0] == baseline_tokens[i]
+
+
+def test_streaming_yields_the_same_tokens(pair, baseline_tokens):
+    cfg, w = pair
+    events = list(Engine(cfg, w, num_steps=3).stream(PROMPTS_3, MAX_NEW))
+    result = events[-1]
+    streamed = [sum((ev[i] for ev in events[:-1]), []) for i in range(3)]
+    assert streamed == baseline_tokens == result.tokens
+
+
+def test_reduced_draft_vocab_is_lossless():
+    cfg, w = tiny_pair(seed=1, draft_vocab=24, logit_scale=3.0)
+    eng = Engine(cfg, w, num_steps=3)
+    assert eng.generate(PROMPTS_3, 16).tokens == eng.generate(PROMPTS_3, 16, speculative=False).tokens
+
+
+def _compile_events():
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *a, **k: events.append(name) if "backend_compile" in name else None
+    )
+    return events
+
+
+def test_one_compilation_per_static_shape(pair):
+    cfg, w = pair
+    eng = Engine(cfg, w, num_steps=3)
+    events = _compile_events()
+    first = eng.generate([[3, 4, 5, 6, 7]], 60)
+    assert first.cycles >= 20
+    count, n_events = eng.compile_count, len(events)
+    second = eng.generate([[9, 8, 7, 6, 5, 4, 3, 2, 1]], 60)  # same bucket (16), other tokens and length
+    list(eng.stream([[11, 12, 13]], 60))  # streaming: one compiled cycle dispatched per cycle
+    stream_count = eng.compile_count
+    list(eng.stream([[14, 15, 16, 17]], 60))
+    assert second.cycles >= 20
+    assert eng.compile_count == count + 1 == stream_count  # only the streaming cycle was new
+    assert len(events) - n_events <= 1 + 1  # the one new program (+ its possible helper), no per-cycle compile
+
+
+def test_eos_stops_generation(pair, baseline_tokens):
+    cfg, w = pair
+    base = baseline_tokens[0]
+    eos = base[9]
+    first = base.index(eos)
+    cfg_eos = cfg.__class__(cfg.target, cfg.draft, (eos,))
+    for k, speculative in [(3, True), (3, False), (5, True)]:
+        res = Engine(cfg_eos, w, num_steps=k).generate(PROMPTS_3[:1], MAX_NEW, speculative=speculative)
+        assert res.tokens[0] == base[: first + 1]  # ends with EOS, nothing after it
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7])
+def test_max_new_tokens_is_exact(pair, baseline_tokens, max_new):
+    cfg, w = pair
+    res = Engine(cfg, w, num_steps=5, drafter=oracle_drafter).generate(PROMPTS_3, max_new)
+    assert res.tokens == [t[:max_new] for t in baseline_tokens]
+
+
+# --- sampling losslessness ------------------------------------------------------------------------
+
+VOCAB = 8
+N_SAMPLES = 20_000
+
+
+def broken_accept(key, drafts_BK, draft_probs_BKV, target_probs_BK1V):
+    """A classic bug: on rejection, sample from p instead of normalize(max(p - q, 0))."""
+    accepted_B, emitted_BK1 = acceptance.speculative_sampling_accept(key, drafts_BK, draft_probs_BKV, target_probs_BK1V)
+    b, k = drafts_BK.shape
+    p_n = jnp.take_along_axis(target_probs_BK1V, accepted_B[:, None, None], axis=1)[:, 0]
+    resample = sample(jax.random.fold_in(key, 7), p_n)
+    fixed = jnp.where(accepted_B < k, resample, emitted_BK1[jnp.arange(b), accepted_B])
+    return accepted_B, emitted_BK1.at[jnp.arange(b), accepted_B].set(fixed)
+
+
+def _joint_first3(eng, sampling, speculative, seed):
+    res = eng.generate([[1, 2, 3]] * N_SAMPLES, 3, sampling=sampling, seed=seed, speculative=speculative)
+    toks = np.asarray(res.tokens)
+    return toks[:, 0] * VOCAB * VOCAB + toks[:, 1] * VOCAB + toks[:, 2]
+
+
+def _p_value(a, b):
+    cells = VOCAB**3
+    table = np.stack([np.bincount(a, minlength=cells), np.bincount(b, minlength=cells)])
+    table = table[:, table.sum(0) > 0]
+    return chi2_contingency(table)[1]
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    return tiny_pair(seed=3, vocab=VOCAB, logit_scale=2.0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9)], ids=["t1", "t0.7_p0.9"])
+def test_speculative_sampling_matches_baseline_distribution(small_vocab_pair, sampling):
+    cfg, w = small_vocab_pair
+    eng = Engine(cfg, w, num_steps=2)
+    spec = _joint_first3(eng, sampling, True, seed=1)
+    base = _joint_first3(eng, sampling, False, seed=2)
+    assert _p_value(spec, base) > 1e-3
+
+
+def test_broken_acceptance_rule_is_detected(small_vocab_pair, monkeypatch):
+    cfg, w = small_vocab_pair
+    sampling = SamplingParams(1.0)
+    base = _joint_first3(Engine(cfg, w, num_steps=2), sampling, False, seed=2)
+    monkeypatch.setattr(spec_step, "speculative_sampling_accept", broken_accept)
+    broken = _joint_first3(Engine(cfg, w, num_steps=2), sampling, True, seed=1)
+    assert _p_value(broken, base) < 1e-3
