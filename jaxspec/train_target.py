@@ -1,0 +1,193 @@
+"""Train the embedded default target: a scaled-down Kimi-K2.5 on the running Python's stdlib sources.
+
+    python -m jaxspec.train_target --out out/train              # default: ~5 minutes on one H200
+    python -m jaxspec.train_target --preset smoke --steps 20 --max-files 40 --out /tmp/smoke
+
+Writes OUT/tokenizer.json (trained here unless --tokenizer is given), OUT/target/ (config.json with
+INT4 experts + weights), OUT/target_metrics.json and OUT/target_loss.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tokenizers import Tokenizer
+
+from jaxspec.training.artifacts import save_model_dir
+from jaxspec.training.casting import compute_copy
+from jaxspec.training.corpus import read_sources, split_sources
+from jaxspec.training.int4_experts import quantize_experts
+from jaxspec.training.plots import plot_curves
+from jaxspec.training.progress import Progress
+from jaxspec.training.schedule import BudgetedSchedule
+from jaxspec.training.target_config import INT4_GROUP_SIZE, mini_k25_config
+from jaxspec.training.target_init import count_params, init_target_for_training
+from jaxspec.training.target_step import TargetState, eval_nll_sum, make_optimizer, train_step
+from jaxspec.training.tokenizer import encode_files, train_tokenizer
+from jaxspec.training.windows import random_windows, tiled_windows
+from model.config import text_config_from_dict
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="out/train", help="output directory")
+    p.add_argument("--preset", default="default", choices=["default", "smoke"])
+    p.add_argument("--tokenizer", default=None, help="reuse this tokenizer.json instead of training one")
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--held-out-percent", type=float, default=5.0)
+    p.add_argument("--max-files", type=int, default=None, help="use only the first N stdlib files (smoke runs)")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch", type=int, default=64)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, default=None)
+    budget.add_argument("--time-budget", type=float, default=None, help="seconds of training after compilation")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=150)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--bias-gamma", type=float, default=1e-3, help="router-bias step of aux-loss-free balancing")
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows per periodic evaluation")
+    p.add_argument("--final-eval-windows", type=int, default=1024)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.steps is None and args.time_budget is None:
+        args.time_budget = 300.0
+    return args
+
+
+def held_out_nll(weights, cfg, windows_NT, batch: int) -> float:
+    """Mean next-token NLL over windows (a multiple of `batch`, so one shape compiles)."""
+    total, count = 0.0, 0.0
+    for i in range(0, len(windows_NT), batch):
+        s, c = eval_nll_sum(weights, jnp.asarray(windows_NT[i : i + batch]), cfg=cfg)
+        total += float(s)
+        count += float(c)
+    return total / max(count, 1.0)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = Progress("target", every=args.log_every)
+    timings = {}
+
+    t = time.perf_counter()
+    train_files, held_files = split_sources(read_sources(max_files=args.max_files), args.held_out_percent)
+    if args.tokenizer:
+        tok = Tokenizer.from_file(args.tokenizer)
+    else:
+        tok = train_tokenizer(train_files, args.vocab_size)
+    tok.save(str(out / "tokenizer.json"))
+    timings["tokenizer_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    train_stream, held_stream = encode_files(tok, train_files), encode_files(tok, held_files)
+    timings["encode_s"] = time.perf_counter() - t
+    held_bytes = sum(len(f.text.encode()) for f in held_files)
+    progress.log(f"corpus: {len(train_files)} train files ({len(train_stream)} tokens), {len(held_files)} held-out "
+                 f"({len(held_stream)} tokens); vocab {tok.get_vocab_size()}; tokenizer {timings['tokenizer_s']:.1f}s, "
+                 f"encoding {timings['encode_s']:.1f}s")
+
+    config = mini_k25_config(tok.get_vocab_size(), args.preset, int4_experts=False)
+    cfg = text_config_from_dict(config)
+    weights = init_target_for_training(cfg, jax.random.PRNGKey(args.seed))
+    tx = make_optimizer(weights, weight_decay=args.weight_decay)
+    state = TargetState(weights, tx.init(weights))
+    progress.log(f"target: {count_params(weights) / 1e6:.2f}M parameters, layers {cfg.num_hidden_layers}, "
+                 f"experts {cfg.n_routed_experts} top-{cfg.num_experts_per_tok}, aux layers {cfg.eagle_aux_layers}")
+
+    seq = args.seq_len
+    held_windows = tiled_windows(held_stream, seq, args.final_eval_windows)
+    if len(held_windows) == 0:
+        raise SystemExit(f"the held-out files hold fewer than {seq} tokens: raise --held-out-percent or --max-files")
+    eval_batch = min(args.batch, len(held_windows))
+    held_windows = held_windows[: len(held_windows) // eval_batch * eval_batch]
+    periodic_windows = held_windows[: max(eval_batch, args.eval_windows // eval_batch * eval_batch)]
+    schedule = BudgetedSchedule(args.lr, args.warmup, steps=args.steps, seconds=args.time_budget)
+    rng = np.random.default_rng(args.seed)
+    curves = {"train_step": [], "train_loss": [], "eval_step": [], "eval_loss": [], "imbalance": []}
+    pending = []
+    step = 0
+    t_train = time.perf_counter()
+    while not schedule.done(step):
+        tokens = jnp.asarray(random_windows(train_stream, args.batch, seq, rng))
+        state, metrics = train_step(state, tokens, schedule.lr(step), cfg=cfg, tx=tx, gamma=args.bias_gamma)
+        step += 1
+        pending.append((step, metrics))
+        if step == 1:
+            jax.block_until_ready(metrics["loss"])
+            timings["compile_s"] = time.perf_counter() - t_train
+            progress.log(f"first step (compilation) {timings['compile_s']:.1f}s")
+            schedule.start()
+        timing = schedule.total_steps is None
+        if timing:
+            jax.block_until_ready(metrics["loss"])
+        schedule.observe(step, synced=timing)
+        if step % args.log_every == 0 or schedule.done(step):
+            for s, m in pending:
+                curves["train_step"].append(s)
+                curves["train_loss"].append(float(m["loss"]))
+                curves["imbalance"].append(float(m["imbalance"]))
+            pending = []
+            last = {k: float(v) for k, v in metrics.items()}
+            progress.update(step, schedule.total_steps, {**last, "lr": schedule.lr(step)})
+        if (step % args.eval_every == 0 or schedule.done(step)) and schedule.total_steps is not None:
+            loss = held_out_nll(state.weights, cfg, periodic_windows, eval_batch)
+            curves["eval_step"].append(step)
+            curves["eval_loss"].append(loss)
+            progress.log(f"step {step}: held-out loss {loss:.4f} (ppl {math.exp(loss):.2f})")
+    jax.block_until_ready(state.weights)
+    timings["train_s"] = time.perf_counter() - t_train
+    timings["steps"] = step
+    timings["tokens"] = step * args.batch * seq
+    progress.close()
+
+    t = time.perf_counter()
+    nll_bf16 = held_out_nll(state.weights, cfg, held_windows, eval_batch)
+    quantized = quantize_experts(jax.device_get(compute_copy(state.weights)), INT4_GROUP_SIZE)
+    config_int4 = mini_k25_config(tok.get_vocab_size(), args.preset, int4_experts=True)
+    cfg_int4 = text_config_from_dict(config_int4)
+    quantized = jax.tree_util.tree_map(jnp.asarray, quantized)
+    nll_int4 = held_out_nll(quantized, cfg_int4, held_windows, eval_batch)
+    timings["final_eval_s"] = time.perf_counter() - t
+    tokens_per_byte = len(held_stream) / max(held_bytes, 1)
+    report = {
+        "config": config_int4,
+        "parameters": count_params(weights),
+        "held_out": {
+            "windows": int(len(held_windows)),
+            "tokens": int(held_windows.size),
+            "nll_bf16": nll_bf16,
+            "ppl_bf16": math.exp(nll_bf16),
+            "nll_int4_experts": nll_int4,
+            "ppl_int4_experts": math.exp(nll_int4),
+            "bits_per_byte_int4_experts": nll_int4 / math.log(2) * tokens_per_byte,
+        },
+        "corpus": {"train_files": len(train_files), "held_out_files": len(held_files),
+                   "train_tokens": int(len(train_stream)), "held_out_tokens": int(len(held_stream))},
+        "timings": timings,
+        "args": vars(args),
+        "curves": curves,
+        "device": str(jax.devices()[0]),
+    }
+    progress.log(f"held-out perplexity: bf16 experts {math.exp(nll_bf16):.3f}, INT4 experts {math.exp(nll_int4):.3f} "
+                 f"({report['held_out']['bits_per_byte_int4_experts']:.3f} bits/byte); trained {step} steps in "
+                 f"{timings['train_s']:.0f}s")
+
+    save_model_dir(out / "target", config_int4, quantized)
+    (out / "target_metrics.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot_curves(out / "target_loss.png", "target: next-token loss",
+                {"train": (curves["train_step"], curves["train_loss"]), "held-out": (curves["eval_step"], curves["eval_loss"])})
+    return report
+
+
+if __name__ == "__main__":
+    main()
