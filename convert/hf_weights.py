@@ -3,16 +3,20 @@
 Layouts: linear weights keep HF's [out, in]; q_b_proj, kv_b_proj and o_proj are split per head
 ([N, .., ..]) so heads can be sharded; routed experts are stacked to [E, ..]. INT4 experts stay packed,
 FP8 experts stay FP8 unless `dequantize_experts`; every other quantized tensor becomes `dtype`.
+Everything is numpy on the host (no device memory is touched while converting).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from convert.dequantize_numpy import dequantize_fp8_block, dequantize_int4_group
+from convert.kimi_tensors import layer_item, layer_prefix
 from convert.safetensors_reader import CheckpointError
 from model.attention_mla import MLAWeights
 from model.config import TextConfig
@@ -21,15 +25,13 @@ from model.mlp import MLPWeights
 from model.moe import ExpertWeights, MoEWeights
 from model.quant import Fp8Weight, Int4Weight
 
+__all__ = ["TensorSource", "WeightBuilder", "layer_prefix", "load_kimi_weights"]
+
 
 class TensorSource(Protocol):
     def has(self, name: str) -> bool: ...
     def get(self, name: str) -> np.ndarray: ...
     def shape(self, name: str) -> tuple[int, ...]: ...
-
-
-def layer_prefix(cfg: TextConfig, layer: int) -> str:
-    return f"{cfg.weight_prefix}model.layers.{layer}."
 
 
 class WeightBuilder:
@@ -52,14 +54,18 @@ class WeightBuilder:
         return self.src.get(name)
 
     def dense(self, module: str, out: int, inp: int, dtype=None) -> np.ndarray:
-        """A Linear's weight [out, in] as a dense array (FP8 / INT4 dequantized)."""
+        """A Linear's weight [out, in] as a dense array (FP8 / INT4 dequantized on the host)."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         q = self.quantized(module, out, inp)
-        if isinstance(q, np.ndarray):
-            return q.astype(dtype)
-        from model.quant import dequantize
+        if isinstance(q, Int4Weight):
+            return dequantize_int4_group(q.packed, q.scale).astype(dtype)
+        if isinstance(q, Fp8Weight):
+            return dequantize_fp8_block(q.weight, q.scale_inv, self.fp8_block).astype(dtype)
+        return q.astype(dtype, copy=False)
 
-        return np.asarray(dequantize(q, jnp.float32)).astype(dtype)
+    @property
+    def fp8_block(self) -> tuple[int, int]:
+        return tuple(self.cfg.quant.block_size) if self.cfg.quant else (128, 128)
 
     def quantized(self, module: str, out: int, inp: int):
         """A Linear's weight as stored: ndarray, Int4Weight or Fp8Weight (numpy-backed)."""
@@ -69,9 +75,9 @@ class WeightBuilder:
         if self.src.has(module + ".weight_scale_inv"):
             if w.dtype != ml_dtypes.float8_e4m3fn:
                 raise CheckpointError(f"tensor '{module}.weight' has dtype {w.dtype} but a weight_scale_inv (FP8 expects float8_e4m3fn)")
-            bo, bi = self.cfg.quant.block_size if self.cfg.quant else (128, 128)
+            bo, bi = self.fp8_block
             s = self.raw(module + ".weight_scale_inv", (-(-out // bo), -(-inp // bi)))
-            return Fp8Weight(w, s.astype(np.float32))
+            return Fp8Weight(w, s.astype(np.float32, copy=False))
         if w.dtype == ml_dtypes.float8_e4m3fn:
             raise CheckpointError(f"tensor '{module}.weight' is float8 but '{module}.weight_scale_inv' is missing")
         if w.dtype.kind not in "f" and w.dtype != ml_dtypes.bfloat16:
@@ -85,7 +91,7 @@ class WeightBuilder:
         if inp % 8 or inp % q.group_size:
             raise CheckpointError(f"tensor '{module}': input dim {inp} is not a multiple of 8 and group_size {q.group_size}")
         packed = self.raw(module + ".weight_packed", (out, inp // 8))
-        if packed.dtype != np.int32:
+        if packed.dtype not in (np.int32, np.uint32):
             raise CheckpointError(f"tensor '{module}.weight_packed' has dtype {packed.dtype}, expected int32")
         scale = self.raw(module + ".weight_scale", (out, inp // q.group_size))
         if self.src.has(module + ".weight_shape"):
@@ -95,7 +101,7 @@ class WeightBuilder:
         return Int4Weight(packed.view(np.uint32), scale)
 
     def vector(self, name: str, n: int, dtype=None) -> np.ndarray:
-        return self.raw(name, (n,)).astype(self.dtype if dtype is None else dtype)
+        return self.raw(name, (n,)).astype(self.dtype if dtype is None else dtype, copy=False)
 
     # --- blocks -------------------------------------------------------------------------------------
     def mla(self, layer: int) -> MLAWeights:
@@ -124,20 +130,36 @@ class WeightBuilder:
             down=self.dense(prefix + "down_proj", hidden, inter),
         )
 
+    def expert_matrix(self, module: str, out: int, inp: int):
+        if self.dequantize_experts:
+            return self.dense(module, out, inp)
+        w = self.quantized(module, out, inp)
+        if isinstance(w, Fp8Weight):
+            bo, bi = self.fp8_block
+            if out % bo or inp % bi:
+                # a kept Fp8Weight carries no block size: it is inferred from the scale grid, exact only without edge blocks
+                raise CheckpointError(
+                    f"tensor '{module}.weight' [{out}, {inp}] is not a whole number of {bo}x{bi} FP8 blocks; "
+                    "convert with --experts bf16 to dequantize the experts"
+                )
+        return w if isinstance(w, (Int4Weight, Fp8Weight)) else w.astype(self.dtype, copy=False)
+
     def experts(self, layer: int) -> ExpertWeights:
         c, p = self.cfg, layer_prefix(self.cfg, layer) + "mlp.experts."
-        h, f = c.hidden_size, c.moe_intermediate_size
+        h, f, n = c.hidden_size, c.moe_intermediate_size, c.n_routed_experts
 
         def stack(proj: str, out: int, inp: int):
-            mats = [self.quantized(f"{p}{e}.{proj}", out, inp) for e in range(c.n_routed_experts)]
-            if isinstance(mats[0], np.ndarray) or self.dequantize_experts:
-                return np.stack([self.dense(f"{p}{e}.{proj}", out, inp) for e in range(c.n_routed_experts)])
-            kinds = {type(m) for m in mats}
-            if len(kinds) != 1:
-                raise CheckpointError(f"layer {layer} experts mix storage formats {sorted(k.__name__ for k in kinds)} in {proj}")
-            if isinstance(mats[0], Int4Weight):
-                return Int4Weight(np.stack([m.packed for m in mats]), np.stack([np.asarray(m.scale) for m in mats]))
-            return Fp8Weight(np.stack([m.weight for m in mats]), np.stack([m.scale_inv for m in mats]))
+            # fill one preallocated [E, ..] buffer per component: a layer is held once, not twice
+            first = self.expert_matrix(f"{p}0.{proj}", out, inp)
+            stacked = jax.tree_util.tree_map(lambda x: np.empty((n, *x.shape), x.dtype), first)
+            for e in range(n):
+                m = first if e == 0 else self.expert_matrix(f"{p}{e}.{proj}", out, inp)
+                if type(m) is not type(first):
+                    raise CheckpointError(
+                        f"layer {layer} experts mix storage formats ({type(first).__name__}, {type(m).__name__}) in {proj}"
+                    )
+                jax.tree_util.tree_map(lambda buf, x: buf.__setitem__(e, x), stacked, m)
+            return stacked
 
         return ExpertWeights(gate=stack("gate_proj", f, h), up=stack("up_proj", f, h), down=stack("down_proj", h, f))
 
@@ -163,7 +185,8 @@ class WeightBuilder:
 
     def embed(self) -> np.ndarray:
         c = self.cfg
-        return self.raw(f"{c.weight_prefix}model.embed_tokens.weight", (c.vocab_size, c.hidden_size)).astype(self.dtype)
+        name = f"{c.weight_prefix}model.embed_tokens.weight"
+        return self.raw(name, (c.vocab_size, c.hidden_size)).astype(self.dtype, copy=False)
 
     def final_norm(self) -> np.ndarray:
         return self.vector(f"{self.cfg.weight_prefix}model.norm.weight", self.cfg.hidden_size)
@@ -171,6 +194,17 @@ class WeightBuilder:
     def lm_head(self) -> np.ndarray:
         c = self.cfg
         return self.dense(f"{c.weight_prefix}lm_head", c.vocab_size, c.hidden_size)
+
+    def item(self, name: str):
+        """One conversion item (see kimi_tensors.target_items): "embed", "layer_NNN" or "head"."""
+        if name == "embed":
+            return self.embed()
+        if name == "head":
+            return {"final_norm": self.final_norm(), "lm_head": self.lm_head()}
+        for i in range(self.cfg.num_hidden_layers):
+            if name == layer_item(i):
+                return self.layer(i)
+        raise KeyError(f"no conversion item {name!r}")
 
 
 def load_kimi_weights(src: TensorSource, cfg: TextConfig, dtype=jnp.bfloat16, **kw) -> KimiWeights:
@@ -182,6 +216,4 @@ def load_kimi_weights(src: TensorSource, cfg: TextConfig, dtype=jnp.bfloat16, **
         final_norm=b.final_norm(),
         lm_head=b.lm_head(),
     )
-    import jax
-
     return jax.tree_util.tree_map(jnp.asarray, w)

@@ -94,6 +94,7 @@ class CheckpointReader:
         index = self.directory / "model.safetensors.index.json"
         self.files: dict[str, SafetensorsFile] = {}
         self.where: dict[str, str] = {}
+        self.index_path: Path | None = index if index.exists() else None
         if index.exists():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]

@@ -1,0 +1,291 @@
+"""The converted checkpoint on disk: layout, the resumable writer, and loading onto a mesh.
+
+    DST/
+      config.json                the source config.json, verbatim
+      jaxspec_checkpoint.json    format version, kind (target / draft), dtype, expert storage, source, items
+      weights/<item>/            one orbax StandardCheckpointer item per unit: "embed", "layer_000".., "head"
+      weights/<item>.json        its tree schema (node types, shapes, dtypes); written after the item is saved
+      tokenizer / chat template / generation_config files of the source
+      CONVERSION_COMPLETE        written last
+
+A conversion writes into DST.partial and renames it to DST only when everything, marker included, is
+there; loading refuses a directory without the marker. Each item is its own orbax checkpoint, so a
+rerun after an interruption keeps every item whose schema file exists and redoes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
+
+from convert import tree_schema
+from convert.hf_config import draft_config_to_hf, text_config_to_hf
+from convert.safetensors_reader import CheckpointError
+from convert.tokenizer_files import copy_tokenizer_files
+from model.config import TextConfig, load_text_config
+from model.decoder import KimiWeights
+from model.eagle3 import DraftConfig, DraftWeights, load_draft_config
+from model.moe import MoEWeights
+from model.quant import Fp8Weight, Int4Weight
+from model.sharding import TARGET_RULES, path_str, shardings_for
+
+FORMAT = "jaxspec-checkpoint"
+FORMAT_VERSION = 1
+METADATA_FILE = "jaxspec_checkpoint.json"
+COMPLETE_MARKER = "CONVERSION_COMPLETE"
+OPTIONS_FILE = "convert_options.json"  # in DST.partial only: what the unfinished conversion was started with
+WEIGHTS_DIR = "weights"
+# float32 on purpose (routing decisions are made in float32): never cast on load
+KEEP_DTYPE_PATTERN = re.compile(r"\.mlp\.(router|router_bias)$")
+
+
+def partial_dir(dst: str | Path) -> Path:
+    dst = Path(dst)
+    return dst.with_name(dst.name + ".partial")
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------------
+# writing
+# ------------------------------------------------------------------------------------------------------
+class CheckpointWriter:
+    """Writes items into DST.partial; `finish` makes DST appear in one rename."""
+
+    def __init__(self, dst: str | Path, options: dict, *, restart: bool = False, overwrite: bool = False):
+        self.dst = Path(dst)
+        self.work = partial_dir(self.dst)
+        self.overwrite = overwrite
+        if self.dst.exists() and not overwrite:
+            raise CheckpointError(f"{self.dst}: already exists (pass --overwrite to replace it)")
+        if self.work.exists() and restart:
+            shutil.rmtree(self.work)
+        if self.work.exists():
+            opts = self.work / OPTIONS_FILE
+            started = json.loads(opts.read_text()) if opts.exists() else None
+            if started != json.loads(json.dumps(options)):
+                raise CheckpointError(
+                    f"{self.work}: an unfinished conversion with other options is there "
+                    f"({started} vs {options}); pass --restart to discard it"
+                )
+        else:
+            (self.work / WEIGHTS_DIR).mkdir(parents=True)
+            _write_json_atomic(self.work / OPTIONS_FILE, options)
+        self.checkpointer = ocp.StandardCheckpointer()
+
+    def item_dir(self, item: str) -> Path:
+        return self.work / WEIGHTS_DIR / item
+
+    def schema_file(self, item: str) -> Path:
+        return self.work / WEIGHTS_DIR / (item + ".json")
+
+    def is_done(self, item: str) -> bool:
+        return self.schema_file(item).exists() and self.item_dir(item).is_dir()
+
+    def _clear(self, item: str) -> None:
+        """Remove what a killed run left of `item` (a half-written orbax dir or its temporary dirs)."""
+        self.schema_file(item).unlink(missing_ok=True)
+        for p in (self.work / WEIGHTS_DIR).glob(item + "*"):
+            if p.is_dir() and (p.name == item or p.name.startswith(item + ".")):
+                shutil.rmtree(p)
+
+    def save_item(self, item: str, tree) -> int:
+        """Save one item (numpy or jax arrays); returns its bytes. The schema file marks it done."""
+        self._clear(item)
+        flat = tree_schema.flat_arrays(tree)
+        self.checkpointer.save(self.item_dir(item), flat)
+        self.checkpointer.wait_until_finished()
+        nbytes = int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in flat.values()))
+        _write_json_atomic(self.schema_file(item), {"item": item, "tree": tree_schema.describe(tree), "bytes": nbytes})
+        return nbytes
+
+    def finish(self, config: dict | Path, metadata: dict, tokenizer_dir: str | Path | None = None) -> Path:
+        """Config, metadata, tokenizer files, then the marker, then the rename DST.partial -> DST."""
+        if isinstance(config, Path):
+            shutil.copy2(config, self.work / "config.json")
+        else:
+            (self.work / "config.json").write_text(json.dumps(config, indent=2))
+        copied = copy_tokenizer_files(tokenizer_dir, self.work) if tokenizer_dir is not None else []
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "tokenizer_files": copied, **metadata}
+        _write_json_atomic(self.work / METADATA_FILE, meta)
+        (self.work / OPTIONS_FILE).unlink(missing_ok=True)
+        (self.work / COMPLETE_MARKER).write_text("complete\n")
+        if self.dst.exists() and self.overwrite:
+            shutil.rmtree(self.dst)
+        os.replace(self.work, self.dst)
+        return self.dst
+
+
+def dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def expert_storage(weights: KimiWeights) -> str:
+    """"int4", "fp8", a dense dtype name, or "none" when the model has no MoE layer."""
+    for layer in weights.layers:
+        if isinstance(layer.mlp, MoEWeights):
+            gate = layer.mlp.experts.gate
+            if isinstance(gate, Int4Weight):
+                return "int4"
+            if isinstance(gate, Fp8Weight):
+                return "fp8"
+            return dtype_name(gate.dtype)
+    return "none"
+
+
+def split_kimi_weights(w: KimiWeights) -> dict:
+    """KimiWeights -> its conversion items, in order."""
+    items = {"embed": w.embed}
+    for i, layer in enumerate(w.layers):
+        items[f"layer_{i:03d}"] = layer
+    items["head"] = {"final_norm": w.final_norm, "lm_head": w.lm_head}
+    return items
+
+
+def assemble_kimi_weights(items: dict) -> KimiWeights:
+    layers = sorted(k for k in items if k.startswith("layer_"))
+    return KimiWeights(
+        embed=items["embed"],
+        layers=tuple(items[k] for k in layers),
+        final_norm=items["head"]["final_norm"],
+        lm_head=items["head"]["lm_head"],
+    )
+
+
+def save_target(path: str | Path, weights: KimiWeights, config: TextConfig | dict, *,
+                tokenizer_dir: str | Path | None = None, source: str = "in-memory weights",
+                overwrite: bool = False) -> Path:
+    """Save in-memory target weights (numpy or jax arrays, any sharding) as a complete checkpoint."""
+    raw = config if isinstance(config, dict) else text_config_to_hf(config)
+    writer = CheckpointWriter(path, {"kind": "target", "source": source}, restart=True, overwrite=overwrite)
+    items = split_kimi_weights(weights)
+    for name, tree in items.items():
+        writer.save_item(name, tree)
+    meta = {"kind": "target", "dtype": dtype_name(weights.embed.dtype), "experts": expert_storage(weights),
+            "source": {"path": source}, "items": list(items)}
+    return writer.finish(raw, meta, tokenizer_dir)
+
+
+def save_draft(path: str | Path, weights: DraftWeights, config: DraftConfig | dict, *,
+               tokenizer_dir: str | Path | None = None, source: str = "in-memory weights",
+               overwrite: bool = False) -> Path:
+    """Save in-memory EAGLE-3 draft weights as a complete checkpoint (one item, "draft")."""
+    raw = config if isinstance(config, dict) else draft_config_to_hf(config)
+    writer = CheckpointWriter(path, {"kind": "draft", "source": source}, restart=True, overwrite=overwrite)
+    writer.save_item("draft", weights)
+    meta = {"kind": "draft", "dtype": dtype_name(weights.fc.dtype), "experts": None,
+            "source": {"path": source}, "items": ["draft"]}
+    return writer.finish(raw, meta, tokenizer_dir)
+
+
+# ------------------------------------------------------------------------------------------------------
+# loading
+# ------------------------------------------------------------------------------------------------------
+def read_metadata(path: str | Path, kind: str | None = None) -> dict:
+    path = Path(path)
+    if not (path / COMPLETE_MARKER).exists():
+        hint = " (an interrupted conversion? rerun `python -m convert` to resume it)" if partial_dir(path).exists() else ""
+        raise CheckpointError(f"{path}: not a complete jaxspec checkpoint: {COMPLETE_MARKER} is missing{hint}")
+    meta = json.loads((path / METADATA_FILE).read_text())
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path / METADATA_FILE}: format {meta.get('format')!r} v{meta.get('format_version')} is not "
+            f"{FORMAT!r} v{FORMAT_VERSION}"
+        )
+    if kind is not None and meta.get("kind") != kind:
+        raise CheckpointError(f"{path}: holds a {meta.get('kind')} checkpoint, not a {kind}")
+    return meta
+
+
+def item_schema(path: Path, item: str):
+    return json.loads((path / WEIGHTS_DIR / (item + ".json")).read_text())["tree"]
+
+
+def _is_quant_container(x) -> bool:
+    return isinstance(x, (Int4Weight, Fp8Weight))
+
+
+def load_dtypes(abstract_tree, dtype):
+    """Abstract tree with float leaves cast to `dtype`; INT4 words + scales, FP8 bytes + scales, the router
+    and integer tensors (d2t) keep their stored dtype. `dtype=None` keeps everything as stored."""
+    if dtype is None:
+        return abstract_tree
+    dtype = jnp.dtype(dtype)
+
+    def one(path, node):
+        if _is_quant_container(node) or KEEP_DTYPE_PATTERN.search("." + path_str(path)):
+            return node
+        if jnp.issubdtype(node.dtype, jnp.floating) and node.dtype != ml_dtypes.float8_e4m3fn:
+            return jax.ShapeDtypeStruct(node.shape, dtype)
+        return node
+
+    return jax.tree_util.tree_map_with_path(one, abstract_tree, is_leaf=_is_quant_container)
+
+
+def _restore_item(path: Path, item: str, abstract_item, shardings_item):
+    targets = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_item, shardings_item
+    )
+    flat_targets = tree_schema.flat_arrays(targets)
+    if not flat_targets:
+        return abstract_item
+    restored = ocp.StandardCheckpointer().restore(path / WEIGHTS_DIR / item, flat_targets)
+    return tree_schema.unflatten(targets, restored)
+
+
+def _default_shardings(tree):
+    device = jax.devices()[0]
+    return jax.tree_util.tree_map(lambda _: SingleDeviceSharding(device), tree)
+
+
+def load_target(path: str | Path, mesh: Mesh | None = None, dtype=jnp.bfloat16) -> tuple[TextConfig, KimiWeights]:
+    """Restore a converted target straight into NamedShardings (TARGET_RULES on `mesh`), or onto the
+    default device without a mesh. `dtype` casts float weights (None: as stored)."""
+    path = Path(path)
+    meta = read_metadata(path, "target")
+    cfg = load_text_config(path)
+    items = meta["items"]
+    abstract_w = load_dtypes(assemble_kimi_weights({k: tree_schema.abstract(item_schema(path, k)) for k in items}), dtype)
+    if len(abstract_w.layers) != cfg.num_hidden_layers:
+        raise CheckpointError(f"{path}: {len(abstract_w.layers)} layers saved, config.json says {cfg.num_hidden_layers}")
+    shardings = shardings_for(abstract_w, mesh, TARGET_RULES) if mesh is not None else _default_shardings(abstract_w)
+    abstract_items, sharding_items = split_kimi_weights(abstract_w), split_kimi_weights(shardings)
+    restored = {k: _restore_item(path, k, abstract_items[k], sharding_items[k]) for k in items}
+    return cfg, assemble_kimi_weights(restored)
+
+
+def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=jnp.bfloat16) -> tuple[DraftConfig, DraftWeights]:
+    """Restore a converted EAGLE-3 draft, replicated over `mesh` (or on the default device)."""
+    path = Path(path)
+    read_metadata(path, "draft")
+    cfg = load_draft_config(path)
+    abstract_w = load_dtypes(tree_schema.abstract(item_schema(path, "draft")), dtype)
+    if mesh is not None:
+        shardings = jax.tree_util.tree_map(lambda _: NamedSharding(mesh, P()), abstract_w)
+    else:
+        shardings = _default_shardings(abstract_w)
+    return cfg, _restore_item(path, "draft", abstract_w, shardings)
+
+
+def load_item_numpy(path: str | Path, item: str):
+    """One item as host numpy arrays in its stored dtypes (the check mode; no device involved)."""
+    path = Path(path)
+    like = tree_schema.abstract(item_schema(path, item))
+    keys = tree_schema.flat_arrays(like)
+    args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in keys}
+    flat = ocp.PyTreeCheckpointer().restore(path / WEIGHTS_DIR / item, args=ocp.args.PyTreeRestore(restore_args=args))
+    return tree_schema.unflatten(like, flat)

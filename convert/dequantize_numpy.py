@@ -1,0 +1,35 @@
+"""Host-side (numpy) dequantization of the checkpoint formats, used while converting.
+
+Conversion never touches an accelerator: dequantizing through JAX would copy every tensor to the default
+device. The block size of FP8 comes from the config, not from the scale's shape, so edge blocks of a
+dimension that the block does not divide (ceil-div scale grids) are handled exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def dequantize_fp8_block(weight_OI: np.ndarray, scale_inv_oi: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """float8_e4m3fn [out, in] with one scale per [bo, bi] block -> float32 [out, in]."""
+    out, inp = weight_OI.shape
+    bo, bi = block
+    scale_OI = np.repeat(np.repeat(scale_inv_oi.astype(np.float32), bo, axis=0), bi, axis=1)[:out, :inp]
+    return weight_OI.astype(np.float32) * scale_OI
+
+
+def unpack_int4_words(packed_OW: np.ndarray) -> np.ndarray:
+    """[out, in/8] int32 / uint32 words -> [out, in] int8 in [-8, 7]; element c in bits [4*(c%8), +4) of word c//8."""
+    words = packed_OW.view(np.uint32)
+    shifts = np.arange(8, dtype=np.uint32) * 4
+    nibbles = (words[..., None] >> shifts) & np.uint32(0xF)
+    return (nibbles.astype(np.int8) - np.int8(8)).reshape(*packed_OW.shape[:-1], packed_OW.shape[-1] * 8)
+
+
+def dequantize_int4_group(packed_OW: np.ndarray, scale_OG: np.ndarray) -> np.ndarray:
+    """compressed-tensors pack-quantized (symmetric, group along `in`, no zero point) -> float32 [out, in]."""
+    q_OI = unpack_int4_words(packed_OW).astype(np.float32)
+    out, inp = q_OI.shape
+    groups = scale_OG.shape[-1]
+    q_OGK = q_OI.reshape(out, groups, inp // groups)
+    return (q_OGK * scale_OG.astype(np.float32)[..., None]).reshape(out, inp)
