@@ -150,13 +150,11 @@ class _Checker:
         self.fail(name, "is unknown: not a tensor of a DeepseekV3 / Kimi K2 checkpoint with this config.json")
 
     def is_mtp_layer(self, layer: int) -> bool:
-        """DeepSeek-style MTP layers sit right after the decoder layers and have eh_proj / enorm / hnorm."""
+        """DeepSeek-style MTP layers sit right after the decoder layers and have eh_proj / enorm / hnorm
+        (a plain extra decoder layer is a config / weights disagreement, not MTP)."""
         c = self.cfg
-        extra = max(1, self.mtp_layers_declared)
-        if not c.num_hidden_layers <= layer < c.num_hidden_layers + extra:
+        if not c.num_hidden_layers <= layer < c.num_hidden_layers + max(1, self.mtp_layers_declared):
             return False
-        if self.mtp_layers_declared:
-            return True
         p = f"{c.weight_prefix}model.layers.{layer}."
         return any(n.startswith(p) and n[len(p):].startswith(MTP_MARKERS) for n in self.reader.names())
 
