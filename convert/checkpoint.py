@@ -85,7 +85,6 @@ class CheckpointWriter:
         else:
             (self.work / WEIGHTS_DIR).mkdir(parents=True)
             _write_json_atomic(self.work / OPTIONS_FILE, options)
-        self.checkpointer = ocp.StandardCheckpointer()
 
     def item_dir(self, item: str) -> Path:
         return self.work / WEIGHTS_DIR / item
@@ -107,8 +106,10 @@ class CheckpointWriter:
         """Save one item (numpy or jax arrays); returns its bytes. The schema file marks it done."""
         self._clear(item)
         flat = tree_schema.flat_arrays(tree)
-        self.checkpointer.save(self.item_dir(item), flat)
-        self.checkpointer.wait_until_finished()
+        # a checkpointer per item, closed after it: nothing of an item outlives its save
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(self.item_dir(item), flat)
+            checkpointer.wait_until_finished()
         nbytes = int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in flat.values()))
         _write_json_atomic(self.schema_file(item), {"item": item, "tree": tree_schema.describe(tree), "bytes": nbytes})
         return nbytes

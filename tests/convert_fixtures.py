@@ -255,3 +255,29 @@ def drafter_checkpoint(directory: Path, seed: int = 4, with_embed: bool = True) 
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     write_tokenizer_files(directory)
     return {k: (t.double().numpy() if t.is_floating_point() else t.numpy()) for k, t in tensors.items()}
+
+
+def synthetic_checkpoint(directory: Path, seed: int = 0, **overrides) -> dict:
+    """Random bf16 tensors under every name the converter expects, one shard per layer (for size, not
+    numerics: HF-written names are covered by the writers above). -> the config dict."""
+    from convert.kimi_tensors import LinearSpec, target_items
+    from model.config import text_config_from_dict
+    from tests.hf_tiny import tiny_config_dict
+
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", **tiny_config_dict(**overrides)}
+    cfg = text_config_from_dict(config)
+    rng = np.random.default_rng(seed)
+    weight_map = {}
+    for item, specs in target_items(cfg).items():
+        tensors = {}
+        for s in specs:
+            name, shape = (s.module + ".weight", (s.out, s.inp)) if isinstance(s, LinearSpec) else (s.name, s.shape)
+            # random bf16 bit patterns with a sane exponent: cheap to make, incompressible like real weights
+            bits = rng.integers(0x3C00, 0x3F80, size=shape, dtype=np.uint16) | (rng.integers(0, 2, size=shape, dtype=np.uint16) << 15)
+            tensors[name] = torch.from_numpy(bits).view(torch.bfloat16)
+        fname = f"{item}.safetensors"
+        save_file(tensors, directory / fname, metadata={"format": "pt"})
+        weight_map.update({n: fname for n in tensors})
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return config

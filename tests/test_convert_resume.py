@@ -1,0 +1,118 @@
+"""A conversion killed midway (SIGKILL) leaves only DST.partial, which nothing loads; rerunning resumes it
+and the result equals an uninterrupted conversion bit for bit."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from convert.__main__ import main
+from convert.checkpoint import COMPLETE_MARKER, load_item_numpy, load_target, partial_dir
+from convert.safetensors_reader import CheckpointError
+from convert.safetensors_reader import CheckpointReader
+from convert.stream import KILL_AFTER_ITEMS_ENV, ConvertOptions, convert_checkpoint
+from convert.stream import source_fingerprint as _fingerprint
+from tests import convert_fixtures as fx
+from tests.convert_fixtures import REPO
+
+ITEMS = ["embed", "layer_000", "layer_001", "layer_002", "layer_003", "head"]
+
+
+@pytest.fixture(scope="module")
+def int4_src(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    src = root / "src"
+    src.mkdir()
+    fx.int4_checkpoint(src, root / "scratch", num_hidden_layers=4)
+    return src
+
+
+def run_cli(src, dst, *flags, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "convert", str(src), str(dst), "--no-progress", *flags],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+def source_fingerprint(src):
+    return _fingerprint(src, CheckpointReader(src))
+
+
+def leaves_by_path(tree):
+    import jax
+
+    return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(int4_src, tmp_path):
+    reference = convert_checkpoint(int4_src, tmp_path / "reference", ConvertOptions(progress=False), lambda m: None)
+
+    dst = tmp_path / "dst"
+    killed = run_cli(int4_src, dst, env_extra={KILL_AFTER_ITEMS_ENV: "2"})
+    assert killed.returncode == -signal.SIGKILL
+    work = partial_dir(dst)
+    assert not dst.exists() and work.is_dir()
+    assert sorted(p.name for p in (work / "weights").glob("*.json")) == ["embed.json", "layer_000.json"]
+    with pytest.raises(CheckpointError, match=f"{COMPLETE_MARKER} is missing"):
+        load_target(work)
+    # what a kill during the next item's save leaves: an item directory without its schema, an orbax temp dir
+    shutil.copytree(work / "weights" / "layer_000", work / "weights" / "layer_001")
+    (work / "weights" / "layer_002.orbax-checkpoint-tmp-123").mkdir()
+
+    resumed = run_cli(int4_src, dst)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr and "2 of 6 items already converted" in resumed.stderr
+    assert (dst / COMPLETE_MARKER).exists() and not work.exists()
+    assert sorted(os.listdir(dst / "weights")) == sorted(os.listdir(reference / "weights"))
+
+    for item in ITEMS:
+        got, want = leaves_by_path(load_item_numpy(dst, item)), leaves_by_path(load_item_numpy(reference, item))
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, (item, k)
+            assert np.array_equal(got[k].view(np.uint8), want[k].view(np.uint8)), (item, k)
+        assert (dst / "weights" / f"{item}.json").read_text() == (reference / "weights" / f"{item}.json").read_text()
+    meta = lambda d: json.loads((d / "jaxspec_checkpoint.json").read_text())  # noqa: E731
+    assert meta(dst) == meta(reference)
+
+
+def test_resume_refuses_other_options_unless_restarted(int4_src, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    convert_checkpoint(int4_src, dst, ConvertOptions(progress=False), lambda m: None)
+    os.replace(dst, partial_dir(dst))  # a bf16 conversion's unfinished work dir (the marker does not matter)
+    (partial_dir(dst) / COMPLETE_MARKER).unlink()
+    (partial_dir(dst) / "weights" / "head.json").unlink()
+    (partial_dir(dst) / "convert_options.json").write_text(json.dumps(
+        {"kind": "target", "dtype": "bfloat16", "experts": "int4", "source": source_fingerprint(int4_src)}))
+    assert main([str(int4_src), str(dst), "--no-progress", "--dtype", "float32"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unfinished conversion with other options" in err[0] and "--restart" in err[0]
+    assert not dst.exists()
+    assert main([str(int4_src), str(dst), "--no-progress", "--dtype", "float32", "--restart"]) == 0
+    assert json.loads((dst / "jaxspec_checkpoint.json").read_text())["dtype"] == "float32"
+
+
+def test_check_flags_a_corrupted_conversion(int4_src, tmp_path, capsys):
+    """--check on a complete DST only checks; after overwriting one converted item it reports the mismatch."""
+    dst = convert_checkpoint(int4_src, tmp_path / "dst", ConvertOptions(progress=False), lambda m: None)
+    assert main([str(int4_src), str(dst), "--check", "--check-samples", "1000"]) == 0
+    assert "match the source" in capsys.readouterr().err
+
+    import orbax.checkpoint as ocp
+
+    from convert import tree_schema
+
+    layer = load_item_numpy(dst, "layer_001")
+    flat = tree_schema.flat_arrays(layer)
+    flat["attn.kv_a_norm"] = flat["attn.kv_a_norm"] + np.asarray(1, flat["attn.kv_a_norm"].dtype)
+    shutil.rmtree(dst / "weights" / "layer_001")
+    with ocp.StandardCheckpointer() as ck:
+        ck.save(dst / "weights" / "layer_001", flat)
+    assert main([str(int4_src), str(dst), "--check", "--check-samples", "1000"]) == 1
+    err = capsys.readouterr().err
+    assert "MISMATCH model.layers.1.self_attn.kv_a_layernorm.weight (item layer_001)" in err
+    assert "--check found tensors that differ" in err
