@@ -1,0 +1,145 @@
+"""The full speculative cycle (K draft steps + verify of K+1 + accept + draft extend, one jit) from
+`jaxspec.spec_step.speculative_cycle`, timed on a state placed at a given context length.
+
+The state is built directly (random caches, no prefill): timing does not depend on cache contents, and a
+prefill of 32k tokens through the reference MoE would cost more device time than the whole benchmark.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench.bytes_floor import draft_bytes, step_bytes, unique_experts_per_layer
+from bench.moe_path import moe_path
+from jaxspec.models import SpecConfig, SpecWeights
+from jaxspec.spec_step import speculative_cycle
+from jaxspec.state import SpecState
+from model.eagle3 import DraftConfig, init_draft_cache
+from model.kv_cache import LatentCache
+
+MAX_NEW_TOKENS = 4096
+LOG_CYCLES = 256
+
+
+def k25_draft_config(cfg, tiny: bool) -> DraftConfig:
+    """A one-layer EAGLE-3 draft shaped like the SpecForge Kimi recipe (REFERENCE.md section 5)."""
+    return DraftConfig(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=4 if tiny else 64,
+        num_key_value_heads=4 if tiny else 64,
+        head_dim=16 if tiny else 128,
+        intermediate_size=512 if tiny else 18432,
+        vocab_size=cfg.vocab_size,
+        draft_vocab_size=256 if tiny else 32000,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        aux_layer_ids=cfg.eagle_aux_layers,
+    )
+
+
+def _random_like(key, shape, dtype):
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def initial_state(cfg, dcfg, batch: int, context: int, capacity: int, key, dtype=jnp.bfloat16) -> SpecState:
+    keys = iter(jax.random.split(key, 2 * cfg.num_hidden_layers + 6))
+    n = cfg.num_hidden_layers
+    cache = LatentCache(
+        latent=tuple(_random_like(next(keys), (batch, capacity, cfg.kv_lora_rank), dtype) for _ in range(n)),
+        k_rope=tuple(_random_like(next(keys), (batch, capacity, cfg.qk_rope_head_dim), dtype) for _ in range(n)),
+        lengths=jnp.full((batch,), context, jnp.int32),
+    )
+    dcache = init_draft_cache(dcfg, batch, capacity, dtype)
+    dcache = dcache.replace(k=_random_like(next(keys), dcache.k.shape, dtype), v=_random_like(next(keys), dcache.v.shape, dtype))
+    return SpecState(
+        target_cache=cache,
+        draft_cache=dcache,
+        pending=jax.random.randint(next(keys), (batch,), 0, cfg.vocab_size, jnp.int32),
+        draft_logits=jax.random.normal(next(keys), (batch, dcfg.draft_vocab_size), jnp.float32),
+        draft_hidden=_random_like(next(keys), (batch, cfg.hidden_size), dtype),
+        done=jnp.zeros((batch,), bool),
+        generated=jnp.ones((batch,), jnp.int32),
+        out_tokens=jnp.zeros((batch, MAX_NEW_TOKENS + 16), jnp.int32),
+        accepted_log=jnp.full((batch, LOG_CYCLES), -1, jnp.int32),
+        cycles=jnp.int32(0),
+        key=jax.random.PRNGKey(0),
+    )
+
+
+def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl):
+    """Jitted cycle (state donated) that also returns the verify's router ids [moe layers, B*(K+1), topk]."""
+
+    def cycle(w: SpecWeights, state: SpecState):
+        recorded = []
+        with moe_path(moe_impl, recorded):
+            new_state = speculative_cycle(w, state, {}, cfg=spec_cfg, k=k, greedy=True, max_new_tokens=MAX_NEW_TOKENS)
+        return new_state, jnp.stack(recorded)
+
+    return jax.jit(cycle, donate_argnums=(1,))
+
+
+def cycle_floor(w: SpecWeights, spec_cfg: SpecConfig, batch: int, context: int, k: int, ids_LTK) -> dict:
+    """Verify of K+1 tokens plus K draft forwards (K-1 chain steps, one extend over K+1 tokens)."""
+    verify = step_bytes(w.target, spec_cfg.target, batch, k + 1, context, unique_experts_per_layer(ids_LTK))
+    drafts = (k - 1) * draft_bytes(w.draft, spec_cfg.draft, batch, 1, context) + draft_bytes(
+        w.draft, spec_cfg.draft, batch, k + 1, context
+    )
+    return dict(verify=verify["total"], drafts=drafts, total=verify["total"] + drafts,
+                unique_experts=unique_experts_per_layer(ids_LTK))
+
+
+def run_cycle(cycle_fn, w, state):
+    """A `median_ms` closure threading the donated state through successive cycles."""
+    holder = {"state": state}
+
+    def run():
+        holder["state"], ids = cycle_fn(w, holder["state"])
+        return ids
+
+    return run, holder
+
+
+
+def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batch_contexts, *, tiny: bool) -> list[dict]:
+    from bench.bytes_floor import HBM_TBS, floor_ms
+    from bench.timing import median_ms
+    from jaxspec.models import check_draft_fits
+    from model.init import init_draft_weights
+
+    dcfg = k25_draft_config(cfg, tiny)
+    spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
+    dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
+    sw = SpecWeights(target=w, draft=dw)
+    rows = []
+    key = jax.random.PRNGKey(9)
+    for b, c in batch_contexts:
+        for k in args.cycle_k:
+            if over_budget():
+                result["skipped"].append(f"cycle B={b} ctx={c} K={k}")
+                continue
+            key, sub = jax.random.split(key)
+            try:
+                capacity = c + 16 + (3 + 2 * args.iters + 2) * (k + 1)
+                state = initial_state(spec_cfg.target, dcfg, b, c, capacity, sub)
+                cycle_fn = make_cycle(spec_cfg, k, moe_impl)
+                state, ids = cycle_fn(sw, state)
+                ids = np.asarray(ids)
+                run, holder = run_cycle(cycle_fn, sw, state)
+                stats = median_ms(run, warmup=2, iters=args.iters)
+                floor = cycle_floor(sw, spec_cfg, b, c, k, ids)
+                row = dict(batch=b, context=c, k=k, **stats, bytes=floor,
+                           floor_ms_4p3=floor_ms(floor["total"], HBM_TBS),
+                           floor_ms_copy=floor_ms(floor["total"], copy_tbs))
+                row["ratio_4p3"] = row["median_ms"] / row["floor_ms_4p3"]
+                rows.append(row)
+                log(f"cycle B={b} ctx={c} K={k}: {row['median_ms']:.3f} ms, floor {row['floor_ms_4p3']:.3f} ms, "
+                    f"ratio {row['ratio_4p3']:.2f}")
+                del holder, state
+            except Exception as e:
+                result["errors"].append(f"cycle B={b} ctx={c} K={k}: {type(e).__name__}: {e}"[:2000])
+                import traceback
+
+                traceback.print_exc()
+    return rows

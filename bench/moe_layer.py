@@ -1,0 +1,134 @@
+"""One MoE layer's routed experts alone: the fused Pallas kernel vs the plain XLA reference vs the byte floor.
+
+Also the GPU correctness check of the kernel (relative error against `experts_gather` on the same inputs)
+and a small sweep of tile configurations; the fastest valid one is used by the step benchmark.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench.bytes_floor import HBM_TBS, floor_ms, nbytes
+from bench.timing import median_ms
+from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas
+from model.moe import ExpertWeights, MoEWeights, experts_gather
+from model.quant import dequantize
+from model.router import route
+
+CANDIDATES = (
+    MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=4, num_stages=3),
+    MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, num_stages=3),
+    MoEKernelConfig(block_f=64, block_h=16, block_k=64, num_warps=4, num_stages=4),
+    MoEKernelConfig(block_f=64, block_h=32, block_k=128, num_warps=4, num_stages=3),
+    MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, num_stages=3),
+)
+REPS = 20  # layer calls chained inside one jit, so per-call host dispatch does not count
+
+
+def _chained(fn, reps: int):
+    """Run fn `reps` times on device, each call fed by the previous output (no hoisting, no host gaps)."""
+
+    def run(x_TH, experts, ids_TK, weights_TK):
+        def body(_, carry):
+            x, ids = carry
+            x = (x + 1e-3 * fn(x, experts, ids, weights_TK)).astype(x.dtype)
+            # ids depend on x (never actually change), so XLA cannot hoist the reference's weight gather
+            ids = jnp.where(x[0, 0] == 12345.0, (ids + 1) % experts.num_experts, ids)
+            return x, ids
+
+        return jax.lax.fori_loop(0, reps, body, (x_TH, ids_TK))[0]
+
+    return jax.jit(run)
+
+
+def _rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def time_moe(fn, x_TH, experts, ids_TK, weights_TK) -> dict:
+    chained = _chained(fn, REPS)
+    stats = median_ms(lambda: chained(x_TH, experts, ids_TK, weights_TK), warmup=2, iters=10)
+    return {"ms": stats["median_ms"] / REPS, "spread_ms": (stats["max_ms"] - stats["min_ms"]) / REPS}
+
+
+def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.PRNGKey(7), copy_tbs=None,
+                    candidates=CANDIDATES, log=print) -> dict:
+    experts = layer.experts
+    per_expert = nbytes(experts) // experts.num_experts
+    rows, best_cfg = [], None
+    sweep = {}
+    for t in tokens_list:
+        key, kx = jax.random.split(key)
+        x_TH = jax.random.normal(kx, (t, cfg.hidden_size), jnp.float32).astype(jnp.bfloat16)
+        weights_TK, ids_TK = route(x_TH, layer.router, layer.router_bias, cfg)
+        unique = int(np.unique(np.asarray(ids_TK)).size)
+        floor_bytes = unique * per_expert + 2 * x_TH.nbytes
+        ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
+        ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK)
+        row = dict(tokens=t, unique_experts=unique, bytes=floor_bytes, floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS),
+                   reference_ms=ref["ms"])
+        if copy_tbs:
+            row["floor_ms_copy"] = floor_ms(floor_bytes, copy_tbs)
+        for i, c in enumerate(candidates):
+            try:
+                check_shapes(experts, c)
+                fn = functools.partial(routed_experts_pallas, cfg=c)
+                err = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref_out)
+                timing = time_moe(fn, x_TH, experts, ids_TK, weights_TK)
+                sweep.setdefault(i, {"config": c.__dict__})[f"T{t}"] = dict(ms=timing["ms"], rel_err=err)
+                log(f"  moe T={t} cfg{i} {c}: {timing['ms']:.4f} ms  rel_err {err:.2e}")
+            except Exception as e:  # a config Triton rejects must not end the run
+                sweep.setdefault(i, {"config": c.__dict__})[f"T{t}"] = dict(error=f"{type(e).__name__}: {e}"[:500])
+                log(f"  moe T={t} cfg{i} failed: {type(e).__name__}: {str(e)[:300]}")
+                traceback.print_exc(limit=2)
+        rows.append(row)
+    valid = [i for i, s in sweep.items() if all("ms" in s.get(f"T{t}", {}) and s[f"T{t}"]["rel_err"] < 2e-2
+                                               for t in tokens_list)]
+    if valid:
+        best = min(valid, key=lambda i: sum(sweep[i][f"T{t}"]["ms"] for t in tokens_list))
+        best_cfg = candidates[best]
+        for row in rows:
+            k = sweep[best][f"T{row['tokens']}"]
+            row.update(kernel_ms=k["ms"], kernel_rel_err=k["rel_err"], kernel_config=best,
+                       kernel_ratio_4p3=k["ms"] / row["floor_ms_4p3"], reference_ratio_4p3=row["reference_ms"] / row["floor_ms_4p3"])
+    return {"rows": rows, "sweep": sweep, "best_config": None if best_cfg is None else best_cfg.__dict__}, best_cfg
+
+
+def bf16_subset(experts: ExpertWeights, num: int) -> ExpertWeights:
+    """The first `num` experts dequantized to bf16 (the full bf16 set of one layer is 34 GB)."""
+    return ExpertWeights(*(dequantize(m[:num], jnp.bfloat16) for m in (experts.gate, experts.up, experts.down)))
+
+
+def bench_bf16_kernel(layer: MoEWeights, cfg, kernel_cfg: MoEKernelConfig, num_experts: int = 64,
+                      tokens_list=(1, 4), key=jax.random.PRNGKey(11), log=print) -> list[dict]:
+    """The bf16 variant on a subset of experts (routing restricted to that subset)."""
+    experts = bf16_subset(layer.experts, num_experts)
+    small_cfg = cfg.replace(n_routed_experts=num_experts)
+    per_expert = nbytes(experts) // num_experts
+    rows = []
+    for t in tokens_list:
+        key, kx = jax.random.split(key)
+        x_TH = jax.random.normal(kx, (t, cfg.hidden_size), jnp.float32).astype(jnp.bfloat16)
+        weights_TK, ids_TK = route(x_TH, layer.router[:num_experts], layer.router_bias[:num_experts], small_cfg)
+        unique = int(np.unique(np.asarray(ids_TK)).size)
+        floor_bytes = unique * per_expert
+        fn = functools.partial(routed_experts_pallas, cfg=kernel_cfg)
+        row = dict(tokens=t, experts_in_layer=num_experts, unique_experts=unique, bytes=floor_bytes,
+                   floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS))
+        try:
+            ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
+            row["reference_ms"] = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK)["ms"]
+            row["kernel_rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref_out)
+            row["kernel_ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
+            row["kernel_ratio_4p3"] = row["kernel_ms"] / row["floor_ms_4p3"]
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:500]
+        log(f"  bf16 moe T={t}: {row}")
+        rows.append(row)
+    return rows

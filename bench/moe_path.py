@@ -1,0 +1,33 @@
+"""Swap the routed-experts implementation that `model.moe.moe` calls, and record each layer's router ids.
+
+Used at trace time only: the jitted step keeps whatever path it was traced with, and the recorded ids
+come back as an output of that same step, so the byte floor uses the experts this very step selected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import model.moe as moe_module
+
+# model.moe may call either name (the engine's GPU dispatch); patch whichever exist
+_NAMES = ("routed_experts", "routed_experts_for_backend")
+PLAIN_ROUTED_EXPERTS = moe_module.routed_experts
+
+
+@contextlib.contextmanager
+def moe_path(impl: Callable, recorder: list | None = None):
+    def recorded(x_TH, experts, ids_TK, weights_TK):
+        if recorder is not None:
+            recorder.append(ids_TK)
+        return impl(x_TH, experts, ids_TK, weights_TK)
+
+    saved = {n: getattr(moe_module, n) for n in _NAMES if hasattr(moe_module, n)}
+    for n in saved:
+        setattr(moe_module, n, recorded)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(moe_module, n, f)

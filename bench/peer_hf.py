@@ -1,0 +1,281 @@
+"""`python -m bench.peer_hf`: the PyTorch peer side by side with jaxspec on the same bf16 weights.
+
+HF transformers `DeepseekV3ForCausalLM` (eager PyTorch, bf16, experts in bf16) is built on the GPU and
+its parameters are replaced by the very arrays jaxspec reads (shared through DLPack, no copy where the
+layouts agree), N = 2 layers (one dense, one MoE) + the real lm_head. Both run decode/verify steps of T
+tokens after a prompt of `context` tokens; the ratio jaxspec / peer is measured in one process.
+A logits comparison after the same prompt checks that both really compute the same model.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # PyTorch shares the GPU
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
+from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
+from bench.step import bench_config, init_weights, kernel_or_plain, make_step  # noqa: E402
+from model.decoder import forward  # noqa: E402
+from model.kernels.moe_gather import MoEKernelConfig  # noqa: E402
+from model.kv_cache import init_latent_cache  # noqa: E402
+from model.moe import MoEWeights  # noqa: E402
+
+
+def hf_config(cfg):
+    from transformers import DeepseekV3Config
+
+    y = cfg.rope_scaling
+    return DeepseekV3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        moe_intermediate_size=cfg.moe_intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
+        n_shared_experts=cfg.n_shared_experts, n_routed_experts=cfg.n_routed_experts,
+        routed_scaling_factor=cfg.routed_scaling_factor, kv_lora_rank=cfg.kv_lora_rank, q_lora_rank=cfg.q_lora_rank,
+        qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim, qk_nope_head_dim=cfg.qk_nope_head_dim,
+        n_group=cfg.n_group, topk_group=cfg.topk_group, num_experts_per_tok=cfg.num_experts_per_tok,
+        first_k_dense_replace=cfg.first_k_dense_replace, norm_topk_prob=cfg.norm_topk_prob,
+        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_position_embeddings,
+        rope_scaling=dict(type="yarn", factor=y.factor, original_max_position_embeddings=y.original_max_position_embeddings,
+                          beta_fast=y.beta_fast, beta_slow=y.beta_slow, mscale=y.mscale, mscale_all_dim=y.mscale_all_dim),
+        tie_word_embeddings=False, attention_bias=False,
+    )
+
+
+def hf_tensors(w, cfg) -> dict:
+    """HF parameter / buffer name -> torch tensor viewing (or built from) jaxspec's arrays."""
+    import torch
+
+    t = lambda a: torch.from_dlpack(a)  # noqa: E731
+    n, dn, dv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    out = {"model.embed_tokens.weight": t(w.embed), "model.norm.weight": t(w.final_norm), "lm_head.weight": t(w.lm_head)}
+    for i, lw in enumerate(w.layers):
+        p = f"model.layers.{i}."
+        a = lw.attn
+        out.update({
+            p + "input_layernorm.weight": t(lw.input_norm),
+            p + "post_attention_layernorm.weight": t(lw.post_attention_norm),
+            p + "self_attn.q_a_proj.weight": t(a.q_a_proj),
+            p + "self_attn.q_a_layernorm.weight": t(a.q_a_norm),
+            p + "self_attn.q_b_proj.weight": t(a.q_b_proj).reshape(-1, a.q_b_proj.shape[-1]),
+            p + "self_attn.kv_a_proj_with_mqa.weight": t(a.kv_a_proj),
+            p + "self_attn.kv_a_layernorm.weight": t(a.kv_a_norm),
+            # per head: k_nope rows then v rows
+            p + "self_attn.kv_b_proj.weight": torch.cat([t(a.w_uk), t(a.w_uv)], dim=1).reshape(n * (dn + dv), -1),
+            p + "self_attn.o_proj.weight": t(a.o_proj).reshape(a.o_proj.shape[0], -1),
+        })
+        if isinstance(lw.mlp, MoEWeights):
+            m = lw.mlp
+            out.update({
+                p + "mlp.gate.weight": t(m.router),
+                p + "mlp.gate.e_score_correction_bias": t(m.router_bias),
+                p + "mlp.shared_experts.gate_proj.weight": t(m.shared.gate),
+                p + "mlp.shared_experts.up_proj.weight": t(m.shared.up),
+                p + "mlp.shared_experts.down_proj.weight": t(m.shared.down),
+                p + "mlp.experts.gate_up_proj": torch.cat([t(m.experts.gate), t(m.experts.up)], dim=1),
+                p + "mlp.experts.down_proj": t(m.experts.down),
+            })
+            for e in range(m.experts.num_experts):  # older transformers: one module per expert
+                out[p + f"mlp.experts.{e}.gate_proj.weight"] = lambda e=e, m=m: t(m.experts.gate)[e]
+                out[p + f"mlp.experts.{e}.up_proj.weight"] = lambda e=e, m=m: t(m.experts.up)[e]
+                out[p + f"mlp.experts.{e}.down_proj.weight"] = lambda e=e, m=m: t(m.experts.down)[e]
+        else:
+            out.update({p + f"mlp.{k}_proj.weight": t(getattr(lw.mlp, k)) for k in ("gate", "up", "down")})
+    return out
+
+
+def build_hf_model(cfg, w, device: str):
+    import torch
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(device):
+        model = DeepseekV3ForCausalLM(hf_config(cfg)).eval()
+    torch.set_default_dtype(torch.float32)
+    src = hf_tensors(w, cfg)
+    missing = []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if name not in src:
+            if "rotary" not in name and "inv_freq" not in name:
+                missing.append(name)
+            continue
+        new = src[name]() if callable(src[name]) else src[name]
+        if tuple(new.shape) != tuple(tensor.shape):
+            raise ValueError(f"{name}: jaxspec {tuple(new.shape)} vs HF {tuple(tensor.shape)}")
+        tensor.data = new.to(tensor.dtype)
+    if missing:
+        raise ValueError(f"HF tensors with no jaxspec source: {missing[:8]}")
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return model
+
+
+def time_torch(fn, warmup=3, iters=10) -> dict:
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), iters=iters)
+
+
+def time_jax_step(w, cfg, step_fn, prompt_cache, batch, tokens, context, key, iters):
+    tokens_BT = jax.random.randint(key, (batch, tokens), 0, cfg.vocab_size, jnp.int32)
+    positions_BT = jnp.broadcast_to(context + jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+    cache = jax.tree_util.tree_map(jnp.copy, prompt_cache)
+    logits, cache, ids = step_fn(w, tokens_BT, positions_BT, cache)
+    holder = {"cache": cache}
+
+    def run():
+        out, holder["cache"], _ = step_fn(w, tokens_BT, positions_BT, holder["cache"])
+        return out
+
+    for _ in range(3):
+        jax.block_until_ready(run())
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run())
+        times.append((time.perf_counter() - t0) * 1e3)
+    unique = unique_experts_per_layer(np.asarray(ids))
+    total = step_bytes(w, cfg, batch, tokens, context, unique)["total"]
+    return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), bytes=total,
+                floor_ms_4p3=floor_ms(total, HBM_TBS), tokens_BT=np.asarray(tokens_BT))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--batches", type=int, nargs="+", default=[1])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--kernel-config", default=None, help="JSON of MoEKernelConfig fields (from bench.step)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    import torch
+    import transformers
+
+    args = parse_args(argv)
+    log = functools.partial(print, flush=True)
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    res = dict(device=dev.device_kind, jax=jax.__version__, torch=torch.__version__, transformers=transformers.__version__,
+               date=now.isoformat(timespec="seconds"), layers=args.layers, context=args.context, rows=[], errors=[])
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"peer-hf-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+
+    def save():
+        res["markdown"] = markdown(res)
+        (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
+        (out_dir / f"{stem}.md").write_text(res["markdown"])
+
+    cfg = bench_config(args.layers, args.tiny)
+    w = init_weights(cfg, jax.random.PRNGKey(0), experts="bf16")
+    jax.block_until_ready(w)
+    on_gpu = dev.platform == "gpu"
+    kcfg = MoEKernelConfig(**json.loads(args.kernel_config)) if args.kernel_config else (MoEKernelConfig() if on_gpu else None)
+    res["moe_path"] = "pallas kernel (bf16 variant)" if kcfg else "plain XLA reference"
+    step_fn = make_step(cfg, kernel_or_plain(kcfg))
+    prefill_fn = jax.jit(lambda w, t, p, c: forward(w, cfg, t, p, c).cache)
+    torch_dev = "cuda" if torch.cuda.is_available() else "cpu"
+    hf = None
+    try:
+        hf = build_hf_model(cfg, w, torch_dev)
+    except Exception as e:
+        res["errors"].append(f"build HF model: {type(e).__name__}: {e}"[:2000])
+        traceback.print_exc()
+    rng = np.random.default_rng(0)
+    for b in args.batches:
+        prompt = rng.integers(0, cfg.vocab_size, size=(b, args.context))
+        cache = init_latent_cache(cfg, b, args.context + 16)
+        positions = np.broadcast_to(np.arange(args.context), (b, args.context))
+        with jax.default_device(dev):
+            from bench.moe_path import moe_path
+
+            with moe_path(PLAIN_ROUTED_EXPERTS):
+                prompt_cache = prefill_fn(w, jnp.asarray(prompt, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
+        hf_cache = None
+        if hf is not None:
+            with torch.no_grad():
+                hf_cache = hf(input_ids=torch.as_tensor(prompt, device=torch_dev), use_cache=True).past_key_values
+        for t in args.tokens:
+            row = dict(batch=b, tokens=t, context=args.context)
+            try:
+                j = time_jax_step(w, cfg, step_fn, prompt_cache, b, t, args.context, jax.random.PRNGKey(t), args.iters)
+                toks = j.pop("tokens_BT")
+                row.update(jaxspec_ms=j["median_ms"], floor_ms_4p3=j["floor_ms_4p3"], bytes=j["bytes"])
+                if hf is not None:
+                    ids = torch.as_tensor(toks, device=torch_dev, dtype=torch.long)
+                    pos = torch.as_tensor(args.context + np.arange(t), device=torch_dev)[None].expand(b, t)
+
+                    def hf_step():
+                        with torch.no_grad():
+                            o = hf(input_ids=ids, position_ids=pos, past_key_values=hf_cache, use_cache=True)
+                        if hasattr(hf_cache, "crop"):
+                            hf_cache.crop(-t)  # drop the T tokens just written (negative = remove)
+                        return o.logits
+
+                    h = time_torch(hf_step, iters=args.iters)
+                    row.update(hf_eager_ms=h["median_ms"], jaxspec_speedup=h["median_ms"] / j["median_ms"])
+                    if t == 1:  # same prompt, same token: the two models must agree
+                        hf_logits = hf_step().float().cpu().numpy()
+                        jcache = jax.tree_util.tree_map(jnp.copy, prompt_cache)
+                        jl = np.asarray(step_fn(w, jnp.asarray(toks), jnp.asarray(pos.cpu().numpy(), jnp.int32), jcache)[0])
+                        row["logits_rel_err"] = float(np.linalg.norm(jl - hf_logits) / np.linalg.norm(hf_logits))
+                        row["argmax_agree"] = float(np.mean(jl.argmax(-1) == hf_logits.argmax(-1)))
+                log(f"peer B={b} T={t}: {row}")
+            except Exception as e:
+                res["errors"].append(f"B={b} T={t}: {type(e).__name__}: {e}"[:2000])
+                traceback.print_exc()
+            res["rows"].append(row)
+            save()
+    save()
+    return res
+
+
+def markdown(res: dict) -> str:
+    lines = [f"{res['device']}: jax {res['jax']} ({res.get('moe_path')}) vs torch {res['torch']} + transformers "
+             f"{res['transformers']} eager; {res['layers']} layers + lm_head, bf16 experts, context {res['context']}, {res['date']}.",
+             "", "| B | T | jaxspec ms | HF eager ms | jaxspec speedup | floor 4.3 (ms) | jaxspec x floor | logits rel. err | argmax agree |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda x, d=3: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    for r in res["rows"]:
+        lines.append(f"| {r['batch']} | {r['tokens']} | {f(r.get('jaxspec_ms'))} | {f(r.get('hf_eager_ms'))} | "
+                     f"{f(r.get('jaxspec_speedup'), 2)} | {f(r.get('floor_ms_4p3'))} | "
+                     f"{f(r.get('jaxspec_ms') and r['jaxspec_ms'] / r['floor_ms_4p3'], 2)} | {f(r.get('logits_rel_err'), 4)} | "
+                     f"{f(r.get('argmax_agree'), 2)} |")
+    if res.get("errors"):
+        lines += ["", "Errors:"] + [f"- {e[:400]}" for e in res["errors"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,90 @@
+"""Write a benchmark result as JSON (everything) and a markdown table (what a note quotes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def _f(x, digits=3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _decode_ms(steps, batch, context, path):
+    for r in steps:
+        if (r["batch"], r["context"], r["tokens"], r.get("moe_path")) == (batch, context, 1, path):
+            return r["median_ms"]
+    return None
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# Step benchmark: {result['device']}, jax {result['jax']}, {result['date']}",
+        "",
+        f"Kimi-K2.5 dims, {result['layers']} layers (layer 0 dense, the rest MoE with INT4 g32 experts; bf16 elsewhere), "
+        f"lm_head {'tiny' if result['tiny'] else '163840'} rows, random weights. MoE path: {result.get('moe_path')}"
+        f" {result.get('kernel_config') or ''}.",
+        f"Copy bandwidth measured in this run (XLA elementwise, read + write): {_f(result.get('copy_tbs'), 2)} TB/s. "
+        "Floors: bytes that must be moved / 4.3 TB/s and / the copy bandwidth. Times: median of device-synchronised "
+        "steps after warm-up; 'queued' = mean per step with steps queued back to back.",
+        "",
+    ]
+    moe = result.get("moe_layer")
+    if moe:
+        lines += ["## MoE layer alone (routed experts of one layer, chained 20x inside one jit)", "",
+                  "| T | unique experts | MB | floor 4.3 TB/s (us) | Pallas kernel (us) | x floor | XLA reference (us) | x floor | kernel rel. err |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in moe["rows"]:
+            lines.append(
+                f"| {r['tokens']} | {r['unique_experts']} | {r['bytes'] / 1e6:.1f} | {r['floor_ms_4p3'] * 1e3:.1f} | "
+                f"{_f(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {_f(r.get('kernel_ratio_4p3'), 2)} | "
+                f"{r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {_f(r.get('kernel_rel_err'), 4)} |")
+        lines += ["", "Tile sweep (ms per layer call): " + "; ".join(
+            f"cfg{i} {'/'.join(_f(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"
+            for i, s in moe["sweep"].items()), ""]
+    bf16 = result.get("moe_layer_bf16")
+    if bf16:
+        lines += ["bf16 experts (kernel variant, 64-expert subset): " + "; ".join(
+            f"T={r['tokens']}: {_f(r.get('kernel_ms') and r['kernel_ms'] * 1e3, 1)} us vs floor {r['floor_ms_4p3'] * 1e3:.1f} us"
+            f" (x{_f(r.get('kernel_ratio_4p3'), 2)}), reference {_f(r.get('reference_ms') and r['reference_ms'] * 1e3, 1)} us,"
+            f" rel. err {_f(r.get('kernel_rel_err'), 4)}" for r in bf16), ""]
+    steps = result.get("steps") or []
+    if steps:
+        lines += ["## Target forward steps (decode T=1, verify T>1)", "",
+                  "| B | context | T | MoE path | median ms | queued ms | unique experts / layer | GB | floor 4.3 (ms) | x floor | floor copy (ms) | x copy floor | / decode |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in steps:
+            dec = _decode_ms(steps, r["batch"], r["context"], r.get("moe_path"))
+            lines.append(
+                f"| {r['batch']} | {r['context']} | {r['tokens']} | {r.get('moe_path')} | {r['median_ms']:.3f} | "
+                f"{r['queued_mean_ms']:.3f} | {np.mean(r['unique_experts']):.1f} | {r['bytes']['total'] / 1e9:.2f} | "
+                f"{r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | {r['floor_ms_copy']:.3f} | {r['ratio_copy']:.2f} | "
+                f"{_f(dec and r['median_ms'] / dec, 2)} |")
+        lines.append("")
+    cycles = result.get("cycles") or []
+    if cycles:
+        lines += ["## Speculative cycles (K drafts + verify K+1 + accept + draft extend, one jit)", "",
+                  "| B | context | K | median ms | queued ms | GB | floor 4.3 (ms) | x floor | cycle / decode = break-even tokens per cycle |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in cycles:
+            dec = _decode_ms(steps, r["batch"], r["context"], "kernel") or _decode_ms(steps, r["batch"], r["context"], "reference")
+            lines.append(
+                f"| {r['batch']} | {r['context']} | {r['k']} | {r['median_ms']:.3f} | {r['queued_mean_ms']:.3f} | "
+                f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | {_f(dec and r['median_ms'] / dec, 2)} |")
+        lines.append("")
+    peer = result.get("peer")
+    if peer:
+        lines += ["## PyTorch peer (HF transformers DeepseekV3, eager, bf16 experts, same weights)", "", peer.get("markdown", ""), ""]
+    if result.get("skipped"):
+        lines += ["Skipped (time budget): " + ", ".join(result["skipped"]), ""]
+    if result.get("errors"):
+        lines += ["Errors:", ""] + [f"- {e[:400]}" for e in result["errors"]] + [""]
+    return "\n".join(lines)
+
+
+def write_report(result: dict, out_dir: Path, stem: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out_dir / f"{stem}.md").write_text(markdown(result))

@@ -1,0 +1,237 @@
+"""`python -m bench.step`: a Kimi-K2.5-shaped model of N layers (real dims, INT4 experts, random weights)
+timed for decode (T=1), verify (T=2..8) and the full speculative cycle (K=1..4), against byte floors.
+
+Per configuration: median of device-synchronised step times after warm-up (and the mean when steps are
+queued back to back), the bytes the step must move (the unique routed experts come from that very step's
+router ids), the floor at 4.3 TB/s and at the copy bandwidth measured in this run, and the ratios.
+Writes bench/results/step-<device>-<date>.json and .md (or --out).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory to the PyTorch peer
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
+from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
+from bench.report import write_report  # noqa: E402
+from bench.timing import copy_bandwidth_tbs, median_ms  # noqa: E402
+from model.configs import known_config  # noqa: E402
+from model.decoder import forward  # noqa: E402
+from model.init import init_kimi_weights  # noqa: E402
+from model.kernels import MAX_KERNEL_TOKENS  # noqa: E402
+from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas  # noqa: E402
+from model.kv_cache import LatentCache  # noqa: E402
+from model.moe import MoEWeights  # noqa: E402
+
+TINY_DIMS = dict(hidden_size=256, num_attention_heads=4, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16,
+                 qk_rope_head_dim=8, v_head_dim=16, intermediate_size=512, moe_intermediate_size=64,
+                 n_routed_experts=16, num_experts_per_tok=4, vocab_size=1024)
+
+
+def bench_config(layers: int, tiny: bool):
+    cfg = known_config("kimi-k2.5")
+    if tiny:
+        cfg = cfg.replace(**TINY_DIMS)
+    # three distinct residual taps inside N layers feed the draft (the EAGLE-3 default needs N > 4)
+    aux = (0, 1, 2) if layers <= 3 else (1, layers // 2, layers - 1)
+    return cfg.replace(num_hidden_layers=layers, aux_layer_ids=aux)
+
+
+# one compiled program draws every weight on device (eager init compiles and dispatches op by op)
+init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
+
+
+def kernel_or_plain(kernel_cfg: MoEKernelConfig | None):
+    """The routed-experts path the engine takes on GPU: the kernel where it applies, else the reference."""
+    if kernel_cfg is None:
+        return PLAIN_ROUTED_EXPERTS
+
+    def routed(x_TH, experts, ids_TK, weights_TK):
+        try:
+            check_shapes(experts, kernel_cfg)
+        except ValueError:
+            return PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK)
+        if x_TH.shape[0] > MAX_KERNEL_TOKENS:
+            return PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK)
+        return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=kernel_cfg)
+
+    return routed
+
+
+def make_step(cfg, moe_impl):
+    """Jitted target forward (cache donated) returning logits, the cache and the router ids of each MoE layer."""
+
+    def step(w, tokens_BT, positions_BT, cache):
+        recorded = []
+        with moe_path(moe_impl, recorded):
+            out = forward(w, cfg, tokens_BT, positions_BT, cache)
+        return out.logits, out.cache, jnp.stack(recorded)
+
+    return jax.jit(step, donate_argnums=(3,))
+
+
+def random_cache(cfg, batch: int, capacity: int, context: int, key, dtype=jnp.bfloat16) -> LatentCache:
+    keys = jax.random.split(key, 2 * cfg.num_hidden_layers)
+    rnd = lambda k, d: jax.random.normal(k, (batch, capacity, d), jnp.float32).astype(dtype)  # noqa: E731
+    n = cfg.num_hidden_layers
+    return LatentCache(
+        latent=tuple(rnd(keys[i], cfg.kv_lora_rank) for i in range(n)),
+        k_rope=tuple(rnd(keys[n + i], cfg.qk_rope_head_dim) for i in range(n)),
+        lengths=jnp.full((batch,), context, jnp.int32),
+    )
+
+
+def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters: int, copy_tbs: float) -> dict:
+    cache = random_cache(cfg, batch, context + 16, context, key)
+    tokens_BT = jax.random.randint(key, (batch, tokens), 0, cfg.vocab_size, jnp.int32)
+    positions_BT = jnp.broadcast_to(context + jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+    t0 = time.perf_counter()
+    logits, cache, ids_LTK = step_fn(w, tokens_BT, positions_BT, cache)
+    jax.block_until_ready(logits)
+    compile_s = time.perf_counter() - t0
+    holder = {"cache": cache}
+
+    def run():
+        out, holder["cache"], _ = step_fn(w, tokens_BT, positions_BT, holder["cache"])
+        return out
+
+    stats = median_ms(run, warmup=3, iters=iters)
+    unique = unique_experts_per_layer(np.asarray(ids_LTK))
+    parts = step_bytes(w, cfg, batch, tokens, context, unique)
+    del holder
+    return dict(batch=batch, tokens=tokens, context=context, compile_s=compile_s, **stats,
+                unique_experts=unique, bytes=parts,
+                floor_ms_4p3=floor_ms(parts["total"], HBM_TBS), floor_ms_copy=floor_ms(parts["total"], copy_tbs),
+                ratio_4p3=stats["median_ms"] / floor_ms(parts["total"], HBM_TBS),
+                ratio_copy=stats["median_ms"] / floor_ms(parts["total"], copy_tbs))
+
+
+def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log):
+    key = jax.random.PRNGKey(len(result["steps"]) + 1)
+    for path, b, c, t in plan:
+        if over_budget():
+            result["skipped"].append(f"step {path} B={b} ctx={c} T={t}")
+            continue
+        key, sub = jax.random.split(key)
+        try:
+            row = time_step(w, cfg, steps[path], b, t, c, sub, args.iters, copy_tbs)
+            row["moe_path"] = path
+            result["steps"].append(row)
+            log(f"step {path:9s} B={b} ctx={c:6d} T={t}: {row['median_ms']:.3f} ms "
+                f"(queued {row['queued_mean_ms']:.3f}), floor {row['floor_ms_4p3']:.3f} ms, ratio {row['ratio_4p3']:.2f}, "
+                f"unique experts {np.mean(row['unique_experts']):.1f}, compile {row['compile_s']:.1f} s")
+        except Exception as e:
+            result["errors"].append(f"step {path} B={b} ctx={c} T={t}: {type(e).__name__}: {e}"[:2000])
+            traceback.print_exc()
+        save()
+
+
+def step_plan(batches, contexts, tokens_list):
+    """Most important first, so a run cut short by its time budget still shows the targets."""
+    plan = []
+    for b in batches:
+        for c in contexts:
+            for t in sorted(tokens_list, key=lambda t: (t not in (1, 4), t)):
+                plan.append((b, c, t))
+    return plan
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=4, help="target layers (first dense, rest MoE)")
+    p.add_argument("--tiny", action="store_true", help="small dims for a CPU smoke run")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8])
+    p.add_argument("--cycle-k", type=int, nargs="*", default=[1, 2, 3, 4])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
+    p.add_argument("--skip-moe-layer", action="store_true")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    t_start = time.time()
+    over_budget = lambda: time.time() - t_start > args.budget_s  # noqa: E731
+    log = functools.partial(print, flush=True)
+    dev = jax.devices()[0]
+    on_gpu = dev.platform == "gpu"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+                  layers=args.layers, tiny=args.tiny, args=vars(args), skipped=[], errors=[])
+    stem = f"step-{'tiny-' if args.tiny else ''}{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    save = lambda: write_report(result, Path(args.out), stem)  # noqa: E731
+
+    result["copy_tbs"] = copy_tbs = copy_bandwidth_tbs(gbytes=4.0 if on_gpu else 0.1)
+    log(f"device {dev.device_kind}, jax {jax.__version__}, copy bandwidth {copy_tbs:.2f} TB/s")
+
+    cfg = bench_config(args.layers, args.tiny)
+    t0 = time.perf_counter()
+    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
+    jax.block_until_ready(w)
+    log(f"weights: {args.layers} layers in {time.perf_counter() - t0:.1f} s")
+    moe_layer = next(lw.mlp for lw in w.layers if isinstance(lw.mlp, MoEWeights))
+
+    kernel_cfg = None
+    if on_gpu and not args.skip_moe_layer:
+        from bench.moe_layer import bench_bf16_kernel, bench_moe_layer
+
+        try:
+            result["moe_layer"], kernel_cfg = bench_moe_layer(moe_layer, cfg, copy_tbs=copy_tbs, log=log)
+            if kernel_cfg is not None:
+                result["moe_layer_bf16"] = bench_bf16_kernel(moe_layer, cfg, kernel_cfg, log=log)
+        except Exception as e:
+            result["errors"].append(f"moe_layer: {type(e).__name__}: {e}"[:2000])
+            traceback.print_exc()
+        save()
+    result["moe_path"] = "pallas kernel" if kernel_cfg is not None else "plain XLA reference"
+    result["kernel_config"] = None if kernel_cfg is None else kernel_cfg.__dict__
+    log(f"MoE path for the steps: {result['moe_path']}")
+
+    steps = {"reference": make_step(cfg, PLAIN_ROUTED_EXPERTS)}
+    if kernel_cfg is not None:
+        steps["kernel"] = make_step(cfg, kernel_or_plain(kernel_cfg))
+    plan = [("kernel" if kernel_cfg is not None else "reference", b, c, t)
+            for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
+    if kernel_cfg is not None:  # the XLA reference path side by side, where the targets are
+        plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
+    result["steps"], result["cycles"] = [], []
+    first = (args.batches[0], args.contexts[0])
+    # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
+    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget, save, log)
+    if args.cycle_k and args.layers >= 3:
+        from bench.cycle import bench_cycles
+
+        moe_impl = kernel_or_plain(kernel_cfg)
+        result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first], tiny=args.tiny)
+        save()
+    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget, save, log)
+    if args.cycle_k and args.layers >= 3:
+        rest = [(b, c) for b in args.batches for c in args.contexts if (b, c) != first]
+        result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, rest, tiny=args.tiny)
+        save()
+    result["wall_s"] = time.time() - t_start
+    save()
+    log(f"wrote {args.out}/{stem}.json and .md in {result['wall_s']:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

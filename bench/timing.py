@@ -1,0 +1,44 @@
+"""Device-synchronised timing: median milliseconds after warm-up, and the copy bandwidth of this device."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def median_ms(run, warmup: int = 3, iters: int = 20) -> dict:
+    """`run()` launches one step and returns its outputs; each timed call waits for them.
+
+    Returns the median and spread of the synchronised per-call times, plus the mean time per call when
+    `iters` calls are queued back to back (what an engine that never waits on the host sees)."""
+    for _ in range(warmup):
+        jax.block_until_ready(run())
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run())
+        times.append((time.perf_counter() - t0) * 1e3)
+    t0 = time.perf_counter()
+    outs = [run() for _ in range(iters)]
+    jax.block_until_ready(outs)
+    queued = (time.perf_counter() - t0) * 1e3 / iters
+    return {
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "queued_mean_ms": queued,
+        "iters": iters,
+    }
+
+
+def copy_bandwidth_tbs(gbytes: float = 4.0, iters: int = 20) -> float:
+    """Bytes read + written per second by an XLA elementwise pass over a `gbytes` bf16 array."""
+    n = int(gbytes * 1e9 / 2)
+    x = jnp.ones((n,), jnp.bfloat16)
+    scale = jax.jit(lambda a: a * jnp.bfloat16(1.5))
+    stats = median_ms(lambda: scale(x), warmup=3, iters=iters)
+    del x
+    return 2 * n * 2 / (stats["min_ms"] * 1e-3) / 1e12
