@@ -1,0 +1,338 @@
+"""`python -m jaxspec.generate`: text generation with EAGLE-3 speculative decoding, streamed, with statistics.
+
+Flags follow SGLang's names where one exists. Text goes to stdout, progress and statistics to stderr;
+`--json` prints one JSON document (schema: JSON_SCHEMA below, also in the README) and nothing else on
+stdout. Every user error prints one line `error: ...` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+DEFAULT_PROMPT = "def fibonacci(n):\n"
+EXIT_USAGE = 2
+
+JSON_SCHEMA = {
+    "model": "str: target checkpoint directory",
+    "draft": "str | null: drafter checkpoint directory (null without speculation)",
+    "speculative_num_steps": "int: draft tokens per cycle K (0 = no speculation)",
+    "dtype": "str: activation dtype",
+    "devices": "int: devices in the mesh",
+    "sampling": {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"},
+    "results": [{
+        "prompt": "str", "prompt_tokens": "int", "tokens": "[int]: generated token ids",
+        "text": "str: decoded generated tokens", "accepted_per_cycle": "[int]: drafts accepted per cycle",
+    }],
+    "timings": {
+        "compile_s": "float: ahead-of-time compilation of prefill and decode programs",
+        "prefill_ms": "float", "decode_s": "float", "decode_tokens_per_s": "float: tokens after the first / decode_s",
+        "cycles": "int: speculative cycles (or decode steps)", "ms_per_cycle": "float",
+    },
+    "acceptance": {
+        "mean_acceptance_length": "float | null: accepted drafts + 1 per cycle",
+        "histogram": "[int]: cycles that accepted 0..K drafts",
+        "per_position": "[float]: P(draft i accepted), i = 1..K",
+    },
+    "baseline": "null, or with --baseline: {decode_tokens_per_s, decode_s, steps, speedup}",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m jaxspec.generate", description=__doc__.split("\n")[0])
+    p.add_argument("--model", type=Path, default=None, help="converted target checkpoint (default: the embedded model)")
+    p.add_argument("--draft", type=Path, default=None,
+                   help="converted EAGLE-3 drafter (default: MODEL/draft, then a sibling directory named draft)")
+    p.add_argument("--speculative-num-steps", type=int, default=None,
+                   help="draft tokens per cycle (0 = no speculation; default 4 with a drafter)")
+    p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                   help="tokens verified per cycle incl. the root (chain: num-steps + 1)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", type=str, default=None)
+    src.add_argument("--prompt-file", type=Path, default=None)
+    src.add_argument("--batch-file", type=Path, default=None, help="one prompt per line, generated as one batch")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON document (see the README for its schema)")
+    p.add_argument("--baseline", action="store_true", help="also time decoding without speculation, same target")
+    p.add_argument("--mesh", type=str, default=None, help="device count (8) or data x model shape (2x4)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="activation dtype")
+    p.add_argument("--max-context", type=int, default=None, help="cap on prompt + new tokens (default: the model's)")
+    return p
+
+
+def _status(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[jaxspec] {msg}", file=sys.stderr, flush=True)
+
+
+def _check_flags(a) -> int:
+    """Validate flag values; return K."""
+    if a.speculative_eagle_topk != 1:
+        raise UsageError(f"--speculative-eagle-topk {a.speculative_eagle_topk}: only 1 (chain drafting) is supported")
+    if a.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
+    if a.temperature < 0 or not math.isfinite(a.temperature):
+        raise UsageError(f"--temperature must be a finite number >= 0, got {a.temperature}")
+    if not 0.0 < a.top_p <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
+    if a.top_k < 0:
+        raise UsageError(f"--top-k must be >= 0, got {a.top_k}")
+    k = a.speculative_num_steps
+    if k is None:
+        k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else 4
+    if k < 0:
+        raise UsageError(f"--speculative-num-steps must be >= 0, got {k}")
+    if a.speculative_num_draft_tokens is not None and a.speculative_num_draft_tokens != k + 1:
+        raise UsageError(
+            f"--speculative-num-draft-tokens {a.speculative_num_draft_tokens} must equal --speculative-num-steps + 1 "
+            f"= {k + 1} for chain drafting (topk 1)"
+        )
+    return k
+
+
+def _parse_mesh(spec: str | None):
+    if spec is None:
+        return None
+    try:
+        dims = tuple(int(x) for x in spec.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--mesh {spec!r}: expected a device count like 8 or a shape like 2x4") from None
+    if len(dims) not in (1, 2) or min(dims) < 1:
+        raise UsageError(f"--mesh {spec!r}: expected a device count like 8 or a shape like 2x4")
+    import jax
+
+    n = math.prod(dims)
+    if n > jax.device_count():
+        raise UsageError(f"--mesh {spec}: needs {n} devices, {jax.device_count()} available")
+    from model.sharding import make_mesh
+
+    return make_mesh(dims if len(dims) == 2 else dims[0])
+
+
+def _read_prompts(a) -> tuple[list[str], bool]:
+    """(prompts, batch?)"""
+    if a.prompt is not None:
+        return [a.prompt], False
+    for flag, path in (("--prompt-file", a.prompt_file), ("--batch-file", a.batch_file)):
+        if path is not None:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise UsageError(f"{flag} {path}: cannot read ({e.__class__.__name__}: {e})") from None
+            if flag == "--batch-file":
+                prompts = [line for line in text.splitlines() if line.strip()]
+                if not prompts:
+                    raise UsageError(f"--batch-file {path}: no prompts in it")
+                return prompts, True
+            if not text:
+                raise UsageError(f"--prompt-file {path}: the file is empty")
+            return [text], False
+    if not sys.stdin.isatty():
+        text = sys.stdin.read()
+        if text.strip():
+            return [text], False
+    return [DEFAULT_PROMPT], False
+
+
+def _find_draft(model_dir: Path, draft: Path | None) -> Path | None:
+    if draft is not None:
+        return draft
+    for candidate in (model_dir / "draft", model_dir.parent / "draft"):
+        if candidate.is_dir() and candidate.resolve() != model_dir.resolve():
+            return candidate
+    return None
+
+
+def _eos_ids(model_dir: Path, cfg, tokenizer) -> tuple[int, ...]:
+    ids = set(cfg.eos_token_id)
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    tok_eos = tokenizer.token_id("eos_token")
+    if tok_eos is not None:
+        ids.add(tok_eos)
+    return tuple(sorted(int(i) for i in ids))
+
+
+def run(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    k = _check_flags(a)
+    quiet = a.json
+    mesh = _parse_mesh(a.mesh)
+    prompts_text, batch = _read_prompts(a)
+
+    import jax.numpy as jnp
+
+    from convert.checkpoint import load_draft, load_target, read_metadata
+    from jaxspec.engine import Engine
+    from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
+    from jaxspec.sampling import SamplingParams
+    from jaxspec.tokenizer import StreamDecoder, load_tokenizer
+
+    model_dir = a.model or DEFAULT_MODEL_DIR / "target"
+    if not model_dir.is_dir():
+        raise UsageError(f"--model {model_dir}: no such checkpoint directory")
+    read_metadata(model_dir, "target")  # a broken target is the first thing to report
+    draft_dir = _find_draft(model_dir, a.draft) if k > 0 else None
+    if k > 0 and draft_dir is None:
+        raise UsageError(f"no drafter found beside {model_dir} (pass --draft DIR, or --speculative-num-steps 0)")
+    if draft_dir is not None and not draft_dir.is_dir():
+        raise UsageError(f"--draft {draft_dir}: no such checkpoint directory")
+    dtype = jnp.dtype(a.dtype)
+
+    t0 = time.perf_counter()
+    _status(f"loading target {model_dir}", quiet)
+    cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype)
+    dcfg = dw = None
+    if draft_dir is not None:
+        _status(f"loading drafter {draft_dir}", quiet)
+        dcfg, dw = load_draft(draft_dir, mesh=mesh, dtype=dtype)
+        cfg = check_draft_fits(cfg, dcfg, dw)
+    tokenizer = load_tokenizer(model_dir)
+    eos = _eos_ids(model_dir, cfg, tokenizer)
+    _status(f"loaded in {time.perf_counter() - t0:.1f} s", quiet)
+
+    if a.chat:
+        prompts_text = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts_text]
+    prompts = [tokenizer.encode(p) for p in prompts_text]
+    if any(len(p) == 0 for p in prompts):
+        raise UsageError("a prompt encodes to zero tokens")
+    engine_kw = {"mesh": mesh} if mesh is not None else {}
+    engine = Engine(SpecConfig(cfg, dcfg, eos), SpecWeights(tw, dw), num_steps=k, max_context=a.max_context,
+                    **engine_kw)
+    sampling = SamplingParams(a.temperature, a.top_k, a.top_p)
+    _status("compiling (ahead of time, once per shape)", quiet)
+
+    stream = not (a.json or batch)
+    if stream:
+        decoder = StreamDecoder(tokenizer)
+        result = None
+        for event in engine.stream(prompts, a.max_new_tokens, sampling, seed=a.seed):
+            if isinstance(event, list):
+                sys.stdout.write(decoder.push(event[0]))
+                sys.stdout.flush()
+            else:
+                result = event
+        sys.stdout.write(decoder.flush() + "\n")
+        sys.stdout.flush()
+    else:
+        result = engine.generate(prompts, a.max_new_tokens, sampling, seed=a.seed)
+
+    baseline = None
+    if a.baseline and k > 0:
+        _status("timing the baseline (no speculation)", quiet)
+        engine.generate(prompts, a.max_new_tokens, sampling, seed=a.seed, speculative=False)  # warm-up run
+        baseline = engine.generate(prompts, a.max_new_tokens, sampling, seed=a.seed, speculative=False)
+
+    texts = [tokenizer.decode(t) for t in result.tokens]
+    report = _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline)
+    if a.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        if batch:
+            for i, text in enumerate(texts):
+                print(f"=== [{i}] {prompts_text[i]!r}\n{text}")
+        _print_stats(report, k)
+    return 0
+
+
+def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline) -> dict:
+    stats = result.stats
+    ms_cycle = 1000 * result.decode_s / result.cycles if result.cycles else None
+    out = {
+        "model": str(model_dir),
+        "draft": None if draft_dir is None else str(draft_dir),
+        "speculative_num_steps": k,
+        "dtype": a.dtype,
+        "devices": 1 if mesh is None else int(mesh.devices.size),
+        "sampling": {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "seed": a.seed},
+        "results": [
+            {"prompt": pt, "prompt_tokens": len(p), "tokens": toks, "text": txt, "accepted_per_cycle": acc}
+            for pt, p, toks, txt, acc in zip(prompts_text, prompts, result.tokens, texts, result.accepted)
+        ],
+        "timings": {
+            "compile_s": result.compile_s,
+            "prefill_ms": 1000 * result.prefill_s,
+            "decode_s": result.decode_s,
+            "decode_tokens_per_s": result.decode_tokens_per_s,
+            "cycles": result.cycles,
+            "ms_per_cycle": ms_cycle,
+        },
+        "acceptance": {
+            "mean_acceptance_length": None if k == 0 else stats.mean_acceptance_length,
+            "histogram": stats.histogram(k) if k else [],
+            "per_position": stats.per_position_acceptance(k) if k else [],
+        },
+        "baseline": None,
+    }
+    if baseline is not None:
+        out["baseline"] = {
+            "decode_tokens_per_s": baseline.decode_tokens_per_s,
+            "decode_s": baseline.decode_s,
+            "steps": baseline.cycles,
+            "speedup": result.decode_tokens_per_s / baseline.decode_tokens_per_s,
+        }
+    return out
+
+
+def _print_stats(r: dict, k: int) -> None:
+    t, acc = r["timings"], r["acceptance"]
+    lines = [
+        f"prompt tokens: {', '.join(str(x['prompt_tokens']) for x in r['results'])}",
+        f"prefill: {t['prefill_ms']:.1f} ms   compile: {t['compile_s']:.1f} s (not counted below)",
+        f"decode: {t['decode_tokens_per_s']:.1f} tok/s over {t['decode_s']:.3f} s, {t['cycles']} "
+        + (f"cycles, {t['ms_per_cycle']:.2f} ms/cycle" if t["ms_per_cycle"] is not None else "cycles"),
+    ]
+    if k:
+        lines.append(
+            f"speculation: K={k}, mean acceptance length {acc['mean_acceptance_length']:.2f} "
+            f"(histogram of accepted drafts 0..{k}: {acc['histogram']})"
+        )
+    if r["baseline"]:
+        b = r["baseline"]
+        lines.append(f"baseline (no speculation, same target): {b['decode_tokens_per_s']:.1f} tok/s "
+                     f"-> speedup {b['speedup']:.2f}x")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from convert.safetensors_reader import CheckpointError
+    from jaxspec.engine import PromptTooLong
+    from jaxspec.tokenizer import TokenizerError
+    from model.config import ConfigError
+
+    try:
+        return run(argv)
+    except (UsageError, CheckpointError, ConfigError, TokenizerError, PromptTooLong) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.exit(main())

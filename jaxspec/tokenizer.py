@@ -1,0 +1,171 @@
+"""Tokenizers a checkpoint may carry: Kimi's tiktoken.model (+ tokenizer_config.json special tokens) or a
+HF tokenizers `tokenizer.json`; chat templates rendered with jinja2; UTF-8-safe streaming decode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+import jinja2.sandbox
+
+# Kimi K2's pre-tokenizer split pattern (tokenization_kimi.py): Han runs, cased words, 1-3 digit numbers,
+# punctuation runs, newlines, spaces.
+KIMI_PAT_STR = "|".join(
+    [
+        r"""[\p{Han}]+""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+KIMI_NUM_RESERVED_SPECIAL = 256
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+def _token_content(tok) -> str:
+    return tok["content"] if isinstance(tok, dict) else str(tok)
+
+
+class Tokenizer:
+    """encode / decode / chat template over one of the two backends."""
+
+    def __init__(self, encode, decode, specials: dict[str, int], config: dict, chat_template: str | None, name: str):
+        self._encode, self._decode = encode, decode
+        self.special_tokens = specials
+        self.config = config
+        self.chat_template = chat_template
+        self.name = name
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._decode(list(ids))
+
+    def token_id(self, name_key: str) -> int | None:
+        """Id of the token named by tokenizer_config.json's `bos_token` / `eos_token` / ... ."""
+        tok = self.config.get(name_key)
+        if tok is None:
+            return None
+        return self.special_tokens.get(_token_content(tok))
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise TokenizerError(f"{self.name}: the checkpoint has no chat template (tokenizer_config.json "
+                                 "'chat_template' or chat_template.jinja)")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(msg):
+            raise TokenizerError(f"chat template: {msg}")
+
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+        specials = {k: _token_content(self.config[k]) for k in ("bos_token", "eos_token") if self.config.get(k)}
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **specials
+        )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TokenizerError(f"{path}: not valid JSON ({e})") from None
+
+
+def _chat_template(directory: Path, config: dict) -> str | None:
+    for name in ("chat_template.jinja", "chat_template.json"):
+        p = directory / name
+        if p.exists():
+            return _read_json(p)["chat_template"] if p.suffix == ".json" else p.read_text()
+    tpl = config.get("chat_template")
+    if isinstance(tpl, list):  # named templates: take "default"
+        tpl = next((t["template"] for t in tpl if t.get("name") == "default"), None)
+    return tpl
+
+
+def load_tiktoken_tokenizer(directory: Path) -> Tokenizer:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    model_file = directory / "tiktoken.model"
+    try:
+        ranks = load_tiktoken_bpe(str(model_file))
+    except Exception as e:  # noqa: BLE001 - tiktoken raises bare ValueErrors / binascii errors
+        raise TokenizerError(f"{model_file}: not a tiktoken BPE file ({e})") from None
+    config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").exists() else {}
+    named = {int(i): _token_content(t) for i, t in (config.get("added_tokens_decoder") or {}).items()}
+    n = len(ranks)
+    specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + KIMI_NUM_RESERVED_SPECIAL + 2)}
+    enc = tiktoken.Encoding(name=str(model_file), pat_str=KIMI_PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
+    return Tokenizer(
+        encode=lambda text: enc.encode(text, allowed_special="all"),
+        decode=enc.decode,
+        specials=specials,
+        config=config,
+        chat_template=_chat_template(directory, config),
+        name=str(model_file),
+    )
+
+
+def load_hf_tokenizer(directory: Path) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = directory / "tokenizer.json"
+    try:
+        tok = HFTokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on bad files
+        raise TokenizerError(f"{path}: not a tokenizers file ({e})") from None
+    config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").exists() else {}
+    specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    return Tokenizer(
+        encode=lambda text: tok.encode(text, add_special_tokens=False).ids,
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
+        specials=specials,
+        config=config,
+        chat_template=_chat_template(directory, config),
+        name=str(path),
+    )
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """The tokenizer stored beside a checkpoint: tiktoken.model first (Kimi), else tokenizer.json."""
+    directory = Path(directory)
+    for candidate in (directory, directory.parent):
+        if (candidate / "tiktoken.model").exists():
+            return load_tiktoken_tokenizer(candidate)
+        if (candidate / "tokenizer.json").exists():
+            return load_hf_tokenizer(candidate)
+    raise TokenizerError(f"{directory}: no tokenizer (tiktoken.model or tokenizer.json) in it or its parent")
+
+
+class StreamDecoder:
+    """Turn a growing token list into text increments that never split a UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = 0  # characters already returned
+
+    def push(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids)
+        # an incomplete multi-byte character decodes to U+FFFD at the end: wait for its next token
+        stable = len(text.rstrip("\ufffd"))
+        out = text[self.emitted : stable] if stable > self.emitted else ""
+        self.emitted = max(self.emitted, stable)
+        return out
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.ids)
+        out = text[self.emitted :]
+        self.emitted = len(text)
+        return out

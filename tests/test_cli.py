@@ -1,0 +1,161 @@
+"""`python -m jaxspec.generate` driven as a subprocess: outputs equal the library's, the JSON schema, errors."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from convert.checkpoint import load_draft, load_target, save_draft, save_target
+from jaxspec.engine import Engine
+from jaxspec.generate import JSON_SCHEMA
+from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
+from jaxspec.tokenizer import load_tokenizer
+from model.init import init_draft_weights
+from tests.kimi_tokenizer_fixture import write_kimi_tokenizer
+from tests.tiny_models import tiny_pair
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "def the thing"
+BATCH = ["def the thing is", "and", "return the answer and the thing in the end"]
+
+
+def cli(*args, stdin=None, timeout=240):
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    return subprocess.run([sys.executable, "-m", "jaxspec.generate", *map(str, args)], capture_output=True, text=True,
+                          input=stdin, env=env, cwd=REPO, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    vocab = write_kimi_tokenizer(root / "tok")
+    cfg, w = tiny_pair(seed=4, vocab=vocab, logit_scale=3.0)
+    save_target(root / "model", w.target, cfg.target, tokenizer_dir=root / "tok")
+    save_draft(root / "model" / "draft", w.draft, cfg.draft)
+    # drafters that do not fit the target
+    bad = {
+        "hidden": dataclasses.replace(cfg.draft, hidden_size=48),
+        "vocab": dataclasses.replace(cfg.draft, vocab_size=vocab + 8, draft_vocab_size=vocab + 8),
+        "aux": dataclasses.replace(cfg.draft, aux_layer_ids=(0, 1, 9)),
+    }
+    for name, dcfg in bad.items():
+        save_draft(root / f"bad_{name}", init_draft_weights(dcfg, jax.random.key(1), jnp.float32), dcfg)
+    return root
+
+
+MAX_NEW = 16  # one value everywhere: the library engine compiles once
+
+
+@pytest.fixture(scope="module")
+def library(ckpt):
+    """Greedy baseline tokens from the library itself (float32), one prompt at a time."""
+    cfg, tw = load_target(ckpt / "model", dtype=jnp.float32)
+    dcfg, dw = load_draft(ckpt / "model" / "draft", dtype=jnp.float32)
+    cfg = check_draft_fits(cfg, dcfg, dw)
+    tok = load_tokenizer(ckpt / "model")
+    eng = Engine(SpecConfig(cfg, dcfg, (tok.token_id("eos_token"),)), SpecWeights(tw, dw), num_steps=3)
+    return lambda prompt: eng.generate([tok.encode(prompt)], MAX_NEW, speculative=False).tokens[0]
+
+
+def _check_schema(doc, schema):
+    assert set(doc) == set(schema)
+    for key, sub in schema.items():
+        if isinstance(sub, dict) and doc[key] is not None:
+            _check_schema(doc[key], sub)
+        elif isinstance(sub, list):
+            for item in doc[key]:
+                _check_schema(item, sub[0])
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_greedy_cli_equals_library_baseline(ckpt, library, k):
+    want = library(PROMPT)
+    r = cli("--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW, "--dtype", "float32",
+            "--speculative-num-steps", k, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    _check_schema(doc, JSON_SCHEMA)
+    res = doc["results"][0]
+    assert res["tokens"] == want
+    assert res["prompt_tokens"] == len(load_tokenizer(ckpt / "model").encode(PROMPT))
+    assert doc["speculative_num_steps"] == k
+    if k:
+        assert len(res["accepted_per_cycle"]) == doc["timings"]["cycles"]
+        assert sum(doc["acceptance"]["histogram"]) == doc["timings"]["cycles"]
+        assert doc["acceptance"]["mean_acceptance_length"] >= 1.0
+
+
+def test_streaming_text_and_statistics(ckpt, library):
+    text = load_tokenizer(ckpt / "model").decode(library(PROMPT))
+    r = cli("--model", ckpt / "model", "--max-new-tokens", MAX_NEW, "--dtype", "float32", "--baseline", stdin=PROMPT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == text + "\n"
+    for needle in ("prompt tokens:", "prefill:", "compile:", "tok/s", "mean acceptance length", "ms/cycle", "baseline"):
+        assert needle in r.stderr
+
+
+def test_batch_file_matches_single_prompts(ckpt, library, tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("\n".join(BATCH) + "\n")
+    r = cli("--model", ckpt / "model", "--batch-file", f, "--max-new-tokens", MAX_NEW, "--dtype", "float32", "--json")
+    assert r.returncode == 0, r.stderr
+    got = [x["tokens"] for x in json.loads(r.stdout)["results"]]
+    assert got == [library(p) for p in BATCH]
+
+
+def test_chat_template_is_applied(ckpt):
+    r = cli("--model", ckpt / "model", "--prompt", "hi", "--chat", "--max-new-tokens", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    tok = load_tokenizer(ckpt / "model")
+    assert doc["results"][0]["prompt_tokens"] == len(tok.encode("<|im_user|>user<|im_middle|>hi<|im_end|>"
+                                                                 "<|im_assistant|>assistant<|im_middle|>"))
+
+
+ERRORS = [
+    (["--top-p", "1.5"], "--top-p"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--top-k", "-2"], "--top-k"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
+    (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], "--speculative-num-draft-tokens"),
+    (["--mesh", "3x"], "--mesh"),
+    (["--mesh", "64"], "needs 64 devices"),
+    (["--no-such-flag"], "unrecognized arguments"),
+    (["--prompt-file", "/nonexistent/prompt.txt"], "--prompt-file"),
+    (["--model", "/nonexistent/model"], "no such checkpoint"),
+]
+
+
+@pytest.mark.parametrize("args, needle", ERRORS, ids=[e[1] for e in ERRORS])
+def test_bad_flags_exit_2_with_one_line(args, needle):
+    r = cli(*args, "--prompt", "x") if "--prompt-file" not in args else cli(*args)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and needle in r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_checkpoint_and_draft_errors(ckpt, tmp_path):
+    incomplete = tmp_path / "incomplete"
+    incomplete.mkdir()
+    (incomplete / "config.json").write_text("{}")
+    cases = [
+        (["--model", incomplete], "CONVERSION_COMPLETE"),
+        (["--model", ckpt / "model", "--draft", ckpt / "bad_hidden"], "hidden size"),
+        (["--model", ckpt / "model", "--draft", ckpt / "bad_vocab"], "vocab_size"),
+        (["--model", ckpt / "model", "--draft", ckpt / "bad_aux"], "aux layers"),
+        (["--model", ckpt / "model", "--max-context", 40, "--max-new-tokens", 30, "--prompt", "the " * 12],
+         "exceeds the context"),
+        (["--model", ckpt / "model", "--draft", ckpt / "model"], "not a draft"),
+    ]
+    for args, needle in cases:
+        r = cli(*args, *([] if "--prompt" in args else ["--prompt", "x"]))
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.strip().splitlines()[-1].startswith("error: ") and needle in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
