@@ -1,0 +1,13 @@
+#!/bin/bash
+# One device call on the H200: environment facts, `bench.step` (4 layers), then the PyTorch peer.
+# Logs and results go to $OUT (at most 8 files come back: env, 2 logs, 2 x json + md).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/bench-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/env.txt" 2>&1
+python3 -c "import jax, torch, transformers; print(jax.__version__, jax.devices(), torch.__version__, transformers.__version__)" >> "$OUT/env.txt" 2>&1
+timeout "${STEP_TIMEOUT:-260}" python3 -m bench.step --layers "${LAYERS:-4}" --budget-s "${STEP_BUDGET:-200}" \
+  --iters 10 --out "$OUT" ${STEP_ARGS:-} 2>&1 | tee "$OUT/step.log"
+KCFG=$(python3 -c "import json, glob; r = json.load(open(sorted(glob.glob('$OUT/step-*.json'))[-1])); print(json.dumps(r.get('kernel_config')))" 2>/dev/null || echo null)
+timeout "${PEER_TIMEOUT:-100}" python3 -m bench.peer_hf --kernel-config "$KCFG" --out "$OUT" 2>&1 | tee "$OUT/peer.log"
