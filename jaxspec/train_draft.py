@@ -23,19 +23,19 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from jaxspec.training.artifacts import load_target_dir, save_model_dir
-from jaxspec.training.casting import compute_copy, weight_decay_mask
+from jaxspec.training.casting import compute_copy
 from jaxspec.training.corpus import read_sources, split_sources
 from jaxspec.training.draft_config import eagle3_config
 from jaxspec.training.draft_init import init_draft_for_training
 from jaxspec.training.draft_step import DraftState, draft_eval, draft_train_step
 from jaxspec.training.draft_vocab import coverage, d2t_offsets, frequent_token_ids
 from jaxspec.training.greedy_rollout import greedy_continue
+from jaxspec.training.optimizer import AdamWSpec
 from jaxspec.training.orbax_resume import DraftCheckpoints
 from jaxspec.training.plots import plot_curves
 from jaxspec.training.progress import Progress
 from jaxspec.training.schedule import BudgetedSchedule
 from jaxspec.training.target_init import count_params
-from jaxspec.training.target_step import adamw
 from jaxspec.training.tokenizer import encode_file_list, encode_files
 from jaxspec.training.windows import file_prompts, random_windows
 from model.eagle3 import draft_config_from_dict
@@ -57,6 +57,9 @@ def parse_args(argv=None):
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=int, default=None)
     budget.add_argument("--time-budget", type=float, default=None, help="seconds of training after compilation")
+    budget.add_argument("--finish-by", type=float, default=None,
+                        help="unix time by which everything (final evaluation and saving included) must be done")
+    p.add_argument("--reserve", type=float, default=30.0, help="seconds kept for the end when --finish-by is given")
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.01)
@@ -72,16 +75,19 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.steps is None and args.time_budget is None:
-        args.time_budget = 180.0
+        args.time_budget = 180.0 if args.finish_by is None else 1.0  # replaced by the deadline after compiling
     args.eval_depth = min(args.eval_depth, args.ttt_steps)
     return args
 
 
 def rollouts(target_w, cfg, prompts_NP, total_len: int, batch: int) -> np.ndarray:
+    """Greedy continuations in batches of exactly `batch` rows (the last padded), so one shape compiles."""
     out = []
     for i in range(0, len(prompts_NP), batch):
-        out.append(np.asarray(greedy_continue(target_w, jnp.asarray(prompts_NP[i : i + batch]), cfg=cfg,
-                                              total_len=total_len)))
+        chunk = prompts_NP[i : i + batch]
+        padded = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk), axis=0)])
+        got = greedy_continue(target_w, jnp.asarray(padded), cfg=cfg, total_len=total_len)
+        out.append(np.asarray(got)[: len(chunk)])
     return np.concatenate(out)
 
 
@@ -140,15 +146,17 @@ def main(argv=None) -> dict:
     train_prompts = random_windows(train_stream, args.rollouts, p_len, rng) if args.generated_fraction > 0 else None
     pool = rollouts(target_w, target_cfg, train_prompts, seq, args.rollout_batch) if train_prompts is not None else np.zeros((0, seq), np.int32)
     eval_NT = rollouts(target_w, target_cfg, file_prompts(held_file_tokens, args.eval_prompts, p_len, rng), seq,
-                       min(args.rollout_batch, args.eval_prompts))
+                       args.rollout_batch)
+    eval_batch = min(args.batch, len(eval_NT))
+    eval_NT = eval_NT[: len(eval_NT) // eval_batch * eval_batch]  # whole batches: one compiled shape
     eval_mask = np.broadcast_to(np.arange(seq) >= p_len - 1, eval_NT.shape)
     timings["rollouts_s"] = time.perf_counter() - t
     progress.log(f"target rollouts: {len(pool)} training + {len(eval_NT)} held-out sequences of {seq} tokens "
                  f"(prompt {p_len}) in {timings['rollouts_s']:.1f}s")
 
-    weights = init_draft_for_training(cfg, target_w, ids_np, jax.random.PRNGKey(args.seed + 1))
-    tx = adamw(weight_decay=args.weight_decay, mask=weight_decay_mask(weights))
-    state = DraftState(weights, tx.init(weights))
+    weights = init_draft_for_training(cfg, target_w, ids_np, args.seed + 1)
+    opt = AdamWSpec(weight_decay=args.weight_decay)
+    state = DraftState(weights, opt.build(weights).init(weights))
     progress.log(f"draft: {count_params(weights) / 1e6:.2f}M parameters, {args.ttt_steps} training-time-test steps")
 
     ckpts = DraftCheckpoints(args.ckpt_dir) if args.ckpt_dir else None
@@ -161,8 +169,7 @@ def main(argv=None) -> dict:
         if budget is not None:
             args.steps, args.time_budget = budget, None
     schedule = BudgetedSchedule(args.lr, args.warmup, steps=args.steps, seconds=args.time_budget)
-    eval_batch = min(args.batch, len(eval_NT))
-    step_args = dict(cfg=cfg, target_cfg=target_cfg, tx=tx, steps=args.ttt_steps)
+    step_args = dict(cfg=cfg, target_cfg=target_cfg, opt=opt, steps=args.ttt_steps)
 
     def run_eval(step):
         loss, accept = evaluate(compute_copy(state.weights), target_w, eval_NT, eval_mask, eval_batch, draft_ids,
@@ -190,7 +197,7 @@ def main(argv=None) -> dict:
             jax.block_until_ready(metrics["loss"])
             timings["compile_s"] = time.perf_counter() - t_train
             progress.log(f"first step (compilation) {timings['compile_s']:.1f}s")
-            schedule.start()
+            schedule.start(None if args.finish_by is None else args.finish_by - time.time() - args.reserve)
         timing = schedule.total_steps is None
         if timing:
             jax.block_until_ready(metrics["loss"])
@@ -201,7 +208,7 @@ def main(argv=None) -> dict:
             pending = []
             progress.update(step, schedule.total_steps, {
                 "loss": float(metrics["loss"]), "accept": [float(a) for a in metrics["accept"]],
-                "lr": schedule.lr(step)})
+                "lr": schedule.lr(step), "s/step": (time.perf_counter() - t_train) / (step - start_step)})
         if schedule.total_steps is not None and (step % args.eval_every == 0 or schedule.done(step)):
             run_eval(step)
         if ckpts is not None and (step % args.ckpt_every == 0 or schedule.done(step)):

@@ -29,7 +29,8 @@ from jaxspec.training.progress import Progress
 from jaxspec.training.schedule import BudgetedSchedule
 from jaxspec.training.target_config import INT4_GROUP_SIZE, mini_k25_config
 from jaxspec.training.target_init import count_params, init_target_for_training
-from jaxspec.training.target_step import TargetState, eval_nll_sum, make_optimizer, train_step
+from jaxspec.training.optimizer import AdamWSpec
+from jaxspec.training.target_step import TargetState, eval_nll_sum, train_step
 from jaxspec.training.tokenizer import encode_files, train_tokenizer
 from jaxspec.training.windows import random_windows, tiled_windows
 from model.config import text_config_from_dict
@@ -98,9 +99,9 @@ def main(argv=None) -> dict:
 
     config = mini_k25_config(tok.get_vocab_size(), args.preset, int4_experts=False)
     cfg = text_config_from_dict(config)
-    weights = init_target_for_training(cfg, jax.random.PRNGKey(args.seed))
-    tx = make_optimizer(weights, weight_decay=args.weight_decay)
-    state = TargetState(weights, tx.init(weights))
+    weights = init_target_for_training(cfg, args.seed)
+    opt = AdamWSpec(weight_decay=args.weight_decay)
+    state = TargetState(weights, opt.build(weights).init(weights))
     progress.log(f"target: {count_params(weights) / 1e6:.2f}M parameters, layers {cfg.num_hidden_layers}, "
                  f"experts {cfg.n_routed_experts} top-{cfg.num_experts_per_tok}, aux layers {cfg.eagle_aux_layers}")
 
@@ -119,7 +120,7 @@ def main(argv=None) -> dict:
     t_train = time.perf_counter()
     while not schedule.done(step):
         tokens = jnp.asarray(random_windows(train_stream, args.batch, seq, rng))
-        state, metrics = train_step(state, tokens, schedule.lr(step), cfg=cfg, tx=tx, gamma=args.bias_gamma)
+        state, metrics = train_step(state, tokens, schedule.lr(step), cfg=cfg, opt=opt, gamma=args.bias_gamma)
         step += 1
         pending.append((step, metrics))
         if step == 1:
@@ -138,7 +139,8 @@ def main(argv=None) -> dict:
                 curves["imbalance"].append(float(m["imbalance"]))
             pending = []
             last = {k: float(v) for k, v in metrics.items()}
-            progress.update(step, schedule.total_steps, {**last, "lr": schedule.lr(step)})
+            progress.update(step, schedule.total_steps, {**last, "lr": schedule.lr(step),
+                                                         "s/step": (time.perf_counter() - t_train) / step})
         if (step % args.eval_every == 0 or schedule.done(step)) and schedule.total_steps is not None:
             loss = held_out_nll(state.weights, cfg, periodic_windows, eval_batch)
             curves["eval_step"].append(step)

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxspec.training.casting import compute_copy
-from jaxspec.training.target_step import run_target, set_learning_rate
+from jaxspec.training.optimizer import AdamWSpec, with_learning_rate
+from jaxspec.training.target_step import run_target
 from jaxspec.training.ttt import shift_left, ttt_unroll
 from model.config import TextConfig
 from model.decoder import KimiWeights
@@ -77,19 +78,20 @@ def _draft_loss(draft_w, view, cfg: DraftConfig, embed, tokens_BT, draft_ids_D, 
     return total, (jnp.stack(losses), valids, matches)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "target_cfg", "tx", "steps", "dtype"), donate_argnums=(0,))
+@functools.partial(jax.jit, static_argnames=("cfg", "target_cfg", "opt", "steps", "dtype"), donate_argnums=(0,))
 def draft_train_step(state: DraftState, target_w, tokens_BT, root_mask_BT, draft_ids_D, in_vocab_V, lr, *,
-                     cfg: DraftConfig, target_cfg: TextConfig, tx, steps: int, dtype=jnp.bfloat16):
+                     cfg: DraftConfig, target_cfg: TextConfig, opt: AdamWSpec, steps: int, dtype=jnp.bfloat16):
+    tx = opt.build(state.weights)
     view = target_view(target_w, target_cfg, tokens_BT, dtype)
     grad_fn = jax.value_and_grad(_draft_loss, has_aux=True)
     (loss, (step_losses, valids, matches)), grads = grad_fn(
         state.weights, view, cfg, target_w.embed, tokens_BT, draft_ids_D, in_vocab_V, steps, dtype
     )
-    opt_state = set_learning_rate(state.opt_state, lr)
+    opt_state = with_learning_rate(state.opt_state, lr)
     updates, opt_state = tx.update(grads, opt_state, state.weights)
     weights = optax.apply_updates(state.weights, updates)
     accept, _ = chain_acceptance(matches, valids, root_mask_BT)
-    metrics = {"loss": loss, "step_losses": step_losses, "accept": accept, "grad_norm": optax.global_norm(grads)}
+    metrics = {"loss": loss, "step_losses": step_losses, "accept": accept, "grad_norm": optax.tree.norm(grads)}
     return DraftState(weights, opt_state), metrics
 
 

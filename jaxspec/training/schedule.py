@@ -37,9 +37,12 @@ class BudgetedSchedule:
             return self.peak_lr * min(1.0, (step + 1) / max(self.warmup_steps, 1))
         return float(self._fn(step))
 
-    def start(self) -> None:
-        """Call once the first (compiling) step has finished: the budget counts from here."""
+    def start(self, seconds: float | None = None) -> None:
+        """Call once the first (compiling) step has finished: the budget counts from here (`seconds`
+        replaces the budget given at construction, e.g. what is left before a deadline)."""
         self._t0 = time.perf_counter()
+        if seconds is not None and self.total_steps is None:
+            self.seconds = max(seconds, 1.0)
 
     def observe(self, step_done: int, synced: bool) -> None:
         """After step `step_done` (1-based count of steps finished); `synced`: device work is complete."""

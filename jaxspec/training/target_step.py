@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxspec.training.casting import compute_copy, weight_decay_mask
+from jaxspec.training.casting import compute_copy
+from jaxspec.training.optimizer import AdamWSpec, with_learning_rate
 from jaxspec.training.router_balance import expert_loads, load_imbalance, rebalance_biases
 from model.config import TextConfig
 from model.decoder import KimiWeights, forward
@@ -20,23 +21,6 @@ from model.kv_cache import init_latent_cache
 class TargetState(NamedTuple):
     weights: KimiWeights  # float32 masters
     opt_state: optax.OptState
-
-
-def adamw(peak_lr_unused: float = 0.0, *, b1=0.9, b2=0.95, weight_decay=0.1, clip=1.0, mask=None):
-    """AdamW (optax) with the learning rate injected per step, after global-norm clipping."""
-    inner = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
-        learning_rate=0.0, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask
-    )
-    return optax.chain(optax.clip_by_global_norm(clip), inner)
-
-
-def set_learning_rate(opt_state, lr):
-    opt_state[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
-    return opt_state
-
-
-def make_optimizer(weights: KimiWeights, **kw) -> optax.GradientTransformation:
-    return adamw(mask=weight_decay_mask(weights), **kw)
 
 
 def tapping_config(cfg: TextConfig) -> TextConfig:
@@ -61,18 +45,19 @@ def _loss(weights, cfg_tap, tokens_BT, dtype):
     return next_token_nll(out.logits, tokens_BT).mean(), out.aux_hidden
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "tx", "gamma", "dtype"), donate_argnums=(0,))
-def train_step(state: TargetState, tokens_BT, lr, *, cfg: TextConfig, tx, gamma: float, dtype=jnp.bfloat16):
+@functools.partial(jax.jit, static_argnames=("cfg", "opt", "gamma", "dtype"), donate_argnums=(0,))
+def train_step(state: TargetState, tokens_BT, lr, *, cfg: TextConfig, opt: AdamWSpec, gamma: float, dtype=jnp.bfloat16):
+    tx = opt.build(state.weights)
     cfg_tap = tapping_config(cfg)
     (loss, layer_outputs), grads = jax.value_and_grad(_loss, has_aux=True)(state.weights, cfg_tap, tokens_BT, dtype)
-    opt_state = set_learning_rate(state.opt_state, lr)
+    opt_state = with_learning_rate(state.opt_state, lr)
     updates, opt_state = tx.update(grads, opt_state, state.weights)
     weights = optax.apply_updates(state.weights, updates)
     # router_bias gets no gradient (it only chooses experts) and is masked from decay: only this moves it
     loads = expert_loads(compute_copy(jax.lax.stop_gradient(state.weights), dtype), cfg, tokens_BT,
                          jax.lax.stop_gradient(layer_outputs))
     weights = rebalance_biases(weights, loads, gamma)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "imbalance": load_imbalance(loads)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "imbalance": load_imbalance(loads)}
     return TargetState(weights, opt_state), metrics
 
 
