@@ -64,8 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--generated-fraction", type=float, default=0.5, help="share of each batch from target rollouts")
-    p.add_argument("--rollouts", type=int, default=2048, help="greedy continuations of training prompts")
-    p.add_argument("--rollout-batch", type=int, default=512)
+    p.add_argument("--rollouts", type=int, default=8192, help="greedy continuations of training prompts")
+    p.add_argument("--rollout-batch", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts continued by the target")
     p.add_argument("--eval-every", type=int, default=200)
@@ -209,6 +209,9 @@ def main(argv=None) -> dict:
             progress.update(step, schedule.total_steps, {
                 "loss": float(metrics["loss"]), "accept": [float(a) for a in metrics["accept"]],
                 "lr": schedule.lr(step), "s/step": (time.perf_counter() - t_train) / (step - start_step)})
+        if args.finish_by is not None and time.time() > args.finish_by - args.reserve / 2:
+            progress.log(f"deadline: stopping at step {step} of {schedule.total_steps}")
+            break
         if schedule.total_steps is not None and (step % args.eval_every == 0 or schedule.done(step)):
             run_eval(step)
         if ckpts is not None and (step % args.ckpt_every == 0 or schedule.done(step)):

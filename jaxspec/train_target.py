@@ -49,7 +49,7 @@ def parse_args(argv=None):
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=int, default=None)
     budget.add_argument("--time-budget", type=float, default=None, help="seconds of training after compilation")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=150)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--bias-gamma", type=float, default=1e-3, help="router-bias step of aux-loss-free balancing")

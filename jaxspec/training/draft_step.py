@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxspec.training.casting import compute_copy
-from jaxspec.training.optimizer import AdamWSpec, with_learning_rate
+from jaxspec.training.optimizer import AdamWSpec, global_norm, with_learning_rate
 from jaxspec.training.target_step import run_target
 from jaxspec.training.ttt import shift_left, ttt_unroll
 from model.config import TextConfig
@@ -91,7 +91,7 @@ def draft_train_step(state: DraftState, target_w, tokens_BT, root_mask_BT, draft
     updates, opt_state = tx.update(grads, opt_state, state.weights)
     weights = optax.apply_updates(state.weights, updates)
     accept, _ = chain_acceptance(matches, valids, root_mask_BT)
-    metrics = {"loss": loss, "step_losses": step_losses, "accept": accept, "grad_norm": optax.tree.norm(grads)}
+    metrics = {"loss": loss, "step_losses": step_losses, "accept": accept, "grad_norm": global_norm(grads)}
     return DraftState(weights, opt_state), metrics
 
 

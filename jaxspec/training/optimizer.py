@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -27,6 +28,11 @@ class AdamWSpec:
             learning_rate=0.0, b1=self.b1, b2=self.b2, weight_decay=self.weight_decay, mask=weight_decay_mask(params)
         )
         return optax.chain(optax.clip_by_global_norm(self.clip_norm), adamw)
+
+
+def global_norm(tree) -> jax.Array:
+    """L2 norm over all leaves (written out: optax renamed its helper across versions)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree)))
 
 
 def with_learning_rate(opt_state, lr):

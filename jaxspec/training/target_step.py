@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxspec.training.casting import compute_copy
-from jaxspec.training.optimizer import AdamWSpec, with_learning_rate
+from jaxspec.training.optimizer import AdamWSpec, global_norm, with_learning_rate
 from jaxspec.training.router_balance import expert_loads, load_imbalance, rebalance_biases
 from model.config import TextConfig
 from model.decoder import KimiWeights, forward
@@ -57,7 +57,7 @@ def train_step(state: TargetState, tokens_BT, lr, *, cfg: TextConfig, opt: AdamW
     loads = expert_loads(compute_copy(jax.lax.stop_gradient(state.weights), dtype), cfg, tokens_BT,
                          jax.lax.stop_gradient(layer_outputs))
     weights = rebalance_biases(weights, loads, gamma)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "imbalance": load_imbalance(loads)}
+    metrics = {"loss": loss, "grad_norm": global_norm(grads), "imbalance": load_imbalance(loads)}
     return TargetState(weights, opt_state), metrics
 
 

@@ -6,7 +6,7 @@
 #   OUT=/tmp/out TARGET_ARGS="--preset smoke ..." DRAFT_ARGS="--preset smoke ..." bash jaxspec/training/train_default_pair.sh
 set -u
 : "${OUT:?set OUT}"
-WALL_S=${WALL_S:-545}
+WALL_S=${WALL_S:-540}
 TARGET_BUDGET_S=${TARGET_BUDGET_S:-230}
 RUN=${RUN:-/tmp/jaxspec_run}
 PY=${PY:-python3}
@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1
 rm -rf "$RUN"; mkdir -p "$RUN" "$OUT"
 $PY -m jaxspec.train_target --out "$RUN" --time-budget "$TARGET_BUDGET_S" ${TARGET_ARGS:-} 2>&1 | tee "$OUT/target_log.txt"
 if [ -f "$RUN/target/config.json" ]; then
-  timeout -s INT $(( END - $(date +%s) + 15 )) \
+  timeout -s INT $(( END - $(date +%s) + 40 )) \
     $PY -m jaxspec.train_draft --target "$RUN/target" --tokenizer "$RUN/tokenizer.json" --out "$RUN/draft" \
       --finish-by "$END" ${DRAFT_ARGS:-} 2>&1 | tee "$OUT/draft_log.txt"
 fi
