@@ -15,6 +15,7 @@ from flax import struct
 
 from model.config import TextConfig
 from model.mlp import MLPWeights, swiglu
+from model.moe_parallel import routed_experts_parallel
 from model.quant import Weight, dequantize
 from model.router import route
 
@@ -67,7 +68,7 @@ def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig) -> jax.Array:
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
     weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
-    y_TH = routed_experts(x_TH, w.experts, ids_TK, weights_TK)
+    y_TH = routed_experts_parallel(x_TH, w.experts, ids_TK, weights_TK)  # = routed_experts without a mesh
     if w.shared is not None:
         y_TH = y_TH + swiglu(x_TH, w.shared)
     return y_TH.reshape(b, t, h)

@@ -4,6 +4,10 @@ Mesh axes are ("data", "model"). Routed experts are split over every device (exp
 attention heads, the dense MLP, the shared expert, embeddings and lm_head are tensor parallel over
 "model"; batch rides "data"; the EAGLE-3 draft is replicated. A dimension that the mesh axes do not
 divide is replicated instead (tiny test models), so any mesh shape runs any model.
+
+TARGET_RULES / DRAFT_RULES place weights (the engine, convert's loader and the planner all read them),
+CACHE_RULES / STATE_RULES the caches and the engine's state; model/moe_parallel.py splits the expert
+computation by the same "experts" entry (`expert_axes`).
 """
 
 from __future__ import annotations
@@ -35,9 +39,21 @@ TARGET_RULES: tuple[tuple[str, tuple], ...] = (
     (r"\.mlp(\.shared)?\.down$", (None, "ffn")),
 )
 
+# The EAGLE-3 draft is small next to the target: every device holds all of it.
+DRAFT_RULES: tuple[tuple[str, tuple], ...] = ()
+
+# Caches alone (a LatentCache / DraftCache) or inside the engine's state (`target_cache.latent.3`, ...).
 CACHE_RULES: tuple[tuple[str, tuple], ...] = (
-    (r"^(latent|k_rope)\.\d+$", ("batch", None, None)),
-    (r"^lengths$", ("batch",)),
+    (r"(^|\.)(latent|k_rope)\.\d+$", ("batch", None, None)),  # target MLA latent cache [B, S, C|R]
+    (r"(^|draft_cache\.)(k|v)$", ("batch", None, None, None)),  # draft KV cache [B, S, Nkv, D]
+    (r"(^|\.)lengths$", ("batch",)),
+)
+
+# The engine's state between cycles: caches, plus the draft's carried activations. The bookkeeping
+# (tokens out, counters, done flags, the PRNG key) matches no rule and stays replicated: it is tiny,
+# and a replicated array can be read back by every process of a multi-host run.
+STATE_RULES: tuple[tuple[str, tuple], ...] = CACHE_RULES + (
+    (r"(^|\.)(draft_logits|draft_hidden)$", ("batch", None)),
 )
 
 
@@ -74,6 +90,7 @@ def _mesh_size(mesh: Mesh, axes) -> int:
 
 
 def spec_for(logical: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
+    """`mesh` may be a Mesh or an AbstractMesh (the planner sizes meshes it does not have)."""
     dims = []
     for i, size in enumerate(shape):
         name = logical[i] if i < len(logical) else None
@@ -92,12 +109,43 @@ def _match(rules, path: str):
     return ()
 
 
-def shardings_for(tree, mesh: Mesh, rules=TARGET_RULES):
-    """A pytree of NamedSharding matching `tree` (arrays or ShapeDtypeStructs)."""
+def specs_for(tree, mesh: Mesh, rules=TARGET_RULES):
+    """A pytree of PartitionSpec matching `tree` (arrays or ShapeDtypeStructs)."""
     def one(path, leaf):
-        return NamedSharding(mesh, spec_for(_match(rules, path_str(path)), tuple(leaf.shape), mesh))
+        return spec_for(_match(rules, path_str(path)), tuple(leaf.shape), mesh)
 
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def shardings_for(tree, mesh: Mesh, rules=TARGET_RULES):
+    """A pytree of NamedSharding matching `tree` (arrays or ShapeDtypeStructs)."""
+    return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs_for(tree, mesh, rules),
+                                  is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_shape(spec: P, shape: tuple[int, ...], mesh: Mesh) -> tuple[int, ...]:
+    """The shape of one device's shard of a `shape` array split by `spec` (specs_for divides evenly)."""
+    out = list(shape)
+    for i, axes in enumerate(spec):
+        if axes is not None:
+            out[i] //= _mesh_size(mesh, axes)
+    return tuple(out)
+
+
+def expert_axes(num_experts: int, mesh: Mesh) -> tuple[str, ...] | None:
+    """The mesh axes that split the routed experts (the same rule TARGET_RULES applies), None if none do."""
+    axes = spec_for(("experts",), (num_experts,), mesh)[0]
+    if axes is None:
+        return None
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    return axes if _mesh_size(mesh, axes) > 1 else None
+
+
+def mesh_context(mesh: Mesh):
+    """Make `mesh` the ambient mesh while tracing (shard_map inside the model finds it there)."""
+    if hasattr(jax, "set_mesh"):
+        return jax.set_mesh(mesh)
+    return jax.sharding.use_mesh(mesh)  # pragma: no cover - jax < 0.7
 
 
 def replicated(tree, mesh: Mesh):

@@ -1,0 +1,66 @@
+"""Expert-parallel routed experts: each device runs only the experts it holds, a psum combines them.
+
+The routed experts [E, ...] are split over every device of the mesh by the partition rules
+(`LOGICAL_TO_MESH["experts"]`), so device d holds experts [d*E/D, (d+1)*E/D). Inside a `shard_map` each
+device sees all T tokens and all T*K routing choices (both are tiny and replicated), keeps the
+(token, choice) pairs whose expert it holds, zeroes the weight of the others, and runs the ordinary
+per-device dispatch `model.moe.routed_experts` (plain XLA here, the Pallas kernel on GPU) over its local
+experts. Every routed (token, choice) pair is computed on exactly one device, so the psum over the
+expert axes is the reference sum, only added up in another order.
+
+The mesh is JAX's ambient one (`jax.set_mesh`, which `mesh_context` enters while a program is traced):
+without one, or when the experts do not divide over it, the single-device reference runs unchanged.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from model.sharding import expert_axes
+
+try:  # jax >= 0.7 exports shard_map at the top level
+    from jax import shard_map as _shard_map
+except ImportError:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+
+def ambient_mesh():
+    """The abstract mesh of the enclosing `jax.set_mesh` (None without one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh is None or mesh.empty else mesh
+
+
+def local_choices(ids_TK: jax.Array, weights_TK: jax.Array, first_expert, num_local: int):
+    """Routing choices restricted to experts [first_expert, first_expert + num_local), in local ids.
+
+    A choice of another device's expert keeps weight 0 and is pointed at an expert this device reads
+    anyway (its first real choice), so a kernel that reads each distinct expert once reads no extra one."""
+    local_TK = ids_TK - first_expert
+    mine_TK = (local_TK >= 0) & (local_TK < num_local)
+    mine_P, local_P = mine_TK.reshape(-1), local_TK.reshape(-1)
+    filler = jnp.where(mine_P.any(), local_P[jnp.argmax(mine_P)], 0)
+    return jnp.where(mine_TK, local_TK, filler).astype(jnp.int32), jnp.where(mine_TK, weights_TK, 0.0)
+
+
+def routed_experts_parallel(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
+    """Same result as `model.moe.routed_experts`, computed expert-parallel over the ambient mesh."""
+    import model.moe as moe_ref  # late: model.moe calls this function, and the dispatch may be swapped
+
+    mesh = ambient_mesh()
+    axes = None if mesh is None else expert_axes(experts.num_experts, mesh)
+    if axes is None:
+        return moe_ref.routed_experts(x_TH, experts, ids_TK, weights_TK)
+
+    def per_device(x_TH, local_experts, ids_TK, weights_TK):
+        n = local_experts.num_experts
+        first = jax.lax.axis_index(axes) * n  # experts are split over `axes`, the first axis major
+        local_ids_TK, local_weights_TK = local_choices(ids_TK, weights_TK, first, n)
+        y_TH = moe_ref.routed_experts(x_TH, local_experts, local_ids_TK, local_weights_TK)
+        return jax.lax.psum(y_TH, axes)
+
+    expert_specs = jax.tree_util.tree_map(lambda _: P(axes), experts)
+    return _shard_map(
+        per_device, mesh=mesh, in_specs=(P(), expert_specs, P(), P()), out_specs=P()
+    )(x_TH, experts, ids_TK, weights_TK)
