@@ -20,6 +20,7 @@ from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import baseline_prefill, prompt_bucket, spec_prefill
 from jaxspec.sampling import SamplingParams
+from jaxspec.sharded import compile_program, place_weights
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.stats import AcceptanceStats
 
@@ -62,10 +63,12 @@ def _pad_prompts(prompts: list[list[int]], bucket: int, pad_id: int):
 
 class Engine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int = 3, max_context: int | None = None,
-                 drafter=None):
+                 drafter=None, mesh=None):
+        """`mesh` (model.sharding.make_mesh): shard weights by the partition rules and run every program on it."""
         if num_steps > 0 and (cfg.draft is None or weights.draft is None):
             raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
-        self.cfg, self.weights, self.k = cfg, weights, num_steps
+        self.mesh = mesh
+        self.cfg, self.weights, self.k = cfg, weights if mesh is None else place_weights(weights, mesh), num_steps
         self.max_context = max_context or cfg.target.max_position_embeddings
         self.drafter = drafter  # None: the EAGLE-3 draft chain
         self._compiled: dict[tuple, Callable] = {}
@@ -78,8 +81,7 @@ class Engine:
         if hit is not None:
             return hit, 0.0
         t0 = time.perf_counter()
-        jitted = jax.jit(functools.partial(fn, **static), donate_argnums=donate)
-        compiled = jitted.lower(*args).compile()
+        compiled = compile_program(functools.partial(fn, **static), args, donate, self.mesh)
         self._compiled[key] = compiled
         self.compile_count += 1
         return compiled, time.perf_counter() - t0

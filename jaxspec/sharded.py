@@ -1,0 +1,84 @@
+"""The engine's programs on a device mesh: weights placed by the partition rules, every program compiled
+with explicit in/out shardings so the state carried between cycles keeps its layout, and traced inside
+the mesh so the model's expert-parallel MoE (model/moe_parallel.py) finds it.
+
+Works the same with one process or several (`jax.distributed`): arrays that span other processes'
+devices are assembled from the host value every process holds alike.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from jaxspec.models import SpecWeights
+from model.sharding import DRAFT_RULES, STATE_RULES, TARGET_RULES, mesh_context, shardings_for
+
+
+def weight_shardings(weights: SpecWeights, mesh: Mesh) -> SpecWeights:
+    """Target by TARGET_RULES (experts over every device, heads / FFN / vocab over "model"); draft replicated."""
+    draft = None if weights.draft is None else shardings_for(weights.draft, mesh, DRAFT_RULES)
+    return SpecWeights(target=shardings_for(weights.target, mesh, TARGET_RULES), draft=draft)
+
+
+def arg_shardings(args: tuple, mesh: Mesh) -> tuple:
+    """Weights by the weight rules; states (and anything else) by STATE_RULES, which replicate what they
+    do not name (prompt tokens, sampling parameters, keys)."""
+    return tuple(weight_shardings(a, mesh) if isinstance(a, SpecWeights) else shardings_for(a, mesh, STATE_RULES)
+                 for a in args)
+
+
+def _host_value(x) -> np.ndarray:
+    return np.asarray(jax.device_get(x))
+
+
+def put(x, sharding: NamedSharding):
+    """`x` laid out as `sharding`; untouched when it already is (weights loaded straight onto the mesh)."""
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+        return x
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = put(jax.random.key_data(x), NamedSharding(sharding.mesh, sharding.spec))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    # several processes: each one fills the shards of its own devices from its copy of the value
+    host = _host_value(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def place(tree, shardings):
+    return jax.tree_util.tree_map(put, tree, shardings)
+
+
+def place_weights(weights: SpecWeights, mesh: Mesh) -> SpecWeights:
+    return place(weights, weight_shardings(weights, mesh))
+
+
+def _abstract(tree):
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+
+
+class MeshProgram:
+    """A compiled program that first lays its arguments out as it was compiled for (a no-op for the
+    weights and the state it produced itself)."""
+
+    def __init__(self, compiled, in_shardings: tuple):
+        self.compiled, self.in_shardings = compiled, in_shardings
+
+    def __call__(self, *args):
+        return self.compiled(*place(args, self.in_shardings))
+
+
+def compile_program(fn, args: tuple, donate: tuple = (), mesh: Mesh | None = None):
+    """Ahead-of-time compile `fn(*args)`: as a plain jit without a mesh, else with the rule shardings in and
+    STATE_RULES out, traced inside the mesh."""
+    if mesh is None:
+        return jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+    in_shardings = arg_shardings(args, mesh)
+    abstract = _abstract(args)
+    with mesh_context(mesh):
+        out_shardings = shardings_for(jax.eval_shape(fn, *abstract), mesh, STATE_RULES)
+        jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
+        compiled = jitted.lower(*abstract).compile()
+    return MeshProgram(compiled, in_shardings)
