@@ -1,0 +1,22 @@
+"""Multi-host: 2 processes x 4 CPU devices joined by jax.distributed generate what one process does."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from jaxspec.distributed import launch_local
+from tests.sharded_pair import single_device_run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_two_processes_generate_the_one_process_tokens():
+    results = launch_local([sys.executable, "-m", "tests.multihost_worker"], num_processes=2, cpu_devices=4,
+                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    reports = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
+    assert [(x["process"], x["processes"], x["devices"], x["local_devices"]) for x in reports] == [(0, 2, 8, 4), (1, 2, 8, 4)]
+    one_process = single_device_run("cycle")[2]
+    assert reports[0]["tokens"] == reports[1]["tokens"] == one_process
