@@ -1,0 +1,19 @@
+"""EAGLE-3 draft configs (LlamaForCausalLMEagle3 config.json) for the Kimi targets, by short name.
+
+kimi-k2.5-eagle3: the K2.5 drafter's shape (REFERENCE.md section 5; TorchSpec's K2.5 recipe, intermediate
+12288) with a 32000-token draft vocabulary; aux layers default to the target's (1, 29, 57).
+"""
+
+from pathlib import Path
+
+from model.eagle3 import DraftConfig, load_draft_config
+
+DRAFT_DIR = Path(__file__).parent
+KNOWN_DRAFTS = sorted(p.stem for p in DRAFT_DIR.glob("*.json"))
+
+
+def known_draft_config(name: str) -> DraftConfig:
+    path = DRAFT_DIR / f"{name}.json"
+    if not path.exists():
+        raise ValueError(f"unknown draft config '{name}' (known: {', '.join(KNOWN_DRAFTS)})")
+    return load_draft_config(path)

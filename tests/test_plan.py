@@ -1,0 +1,74 @@
+"""The planner counts exactly the bytes the sharded arrays hold per device, and Kimi-K2.5 (INT4 experts)
+fits 8 x H200 at 131072 tokens of context."""
+
+from collections import defaultdict
+
+import jax
+import pytest
+
+from jaxspec import plan
+from jaxspec.models import SpecWeights
+from jaxspec.sharded import place, place_weights
+from model.sharding import CACHE_RULES, DRAFT_RULES, TARGET_RULES, make_mesh, path_str, shardings_for
+from tests.sharded_pair import numpy_like, sharded_config
+from tests.tiny_models import tiny_draft_config
+
+
+def resident_bytes(tree) -> dict:
+    """{device: {(category, format): bytes}} summed from the arrays' addressable shards."""
+    out = defaultdict(lambda: defaultdict(int))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        key = (plan.weight_category(path_str(path)), plan.weight_format(path_str(path), leaf.dtype))
+        for shard in leaf.addressable_shards:
+            out[shard.device][key] += shard.data.nbytes
+    return out
+
+
+@pytest.mark.parametrize("experts,shape", [("int4", (2, 4)), ("fp8", (1, 8)), ("bf16", (8, 1))],
+                         ids=["int4-2x4", "fp8-1x8", "bf16-8x1"])
+def test_planner_bytes_equal_resident_bytes_per_device(experts, shape):
+    cfg = sharded_config()
+    dcfg = tiny_draft_config(cfg, draft_vocab=24)
+    target_abs, draft_abs = plan.abstract_target(cfg, experts), plan.abstract_draft(dcfg)
+    mesh, abstract_mesh = make_mesh(shape), plan.abstract_mesh(shape)
+
+    weights = place_weights(SpecWeights(numpy_like(target_abs, 0), numpy_like(draft_abs, 1)), mesh)  # the engine's layout
+    target_cache, draft_cache = plan.abstract_caches(cfg, dcfg, batch=8, capacity=64)
+    caches = [place(numpy_like(c, 2), shardings_for(c, mesh, CACHE_RULES)) for c in (target_cache, draft_cache)]
+
+    planned = {
+        "target": plan.bytes_by_category(target_abs, abstract_mesh, TARGET_RULES),
+        "draft": plan.bytes_by_category(draft_abs, abstract_mesh, DRAFT_RULES),
+        "caches": sum(plan.bytes_per_device(c, abstract_mesh, CACHE_RULES) for c in (target_cache, draft_cache)),
+    }
+    resident = {"target": resident_bytes(weights.target), "draft": resident_bytes(weights.draft)}
+    cache_resident = [resident_bytes(c) for c in caches]
+    assert len(mesh.devices.flat) == 8
+    for device in mesh.devices.flat:
+        assert dict(resident["target"][device]) == planned["target"]
+        assert dict(resident["draft"][device]) == planned["draft"]
+        assert sum(sum(r[device].values()) for r in cache_resident) == planned["caches"]
+    # the model really is split: experts over all 8 devices, so each holds 1/8 of them
+    full = plan.bytes_by_category(target_abs, plan.abstract_mesh((1, 1)), TARGET_RULES)
+    routed = [k for k in full if k[0] == "routed experts"]
+    assert sum(planned["target"][k] for k in routed) * 8 == sum(full[k] for k in routed)
+
+
+def test_kimi_k25_int4_fits_eight_h200(capsys):
+    p = plan.make_plan("kimi-k2.5", devices=8, device_memory=141 * plan.GB, context=131072, batch=1)
+    cfg = plan.known_config("kimi-k2.5")
+    # routed experts: 60 MoE layers x 384/8 experts x 3 matrices of 2048 x 7168 (int4 + a bf16 scale per 32)
+    per_matrix = 2048 * 7168 // 2 + 2048 * 7168 // 32 * 2
+    routed = sum(n for (cat, _), n in p.target_weights.items() if cat == "routed experts")
+    assert routed == 60 * 48 * 3 * per_matrix
+    assert p.kv["target latent (MLA, 512/token/layer)"] == cfg.num_hidden_layers * 131072 * 512 * 2
+    assert p.kv["draft KV cache"] == 2 * 131072 * 64 * 128 * 2  # replicated: the draft runs on every device
+    assert p.fits and 30 * plan.GB < p.headroom < 60 * plan.GB
+
+    assert plan.main(["--config", "kimi-k2.5", "--devices", "8", "--device-memory", "141GB", "--context", "131072",
+                      "--batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "FITS: headroom" in out and "routed experts" in out and "int4 packed" in out
+
+    # bf16 experts (about 2 TB in all) cannot fit 8 x 141 GB
+    assert not plan.make_plan("kimi-k2.5", 8, 141 * plan.GB, 131072, 1, experts="bf16").fits
