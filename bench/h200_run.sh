@@ -9,5 +9,4 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,cl
 python3 -c "import jax, torch, transformers; print(jax.__version__, jax.devices(), torch.__version__, transformers.__version__)" >> "$OUT/env.txt" 2>&1
 timeout "${STEP_TIMEOUT:-260}" python3 -m bench.step --layers "${LAYERS:-4}" --budget-s "${STEP_BUDGET:-200}" \
   --iters 10 --out "$OUT" ${STEP_ARGS:-} 2>&1 | tee "$OUT/step.log"
-KCFG=$(python3 -c "import json, glob; r = json.load(open(sorted(glob.glob('$OUT/step-*.json'))[-1])); print(json.dumps(r.get('kernel_config')))" 2>/dev/null || echo null)
-timeout "${PEER_TIMEOUT:-100}" python3 -m bench.peer_hf --kernel-config "$KCFG" --out "$OUT" 2>&1 | tee "$OUT/peer.log"
+timeout "${PEER_TIMEOUT:-100}" python3 -m bench.peer_hf --out "$OUT" ${PEER_ARGS:-} 2>&1 | tee "$OUT/peer.log"

@@ -29,9 +29,9 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
-from bench.step import bench_config, init_weights, kernel_or_plain, make_step  # noqa: E402
+from bench.step import bench_config, init_weights, make_step  # noqa: E402
 from model.decoder import forward  # noqa: E402
-from model.kernels.moe_gather import MoEKernelConfig  # noqa: E402
+from model.kernels import routed_experts_for_backend  # noqa: E402
 from model.kv_cache import init_latent_cache  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
 
@@ -173,7 +173,7 @@ def parse_args(argv):
     p.add_argument("--batches", type=int, nargs="+", default=[1])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--kernel-config", default=None, help="JSON of MoEKernelConfig fields (from bench.step)")
+    p.add_argument("--reference", action="store_true", help="jaxspec side on the plain XLA MoE path")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     return p.parse_args(argv)
 
@@ -201,11 +201,10 @@ def main(argv=None) -> dict:
     w = init_weights(cfg, jax.random.PRNGKey(0), experts="bf16")
     jax.block_until_ready(w)
     on_gpu = dev.platform == "gpu"
-    # --kernel-config null: the kernel failed in bench.step, so the peer comparison runs the reference path
-    fields = json.loads(args.kernel_config) if args.kernel_config else ({} if on_gpu else None)
-    kcfg = None if fields is None else MoEKernelConfig(**fields)
-    res["moe_path"] = "pallas kernel (bf16 variant)" if kcfg else "plain XLA reference"
-    step_fn = make_step(cfg, kernel_or_plain(kcfg))
+    # the engine's own dispatch (model.kernels): the bf16 kernels on GPU; --reference for the XLA path
+    use_kernel = on_gpu and not args.reference
+    res["moe_path"] = "pallas kernel (bf16 variants, model.kernels dispatch)" if use_kernel else "plain XLA reference"
+    step_fn = make_step(cfg, routed_experts_for_backend if use_kernel else PLAIN_ROUTED_EXPERTS)
     prefill_fn = jax.jit(lambda w, t, p, c: forward(w, cfg, t, p, c).cache)
     torch_dev = "cuda" if torch.cuda.is_available() else "cpu"
     hf = None

@@ -34,15 +34,17 @@ def markdown(result: dict) -> str:
     moe = result.get("moe_layer")
     if moe:
         lines += ["## MoE layer alone (routed experts of one layer, chained 20x inside one jit)", "",
-                  "| T | unique experts | MB | floor 4.3 TB/s (us) | Pallas kernel (us) | x floor | XLA reference (us) | x floor | kernel rel. err |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| T | unique experts | MB | floor 4.3 TB/s (us) | Pallas kernel (us) | variant | x floor | XLA reference (us) | x floor | kernel rel. err |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in moe["rows"]:
             lines.append(
                 f"| {r['tokens']} | {r['unique_experts']} | {r['bytes'] / 1e6:.1f} | {r['floor_ms_4p3'] * 1e3:.1f} | "
-                f"{_f(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {_f(r.get('kernel_ratio_4p3'), 2)} | "
+                f"{_f(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {r.get('kernel_variant', '-')} | {_f(r.get('kernel_ratio_4p3'), 2)} | "
                 f"{r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {_f(r.get('kernel_rel_err'), 4)} |")
         lines += ["", "Tile sweep (ms per layer call): " + "; ".join(
-            f"cfg{i} {'/'.join(_f(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"
+            f"cfg{i} {s['config'].get('variant', 'mma')} {s['config']['block_f']}/{s['config']['block_h']}/{s['config']['block_k']}"
+            f" w{s['config']['num_warps']} s{s['config']['num_stages']}: "
+            f"{'/'.join(_f(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"
             for i, s in moe["sweep"].items()), ""]
     bf16 = result.get("moe_layer_bf16")
     if bf16:

@@ -33,7 +33,7 @@ from bench.timing import copy_bandwidth_tbs, median_ms  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
-from model.kernels import MAX_KERNEL_TOKENS  # noqa: E402
+from model.kernels import GEMV_MAX_TOKENS, MAX_KERNEL_TOKENS  # noqa: E402
 from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas  # noqa: E402
 from model.kv_cache import LatentCache  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
@@ -56,15 +56,25 @@ def bench_config(layers: int, tiny: bool):
 init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
 
 
-def kernel_or_plain(kernel_cfg: MoEKernelConfig | None):
+def kernel_for_tokens(choices: dict, tokens: int) -> MoEKernelConfig | None:
+    """The measured-fastest config for this many tokens (T1 / T4 from the sweep; tensor-core above 4)."""
+    if tokens <= 2 and "T1" in choices:
+        return choices["T1"]
+    if tokens <= GEMV_MAX_TOKENS and "T4" in choices:
+        return choices["T4"]
+    return choices.get("mma")
+
+
+def kernel_or_plain(choices: dict | None):
     """The routed-experts path the engine takes on GPU: the kernel where it applies, else the reference."""
-    if kernel_cfg is None:
+    if not choices:
         return PLAIN_ROUTED_EXPERTS
 
     def routed(x_TH, experts, ids_TK, weights_TK):
+        kernel_cfg = kernel_for_tokens(choices, x_TH.shape[0])
         try:
             check_shapes(experts, kernel_cfg)
-        except ValueError:
+        except (ValueError, AttributeError):
             return PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK)
         if x_TH.shape[0] > MAX_KERNEL_TOKENS:
             return PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK)
@@ -195,22 +205,21 @@ def main(argv=None) -> dict:
 
         try:
             result["moe_layer"], kernel_cfg = bench_moe_layer(moe_layer, cfg, copy_tbs=copy_tbs, log=log)
-            if kernel_cfg is not None:
-                result["moe_layer_bf16"] = bench_bf16_kernel(moe_layer, cfg, kernel_cfg, log=log)
+            result["moe_layer_bf16"] = bench_bf16_kernel(moe_layer, cfg, log=log)
         except Exception as e:
             result["errors"].append(f"moe_layer: {type(e).__name__}: {e}"[:2000])
             traceback.print_exc()
         save()
-    result["moe_path"] = "pallas kernel" if kernel_cfg is not None else "plain XLA reference"
-    result["kernel_config"] = None if kernel_cfg is None else kernel_cfg.__dict__
+    result["moe_path"] = "pallas kernel" if kernel_cfg else "plain XLA reference"
+    result["kernel_config"] = {k: v.__dict__ for k, v in (kernel_cfg or {}).items()}
     log(f"MoE path for the steps: {result['moe_path']}")
 
     steps = {"reference": make_step(cfg, PLAIN_ROUTED_EXPERTS)}
-    if kernel_cfg is not None:
+    if kernel_cfg:
         steps["kernel"] = make_step(cfg, kernel_or_plain(kernel_cfg))
-    plan = [("kernel" if kernel_cfg is not None else "reference", b, c, t)
+    plan = [("kernel" if kernel_cfg else "reference", b, c, t)
             for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
-    if kernel_cfg is not None:  # the XLA reference path side by side, where the targets are
+    if kernel_cfg:  # the XLA reference path side by side, where the targets are
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])

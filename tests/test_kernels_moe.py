@@ -16,13 +16,16 @@ from model.kernels import routed_experts_for_backend
 from model.kernels.expert_slots import expert_slots
 from model.kernels.int4_tile import nibble_values, repeat_last
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
+from model.kernels.moe_gemv import nibble_plus_24
 from model.moe import ExpertWeights, experts_gather, routed_experts
 from model.quant import Int4Weight, dequantize, unpack_int4
 
 E, F, H, K = 6, 128, 256, 3
 TINY = MoEKernelConfig(block_f=16, block_h=16, block_k=16)
+TINY_GEMV = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant="gemv")
 # jitted: interpret mode run op by op is far slower than one compiled loop over the grid
 interpret_kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=TINY, interpret=True))
+interpret_gemv = jax.jit(functools.partial(routed_experts_pallas, cfg=TINY_GEMV, interpret=True))
 
 
 def _int4(key, out, inp):
@@ -57,6 +60,13 @@ def test_nibble_values_match_unpack():
     q = np.asarray(unpack_int4(words)).reshape(4, 16, 8)
     for j in range(8):
         np.testing.assert_array_equal(np.asarray(nibble_values(words, j)), q[:, :, j].astype(np.float32))
+
+
+def test_nibble_plus_24_is_exact():
+    words = jax.random.bits(jax.random.PRNGKey(2), (4, 16), jnp.uint32)
+    q = np.asarray(unpack_int4(words)).reshape(4, 16, 8)
+    for j in range(8):
+        np.testing.assert_array_equal(np.asarray(nibble_plus_24(words, j)), q[:, :, j].astype(np.float32) + 24)
 
 
 def test_repeat_last_is_repeat():
@@ -100,6 +110,18 @@ def test_bf16_kernel_matches_reference(int4_experts):
     assert _rel_err(out, experts_gather(x, experts, ids, w)) < 2e-2
 
 
+def test_gemv_variant_matches_reference(int4_experts):
+    """The CUDA-core variant (1-4 tokens): INT4 exact in float32, and its bf16-weight path within rounding."""
+    ids, w = _routing(3, seed=11)
+    x = jax.random.normal(jax.random.PRNGKey(5), (3, H), jnp.float32)
+    assert _rel_err(interpret_gemv(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
+    experts = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in (int4_experts.gate, int4_experts.up, int4_experts.down)))
+    xb = x[:2].astype(jnp.bfloat16)
+    out = interpret_gemv(xb, experts, ids[:2], w[:2])
+    assert out.dtype == jnp.bfloat16
+    assert _rel_err(out, experts_gather(xb, experts, ids[:2], w[:2])) < 2e-2
+
+
 def test_backend_dispatch_is_reference_on_cpu(int4_experts):
     ids, w = _routing(2, seed=9)
     x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
@@ -123,8 +145,9 @@ def _pretend_h200():
     return restore
 
 
+@pytest.mark.parametrize("variant", ["mma", "gemv"])
 @pytest.mark.parametrize("fmt", ["int4", "bf16"])
-def test_lowers_to_triton_at_kimi_shapes(fmt):
+def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     e, f, h, k, t = 384, 2048, 7168, 8, 4
     sds = jax.ShapeDtypeStruct
     if fmt == "int4":
@@ -134,7 +157,8 @@ def test_lowers_to_triton_at_kimi_shapes(fmt):
     experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
     restore = _pretend_h200()
     try:
-        lowered = jax.jit(routed_experts_pallas).trace(
+        cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant)
+        lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))
     finally:

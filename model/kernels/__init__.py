@@ -9,16 +9,23 @@ from __future__ import annotations
 import jax
 
 from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas, token_tile
-from model.quant import Fp8Weight
+from model.quant import Fp8Weight, Int4Weight
 
 # Above this many tokens (prefill buckets) the kernel's per-slot pass stops paying: the plain dense path runs.
 MAX_KERNEL_TOKENS = 128
 
 
+# CUDA-core GEMV up to this many tokens, tensor-core dots above (bench/moe_layer.py times both)
+GEMV_MAX_TOKENS = 4
+
+
 def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
-    """Tile sizes for the H200 (bench/moe_layer.py times the candidates)."""
-    del tokens, experts
-    return MoEKernelConfig()
+    """Tile sizes for the H200 (bench/moe_layer.py times the candidates; results in bench/results/)."""
+    int4 = isinstance(experts.gate, Int4Weight)
+    if tokens <= GEMV_MAX_TOKENS:
+        return MoEKernelConfig(block_f=32, block_h=32, block_k=64 if int4 else 256, variant="gemv")
+    # block_f 64 or 3+ stages of 128-word tiles exceed the 227 KB of shared memory (first H200 run)
+    return MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, num_stages=3, variant="mma")
 
 
 def fused_moe_applies(x_TH: jax.Array, experts) -> bool:
@@ -45,6 +52,7 @@ def routed_experts_for_backend(x_TH: jax.Array, experts, ids_TK: jax.Array, weig
 
 
 __all__ = [
+    "GEMV_MAX_TOKENS",
     "MAX_KERNEL_TOKENS",
     "MoEKernelConfig",
     "fused_moe_applies",

@@ -27,6 +27,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import expert_slots
 from model.kernels.int4_tile import dequant_part, repeat_last
+from model.kernels.moe_gemv import routed_experts_gemv
 from model.quant import Int4Weight
 
 MIN_TOKEN_TILE = 16  # Triton's dot needs every dimension >= 16
@@ -34,11 +35,12 @@ MIN_TOKEN_TILE = 16  # Triton's dot needs every dimension >= 16
 
 @dataclasses.dataclass(frozen=True)
 class MoEKernelConfig:
-    block_f: int = 64  # gate_up: rows of F per program
+    block_f: int = 32  # gate_up: rows of F per program
     block_h: int = 32  # down: rows of H per program
     block_k: int = 64  # words (int4) or elements (bf16) of the contracted dim per loop step and part
     num_warps: int = 4
     num_stages: int = 3
+    variant: str = "mma"  # "mma": tensor-core dots (any T <= 128); "gemv": CUDA-core FMAs (T <= 4), moe_gemv.py
 
 
 def token_tile(t: int) -> int:
@@ -150,6 +152,8 @@ def check_shapes(experts, cfg: MoEKernelConfig) -> None:
 def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelConfig = MoEKernelConfig(),
                           interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather`: [T, H] -> [T, H] in x's dtype."""
+    if cfg.variant == "gemv":
+        return routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, cfg=cfg, interpret=interpret)
     check_shapes(experts, cfg)
     t, hidden = x_TH.shape
     num_experts, f, _ = experts.gate.shape

@@ -1,0 +1,158 @@
+"""Fused routed experts for 1-4 tokens on CUDA cores: Pallas (Triton) gather-GEMV over the selected experts.
+
+Plain reference: `model.moe.experts_gather`. Same slots and two-kernel structure as moe_gather.py (gate_up
+over (slot, block of F rows), then down over blocks of H rows looping over the used slots), but the
+products are elementwise FMAs accumulated in registers and reduced once per program, not tensor-core dots.
+Why: with one token a dot pads the token side to 16 and routes every dequantized tile through shared
+memory; the first H200 run measured that at 6x the INT4 byte floor, issue-bound on the dequantization.
+
+INT4 in three instructions per value: nibble j of a word is shifted into the top four mantissa bits of
+the float 16.0 (shift + and/or, then a free bitcast), which gives exactly 16 + (q + 8) = q + 24. The +24
+is removed once per word: sum_j (q_j + 24) x_j - 24 sum_j x_j, and the group scale is applied once per
+word as well, so each value costs shift, logic op and one FMA per token.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from model.kernels.expert_slots import expert_slots
+from model.kernels.int4_tile import repeat_last
+from model.quant import Int4Weight
+
+# q + 24 from the float 16.0 with the nibble in mantissa bits [19, 23)
+_SIXTEEN_BITS = 0x41800000
+_TOP_MANTISSA_NIBBLE = 0x00780000
+NIBBLE_OFFSET = 24.0
+
+
+def nibble_plus_24(words: jax.Array, j: int) -> jax.Array:
+    """uint32 words -> float32 (q + 24) of nibble j, exactly."""
+    shift = 19 - 4 * j
+    moved = words << jnp.uint32(shift) if shift >= 0 else words >> jnp.uint32(-shift)
+    bits = (moved & jnp.uint32(_TOP_MANTISSA_NIBBLE)) | jnp.uint32(_SIXTEEN_BITS)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _div(a, b: int):
+    return jax.lax.div(a, jnp.int32(b))
+
+
+def _rem(a, b: int):
+    return jax.lax.rem(a, jnp.int32(b))
+
+
+def _tile_products(w_ref, s_ref, e, rows, k0, block_k, wpg, vectors_by_token):
+    """For each token: sum over parts of W_part * v_part, scaled, as an unreduced [rows, block_k] f32 tile.
+
+    `vectors_by_token[t][j]` is the [block_k] f32 input of part j (inputs parts * w + j)."""
+    words = w_ref[e, rows, pl.ds(k0, block_k)]
+    if s_ref is None:  # bf16 weights: one part
+        v = words.astype(jnp.float32)
+        return [v * vs[0][None, :] for vs in vectors_by_token]
+    scale = repeat_last(s_ref[e, rows, pl.ds(_div(k0, wpg), block_k // wpg)], wpg).astype(jnp.float32)
+    parts = len(vectors_by_token[0])
+    sums = [None] * len(vectors_by_token)
+    for j in range(parts):
+        v = nibble_plus_24(words, j)  # shared by all tokens
+        for t, vs in enumerate(vectors_by_token):
+            sums[t] = v * vs[j][None, :] if sums[t] is None else sums[t] + v * vs[j][None, :]
+    out = []
+    for t, vs in enumerate(vectors_by_token):
+        offset = NIBBLE_OFFSET * functools.reduce(jnp.add, vs)  # 24 * sum_j x_j, per word
+        out.append((sums[t] - offset[None, :]) * scale)
+    return out
+
+
+def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
+                    tokens, n_k):
+    if parts > 1:
+        gate_w, gate_s, up_w, up_s, h_ref = refs
+    else:
+        (gate_w, up_w, h_ref), gate_s, up_s = refs, None, None
+    u = pl.program_id(0)
+    p0 = pl.program_id(1) * block_f
+
+    @pl.when(u < num_ref[0])
+    def _():
+        e = expert_ref[u]
+        rows = pl.ds(parts * _rem(p0, rows_per_part) + _div(p0, rows_per_part), block_f, stride=parts)
+
+        def step(i, acc):
+            acc_g, acc_u = acc
+            k0 = i * block_k
+            xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in range(tokens)]
+            g = _tile_products(gate_w, gate_s, e, rows, k0, block_k, wpg, xs)
+            up = _tile_products(up_w, up_s, e, rows, k0, block_k, wpg, xs)
+            return tuple(a + b for a, b in zip(acc_g, g)), tuple(a + b for a, b in zip(acc_u, up))
+
+        zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in range(tokens))
+        acc_g, acc_u = jax.lax.fori_loop(0, n_k, step, (zeros, zeros))
+        for t in range(tokens):
+            h = jax.nn.silu(jnp.sum(acc_g[t], axis=1)) * jnp.sum(acc_u[t], axis=1) * combine_ref[u, t]
+            h_ref[u, t, pl.ds(p0, block_f)] = h.astype(h_ref.dtype)
+
+
+def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k):
+    if parts > 1:
+        down_w, down_s, y_ref = refs
+    else:
+        (down_w, y_ref), down_s = refs, None
+    r0 = pl.program_id(0) * block_h
+
+    def step(i, acc):
+        u = _div(i, n_k)
+        k0 = _rem(i, n_k) * block_k
+        e = expert_ref[u]
+        hs = [[h_ref[u, t, pl.ds(j * rows_per_part + k0, block_k)].astype(jnp.float32) for j in range(parts)]
+              for t in range(tokens)]
+        prods = _tile_products(down_w, down_s, e, pl.ds(r0, block_h), k0, block_k, wpg, hs)
+        return tuple(a + b for a, b in zip(acc, prods))
+
+    zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in range(tokens))
+    acc = jax.lax.fori_loop(0, num_ref[0] * n_k, step, zeros)
+    for t in range(tokens):
+        y_ref[t, pl.ds(r0, block_h)] = jnp.sum(acc[t], axis=1)
+
+
+def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bool = False) -> jax.Array:
+    """Same contract as `model.moe.experts_gather`; `cfg` is a MoEKernelConfig (block_f, block_h, block_k, warps)."""
+    from model.kernels.moe_gather import check_shapes
+
+    check_shapes(experts, cfg)
+    t, hidden = x_TH.shape
+    num_experts, f, _ = experts.gate.shape
+    int4 = isinstance(experts.gate, Int4Weight)
+    parts = 8 if int4 else 1
+    wpg = experts.gate.group_size // 8 if int4 else 1
+    dt = x_TH.dtype
+    slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), t)
+    u = slots.expert_U.shape[0]
+    x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
+    arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
+    params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t)
+
+    h_UTP = pl.pallas_call(
+        functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
+        out_shape=jax.ShapeDtypeStruct((u, t, f), jnp.float32),
+        grid=(u, f // cfg.block_f),
+        compiler_params=params,
+        interpret=interpret,
+        name="moe_gate_up_gemv",
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *arrays(experts.gate), *arrays(experts.up))
+
+    y_TH = pl.pallas_call(
+        functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, **common),
+        out_shape=jax.ShapeDtypeStruct((t, hidden), jnp.float32),
+        grid=(hidden // cfg.block_h,),
+        compiler_params=params,
+        interpret=interpret,
+        name="moe_down_gemv",
+    )(slots.expert_U, slots.num_used, h_UTP, *arrays(experts.down))
+    return y_TH.astype(dt)
