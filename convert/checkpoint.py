@@ -220,12 +220,16 @@ def _is_quant_container(x) -> bool:
     return isinstance(x, (Int4Weight, Fp8Weight))
 
 
+DEFAULT_LOAD_DTYPE = jnp.bfloat16
+KEEP_STORED = "stored"
+
+
 def load_dtypes(abstract_tree, dtype):
-    """Abstract tree with float leaves cast to `dtype`; INT4 words + scales, FP8 bytes + scales, the router
-    and integer tensors (d2t) keep their stored dtype. `dtype=None` keeps everything as stored."""
-    if dtype is None:
+    """Abstract tree with float leaves cast to `dtype` (None: bfloat16); INT4 words + scales, FP8 bytes +
+    scales, the router and integer tensors (d2t) keep their stored dtype. `dtype="stored"` casts nothing."""
+    if isinstance(dtype, str) and dtype == KEEP_STORED:
         return abstract_tree
-    dtype = jnp.dtype(dtype)
+    dtype = jnp.dtype(DEFAULT_LOAD_DTYPE if dtype is None else dtype)
 
     def one(path, node):
         if _is_quant_container(node) or KEEP_DTYPE_PATTERN.search("." + path_str(path)):
@@ -253,9 +257,9 @@ def _default_shardings(tree):
     return jax.tree_util.tree_map(lambda _: SingleDeviceSharding(device), tree)
 
 
-def load_target(path: str | Path, mesh: Mesh | None = None, dtype=jnp.bfloat16) -> tuple[TextConfig, KimiWeights]:
+def load_target(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[TextConfig, KimiWeights]:
     """Restore a converted target straight into NamedShardings (TARGET_RULES on `mesh`), or onto the
-    default device without a mesh. `dtype` casts float weights (None: as stored)."""
+    default device without a mesh. `dtype` casts dense float weights (None: bfloat16; "stored": no cast)."""
     path = Path(path)
     meta = read_metadata(path, "target")
     cfg = load_text_config(path)
@@ -269,8 +273,9 @@ def load_target(path: str | Path, mesh: Mesh | None = None, dtype=jnp.bfloat16) 
     return cfg, assemble_kimi_weights(restored)
 
 
-def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=jnp.bfloat16) -> tuple[DraftConfig, DraftWeights]:
-    """Restore a converted EAGLE-3 draft, replicated over `mesh` (or on the default device)."""
+def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[DraftConfig, DraftWeights]:
+    """Restore a converted EAGLE-3 draft, replicated over `mesh` (or on the default device); `dtype` as
+    for `load_target`."""
     path = Path(path)
     read_metadata(path, "draft")
     cfg = load_draft_config(path)

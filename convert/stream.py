@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import gc
 import json
 import os
 import signal
@@ -74,8 +73,8 @@ def source_fingerprint(src: Path, reader: CheckpointReader) -> dict:
 
 def release_host_memory() -> None:
     """Give the freed item back to the OS: glibc keeps freed heap pages, and over 61 layers the
-    fragments would add up to more than the one layer the streaming promises."""
-    gc.collect()
+    fragments would add up to more than the one layer the streaming promises. (The item's arrays are
+    already freed by reference counting; a gc pass would cost seconds in a process holding torch.)"""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
@@ -86,6 +85,20 @@ def _kill_hook(saved_this_run: int) -> None:
     limit = os.environ.get(KILL_AFTER_ITEMS_ENV)
     if limit is not None and saved_this_run >= int(limit):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def require_whole_fp8_blocks(reader: CheckpointReader, cfg) -> None:
+    """A kept Fp8Weight carries no block size (it is inferred from the scale grid), which is exact only when
+    the block divides the expert's dims; otherwise the experts must be dequantized."""
+    bo, bi = cfg.quant.block_size
+    h, f = cfg.hidden_size, cfg.moe_intermediate_size
+    for proj, (out, inp) in (("gate_proj", (f, h)), ("down_proj", (h, f))):
+        if out % bo or inp % bi:
+            name = f"{cfg.weight_prefix}model.layers.{cfg.first_k_dense_replace}.mlp.experts.0.{proj}.weight"
+            raise CheckpointError(
+                f"{reader.file_of(name)}: tensor '{name}' [{out}, {inp}] is not a whole number of {bo}x{bi} FP8 "
+                "blocks, so FP8 experts cannot be kept; convert with --experts bf16"
+            )
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, opts: ConvertOptions = ConvertOptions(),
@@ -110,6 +123,8 @@ def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -
         log(f"convert: skipping {len(plan.skipped_mtp)} multi-token-prediction tensors "
             f"(model.layers.{cfg.num_hidden_layers}.*): jaxspec does not use the MTP layer")
     dequantize = opts.experts != "keep" or plan.expert_storage == "dense"
+    if plan.expert_storage == "fp8" and not dequantize:
+        require_whole_fp8_blocks(reader, cfg)
     experts = dtype if dequantize else plan.expert_storage
     if plan.expert_storage == "none":
         experts = "none"

@@ -149,6 +149,18 @@ def test_int4_config_but_dense_experts(src, tmp_path, capsys):
                   "quantizes this module to INT4 (it is not in the ignore list)")
 
 
+def test_fp8_experts_with_edge_blocks_must_be_dequantized(tmp_path, capsys):
+    """moe_intermediate_size 24 is not a multiple of the 16x16 FP8 block: keeping FP8 experts is refused
+    up front; --experts bf16 converts them exactly."""
+    src = tmp_path / "src"
+    src.mkdir()
+    fx.fp8_checkpoint(src, tmp_path / "scratch", num_hidden_layers=2, moe_intermediate_size=24)
+    capsys.readouterr()  # the writer's own progress output
+    convert_fails(src, tmp_path, capsys, "experts.0.gate_proj.weight' [24, 64] is not a whole number of 16x16",
+                  "--experts bf16")
+    assert main([str(src), str(tmp_path / "dst"), "--no-progress", "--experts", "bf16", "--check"]) == 0
+
+
 def test_mtp_layer_is_skipped_with_one_line(src, tmp_path, capsys):
     mtp = "model.layers.2."
     edit_tensors(src, "model.layers.1.mlp.gate.weight", lambda t: t.update({mtp + "eh_proj.weight": torch.ones(64, 128), mtp + "enorm.weight": torch.ones(64)}))

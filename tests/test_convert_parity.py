@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.torch import load_file
 
 from convert.check import check_conversion
+from convert.hf_draft_weights import load_hf_draft
 from convert.checkpoint import COMPLETE_MARKER, METADATA_FILE, load_draft, load_target
 from convert.stream import ConvertOptions, convert_checkpoint
 from model.decoder import forward
@@ -201,6 +202,10 @@ def test_drafter_tensors_exact_and_replicated(drafter):
         np.testing.assert_array_equal(np.asarray(got, np.float64), t[name], err_msg=name)
     assert w.d2t.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(w.d2t), t["d2t"])
+    hf_cfg, hf_w = load_hf_draft(src, np.float32)  # the direct HF loader (no conversion) agrees
+    assert hf_cfg == cfg
+    for a, b in zip(jax.tree_util.tree_leaves(hf_w), jax.tree_util.tree_leaves(w)):
+        np.testing.assert_array_equal(a, np.asarray(b))
     for leaf in jax.tree_util.tree_leaves(w):
         assert leaf.sharding.spec == P() and len(leaf.sharding.device_set) == 8
 

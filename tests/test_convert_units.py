@@ -94,7 +94,7 @@ def test_save_target_from_memory_round_trips_on_mesh(tmp_path, mesh_shape):
     w = random_like(jax.eval_shape(lambda: init_kimi_weights(cfg, jax.random.PRNGKey(0), jnp.bfloat16, experts="int4")))
     path = save_target(tmp_path / "target", w, cfg, tokenizer_dir=None)
     mesh = make_mesh(mesh_shape)
-    got_cfg, got = load_target(path, mesh, dtype=None)
+    got_cfg, got = load_target(path, mesh, dtype="stored")
     assert got_cfg == cfg.replace(quant=None)
     for (p, a), b in zip(jax.tree_util.tree_flatten_with_path(w)[0], jax.tree_util.tree_leaves(got)):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), jax.tree_util.keystr(p)
