@@ -4,9 +4,9 @@
     python -m jaxspec.train_draft ... --ckpt-dir out/draft_ckpt     # orbax checkpoints; rerun to resume
 
 Data: windows of the corpus plus the target's own greedy continuations of training prompts (the
-sequences a greedy engine verifies). Held-out: greedy continuations of prompts from held-out files, on
-which chain acceptance per depth is exact for a greedy chain engine (the draft's inputs are the accepted
-tokens and its own features, as in the engine). The draft vocabulary is the most frequent target tokens.
+sequences a greedy engine verifies). Evaluation: greedy continuations of prompts from validation files
+(during training) and held-out files (the final report), on which chain acceptance per depth is exact for
+a greedy chain engine (the draft's inputs are the accepted tokens and its own features, as in the engine). The draft vocabulary is the most frequent target tokens.
 Writes OUT/config.json (LlamaForCausalLMEagle3) + weights, OUT/../draft_metrics.json, OUT/../draft_curves.png.
 """
 
@@ -48,7 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--out", default="out/train/draft")
     p.add_argument("--preset", default="default", choices=["default", "smoke"])
     p.add_argument("--draft-vocab-size", type=int, default=None)
+    p.add_argument("--corpus-root", default=None, help="directory of *.py files (default: this Python's stdlib)")
     p.add_argument("--held-out-percent", type=float, default=5.0)
+    p.add_argument("--val-percent", type=float, default=2.5)
     p.add_argument("--max-files", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=64)
@@ -67,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--rollouts", type=int, default=8192, help="greedy continuations of training prompts")
     p.add_argument("--rollout-batch", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts continued by the target")
+    p.add_argument("--eval-prompts", type=int, default=64, help="validation / held-out prompts continued by the target")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--ckpt-dir", default=None, help="orbax checkpoints (resumed from when present)")
@@ -125,10 +127,12 @@ def main(argv=None) -> dict:
 
     target_cfg, target_w = load_target_dir(args.target)
     tok = Tokenizer.from_file(args.tokenizer)
-    train_files, held_files = split_sources(read_sources(max_files=args.max_files), args.held_out_percent)
+    train_files, held_files, val_files = split_sources(
+        read_sources(args.corpus_root, max_files=args.max_files), args.held_out_percent, args.val_percent)
+    val_files = val_files or held_files  # tiny smoke corpora may have no validation file
     t = time.perf_counter()
     train_stream = encode_files(tok, train_files)
-    held_file_tokens = encode_file_list(tok, held_files)
+    held_file_tokens, val_file_tokens = encode_file_list(tok, held_files), encode_file_list(tok, val_files)
     timings["encode_s"] = time.perf_counter() - t
 
     ids_np = frequent_token_ids(train_stream, target_cfg.vocab_size, args.draft_vocab_size or
@@ -145,13 +149,13 @@ def main(argv=None) -> dict:
     t = time.perf_counter()
     train_prompts = random_windows(train_stream, args.rollouts, p_len, rng) if args.generated_fraction > 0 else None
     pool = rollouts(target_w, target_cfg, train_prompts, seq, args.rollout_batch) if train_prompts is not None else np.zeros((0, seq), np.int32)
-    eval_NT = rollouts(target_w, target_cfg, file_prompts(held_file_tokens, args.eval_prompts, p_len, rng), seq,
-                       args.rollout_batch)
-    eval_batch = min(args.batch, len(eval_NT))
-    eval_NT = eval_NT[: len(eval_NT) // eval_batch * eval_batch]  # whole batches: one compiled shape
-    eval_mask = np.broadcast_to(np.arange(seq) >= p_len - 1, eval_NT.shape)
+    eval_batch = min(args.batch, args.eval_prompts)
+    n_eval = args.eval_prompts // eval_batch * eval_batch  # whole batches: one compiled shape
+    test_NT, val_NT = (rollouts(target_w, target_cfg, file_prompts(f, n_eval, p_len, rng), seq, args.rollout_batch)
+                       for f in (held_file_tokens, val_file_tokens))
+    eval_mask = np.broadcast_to(np.arange(seq) >= p_len - 1, test_NT.shape)
     timings["rollouts_s"] = time.perf_counter() - t
-    progress.log(f"target rollouts: {len(pool)} training + {len(eval_NT)} held-out sequences of {seq} tokens "
+    progress.log(f"target rollouts: {len(pool)} training + {len(val_NT)} validation + {len(test_NT)} held-out sequences of {seq} tokens "
                  f"(prompt {p_len}) in {timings['rollouts_s']:.1f}s")
 
     weights = init_draft_for_training(cfg, target_w, ids_np, args.seed + 1)
@@ -171,15 +175,17 @@ def main(argv=None) -> dict:
     schedule = BudgetedSchedule(args.lr, args.warmup, steps=args.steps, seconds=args.time_budget)
     step_args = dict(cfg=cfg, target_cfg=target_cfg, opt=opt, steps=args.ttt_steps)
 
-    def run_eval(step):
-        loss, accept = evaluate(compute_copy(state.weights), target_w, eval_NT, eval_mask, eval_batch, draft_ids,
+    def run_eval(step, split="validation"):
+        seqs = val_NT if split == "validation" else test_NT
+        loss, accept = evaluate(compute_copy(state.weights), target_w, seqs, eval_mask, eval_batch, draft_ids,
                                 in_vocab, cfg, target_cfg, args.ttt_steps)
         k = args.eval_depth
         mean_len = 1.0 + float(accept[:k].sum())
-        curves["eval_step"].append(step)
-        curves["eval_loss"].append(loss)
-        curves["eval_accept"].append(accept.tolist())
-        progress.log(f"step {step}: held-out loss {loss:.4f}, chain acceptance by depth "
+        if split == "validation":
+            curves["eval_step"].append(step)
+            curves["eval_loss"].append(loss)
+            curves["eval_accept"].append(accept.tolist())
+        progress.log(f"step {step}: {split} loss {loss:.4f}, chain acceptance by depth "
                      f"{' '.join(f'{a:.3f}' for a in accept)}, mean acceptance length at K={k}: {mean_len:.3f}")
         return accept, mean_len
 
@@ -223,18 +229,16 @@ def main(argv=None) -> dict:
     if ckpts is not None:
         ckpts.close()
 
-    if curves["eval_step"] and curves["eval_step"][-1] == step:
-        accept = np.asarray(curves["eval_accept"][-1])
-        mean_len = 1.0 + float(accept[: args.eval_depth].sum())
-    else:
-        accept, mean_len = run_eval(step)
+    if not curves["eval_step"] or curves["eval_step"][-1] != step:
+        run_eval(step)
+    accept, mean_len = run_eval(step, "held-out")
     shipped = compute_copy(state.weights).replace(d2t=jnp.asarray(d2t_offsets(ids_np), jnp.int32))
     save_model_dir(out, config, shipped)
     report = {
         "config": config,
         "parameters": count_params(state.weights),
         "held_out": {
-            "sequences": int(len(eval_NT)), "prompt_len": p_len, "seq_len": seq,
+            "sequences": int(len(test_NT)), "prompt_len": p_len, "seq_len": seq,
             "chain_acceptance_by_depth": [float(a) for a in accept],
             "eval_depth": args.eval_depth,
             "mean_acceptance_length": mean_len,
@@ -250,8 +254,8 @@ def main(argv=None) -> dict:
     acc_steps = curves["eval_step"]
     acc_series = {f"depth {k + 1}": (acc_steps, [a[k] for a in curves["eval_accept"]]) for k in range(args.eval_depth)}
     plot_curves(out.parent / "draft_loss.png", "draft: training-time-test loss",
-                {"train": (curves["train_step"], curves["train_loss"]), "held-out": (acc_steps, curves["eval_loss"])})
-    plot_curves(out.parent / "draft_acceptance.png", "draft: held-out chain acceptance by depth", acc_series,
+                {"train": (curves["train_step"], curves["train_loss"]), "validation": (acc_steps, curves["eval_loss"])})
+    plot_curves(out.parent / "draft_acceptance.png", "draft: validation chain acceptance by depth", acc_series,
                 ylabel="acceptance")
     progress.log(f"mean acceptance length at K={args.eval_depth}: {mean_len:.3f}; saved {out}")
     return report

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from jaxspec.training.artifacts import save_model_dir
 from jaxspec.training.casting import compute_copy
-from jaxspec.training.corpus import read_sources, split_sources
+from jaxspec.training.corpus import read_sources, split_sources, stdlib_root
 from jaxspec.training.int4_experts import quantize_experts
 from jaxspec.training.plots import plot_curves
 from jaxspec.training.progress import Progress
@@ -42,7 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--preset", default="default", choices=["default", "smoke"])
     p.add_argument("--tokenizer", default=None, help="reuse this tokenizer.json instead of training one")
     p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--held-out-percent", type=float, default=5.0)
+    p.add_argument("--corpus-root", default=None, help="directory of *.py files (default: this Python's stdlib)")
+    p.add_argument("--held-out-percent", type=float, default=5.0, help="test split (perplexity, acceptance prompts)")
+    p.add_argument("--val-percent", type=float, default=2.5, help="validation split (picks the step that ships)")
     p.add_argument("--max-files", type=int, default=None, help="use only the first N stdlib files (smoke runs)")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=64)
@@ -54,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--bias-gamma", type=float, default=1e-3, help="router-bias step of aux-loss-free balancing")
     p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows per periodic evaluation")
+    p.add_argument("--eval-windows", type=int, default=128, help="validation windows per periodic evaluation")
     p.add_argument("--final-eval-windows", type=int, default=1024)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
@@ -74,6 +76,15 @@ def held_out_nll(weights, cfg, windows_NT, batch: int) -> float:
     return total / max(count, 1.0)
 
 
+def windows_for_eval(stream, seq: int, max_windows: int, batch: int, what: str):
+    """Whole batches of tiled windows (-> windows, batch)."""
+    windows = tiled_windows(stream, seq, max_windows)
+    if len(windows) == 0:
+        raise SystemExit(f"the {what} files hold fewer than {seq} tokens: raise its percent or --max-files")
+    batch = min(batch, len(windows))
+    return windows[: len(windows) // batch * batch], batch
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
@@ -82,20 +93,19 @@ def main(argv=None) -> dict:
     timings = {}
 
     t = time.perf_counter()
-    train_files, held_files = split_sources(read_sources(max_files=args.max_files), args.held_out_percent)
-    if args.tokenizer:
-        tok = Tokenizer.from_file(args.tokenizer)
-    else:
-        tok = train_tokenizer(train_files, args.vocab_size)
+    train_files, held_files, val_files = split_sources(
+        read_sources(args.corpus_root, max_files=args.max_files), args.held_out_percent, args.val_percent)
+    tok = Tokenizer.from_file(args.tokenizer) if args.tokenizer else train_tokenizer(train_files, args.vocab_size)
     tok.save(str(out / "tokenizer.json"))
     timings["tokenizer_s"] = time.perf_counter() - t
     t = time.perf_counter()
     train_stream, held_stream = encode_files(tok, train_files), encode_files(tok, held_files)
+    val_stream = encode_files(tok, val_files)
     timings["encode_s"] = time.perf_counter() - t
     held_bytes = sum(len(f.text.encode()) for f in held_files)
-    progress.log(f"corpus: {len(train_files)} train files ({len(train_stream)} tokens), {len(held_files)} held-out "
-                 f"({len(held_stream)} tokens); vocab {tok.get_vocab_size()}; tokenizer {timings['tokenizer_s']:.1f}s, "
-                 f"encoding {timings['encode_s']:.1f}s")
+    progress.log(f"corpus {args.corpus_root or 'stdlib'}: {len(train_files)} train files ({len(train_stream)} tokens), "
+                 f"{len(val_files)} validation ({len(val_stream)}), {len(held_files)} held-out ({len(held_stream)}); "
+                 f"vocab {tok.get_vocab_size()}; tokenizer {timings['tokenizer_s']:.1f}s, encoding {timings['encode_s']:.1f}s")
 
     config = mini_k25_config(tok.get_vocab_size(), args.preset, int4_experts=False)
     cfg = text_config_from_dict(config)
@@ -106,15 +116,16 @@ def main(argv=None) -> dict:
                  f"experts {cfg.n_routed_experts} top-{cfg.num_experts_per_tok}, aux layers {cfg.eagle_aux_layers}")
 
     seq = args.seq_len
-    held_windows = tiled_windows(held_stream, seq, args.final_eval_windows)
-    if len(held_windows) == 0:
-        raise SystemExit(f"the held-out files hold fewer than {seq} tokens: raise --held-out-percent or --max-files")
-    eval_batch = min(args.batch, len(held_windows))
-    held_windows = held_windows[: len(held_windows) // eval_batch * eval_batch]
-    periodic_windows = held_windows[: max(eval_batch, args.eval_windows // eval_batch * eval_batch)]
+    held_windows, eval_batch = windows_for_eval(held_stream, seq, args.final_eval_windows, args.batch, "held-out")
+    if len(val_stream) >= seq:
+        val_windows, _ = windows_for_eval(val_stream, seq, args.eval_windows, eval_batch, "validation")
+    else:
+        progress.log("no validation windows: periodic evaluation (and the choice of step) falls back to held-out")
+        val_windows = held_windows[: max(eval_batch, args.eval_windows // eval_batch * eval_batch)]
     schedule = BudgetedSchedule(args.lr, args.warmup, steps=args.steps, seconds=args.time_budget)
     rng = np.random.default_rng(args.seed)
     curves = {"train_step": [], "train_loss": [], "eval_step": [], "eval_loss": [], "imbalance": []}
+    best = (math.inf, 0, None)  # (validation loss, step, weights on device)
     pending = []
     step = 0
     t_train = time.perf_counter()
@@ -142,10 +153,12 @@ def main(argv=None) -> dict:
             progress.update(step, schedule.total_steps, {**last, "lr": schedule.lr(step),
                                                          "s/step": (time.perf_counter() - t_train) / step})
         if (step % args.eval_every == 0 or schedule.done(step)) and schedule.total_steps is not None:
-            loss = held_out_nll(state.weights, cfg, periodic_windows, eval_batch)
+            loss = held_out_nll(state.weights, cfg, val_windows, eval_batch)
             curves["eval_step"].append(step)
             curves["eval_loss"].append(loss)
-            progress.log(f"step {step}: held-out loss {loss:.4f} (ppl {math.exp(loss):.2f})")
+            if loss < best[0]:  # keep the best validation step: a small corpus is memorized fast
+                best = (loss, step, jax.tree_util.tree_map(jnp.copy, state.weights))
+            progress.log(f"step {step}: validation loss {loss:.4f} (ppl {math.exp(loss):.2f})")
     jax.block_until_ready(state.weights)
     timings["train_s"] = time.perf_counter() - t_train
     timings["steps"] = step
@@ -153,8 +166,9 @@ def main(argv=None) -> dict:
     progress.close()
 
     t = time.perf_counter()
-    nll_bf16 = held_out_nll(state.weights, cfg, held_windows, eval_batch)
-    quantized = quantize_experts(jax.device_get(compute_copy(state.weights)), INT4_GROUP_SIZE)
+    chosen_step, final = (best[1], best[2]) if best[2] is not None else (step, state.weights)
+    nll_bf16 = held_out_nll(final, cfg, held_windows, eval_batch)
+    quantized = quantize_experts(jax.device_get(compute_copy(final)), INT4_GROUP_SIZE)
     config_int4 = mini_k25_config(tok.get_vocab_size(), args.preset, int4_experts=True)
     cfg_int4 = text_config_from_dict(config_int4)
     quantized = jax.tree_util.tree_map(jnp.asarray, quantized)
@@ -164,6 +178,8 @@ def main(argv=None) -> dict:
     report = {
         "config": config_int4,
         "parameters": count_params(weights),
+        "chosen_step": chosen_step,
+        "validation_loss_at_chosen_step": best[0],
         "held_out": {
             "windows": int(len(held_windows)),
             "tokens": int(held_windows.size),
@@ -173,21 +189,24 @@ def main(argv=None) -> dict:
             "ppl_int4_experts": math.exp(nll_int4),
             "bits_per_byte_int4_experts": nll_int4 / math.log(2) * tokens_per_byte,
         },
-        "corpus": {"train_files": len(train_files), "held_out_files": len(held_files),
-                   "train_tokens": int(len(train_stream)), "held_out_tokens": int(len(held_stream))},
+        "corpus": {"root": args.corpus_root or str(stdlib_root()), "train_files": len(train_files),
+                   "validation_files": len(val_files), "held_out_files": len(held_files),
+                   "train_tokens": int(len(train_stream)), "validation_tokens": int(len(val_stream)),
+                   "held_out_tokens": int(len(held_stream))},
         "timings": timings,
         "args": vars(args),
         "curves": curves,
         "device": str(jax.devices()[0]),
     }
-    progress.log(f"held-out perplexity: bf16 experts {math.exp(nll_bf16):.3f}, INT4 experts {math.exp(nll_int4):.3f} "
-                 f"({report['held_out']['bits_per_byte_int4_experts']:.3f} bits/byte); trained {step} steps in "
-                 f"{timings['train_s']:.0f}s")
+    progress.log(f"shipping step {chosen_step} of {step} (best validation loss); held-out perplexity: bf16 experts "
+                 f"{math.exp(nll_bf16):.3f}, INT4 experts {math.exp(nll_int4):.3f} "
+                 f"({report['held_out']['bits_per_byte_int4_experts']:.3f} bits/byte); trained in {timings['train_s']:.0f}s")
 
     save_model_dir(out / "target", config_int4, quantized)
     (out / "target_metrics.json").write_text(json.dumps(report, indent=1) + "\n")
     plot_curves(out / "target_loss.png", "target: next-token loss",
-                {"train": (curves["train_step"], curves["train_loss"]), "held-out": (curves["eval_step"], curves["eval_loss"])})
+                {"train": (curves["train_step"], curves["train_loss"]),
+                 "validation": (curves["eval_step"], curves["eval_loss"])})
     return report
 
 

@@ -40,7 +40,7 @@ def test_ttt_unroll_matches_draft_chain():
             h, cache = out.hidden, out.cache
 
 
-SMOKE_DATA = ["--max-files", "24", "--held-out-percent", "25", "--seq-len", "64", "--batch", "8"]
+SMOKE_DATA = ["--max-files", "24", "--held-out-percent", "25", "--val-percent", "20", "--seq-len", "64", "--batch", "8"]
 
 
 def test_smoke_train_target_then_draft_with_resume(tmp_path):

@@ -24,14 +24,17 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def path_fraction(rel_path: str) -> float:
+    """The first 4 bytes of sha1(path) as a fraction in [0, 1): the file's place in every split."""
+    return int.from_bytes(hashlib.sha1(rel_path.encode()).digest()[:4], "big") / 2**32
+
+
 def is_held_out(rel_path: str, held_out_percent: float) -> bool:
-    """A file is held out when the first 4 bytes of sha1(path), as a fraction of 2**32, fall under the percent."""
-    h = int.from_bytes(hashlib.sha1(rel_path.encode()).digest()[:4], "big")
-    return h / 2**32 * 100.0 < held_out_percent
+    return path_fraction(rel_path) * 100.0 < held_out_percent
 
 
-def read_sources(root: Path | None = None, max_files: int | None = None) -> list[SourceFile]:
-    """Every UTF-8 *.py file under the stdlib (installed packages excluded), sorted by path."""
+def read_sources(root: Path | str | None = None, max_files: int | None = None) -> list[SourceFile]:
+    """Every UTF-8 *.py file under `root` (default: this Python's stdlib; installed packages excluded), by path."""
     root = stdlib_root() if root is None else Path(root)
     files = []
     for path in sorted(root.rglob("*.py")):
@@ -49,8 +52,10 @@ def read_sources(root: Path | None = None, max_files: int | None = None) -> list
     return files
 
 
-def split_sources(files: list[SourceFile], held_out_percent: float) -> tuple[list[SourceFile], list[SourceFile]]:
-    """-> (train, held_out)."""
-    train = [f for f in files if not is_held_out(f.rel_path, held_out_percent)]
-    held = [f for f in files if is_held_out(f.rel_path, held_out_percent)]
-    return train, held
+def split_sources(files: list[SourceFile], held_out_percent: float, val_percent: float = 0.0):
+    """-> (train, held_out, validation): held-out below `held_out_percent`, validation the next `val_percent`."""
+    held, val, train = [], [], []
+    for f in files:
+        u = path_fraction(f.rel_path) * 100.0
+        (held if u < held_out_percent else val if u < held_out_percent + val_percent else train).append(f)
+    return train, held, val

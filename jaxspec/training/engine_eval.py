@@ -88,6 +88,7 @@ def main(argv=None) -> dict:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--corpus-root", default=None, help="directory of *.py files (default: this Python's stdlib)")
     p.add_argument("--held-out-percent", type=float, default=5.0)
     p.add_argument("--ppl-windows", type=int, default=256)
     p.add_argument("--seq-len", type=int, default=512)
@@ -97,7 +98,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     cfg, weights, tok = load_pair(args.model_dir)
-    _, held_files = split_sources(read_sources(max_files=args.max_files), args.held_out_percent)
+    _, held_files, _ = split_sources(read_sources(args.corpus_root, max_files=args.max_files), args.held_out_percent)
     t = time.perf_counter()
     ppl = held_out_perplexity(cfg, weights, tok, held_files, args.seq_len, args.ppl_windows, args.batch)
     print(f"held-out perplexity {ppl['ppl']:.3f} over {ppl['tokens']} tokens ({time.perf_counter() - t:.0f}s)")
@@ -108,7 +109,8 @@ def main(argv=None) -> dict:
     print(f"engine, greedy chain K={args.k}: mean acceptance length {acc['mean_acceptance_length']:.3f}, "
           f"per position {' '.join(f'{a:.3f}' for a in acc['per_position_acceptance'])}, lossless "
           f"{acc['greedy_lossless_sequences']} ({time.perf_counter() - t:.0f}s)")
-    report = {"model_dir": str(args.model_dir), "held_out_perplexity": ppl, "engine_acceptance": acc,
+    report = {"model_dir": str(args.model_dir), "corpus_root": args.corpus_root or "stdlib",
+              "held_out_files": len(held_files), "held_out_perplexity": ppl, "engine_acceptance": acc,
               "held_out_split": f"sha1(relative path) < {args.held_out_percent}% of stdlib *.py files",
               "prompt_len": args.prompt_len, "seed": args.seed}
     report["engine_acceptance"]["sample_text"] = tok.decode(acc.pop("sample_output"))
