@@ -13,7 +13,13 @@ import model.moe as moe_module
 
 # model.moe may call either name (the engine's GPU dispatch); patch whichever exist
 _NAMES = ("routed_experts", "routed_experts_for_backend")
-PLAIN_ROUTED_EXPERTS = moe_module.routed_experts
+
+
+def PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK):
+    """The plain XLA reference paths, chosen by model.moe's rule (not model.moe.routed_experts, which may
+    dispatch to the GPU kernel once the engine is wired)."""
+    plain = moe_module.experts_dense if ids_TK.size >= experts.num_experts else moe_module.experts_gather
+    return plain(x_TH, experts, ids_TK, weights_TK)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from bench.timing import copy_bandwidth_tbs, median_ms  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
-from model.kernels import GEMV_MAX_TOKENS, MAX_KERNEL_TOKENS  # noqa: E402
+from model.kernels import MAX_KERNEL_TOKENS  # noqa: E402
 from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas  # noqa: E402
 from model.kv_cache import LatentCache  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
@@ -60,7 +60,7 @@ def kernel_for_tokens(choices: dict, tokens: int) -> MoEKernelConfig | None:
     """The measured-fastest config for this many tokens (T1 / T4 from the sweep; tensor-core above 4)."""
     if tokens <= 2 and "T1" in choices:
         return choices["T1"]
-    if tokens <= GEMV_MAX_TOKENS and "T4" in choices:
+    if tokens <= 4 and "T4" in choices:
         return choices["T4"]
     return choices.get("mma")
 

@@ -93,16 +93,8 @@ def test_int4_kernel_is_exact_in_float32(int4_experts):
     assert _rel_err(interpret_kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
 
 
-def test_int4_kernel_bf16_decode_token(int4_experts):
-    """bf16 activations (what runs): within bf16 rounding of the reference."""
-    ids, w = _routing(1, seed=1)
-    x = jax.random.normal(jax.random.PRNGKey(1), (1, H), jnp.float32).astype(jnp.bfloat16)
-    out = interpret_kernel(x, int4_experts, ids, w)
-    assert out.dtype == jnp.bfloat16
-    assert _rel_err(out, experts_gather(x, int4_experts, ids, w)) < 2e-2
-
-
 def test_bf16_kernel_matches_reference(int4_experts):
+    """bf16 weights and activations (what runs): within bf16 rounding of the reference."""
     experts = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in (int4_experts.gate, int4_experts.up, int4_experts.down)))
     ids, w = _routing(2, seed=7)
     x = jax.random.normal(jax.random.PRNGKey(3), (2, H), jnp.float32).astype(jnp.bfloat16)

@@ -1,7 +1,8 @@
 """GPU kernels, each beside the plain-XLA reference it is tested against; the engine picks per backend.
 
 `routed_experts_for_backend` has the signature of `model.moe.routed_experts`: on a GPU it runs the fused
-Pallas MoE (model/kernels/moe_gather.py) when the shapes fit, elsewhere the plain reference paths.
+Pallas MoE when the shapes fit (moe_gemv.py on CUDA cores for 1-2 tokens, moe_gather.py on tensor cores
+above), elsewhere the plain reference paths `model.moe.experts_gather` / `experts_dense`.
 """
 
 from __future__ import annotations
@@ -15,15 +16,20 @@ from model.quant import Fp8Weight, Int4Weight
 MAX_KERNEL_TOKENS = 128
 
 
-# CUDA-core GEMV up to this many tokens, tensor-core dots above (bench/moe_layer.py times both)
-GEMV_MAX_TOKENS = 4
+# CUDA-core GEMV up to this many tokens, tensor-core dots above; measured on the H200
+# (bench/results/step-gpu-20261129-0810.md): INT4 T=1 gemv 152 us vs mma 275 us, T=2 step 2.96 ms (gemv) vs
+# 3.35 ms (mma, first run), T=4 gemv >= 1.28 ms vs mma 0.98 ms; bf16 T=1 gemv 225 us vs mma 323 us, but the
+# bf16 gemv spills registers at T=4 (12 ms), so bf16 uses it for one token only.
+GEMV_MAX_TOKENS = {"int4": 2, "bf16": 1}
 
 
 def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
     """Tile sizes for the H200 (bench/moe_layer.py times the candidates; results in bench/results/)."""
     int4 = isinstance(experts.gate, Int4Weight)
-    if tokens <= GEMV_MAX_TOKENS:
-        return MoEKernelConfig(block_f=32, block_h=32, block_k=64 if int4 else 256, variant="gemv")
+    if tokens <= GEMV_MAX_TOKENS["int4" if int4 else "bf16"]:
+        if int4:
+            return MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, num_stages=3, variant="gemv")
+        return MoEKernelConfig(block_f=32, block_h=32, block_k=256, num_warps=4, num_stages=3, variant="gemv")
     # block_f 64 or 3+ stages of 128-word tiles exceed the 227 KB of shared memory (first H200 run)
     return MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, num_stages=3, variant="mma")
 
@@ -40,11 +46,15 @@ def fused_moe_applies(x_TH: jax.Array, experts) -> bool:
     return True
 
 
+def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
+    """The Pallas kernel with the H200-tuned tiles for this token count (call when `fused_moe_applies`)."""
+    return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=kernel_config_for(x_TH.shape[0], experts))
+
+
 def routed_experts_for_backend(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
     """Fused Pallas MoE on GPU, plain XLA reference elsewhere; [T, H] -> [T, H]."""
     if fused_moe_applies(x_TH, experts):
-        cfg = kernel_config_for(x_TH.shape[0], experts)
-        return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=cfg)
+        return fused_routed_experts(x_TH, experts, ids_TK, weights_TK)
     from model.moe import experts_dense, experts_gather  # lazy: model.moe calls into this module
 
     plain = experts_dense if ids_TK.size >= experts.num_experts else experts_gather
@@ -56,6 +66,7 @@ __all__ = [
     "MAX_KERNEL_TOKENS",
     "MoEKernelConfig",
     "fused_moe_applies",
+    "fused_routed_experts",
     "kernel_config_for",
     "routed_experts_for_backend",
     "routed_experts_pallas",
