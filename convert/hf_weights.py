@@ -77,7 +77,7 @@ class WeightBuilder:
                 raise CheckpointError(f"tensor '{module}.weight' has dtype {w.dtype} but a weight_scale_inv (FP8 expects float8_e4m3fn)")
             bo, bi = self.fp8_block
             s = self.raw(module + ".weight_scale_inv", (-(-out // bo), -(-inp // bi)))
-            return Fp8Weight(w, s.astype(np.float32, copy=False))
+            return Fp8Weight(w, s.astype(np.float32, copy=False), (bo, bi))
         if w.dtype == ml_dtypes.float8_e4m3fn:
             raise CheckpointError(f"tensor '{module}.weight' is float8 but '{module}.weight_scale_inv' is missing")
         if w.dtype.kind not in "f" and w.dtype != ml_dtypes.bfloat16:
@@ -134,14 +134,6 @@ class WeightBuilder:
         if self.dequantize_experts:
             return self.dense(module, out, inp)
         w = self.quantized(module, out, inp)
-        if isinstance(w, Fp8Weight):
-            bo, bi = self.fp8_block
-            if out % bo or inp % bi:
-                # a kept Fp8Weight carries no block size: it is inferred from the scale grid, exact only without edge blocks
-                raise CheckpointError(
-                    f"tensor '{module}.weight' [{out}, {inp}] is not a whole number of {bo}x{bi} FP8 blocks; "
-                    "convert with --experts bf16 to dequantize the experts"
-                )
         return w if isinstance(w, (Int4Weight, Fp8Weight)) else w.astype(self.dtype, copy=False)
 
     def experts(self, layer: int) -> ExpertWeights:

@@ -87,20 +87,6 @@ def _kill_hook(saved_this_run: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def require_whole_fp8_blocks(reader: CheckpointReader, cfg) -> None:
-    """A kept Fp8Weight carries no block size (it is inferred from the scale grid), which is exact only when
-    the block divides the expert's dims; otherwise the experts must be dequantized."""
-    bo, bi = cfg.quant.block_size
-    h, f = cfg.hidden_size, cfg.moe_intermediate_size
-    for proj, (out, inp) in (("gate_proj", (f, h)), ("down_proj", (h, f))):
-        if out % bo or inp % bi:
-            name = f"{cfg.weight_prefix}model.layers.{cfg.first_k_dense_replace}.mlp.experts.0.{proj}.weight"
-            raise CheckpointError(
-                f"{reader.file_of(name)}: tensor '{name}' [{out}, {inp}] is not a whole number of {bo}x{bi} FP8 "
-                "blocks, so FP8 experts cannot be kept; convert with --experts bf16"
-            )
-
-
 def convert_checkpoint(src: str | Path, dst: str | Path, opts: ConvertOptions = ConvertOptions(),
                        log: Callable[[str], None] = _log) -> Path:
     src, dst = Path(src), Path(dst)
@@ -123,8 +109,6 @@ def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -
         log(f"convert: skipping {len(plan.skipped_mtp)} multi-token-prediction tensors "
             f"(model.layers.{cfg.num_hidden_layers}.*): jaxspec does not use the MTP layer")
     dequantize = opts.experts != "keep" or plan.expert_storage == "dense"
-    if plan.expert_storage == "fp8" and not dequantize:
-        require_whole_fp8_blocks(reader, cfg)
     experts = dtype if dequantize else plan.expert_storage
     if plan.expert_storage == "none":
         experts = "none"

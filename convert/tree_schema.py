@@ -32,7 +32,11 @@ def describe(tree) -> Any:
     if tree is None:
         return None
     if type(tree).__name__ in NODE_TYPES and dataclasses.is_dataclass(tree):
-        fields = {f.name: describe(getattr(tree, f.name)) for f in dataclasses.fields(tree)}
+        fields = {
+            f.name: {"static": getattr(tree, f.name)} if not f.metadata.get("pytree_node", True)
+            else describe(getattr(tree, f.name))
+            for f in dataclasses.fields(tree)
+        }
         return {"node": type(tree).__name__, "fields": fields}
     if isinstance(tree, dict):
         return {"node": "dict", "fields": {str(k): describe(v) for k, v in tree.items()}}
@@ -49,6 +53,9 @@ def build(schema, leaf: Callable[[tuple[int, ...], np.dtype], Any]):
         return None
     if "shape" in schema:
         return leaf(tuple(schema["shape"]), np.dtype(schema["dtype"]))
+    if "static" in schema:  # a dataclass field that is not a pytree node (Fp8Weight.block_size)
+        v = schema["static"]
+        return tuple(v) if isinstance(v, list) else v
     node = schema["node"]
     if node == "tuple":
         return tuple(build(s, leaf) for s in schema["items"])

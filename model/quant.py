@@ -38,13 +38,15 @@ class Fp8Weight:
 
     weight: jax.Array  # [.., out, in] float8_e4m3fn
     scale_inv: jax.Array  # [.., ceil(out/bo), ceil(in/bi)] float32
+    # stated, not derived from the scale grid: a partial last block makes ceil(out / rows) wrong
+    block_size: tuple[int, int] = struct.field(pytree_node=False, default=(128, 128))
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.weight.shape)
 
     def __getitem__(self, idx) -> "Fp8Weight":
-        return Fp8Weight(self.weight[idx], self.scale_inv[idx])
+        return Fp8Weight(self.weight[idx], self.scale_inv[idx], self.block_size)
 
 
 def unpack_int4(packed: jax.Array) -> jax.Array:
@@ -77,8 +79,7 @@ def dequantize(w: Weight, dtype=jnp.bfloat16) -> jax.Array:
         return (q * w.scale.astype(jnp.float32)[..., None]).reshape(w.shape).astype(dtype)
     if isinstance(w, Fp8Weight):
         out, inp = w.weight.shape[-2:]
-        bo = -(-out // w.scale_inv.shape[-2])
-        bi = -(-inp // w.scale_inv.shape[-1])
+        bo, bi = w.block_size
         s = jnp.repeat(jnp.repeat(w.scale_inv.astype(jnp.float32), bo, axis=-2), bi, axis=-1)
         return (w.weight.astype(jnp.float32) * s[..., :out, :inp]).astype(dtype)
     return w.astype(dtype)

@@ -149,16 +149,28 @@ def test_int4_config_but_dense_experts(src, tmp_path, capsys):
                   "quantizes this module to INT4 (it is not in the ignore list)")
 
 
-def test_fp8_experts_with_edge_blocks_must_be_dequantized(tmp_path, capsys):
-    """moe_intermediate_size 24 is not a multiple of the 16x16 FP8 block: keeping FP8 experts is refused
-    up front; --experts bf16 converts them exactly."""
+def test_fp8_experts_with_edge_blocks_keep_their_block_size(tmp_path, capsys):
+    """moe_intermediate_size 24 is not a multiple of the 16x16 FP8 block: kept FP8 experts carry their block
+    size (not inferred from the scale grid), so they dequantize exactly like an --experts bf16 conversion."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from convert.checkpoint import load_target
+    from model.quant import Fp8Weight, dequantize
+
     src = tmp_path / "src"
     src.mkdir()
     fx.fp8_checkpoint(src, tmp_path / "scratch", num_hidden_layers=2, moe_intermediate_size=24)
     capsys.readouterr()  # the writer's own progress output
-    convert_fails(src, tmp_path, capsys, "experts.0.gate_proj.weight' [24, 64] is not a whole number of 16x16",
-                  "--experts bf16")
-    assert main([str(src), str(tmp_path / "dst"), "--no-progress", "--experts", "bf16", "--check"]) == 0
+    assert main([str(src), str(tmp_path / "keep"), "--no-progress", "--dtype", "float32", "--check"]) == 0
+    assert main([str(src), str(tmp_path / "deq"), "--no-progress", "--dtype", "float32", "--experts", "bf16"]) == 0
+    _, kept = load_target(tmp_path / "keep", dtype="stored")
+    _, deq = load_target(tmp_path / "deq", dtype="stored")
+    for proj in ("gate", "up", "down"):
+        k = getattr(kept.layers[1].mlp.experts, proj)
+        assert isinstance(k, Fp8Weight) and k.block_size == (16, 16)
+        np.testing.assert_array_equal(np.asarray(dequantize(k, jnp.float32)),
+                                      np.asarray(getattr(deq.layers[1].mlp.experts, proj), np.float32))
 
 
 def test_mtp_layer_is_skipped_with_one_line(src, tmp_path, capsys):
