@@ -5,6 +5,8 @@ by jaxspec.sharded.compile_program exactly as Engine(mesh=...) compiles them; th
 function compiled for one device. Greedy tokens must match exactly, logits within 1e-4 (float32).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,9 @@ from jax.sharding import PartitionSpec as P
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_program
+from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
 from model.moe import moe
+from model.moe_parallel import routed_experts_parallel
 from model.sharding import make_mesh, mesh_context, shardings_for
 from tests.sharded_pair import NUM_STEPS, PROGRAMS, run_steps, sharded_pair, single_device_run
 
@@ -74,4 +78,29 @@ def test_expert_parallel_moe_equals_reference_int4(tokens):
     with mesh_context(mesh):
         assert "shard_map" in str(jax.make_jaxpr(moe, static_argnums=2)(x_BTH, w_sharded, cfg))
         got = jax.jit(moe, static_argnums=2)(x_BTH, w_sharded, cfg)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def test_pallas_kernel_runs_as_the_per_device_expert_computation(monkeypatch):
+    """The per-device step calls `model.moe.routed_experts`; swapped for the fused Pallas MoE (interpret mode
+    on CPU), each device runs the kernel over its 2 local experts and the psum equals the reference."""
+    import model.moe as moe_module
+
+    e, f, h, k, t = 16, 16, 32, 4, 3
+    keys = jax.random.split(jax.random.key(5), 4)
+    matrix = lambda key, out, inp: jax.random.normal(key, (e, out, inp), jnp.float32) * inp**-0.5  # noqa: E731
+    experts = moe_module.ExpertWeights(matrix(keys[0], f, h), matrix(keys[1], f, h), matrix(keys[2], h, f))
+    x_TH = jax.random.normal(keys[3], (t, h), jnp.float32)
+    rng = np.random.default_rng(0)
+    ids_TK = jnp.asarray(np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int32))
+    weights_TK = jnp.asarray(rng.uniform(0.1, 1.0, (t, k)).astype(np.float32))
+    want = moe_module.experts_gather(x_TH, experts, ids_TK, weights_TK)
+
+    kernel = functools.partial(routed_experts_pallas, cfg=MoEKernelConfig(block_f=16, block_h=16, block_k=16),
+                               interpret=True)
+    monkeypatch.setattr(moe_module, "routed_experts", kernel)
+    mesh = make_mesh((2, 4))
+    sharded = jax.device_put(experts, shardings_for(experts, mesh, ((r".", ("experts", None, None)),)))
+    with mesh_context(mesh):
+        got = jax.jit(routed_experts_parallel)(x_TH, sharded, ids_TK, weights_TK)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
