@@ -276,7 +276,8 @@ def _weight_table(title: str, table: dict) -> list[str]:
     lines = [f"{title:<24}" + "".join(f"{f:>13}" for f in formats) + f"{'total':>13}"]
     for c in cats:
         row = [table.get((c, f), 0) for f in formats]
-        lines.append(f"  {c:<22}" + "".join(f"{_gb(n):>13}" if n else f"{'-':>13}" for n in row) + f"{_gb(sum(row)):>13}")
+        cells = "".join(f"{_gb(n):>13}" if n else f"{'-':>13}" for n in row)
+        lines.append(f"  {c:<22}{cells}{_gb(sum(row)):>13}")
     per_format = [sum(n for (_, f), n in table.items() if f == fmt) for fmt in formats]
     lines.append(f"  {'total':<22}" + "".join(f"{_gb(n):>13}" for n in per_format) + f"{_gb(sum(per_format)):>13}")
     return lines

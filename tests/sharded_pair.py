@@ -1,9 +1,9 @@
 """A tiny target + draft whose dimensions divide an 8-device mesh (test helper for the sharding tests).
 
 8 heads, 16 experts, FFN widths and vocab divisible by 8 (expert FFN 32: one INT4 group), batch 8: on the
-meshes 8x1, 1x8 and 2x4 every rule of model/sharding.py really splits something. Weights come from numpy (milliseconds, no compile)
-into the exact pytree `init_kimi_weights` builds, so several processes of a multi-host test build the
-same model independently.
+meshes 8x1, 1x8 and 2x4 every rule of model/sharding.py really splits something. Weights come from numpy
+(milliseconds, no compile) into the exact pytree `init_kimi_weights` builds, so several processes of a
+multi-host test build the same model independently.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def prompt_arrays():
 def decode_with_logits(w, state, sp, *, cfg):
     """One baseline decode step, plus the target logits it chose its token from."""
     lengths_B = state.target_cache.lengths
-    logits_BV = forward(w.target, cfg.target, state.pending[:, None], lengths_B[:, None], state.target_cache).logits[:, 0]
+    out = forward(w.target, cfg.target, state.pending[:, None], lengths_B[:, None], state.target_cache)
+    logits_BV = out.logits[:, 0]
     return baseline_step(w, state, sp, cfg=cfg, greedy=True, max_new_tokens=MAX_NEW), logits_BV
 
 
@@ -107,7 +108,8 @@ PROGRAMS = {
         lambda cfg: functools.partial(cycle_and_draft_logits, cfg=cfg),
     ),
     "decode": (
-        lambda cfg: functools.partial(baseline_prefill, cfg=cfg, capacity=CAPACITY, greedy=True, max_new_tokens=MAX_NEW),
+        lambda cfg: functools.partial(baseline_prefill, cfg=cfg, capacity=CAPACITY, greedy=True,
+                                      max_new_tokens=MAX_NEW),
         lambda cfg: functools.partial(decode_with_logits, cfg=cfg),
     ),
 }

@@ -17,6 +17,7 @@ def test_two_processes_generate_the_one_process_tokens():
     for r in results:
         assert r.returncode == 0, r.stderr[-4000:]
     reports = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
-    assert [(x["process"], x["processes"], x["devices"], x["local_devices"]) for x in reports] == [(0, 2, 8, 4), (1, 2, 8, 4)]
+    layout = [(x["process"], x["processes"], x["devices"], x["local_devices"]) for x in reports]
+    assert layout == [(0, 2, 8, 4), (1, 2, 8, 4)]
     one_process = single_device_run("cycle")[2]
     assert reports[0]["tokens"] == reports[1]["tokens"] == one_process

@@ -32,7 +32,8 @@ def test_planner_bytes_equal_resident_bytes_per_device(experts, shape):
     target_abs, draft_abs = plan.abstract_target(cfg, experts), plan.abstract_draft(dcfg)
     mesh, abstract_mesh = make_mesh(shape), plan.abstract_mesh(shape)
 
-    weights = place_weights(SpecWeights(numpy_like(target_abs, 0), numpy_like(draft_abs, 1)), mesh)  # the engine's layout
+    # laid out as the engine lays them out
+    weights = place_weights(SpecWeights(numpy_like(target_abs, 0), numpy_like(draft_abs, 1)), mesh)
     target_cache, draft_cache = plan.abstract_caches(cfg, dcfg, batch=8, capacity=64)
     caches = [place(numpy_like(c, 2), shardings_for(c, mesh, CACHE_RULES)) for c in (target_cache, draft_cache)]
 
