@@ -50,7 +50,8 @@ def _fp8_experts(tree, block=(128, 128)):
             return leaf
         *lead, out, inp = leaf.shape
         return Fp8Weight(jax.ShapeDtypeStruct(leaf.shape, jnp.float8_e4m3fn),
-                         jax.ShapeDtypeStruct((*lead, -(-out // block[0]), -(-inp // block[1])), jnp.float32))
+                         jax.ShapeDtypeStruct((*lead, -(-out // block[0]), -(-inp // block[1])), jnp.float32),
+                         tuple(block))
 
     return jax.tree_util.tree_map_with_path(one, tree)
 
