@@ -179,6 +179,12 @@ def _eos_ids(model_dir: Path, cfg, tokenizer) -> tuple[int, ...]:
 def run(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     k = _check_flags(a)
+    from jaxspec.distributed import initialize_from_env
+
+    process = initialize_from_env()  # multi-host: JAXSPEC_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID
+    if process is not None and process.process_id != 0:
+        sys.stdout = open(os.devnull, "w")  # every process runs the program; process 0 speaks for the job
+        sys.stderr = open(os.devnull, "w")
     quiet = a.json
     mesh = _parse_mesh(a.mesh)
     prompts_text, batch = _read_prompts(a)
