@@ -61,6 +61,11 @@ def _pad_prompts(prompts: list[list[int]], bucket: int, pad_id: int):
     return tokens, np.array([len(p) for p in prompts], np.int32)
 
 
+# Compiled programs shared by every Engine: the key holds everything a program bakes in (configs, K, the
+# drafter, greedy, max_new_tokens, mesh) and its arguments' shapes, dtypes and shardings.
+_PROGRAMS: dict[tuple, Callable] = {}
+
+
 class Engine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int = 3, max_context: int | None = None,
                  drafter=None, mesh=None):
@@ -71,18 +76,19 @@ class Engine:
         self.cfg, self.weights, self.k = cfg, weights if mesh is None else place_weights(weights, mesh), num_steps
         self.max_context = max_context or cfg.target.max_position_embeddings
         self.drafter = drafter  # None: the EAGLE-3 draft chain
-        self._compiled: dict[tuple, Callable] = {}
-        self.compile_count = 0
+        self.compile_count = 0  # programs this engine had to compile (not found in _PROGRAMS)
 
     # --- compilation ---------------------------------------------------------------------------------
-    def _compile(self, name: str, fn, static: dict, args: tuple, donate: tuple = ()):
-        key = (name, tuple(sorted(static.items())), tuple((a.shape, str(a.dtype)) for a in jax.tree_util.tree_leaves(args)))
-        hit = self._compiled.get(key)
+    def _compile(self, name: str, fn, static: dict, args: tuple, donate: tuple = (), baked: tuple = ()):
+        """`static` are keyword arguments bound into `fn`; `baked` names what `fn` already closes over."""
+        leaves = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in jax.tree_util.tree_leaves(args))
+        key = (name, self.cfg, self.k, self.drafter, self.mesh, baked, tuple(sorted(static.items())), leaves)
+        hit = _PROGRAMS.get(key)
         if hit is not None:
             return hit, 0.0
         t0 = time.perf_counter()
         compiled = compile_program(functools.partial(fn, **static), args, donate, self.mesh)
-        self._compiled[key] = compiled
+        _PROGRAMS[key] = compiled
         self.compile_count += 1
         return compiled, time.perf_counter() - t0
 
@@ -109,7 +115,8 @@ class Engine:
         sp = sampling.validate().as_arrays()
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
         loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
-        compiled, c = self._compile("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp), (1,))
+        compiled, c = self._compile("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp), (1,),
+                                    baked=(sampling.greedy, max_new_tokens))
         compile_s += c
         t0 = time.perf_counter()
         state = compiled(self.weights, state, sp)
@@ -125,7 +132,8 @@ class Engine:
         state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
         sp = sampling.validate().as_arrays()
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
-        compiled, c = self._compile("cycle_spec" if speculative else "cycle_base", step, {}, (self.weights, state, sp), (1,))
+        compiled, c = self._compile("cycle_spec" if speculative else "cycle_base", step, {}, (self.weights, state, sp), (1,),
+                                    baked=(sampling.greedy, max_new_tokens))
         compile_s += c
         shown = np.zeros(len(prompts), np.int64)
         decode_s = 0.0
