@@ -29,7 +29,7 @@ from jaxspec.training.windows import file_prompts, tiled_windows
 
 
 def load_pair(model_dir: str | Path, dtype=jnp.bfloat16):
-    model_dir = Path(model_dir)
+    model_dir = Path(model_dir).absolute()  # orbax refuses relative paths
     tcfg, tw = load_target(model_dir / "target", dtype=dtype)
     dcfg, dw = load_draft(model_dir / "draft", dtype=dtype)
     tcfg = check_draft_fits(tcfg, dcfg, dw)
@@ -43,7 +43,8 @@ def held_out_perplexity(cfg, weights, tok, held_files, seq_len: int, max_windows
     windows = windows[: len(windows) // batch * batch]
     total = count = 0.0
     for i in range(0, len(windows), batch):
-        s, c = eval_nll_sum(weights.target, jnp.asarray(windows[i : i + batch]), cfg=cfg.target)
+        s, c = eval_nll_sum(weights.target, jnp.asarray(windows[i : i + batch]), cfg=cfg.target,
+                            dtype=weights.target.embed.dtype)
         total, count = total + float(s), count + float(c)
     nll = total / count
     return {"windows": int(len(windows)), "seq_len": seq_len, "tokens": int(count), "nll": nll, "ppl": math.exp(nll)}
@@ -94,14 +95,18 @@ def main(argv=None) -> dict:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--max-files", type=int, default=None)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weights and activations")
+    p.add_argument("--skip-perplexity", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    cfg, weights, tok = load_pair(args.model_dir)
+    cfg, weights, tok = load_pair(args.model_dir, jnp.dtype(args.dtype))
     _, held_files, _ = split_sources(read_sources(args.corpus_root, max_files=args.max_files), args.held_out_percent)
     t = time.perf_counter()
-    ppl = held_out_perplexity(cfg, weights, tok, held_files, args.seq_len, args.ppl_windows, args.batch)
-    print(f"held-out perplexity {ppl['ppl']:.3f} over {ppl['tokens']} tokens ({time.perf_counter() - t:.0f}s)")
+    ppl = None
+    if not args.skip_perplexity:
+        ppl = held_out_perplexity(cfg, weights, tok, held_files, args.seq_len, args.ppl_windows, args.batch)
+        print(f"held-out perplexity {ppl['ppl']:.3f} over {ppl['tokens']} tokens ({time.perf_counter() - t:.0f}s)")
     rng = np.random.default_rng(args.seed)
     prompts = file_prompts(encode_file_list(tok, held_files), args.prompts, args.prompt_len, rng).tolist()
     t = time.perf_counter()
@@ -112,7 +117,7 @@ def main(argv=None) -> dict:
     report = {"model_dir": str(args.model_dir), "corpus_root": args.corpus_root or "stdlib",
               "held_out_files": len(held_files), "held_out_perplexity": ppl, "engine_acceptance": acc,
               "held_out_split": f"sha1(relative path) < {args.held_out_percent}% of stdlib *.py files",
-              "prompt_len": args.prompt_len, "seed": args.seed}
+              "prompt_len": args.prompt_len, "seed": args.seed, "dtype": args.dtype}
     report["engine_acceptance"]["sample_text"] = tok.decode(acc.pop("sample_output"))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

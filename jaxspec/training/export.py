@@ -16,7 +16,7 @@ from jaxspec.training.artifacts import load_draft_dir, load_target_dir, read_con
 
 
 def export_pair(run_dir: str | Path, dest: str | Path, overwrite: bool = True) -> Path:
-    run_dir, dest = Path(run_dir), Path(dest)
+    run_dir, dest = Path(run_dir), Path(dest).absolute()  # orbax refuses relative paths
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(run_dir / "tokenizer.json", dest / "tokenizer.json")
     _, target_w = load_target_dir(run_dir / "target")
