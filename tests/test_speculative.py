@@ -7,6 +7,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from jaxspec import acceptance, spec_step
+from jaxspec import engine as engine_module
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams, sample
 from tests.oracle_drafters import oracle_drafter, wrong_drafter
@@ -167,5 +168,6 @@ def test_broken_acceptance_rule_is_detected(small_vocab_pair, monkeypatch):
     sampling = SamplingParams(1.0)
     base = _joint_first3(Engine(cfg, w, num_steps=2), sampling, False, seed=2)
     monkeypatch.setattr(spec_step, "speculative_sampling_accept", broken_accept)
+    monkeypatch.setattr(engine_module, "_PROGRAMS", {})  # programs traced with the good rule must not be reused
     broken = _joint_first3(Engine(cfg, w, num_steps=2), sampling, True, seed=1)
     assert _p_value(broken, base) < 1e-3
