@@ -19,23 +19,28 @@ def test_ttt_unroll_matches_draft_chain():
     """Step k of the unroll at index t == the engine's k-th chained draft_forward from root t."""
     cfg = DraftConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
                       vocab_size=50, draft_vocab_size=20, rope_theta=10000.0, rms_norm_eps=1e-6, aux_layer_ids=(0, 1, 2))
-    w = init_draft_weights(cfg, jax.random.PRNGKey(0), jnp.float32, d2t=np.arange(20))
-    embed = jax.random.normal(jax.random.PRNGKey(1), (50, 32))
+    rng = np.random.default_rng(0)
+    layout = jax.eval_shape(lambda: init_draft_weights(cfg, jax.random.PRNGKey(0), jnp.float32, d2t=np.arange(20)))
+    w = jax.tree_util.tree_map(  # numpy draws: compiling jax.random for every shape takes seconds on CPU
+        lambda x: jnp.asarray(rng.standard_normal(x.shape) * x.shape[-1] ** -0.5, x.dtype), layout
+    ).replace(d2t=jnp.arange(20, dtype=jnp.int32))
     b, t, steps = 2, 12, 4
-    tokens = jax.random.randint(jax.random.PRNGKey(2), (b, t), 0, 50)
-    aux = jax.random.normal(jax.random.PRNGKey(3), (b, t, 96))
-    unrolled = ttt_unroll(w, cfg, embed, tokens, aux, steps)
-    for root in (0, 3, 7, 9):
-        cache = init_draft_cache(cfg, b, t + steps, jnp.float32)
-        pos = jnp.broadcast_to(jnp.arange(root + 1), (b, root + 1))
-        out = draft_forward(w, cfg, embed, None, tokens[:, 1 : root + 2], aux[:, : root + 1], pos, cache)
-        np.testing.assert_allclose(out.logits[:, root], unrolled[0][:, root], atol=1e-4)
-        h, cache = out.hidden[:, root : root + 1], out.cache
+    embed = jnp.asarray(rng.standard_normal((50, 32)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, 50, (b, t)), jnp.int32)
+    aux = jnp.asarray(rng.standard_normal((b, t, 96)), jnp.float32)
+    unrolled = jax.jit(ttt_unroll, static_argnums=(1, 5))(w, cfg, embed, tokens, aux, steps)
+    draft = jax.jit(draft_forward, static_argnums=1)
+    # the extend over the whole window fills every slot; a chain from `root` overwrites slots root+1.. in
+    # order before any of its queries can see them, exactly as the engine's stale slots are
+    extend = draft(w, cfg, embed, None, jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))), aux,
+                   jnp.broadcast_to(jnp.arange(t), (b, t)), init_draft_cache(cfg, b, t + steps, jnp.float32))
+    for root in range(t - 1):
+        np.testing.assert_allclose(extend.logits[:, root], unrolled[0][:, root], atol=1e-4)
+        h, cache = extend.hidden[:, root : root + 1], extend.cache
         for k in range(1, steps):
             if root + k + 1 >= t:
                 break
-            out = draft_forward(w, cfg, embed, None, tokens[:, root + k + 1 : root + k + 2], h,
-                                jnp.full((b, 1), root + k), cache)
+            out = draft(w, cfg, embed, None, tokens[:, root + k + 1 : root + k + 2], h, jnp.full((b, 1), root + k), cache)
             np.testing.assert_allclose(out.logits[:, 0], unrolled[k][:, root], atol=1e-4)
             h, cache = out.hidden, out.cache
 
