@@ -67,7 +67,7 @@ class CheckpointWriter:
     """Writes items into DST.partial; `finish` makes DST appear in one rename."""
 
     def __init__(self, dst: str | Path, options: dict, *, restart: bool = False, overwrite: bool = False):
-        self.dst = Path(dst)
+        self.dst = Path(dst).absolute()  # orbax refuses relative paths
         self.work = partial_dir(self.dst)
         self.overwrite = overwrite
         if self.dst.exists() and not overwrite:
@@ -197,7 +197,7 @@ def save_draft(path: str | Path, weights: DraftWeights, config: DraftConfig | di
 # loading
 # ------------------------------------------------------------------------------------------------------
 def read_metadata(path: str | Path, kind: str | None = None) -> dict:
-    path = Path(path)
+    path = Path(path).absolute()  # orbax refuses relative paths
     if not (path / COMPLETE_MARKER).exists():
         hint = " (an interrupted conversion? rerun `python -m convert` to resume it)" if partial_dir(path).exists() else ""
         raise CheckpointError(f"{path}: not a complete jaxspec checkpoint: {COMPLETE_MARKER} is missing{hint}")
@@ -260,7 +260,7 @@ def _default_shardings(tree):
 def load_target(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[TextConfig, KimiWeights]:
     """Restore a converted target straight into NamedShardings (TARGET_RULES on `mesh`), or onto the
     default device without a mesh. `dtype` casts dense float weights (None: bfloat16; "stored": no cast)."""
-    path = Path(path)
+    path = Path(path).absolute()  # orbax refuses relative paths
     meta = read_metadata(path, "target")
     cfg = load_text_config(path)
     items = meta["items"]
@@ -276,7 +276,7 @@ def load_target(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple
 def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[DraftConfig, DraftWeights]:
     """Restore a converted EAGLE-3 draft, replicated over `mesh` (or on the default device); `dtype` as
     for `load_target`."""
-    path = Path(path)
+    path = Path(path).absolute()  # orbax refuses relative paths
     read_metadata(path, "draft")
     cfg = load_draft_config(path)
     abstract_w = load_dtypes(tree_schema.abstract(item_schema(path, "draft")), dtype)
@@ -289,7 +289,7 @@ def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[
 
 def load_item_numpy(path: str | Path, item: str):
     """One item as host numpy arrays in its stored dtypes (the check mode; no device involved)."""
-    path = Path(path)
+    path = Path(path).absolute()  # orbax refuses relative paths
     like = tree_schema.abstract(item_schema(path, item))
     keys = tree_schema.flat_arrays(like)
     args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in keys}

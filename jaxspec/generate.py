@@ -223,6 +223,9 @@ def run(argv: list[str] | None = None) -> int:
     if a.chat:
         prompts_text = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts_text]
     prompts = [tokenizer.encode(p) for p in prompts_text]
+    bos = tokenizer.token_id("bos_token")
+    if tokenizer.config.get("add_bos_token") and bos is not None:  # the embedded model saw <|bos|> at file starts
+        prompts = [[bos] + p for p in prompts]
     if any(len(p) == 0 for p in prompts):
         raise UsageError("a prompt encodes to zero tokens")
     engine_kw = {"mesh": mesh} if mesh is not None else {}
