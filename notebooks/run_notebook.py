@@ -1,0 +1,154 @@
+"""Execute notebooks/benchmark.ipynb headless and write the executed copy elsewhere (never over the committed one).
+
+    python notebooks/run_notebook.py --model k25-random --layers 4 --out notebooks/figures/gpu \\
+        --executed /tmp/benchmark.executed.ipynb                     # on a GPU (real K2.5 dims)
+    python notebooks/run_notebook.py --model k25-random --tiny --layers 3 --tokens 1,2,3,4 --ks 1,2,3 \\
+        --context 64 --iters 3 --out notebooks/figures                # on a CPU (bench.step.TINY_DIMS)
+
+Each option sets the notebook's JAXSPEC_NB_* environment variable (see its parameter cell). By default the
+notebook runs in a Jupyter kernel through nbclient; `--as-script` runs its code cells in order in this process
+instead (for machines without nbclient / ipykernel) and still writes an executed notebook with each cell's
+printed output. Exit status 1 when a cell fails (the executed copy up to that cell is still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NOTEBOOK = HERE / "benchmark.ipynb"
+REPO = HERE.parent
+
+OPTIONS = {  # option -> environment variable the parameter cell reads
+    "model": "JAXSPEC_NB_MODEL",
+    "model_dir": "JAXSPEC_NB_MODEL_DIR",
+    "layers": "JAXSPEC_NB_LAYERS",
+    "out": "JAXSPEC_NB_OUT",
+    "tokens": "JAXSPEC_NB_TOKENS",
+    "ks": "JAXSPEC_NB_KS",
+    "context": "JAXSPEC_NB_CONTEXT",
+    "iters": "JAXSPEC_NB_ITERS",
+    "max_new_tokens": "JAXSPEC_NB_MAX_NEW_TOKENS",
+    "repeats": "JAXSPEC_NB_REPEATS",
+    "budget_s": "JAXSPEC_NB_BUDGET_S",
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--executed", type=Path, required=True, help="where the executed notebook goes")
+    p.add_argument("--model", choices=["auto", "default", "k25-random"])
+    p.add_argument("--model-dir", help="the default pair's directory (default jaxspec/default_model)")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--tiny", action="store_true", help="bench.step.TINY_DIMS (CPU)")
+    p.add_argument("--out", help="directory for the plots and results.json (default notebooks/figures)")
+    p.add_argument("--tokens", help="comma-separated T for the decode/verify steps (default 1,...,8)")
+    p.add_argument("--ks", help="comma-separated draft lengths K for the cycles (default 1,2,3,4)")
+    p.add_argument("--context", type=int)
+    p.add_argument("--iters", type=int)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--budget-s", type=float, help="start no new configuration after this many seconds")
+    p.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds (nbclient)")
+    p.add_argument("--as-script", action="store_true", help="run the code cells in this process, no kernel")
+    return p.parse_args(argv)
+
+
+def notebook_env(args) -> dict[str, str]:
+    env = {var: str(getattr(args, opt)) for opt, var in OPTIONS.items() if getattr(args, opt) is not None}
+    if args.tiny:
+        env["JAXSPEC_NB_TINY"] = "1"
+    return env
+
+
+def run_with_nbclient(executed: Path, timeout: int) -> int:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO)}})
+    status = 0
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        print(e, file=sys.stderr)
+        status = 1
+    nbformat.write(nb, executed)
+    return status
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, s):
+        for st in self.streams:
+            st.write(s)
+        return len(s)
+
+    def flush(self):
+        for st in self.streams:
+            st.flush()
+
+
+def run_as_script(executed: Path) -> int:
+    """Exec each code cell in one namespace (cwd = repo), printing as it goes; record outputs like a kernel."""
+    nb = json.loads(NOTEBOOK.read_text())
+    namespace = {"__name__": "__main__"}
+    os.chdir(REPO)
+    status, count = 0, 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        count += 1
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        buf = io.StringIO()
+        print(f"--- cell {count} ---", flush=True)
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(_Tee(sys.__stdout__, buf)):
+            try:
+                exec(compile(source, f"<cell {count}>", "exec"), namespace)
+                error = None
+            except Exception as e:  # noqa: BLE001 - reported as the cell's error output
+                error = e
+                tb = traceback.format_exc()
+        cell["execution_count"] = count
+        cell["outputs"] = []
+        if buf.getvalue():
+            cell["outputs"].append({"output_type": "stream", "name": "stdout", "text": buf.getvalue()})
+        if error is not None:
+            print(tb, file=sys.stderr, flush=True)
+            cell["outputs"].append({"output_type": "error", "ename": type(error).__name__, "evalue": str(error),
+                                    "traceback": tb.splitlines()})
+            status = 1
+            break
+        print(f"--- cell {count}: {time.perf_counter() - t0:.1f} s ---", flush=True)
+    executed.write_text(json.dumps(nb, indent=1) + "\n")
+    return status
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    executed = args.executed.resolve()
+    if executed == NOTEBOOK:
+        sys.exit(f"--executed {args.executed}: that is the committed notebook (kept with cleared outputs)")
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.update(notebook_env(args))
+    t0 = time.perf_counter()
+    status = run_as_script(executed) if args.as_script else run_with_nbclient(executed, args.timeout)
+    print(f"{'ran' if status == 0 else 'FAILED'}: {NOTEBOOK.name} -> {executed} in {time.perf_counter() - t0:.0f} s",
+          file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""notebooks/benchmark.ipynb executed headless (nbclient, a real Jupyter kernel) on CPU with a small parameter set:
+every code cell ran without an error, the device is named in the output, and every plot file was written."""
+
+import json
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "benchmark.ipynb"
+PLOTS = ("tok_per_s_vs_k.png", "acceptance_histogram.png", "verify_decode_ratio.png", "break_even.png")
+CI_PARAMS = {  # tiny K2.5 dims, 3 layers (the least the draft's three aux layers need); ~50 s on 2 CPU cores
+    "JAXSPEC_NB_MODEL": "k25-random",
+    "JAXSPEC_NB_TINY": "1",
+    "JAXSPEC_NB_LAYERS": "3",
+    "JAXSPEC_NB_TOKENS": "1,2",
+    "JAXSPEC_NB_KS": "1,2",
+    "JAXSPEC_NB_CONTEXT": "32",
+    "JAXSPEC_NB_ITERS": "2",
+}
+
+
+def test_committed_notebook_has_no_outputs():
+    nb = json.loads(NOTEBOOK.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(c["outputs"] == [] and c["execution_count"] is None for c in code)
+    assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in code)
+
+
+def test_notebook_executes_headless_on_cpu(tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    out = tmp_path / "figures"
+    for var, value in {**CI_PARAMS, "JAXSPEC_NB_OUT": str(out), "JAX_PLATFORMS": "cpu"}.items():
+        monkeypatch.setenv(var, value)  # the kernel inherits this process's environment
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device is enough here
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    t0 = time.perf_counter()
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    wall = time.perf_counter() - t0
+    nbformat.write(nb, tmp_path / "executed.ipynb")
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), "a code cell did not run"
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    text = "".join(o.get("text", "") for c in code for o in c.outputs if o.output_type == "stream")
+    assert "device: cpu" in text and "jax " in text
+    for name in PLOTS:
+        assert (out / name).stat().st_size > 10_000, name
+    results = json.loads((out / "results.json").read_text())
+    assert results["device"] == "cpu" and set(results["cycles"]) == {"1", "2"} and set(results["steps"]) == {"1", "2"}
+    assert all(r["median_ms"] > 0 for r in [*results["steps"].values(), *results["cycles"].values()])
+    assert wall < 180, f"the notebook took {wall:.0f} s (CI budget: 180 s)"
