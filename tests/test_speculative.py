@@ -113,7 +113,7 @@ def test_eos_stops_generation(pair, baseline_tokens):
         assert res.tokens[0] == base[: first + 1]  # ends with EOS, nothing after it
 
 
-@pytest.mark.parametrize("max_new", [1, 2, 7])
+@pytest.mark.parametrize("max_new", [1, 7])
 def test_max_new_tokens_is_exact(pair, baseline_tokens, max_new):
     cfg, w = pair
     res = Engine(cfg, w, num_steps=5, drafter=oracle_drafter).generate(PROMPTS_3, max_new)
