@@ -114,6 +114,19 @@ def test_gemv_variant_matches_reference(int4_experts):
     assert _rel_err(out, experts_gather(xb, experts, ids[:2], w[:2])) < 2e-2
 
 
+@pytest.mark.parametrize("variant", ["mma", "gemv"])
+@pytest.mark.parametrize("scales, prefetch, down_splits", [("join", False, 1), ("gather", True, 4), ("gather", True, 5)])
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits):
+    """Scale loading, prefetch and split down loops change the schedule only; 5 splits of 6 slots leaves the last
+    split empty and makes the prefetch look one slot past the end."""
+    cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
+                          down_splits=down_splits)
+    kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
+    ids, w = _routing(3, seed=13)
+    x = jax.random.normal(jax.random.PRNGKey(6), (3, H), jnp.float32)
+    assert _rel_err(kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
+
+
 def test_backend_dispatch_is_reference_on_cpu(int4_experts):
     ids, w = _routing(2, seed=9)
     x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
@@ -149,7 +162,8 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
     restore = _pretend_h200()
     try:
-        cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant)
+        cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant, prefetch=variant == "gemv",
+                              down_splits=4)
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))

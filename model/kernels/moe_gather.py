@@ -26,8 +26,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import expert_slots
-from model.kernels.int4_tile import dequant_part, repeat_last
-from model.kernels.moe_gemv import routed_experts_gemv
+from model.kernels.int4_tile import dequant_part
+from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
 from model.quant import Int4Weight
 
 MIN_TOKEN_TILE = 16  # Triton's dot needs every dimension >= 16
@@ -41,6 +41,9 @@ class MoEKernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     variant: str = "mma"  # "mma": tensor-core dots (any T <= 128); "gemv": CUDA-core FMAs (T <= 4), moe_gemv.py
+    scales: str = "gather"  # int4 group scales: "gather" one per word by index, "join" per group then repeated
+    prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
+    down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
 
 
 def token_tile(t: int) -> int:
@@ -68,14 +71,13 @@ def _words_per_group(w) -> int:
     return w.group_size // 8 if isinstance(w, Int4Weight) else 1
 
 
-def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype):
+def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, gather):
     """One [rows, block_k] tile of expert e -> `parts` operands [rows, block_k] in `dtype`."""
     words = w_ref[e, rows, pl.ds(k0, block_k)]
     if s_ref is None:
         return [words.astype(dtype)]
-    scales = s_ref[e, rows, pl.ds(_div(k0, words_per_group), block_k // words_per_group)]
-    scale_words = repeat_last(scales, words_per_group)  # one scale per word: shared by its 8 nibbles
-    return [dequant_part(words, scale_words, j, dtype) for j in range(parts)]
+    scale = scale_tile(s_ref, e, rows, k0, block_k, words_per_group, gather)  # one per word, f32
+    return [dequant_part(words, scale, j, dtype) for j in range(parts)]
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words_per_group, rows_per_part,
@@ -97,8 +99,9 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words
         def step(i, acc):
             acc_g, acc_u = acc
             k0 = i * cfg.block_k
-            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt)
-            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt)
+            gather = cfg.scales == "gather"
+            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather)
+            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather)
             for j in range(parts):
                 x_j = x_ref[j, pl.ds(k0, cfg.block_k), :]
                 acc_g += jnp.dot(g_parts[j], x_j, preferred_element_type=jnp.float32)
@@ -112,26 +115,29 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows_per_part,
-                 cfg: MoEKernelConfig, n_k: int):
+                 cfg: MoEKernelConfig, n_k: int, slots_per_split: int):
     if parts > 1:
         down_w, down_s, y_ref = refs
     else:
         (down_w, y_ref), down_s = refs, None
     r0 = pl.program_id(0) * cfg.block_h
+    first_slot = pl.program_id(1) * slots_per_split
+    slots = jnp.clip(num_ref[0] - first_slot, 0, slots_per_split)
     dt = h_ref.dtype
 
     def step(i, acc):
-        u = _div(i, n_k)
+        u = first_slot + _div(i, n_k)
         k0 = _rem(i, n_k) * cfg.block_k
         e = expert_ref[u]
-        d_parts = _load_parts(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt)
+        d_parts = _load_parts(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt,
+                              cfg.scales == "gather")
         for j in range(parts):
             h_j = h_ref[u, pl.ds(j * rows_per_part + k0, cfg.block_k), :]
             acc += jnp.dot(d_parts[j], h_j, preferred_element_type=jnp.float32)
         return acc
 
     zeros = jnp.zeros((cfg.block_h, h_ref.shape[-1]), jnp.float32)
-    y_ref[pl.ds(r0, cfg.block_h), :] = jax.lax.fori_loop(0, num_ref[0] * n_k, step, zeros)
+    y_ref[pl.program_id(1), pl.ds(r0, cfg.block_h), :] = jax.lax.fori_loop(0, slots * n_k, step, zeros)
 
 
 def check_shapes(experts, cfg: MoEKernelConfig) -> None:
@@ -178,13 +184,14 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PWT,
       *_weight_arrays(experts.gate), *_weight_arrays(experts.up))
 
-    down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, **common)
-    y_HT = pl.pallas_call(
+    splits = max(1, min(cfg.down_splits, u))
+    down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=-(-u // splits), **common)
+    y_SHT = pl.pallas_call(
         down,
-        out_shape=jax.ShapeDtypeStruct((hidden, tp), jnp.float32),
-        grid=(hidden // cfg.block_h,),
+        out_shape=jax.ShapeDtypeStruct((splits, hidden, tp), jnp.float32),
+        grid=(hidden // cfg.block_h, splits),
         compiler_params=params,
         interpret=interpret,
         name="moe_down",
     )(slots.expert_U, slots.num_used, h_UPT, *_weight_arrays(experts.down))
-    return y_HT[:, :t].T.astype(dt)
+    return jnp.sum(y_SHT, axis=0)[:, :t].T.astype(dt)

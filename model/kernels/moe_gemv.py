@@ -10,6 +10,11 @@ INT4 in three instructions per value: nibble j of a word is shifted into the top
 the float 16.0 (shift + and/or, then a free bitcast), which gives exactly 16 + (q + 8) = q + 24. The +24
 is removed once per word: sum_j (q_j + 24) x_j - 24 sum_j x_j, and the group scale is applied once per
 word as well, so each value costs shift, logic op and one FMA per token.
+
+Group scales are loaded one per word with an index array (`scale_tile`): the same [rows, words] shape and
+layout as the words, so no join/reshape (a layout change through shared memory in Triton) sits in the
+loop. `cfg.prefetch` carries the next step's tiles in registers; `cfg.down_splits` splits the down
+kernel's loop over slots across programs (partial sums added by XLA), for more programs in flight.
 """
 
 from __future__ import annotations
@@ -47,15 +52,32 @@ def _rem(a, b: int):
     return jax.lax.rem(a, jnp.int32(b))
 
 
-def _tile_products(w_ref, s_ref, e, rows, k0, block_k, wpg, vectors_by_token):
+def scale_tile(s_ref, e, rows: pl.Slice, k0, block_k: int, wpg: int, gather: bool) -> jax.Array:
+    """Group scales of expert e for a [rows, block_k words] tile, one per word -> [rows, block_k] f32."""
+    if not gather:  # one load per group, then repeated in registers (join + reshape)
+        s = s_ref[e, rows, pl.ds(_div(k0, wpg), block_k // wpg)]
+        return repeat_last(s, wpg).astype(jnp.float32)
+    row_R1 = (rows.start + jnp.arange(rows.size, dtype=jnp.int32) * rows.stride)[:, None]
+    group_1K = _div(k0 + jnp.arange(block_k, dtype=jnp.int32), wpg)[None, :]
+    return s_ref[e, row_R1, group_1K].astype(jnp.float32)
+
+
+def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
+    words = w_ref[e, rows, pl.ds(k0, block_k)]
+    if s_ref is None:
+        return (words,)
+    return words, scale_tile(s_ref, e, rows, k0, block_k, wpg, gather)
+
+
+def _tile_products(tile, vectors_by_token):
     """For each token: sum over parts of W_part * v_part, scaled, as an unreduced [rows, block_k] f32 tile.
 
-    `vectors_by_token[t][j]` is the [block_k] f32 input of part j (inputs parts * w + j)."""
-    words = w_ref[e, rows, pl.ds(k0, block_k)]
-    if s_ref is None:  # bf16 weights: one part
-        v = words.astype(jnp.float32)
+    `tile` is (words,) for bf16 or (words, scales) for int4; `vectors_by_token[t][j]` is the [block_k] f32
+    input of part j (inputs parts * w + j)."""
+    if len(tile) == 1:  # bf16 weights: one part
+        v = tile[0].astype(jnp.float32)
         return [v * vs[0][None, :] for vs in vectors_by_token]
-    scale = repeat_last(s_ref[e, rows, pl.ds(_div(k0, wpg), block_k // wpg)], wpg).astype(jnp.float32)
+    words, scale = tile
     parts = len(vectors_by_token[0])
     sums = [None] * len(vectors_by_token)
     for j in range(parts):
@@ -69,8 +91,22 @@ def _tile_products(w_ref, s_ref, e, rows, k0, block_k, wpg, vectors_by_token):
     return out
 
 
+def _pipelined_loop(n, load, compute, acc, prefetch: bool):
+    """acc = compute(i, load(i), acc) for i < n; with `prefetch` the loads of step i + 1 are issued before
+    step i's arithmetic (the tiles ride in the loop carry)."""
+    if not prefetch:
+        return jax.lax.fori_loop(0, n, lambda i, a: compute(i, load(i), a), acc)
+
+    def step(i, carry):
+        a, tile = carry
+        nxt = load(jnp.minimum(i + 1, n - 1))
+        return compute(i, tile, a), nxt
+
+    return jax.lax.fori_loop(0, n, step, (acc, load(0)))[0]
+
+
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, n_k):
+                    tokens, n_k, gather, prefetch):
     if parts > 1:
         gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
@@ -83,41 +119,52 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
         e = expert_ref[u]
         rows = pl.ds(parts * _rem(p0, rows_per_part) + _div(p0, rows_per_part), block_f, stride=parts)
 
-        def step(i, acc):
+        def load(i):
+            k0 = i * block_k
+            return (_load_tile(gate_w, gate_s, e, rows, k0, block_k, wpg, gather),
+                    _load_tile(up_w, up_s, e, rows, k0, block_k, wpg, gather))
+
+        def compute(i, tiles, acc):
             acc_g, acc_u = acc
             k0 = i * block_k
             xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in range(tokens)]
-            g = _tile_products(gate_w, gate_s, e, rows, k0, block_k, wpg, xs)
-            up = _tile_products(up_w, up_s, e, rows, k0, block_k, wpg, xs)
+            g = _tile_products(tiles[0], xs)
+            up = _tile_products(tiles[1], xs)
             return tuple(a + b for a, b in zip(acc_g, g)), tuple(a + b for a, b in zip(acc_u, up))
 
         zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in range(tokens))
-        acc_g, acc_u = jax.lax.fori_loop(0, n_k, step, (zeros, zeros))
+        acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
         for t in range(tokens):
             h = jax.nn.silu(jnp.sum(acc_g[t], axis=1)) * jnp.sum(acc_u[t], axis=1) * combine_ref[u, t]
             h_ref[u, t, pl.ds(p0, block_f)] = h.astype(h_ref.dtype)
 
 
-def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k):
+def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k,
+                 slots_per_split, gather, prefetch):
     if parts > 1:
         down_w, down_s, y_ref = refs
     else:
         (down_w, y_ref), down_s = refs, None
     r0 = pl.program_id(0) * block_h
+    first_slot = pl.program_id(1) * slots_per_split
+    slots = jnp.clip(num_ref[0] - first_slot, 0, slots_per_split)
 
-    def step(i, acc):
-        u = _div(i, n_k)
+    def load(i):
+        u = jnp.minimum(first_slot + _div(i, n_k), expert_ref.shape[0] - 1)  # prefetch may look one past
+        return _load_tile(down_w, down_s, expert_ref[u], pl.ds(r0, block_h), _rem(i, n_k) * block_k, block_k, wpg,
+                          gather)
+
+    def compute(i, tile, acc):
+        u = first_slot + _div(i, n_k)
         k0 = _rem(i, n_k) * block_k
-        e = expert_ref[u]
         hs = [[h_ref[u, t, pl.ds(j * rows_per_part + k0, block_k)].astype(jnp.float32) for j in range(parts)]
               for t in range(tokens)]
-        prods = _tile_products(down_w, down_s, e, pl.ds(r0, block_h), k0, block_k, wpg, hs)
-        return tuple(a + b for a, b in zip(acc, prods))
+        return tuple(a + b for a, b in zip(acc, _tile_products(tile, hs)))
 
     zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in range(tokens))
-    acc = jax.lax.fori_loop(0, num_ref[0] * n_k, step, zeros)
+    acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
     for t in range(tokens):
-        y_ref[t, pl.ds(r0, block_h)] = jnp.sum(acc[t], axis=1)
+        y_ref[pl.program_id(1), t, pl.ds(r0, block_h)] = jnp.sum(acc[t], axis=1)
 
 
 def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bool = False) -> jax.Array:
@@ -133,10 +180,12 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     dt = x_TH.dtype
     slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), t)
     u = slots.expert_U.shape[0]
+    splits = max(1, min(cfg.down_splits, u))
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t)
+    common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t,
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch)
 
     h_UTP = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
@@ -147,12 +196,13 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         name="moe_gate_up_gemv",
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *arrays(experts.gate), *arrays(experts.up))
 
-    y_TH = pl.pallas_call(
-        functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, **common),
-        out_shape=jax.ShapeDtypeStruct((t, hidden), jnp.float32),
-        grid=(hidden // cfg.block_h,),
+    y_STH = pl.pallas_call(
+        functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k,
+                          slots_per_split=-(-u // splits), **common),
+        out_shape=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
+        grid=(hidden // cfg.block_h, splits),
         compiler_params=params,
         interpret=interpret,
         name="moe_down_gemv",
     )(slots.expert_U, slots.num_used, h_UTP, *arrays(experts.down))
-    return y_TH.astype(dt)
+    return jnp.sum(y_STH, axis=0).astype(dt)

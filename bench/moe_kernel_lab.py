@@ -1,0 +1,140 @@
+"""`python -m bench.moe_kernel_lab`: the routed-experts kernel variants of one Kimi-K2.5 INT4 MoE layer, side by side.
+
+For tuning model/kernels/__init__.py: each candidate (variant, tiles, scale loading, prefetch, down splits)
+at each token count, its median time over chained calls (bench.moe_layer.time_moe), its error against the
+plain reference `experts_gather`, and the byte floor of the unique experts it reads. `--profile CFG:T`
+instead runs one candidate a few times for Nsight Compute (`ncu --kernel-name regex:moe_ ...`).
+Writes moe-lab-<device>-<date>.json to --out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
+from bench.moe_layer import _rel_err, time_moe  # noqa: E402
+from model.configs import known_config  # noqa: E402
+from model.init import _int4, _Keys  # noqa: E402
+from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas  # noqa: E402
+from model.moe import ExpertWeights, experts_gather  # noqa: E402
+from model.router import route  # noqa: E402
+
+_G = dict(variant="gemv", scales="gather")
+_M = dict(variant="mma", scales="gather")
+CANDIDATES = {  # name -> (config, token counts it is tried at)
+    "gemv_old": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, variant="gemv", scales="join"), (1, 2)),
+    "gemv": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, **_G), (1, 2)),
+    "gemv_pf": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, prefetch=True, **_G), (1, 2)),
+    "gemv_pf_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, prefetch=True, down_splits=8, **_G),
+                   (1, 2, 4)),
+    "gemv_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
+    "gemv_32_pf_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=32, num_warps=4, prefetch=True, down_splits=8, **_G),
+                      (1, 4)),
+    "gemv_16_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=64, num_warps=4, down_splits=8, **_G), (1, 4)),
+    "mma_old": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="mma", scales="join"), (4, 8)),
+    "mma": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, **_M), (1, 4, 8)),
+    "mma_s4": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4, **_M), (4, 8)),
+    "mma_64_s2": (MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=4, num_stages=2, down_splits=4, **_M),
+                  (4, 8)),
+}
+
+
+def moe_layer(cfg, key):
+    """One MoE layer's routed experts (INT4, bf16 group scales) and router, random, on device."""
+    keys = _Keys(key)
+    e, f, h = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    g = cfg.quant.group_size
+    experts = ExpertWeights(_int4(keys, (e, f, h), g), _int4(keys, (e, f, h), g), _int4(keys, (e, h, f), g))
+    router = (jax.random.normal(keys(), (e, h), jnp.float32) * h**-0.5)
+    bias = 0.01 * jax.random.normal(keys(), (e,), jnp.float32)
+    return experts, router, bias
+
+
+def inputs(cfg, router, bias, t, key):
+    x_TH = jax.random.normal(key, (t, cfg.hidden_size), jnp.float32).astype(jnp.bfloat16)
+    weights_TK, ids_TK = route(x_TH, router, bias, cfg)
+    return x_TH, ids_TK, weights_TK
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--only", help="comma-separated candidate names (default all)")
+    p.add_argument("--profile", help="NAME:T: run that candidate at T tokens 3 times (for ncu) and exit")
+    p.add_argument("--budget-s", type=float, default=400.0)
+    p.add_argument("--tiny", action="store_true", help="bench.step.TINY_DIMS, kernels in interpret mode (CPU check)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    log = functools.partial(print, flush=True)
+    cfg = known_config("kimi-k2.5")
+    if args.tiny:
+        from bench.step import TINY_DIMS
+
+        cfg = cfg.replace(**{**TINY_DIMS, "moe_intermediate_size": 256})
+        tiny = dict(block_f=16, block_h=16, block_k=8, num_warps=4)
+        for name, (c, ts) in list(CANDIDATES.items()):
+            CANDIDATES[name] = (MoEKernelConfig(**{**c.__dict__, **tiny}), ts)
+    kernel = functools.partial(routed_experts_pallas, interpret=args.tiny)
+    experts, router, bias = jax.jit(moe_layer, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+    jax.block_until_ready(experts)
+    per_expert = nbytes(experts) // experts.num_experts
+    if args.profile:
+        name, t = args.profile.split(":")
+        fn = jax.jit(functools.partial(kernel, cfg=CANDIDATES[name][0]))
+        x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, int(t), jax.random.PRNGKey(int(t)))
+        for _ in range(3):
+            jax.block_until_ready(fn(x_TH, experts, ids_TK, weights_TK))
+        log(f"profiled {name} at T={t}: {int(np.unique(np.asarray(ids_TK)).size)} unique experts")
+        return
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"), rows=[])
+    names = args.only.split(",") if args.only else list(CANDIDATES)
+    t_start = time.time()
+    for t in sorted({t for n in names for t in CANDIDATES[n][1]}):
+        x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
+        unique = int(np.unique(np.asarray(ids_TK)).size)
+        floor = floor_ms(unique * per_expert + 2 * x_TH.nbytes, HBM_TBS)
+        ref = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
+        for name in names:
+            kcfg, tokens = CANDIDATES[name]
+            if t not in tokens or time.time() - t_start > args.budget_s:
+                continue
+            row = dict(name=name, tokens=t, unique_experts=unique, floor_ms=floor, config=kcfg.__dict__)
+            try:
+                fn = functools.partial(kernel, cfg=kcfg)
+                row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)
+                row["ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
+                row["ratio"] = row["ms"] / floor
+                log(f"T={t} {name:16s} {row['ms'] * 1e3:8.1f} us  floor {floor * 1e3:6.1f} us  x{row['ratio']:.2f}"
+                    f"  rel_err {row['rel_err']:.1e}")
+            except Exception as e:  # a config Triton rejects must not end the run
+                row["error"] = f"{type(e).__name__}: {e}"[:800]
+                log(f"T={t} {name:16s} failed: {row['error'][:300]}")
+            result["rows"].append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"moe-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}.json"
+    path.write_text(json.dumps(result, indent=1))
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
