@@ -16,7 +16,7 @@ from model.kernels import routed_experts_for_backend
 from model.kernels.expert_slots import expert_slots
 from model.kernels.int4_tile import nibble_values, repeat_last
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
-from model.kernels.moe_gemv import nibble_plus_24
+from model.kernels.moe_gemv import nibble_float, nibble_offset, shifted_words
 from model.moe import ExpertWeights, experts_gather, routed_experts
 from model.quant import Int4Weight, dequantize, unpack_int4
 
@@ -62,11 +62,13 @@ def test_nibble_values_match_unpack():
         np.testing.assert_array_equal(np.asarray(nibble_values(words, j)), q[:, :, j].astype(np.float32))
 
 
-def test_nibble_plus_24_is_exact():
+def test_gemv_nibble_floats_are_exact():
     words = jax.random.bits(jax.random.PRNGKey(2), (4, 16), jnp.uint32)
     q = np.asarray(unpack_int4(words)).reshape(4, 16, 8)
+    shifted = shifted_words(words)
     for j in range(8):
-        np.testing.assert_array_equal(np.asarray(nibble_plus_24(words, j)), q[:, :, j].astype(np.float32) + 24)
+        expected = q[:, :, j].astype(np.float32) + nibble_offset(j)
+        np.testing.assert_array_equal(np.asarray(nibble_float(shifted, j)), expected)
 
 
 def test_repeat_last_is_repeat():

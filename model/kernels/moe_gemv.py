@@ -6,10 +6,12 @@ products are elementwise FMAs accumulated in registers and reduced once per prog
 Why: with one token a dot pads the token side to 16 and routes every dequantized tile through shared
 memory; the first H200 run measured that at 6x the INT4 byte floor, issue-bound on the dequantization.
 
-INT4 in three instructions per value: nibble j of a word is shifted into the top four mantissa bits of
-the float 16.0 (shift + and/or, then a free bitcast), which gives exactly 16 + (q + 8) = q + 24. The +24
-is removed once per word: sum_j (q_j + 24) x_j - 24 sum_j x_j, and the group scale is applied once per
-word as well, so each value costs shift, logic op and one FMA per token.
+INT4 in 1.5 integer instructions per value: four shifted copies of each word (w << 15, w << 7, w >> 1,
+w >> 9) put every nibble at mantissa bits [15, 19) (even j) or [19, 23) (odd j); one and/or (a LOP3)
+then sets the exponent so the bits read as the float 256 + n or 16 + n exactly (n = q + 8). The offsets
+(264 or 24 with q's own 8) are removed once per word: sum_j v_j x_j - sum_j offset_j x_j, where the second sum depends on x alone. The
+products are explicit FMAs (PTX `fma.rn.f32`): Triton leaves a * b + c as two instructions, which the
+first profile (ncu, bench/results) showed as 40% of the kernel's instructions.
 
 Group scales are loaded one per word with an index array (`scale_tile`): the same [rows, words] shape and
 layout as the words, so no join/reshape (a layout change through shared memory in Triton) sits in the
@@ -30,18 +32,36 @@ from model.kernels.expert_slots import expert_slots
 from model.kernels.int4_tile import repeat_last
 from model.quant import Int4Weight
 
-# q + 24 from the float 16.0 with the nibble in mantissa bits [19, 23)
-_SIXTEEN_BITS = 0x41800000
-_TOP_MANTISSA_NIBBLE = 0x00780000
-NIBBLE_OFFSET = 24.0
+# nibble j of a word is moved to mantissa bits [15, 19) (even j) or [19, 23) (odd j) by one of these shifts
+_SOURCE_SHIFT = (15, 15, 7, 7, -1, -1, -9, -9)
+# (mask, exponent bits, offset): the float 256.0 / 16.0 with the nibble as its mantissa's unit digits
+_EVEN = (0x00078000, 0x43800000, 264.0)
+_ODD = (0x00780000, 0x41800000, 24.0)
 
 
-def nibble_plus_24(words: jax.Array, j: int) -> jax.Array:
-    """uint32 words -> float32 (q + 24) of nibble j, exactly."""
-    shift = 19 - 4 * j
-    moved = words << jnp.uint32(shift) if shift >= 0 else words >> jnp.uint32(-shift)
-    bits = (moved & jnp.uint32(_TOP_MANTISSA_NIBBLE)) | jnp.uint32(_SIXTEEN_BITS)
-    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+def nibble_offset(j: int) -> float:
+    return _ODD[2] if j % 2 else _EVEN[2]
+
+
+def shifted_words(words: jax.Array) -> dict[int, jax.Array]:
+    return {k: words << jnp.uint32(k) if k > 0 else words >> jnp.uint32(-k) for k in sorted(set(_SOURCE_SHIFT))}
+
+
+def nibble_float(shifted: dict[int, jax.Array], j: int) -> jax.Array:
+    """float32 q_j + nibble_offset(j), exactly, from `shifted_words` of uint32 words."""
+    mask, bits, _ = _ODD if j % 2 else _EVEN
+    src = shifted[_SOURCE_SHIFT[j]]
+    return jax.lax.bitcast_convert_type((src & jnp.uint32(mask)) | jnp.uint32(bits), jnp.float32)
+
+
+def fma(a: jax.Array, b: jax.Array, c: jax.Array, ptx: bool) -> jax.Array:
+    """a * b + c in one rounding on the GPU (PTX fma.rn.f32); plain jnp in interpret mode."""
+    if not ptx:
+        return a * b + c
+    shape = jnp.broadcast_shapes(a.shape, b.shape, c.shape)
+    args = [jnp.broadcast_to(v.astype(jnp.float32), shape) for v in (a, b, c)]
+    return pl_triton.elementwise_inline_asm("fma.rn.f32 $0, $1, $2, $3;", args=args, constraints="=f,f,f,f",
+                                            pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(shape, jnp.float32)])[0]
 
 
 def _div(a, b: int):
@@ -69,26 +89,27 @@ def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
     return words, scale_tile(s_ref, e, rows, k0, block_k, wpg, gather)
 
 
-def _tile_products(tile, vectors_by_token):
-    """For each token: sum over parts of W_part * v_part, scaled, as an unreduced [rows, block_k] f32 tile.
+def _accumulate(tile, vectors_by_token, accs, ptx: bool):
+    """For each token: acc += sum over parts of W_part * v_part (scaled), on unreduced [rows, block_k] f32 tiles.
 
     `tile` is (words,) for bf16 or (words, scales) for int4; `vectors_by_token[t][j]` is the [block_k] f32
     input of part j (inputs parts * w + j)."""
     if len(tile) == 1:  # bf16 weights: one part
         v = tile[0].astype(jnp.float32)
-        return [v * vs[0][None, :] for vs in vectors_by_token]
+        return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
     words, scale = tile
+    shifted = shifted_words(words)
     parts = len(vectors_by_token[0])
     sums = [None] * len(vectors_by_token)
     for j in range(parts):
-        v = nibble_plus_24(words, j)  # shared by all tokens
+        v = nibble_float(shifted, j)  # shared by all tokens
         for t, vs in enumerate(vectors_by_token):
-            sums[t] = v * vs[j][None, :] if sums[t] is None else sums[t] + v * vs[j][None, :]
+            sums[t] = v * vs[j][None, :] if sums[t] is None else fma(v, vs[j][None, :], sums[t], ptx)
     out = []
     for t, vs in enumerate(vectors_by_token):
-        offset = NIBBLE_OFFSET * functools.reduce(jnp.add, vs)  # 24 * sum_j x_j, per word
-        out.append((sums[t] - offset[None, :]) * scale)
-    return out
+        offset = functools.reduce(jnp.add, [nibble_offset(j) * vs[j] for j in range(parts)])  # x alone, per word
+        out.append(fma(sums[t] - offset[None, :], scale, accs[t], ptx))
+    return tuple(out)
 
 
 def _pipelined_loop(n, load, compute, acc, prefetch: bool):
@@ -106,7 +127,7 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, n_k, gather, prefetch):
+                    tokens, n_k, gather, prefetch, ptx):
     if parts > 1:
         gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
@@ -128,9 +149,7 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
             acc_g, acc_u = acc
             k0 = i * block_k
             xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in range(tokens)]
-            g = _tile_products(tiles[0], xs)
-            up = _tile_products(tiles[1], xs)
-            return tuple(a + b for a, b in zip(acc_g, g)), tuple(a + b for a, b in zip(acc_u, up))
+            return _accumulate(tiles[0], xs, acc_g, ptx), _accumulate(tiles[1], xs, acc_u, ptx)
 
         zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in range(tokens))
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
@@ -140,7 +159,7 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k,
-                 slots_per_split, gather, prefetch):
+                 slots_per_split, gather, prefetch, ptx):
     if parts > 1:
         down_w, down_s, y_ref = refs
     else:
@@ -159,7 +178,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         k0 = _rem(i, n_k) * block_k
         hs = [[h_ref[u, t, pl.ds(j * rows_per_part + k0, block_k)].astype(jnp.float32) for j in range(parts)]
               for t in range(tokens)]
-        return tuple(a + b for a, b in zip(acc, _tile_products(tile, hs)))
+        return _accumulate(tile, hs, acc, ptx)
 
     zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in range(tokens))
     acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
@@ -185,7 +204,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t,
-                  gather=cfg.scales == "gather", prefetch=cfg.prefetch)
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
     h_UTP = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
