@@ -36,21 +36,22 @@ from model.router import route  # noqa: E402
 _G = dict(variant="gemv", scales="gather")
 _M = dict(variant="mma", scales="gather")
 CANDIDATES = {  # name -> (config, token counts it is tried at)
-    "gemv_64": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, **_G), (1, 2)),
     "gemv_64_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
-    "gemv_64_pf_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, prefetch=True, down_splits=8,
-                                      **_G), (1, 2)),
+    "gemv_64_h16_s8": (MoEKernelConfig(block_f=64, block_h=16, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
     "gemv_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_G), (1, 2, 4)),
-    "gemv_32_pf_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=32, num_warps=4, prefetch=True, down_splits=8,
-                                      **_G), (1, 2, 4)),
-    "gemv_16_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=64, num_warps=4, down_splits=8, **_G), (1, 2, 4, 8)),
-    "gemv_16_k32_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, down_splits=8, **_G),
-                       (1, 4, 8)),
-    "gemv_16_s16": (MoEKernelConfig(block_f=16, block_h=16, block_k=64, num_warps=4, down_splits=16, **_G), (4, 8)),
+    "gemv_32_s16": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=16, **_G), (1, 2)),
+    "gemv_64_pf_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, prefetch=True, down_splits=8,
+                                      **_G), (1,)),
+    "gemv_32_k16_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=16, num_warps=4, down_splits=8, **_G), (2, 4)),
+    "gemv_16_k32_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, down_splits=8, **_G), (2, 4)),
+    "gemv_64_k16_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=16, num_warps=4, down_splits=8, **_G), (2, 4)),
+    "mma_32_s4": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4, **_M), (4, 8)),
     "mma_64_s2": (MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=4, num_stages=2, down_splits=4, **_M),
-                  (4, 8)),
-    "mma_64_s2_w8": (MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=8, num_stages=2, down_splits=8,
-                                     **_M), (4, 8)),
+                  (2, 4, 8)),
+    "mma_64_k64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, down_splits=8,
+                                      **_M), (4, 8)),
+    "mma_128_k32_s4": (MoEKernelConfig(block_f=128, block_h=128, block_k=32, num_warps=8, num_stages=2, down_splits=4,
+                                       **_M), (4, 8)),
 }
 
 

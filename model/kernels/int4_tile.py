@@ -4,6 +4,11 @@ A packed word holds eight values of one row: element 8*w + j sits in bits [4j, 4
 The kernels never interleave the eight nibbles back into row order (a costly shuffle on the GPU); they
 take nibble j of every word as a "part" and dot it with the inputs 8*w + j, which the wrapper lays out
 in the same j-major order beforehand.
+
+Nibble -> float in 1.5 integer instructions per value: four shifted copies of each word (w << 15, w << 7,
+w >> 1, w >> 9) put every nibble at mantissa bits [15, 19) (even j) or [19, 23) (odd j); one and/or (one
+LOP3, model.kernels.ptx.and_or) sets the exponent so the bits read as the float 256 + n or 16 + n exactly
+(n = q + 8), i.e. q + nibble_offset(j). No int -> float conversion (a slow instruction on the GPU).
 """
 
 from __future__ import annotations
@@ -11,17 +16,35 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# 2**23 as float32 bits: OR-ing a nibble into the mantissa gives the float 2**23 + nibble exactly, which
-# avoids an int -> float conversion per element (a slow instruction on the GPU).
-_MAGIC_BITS = 0x4B000000
-_MAGIC_MINUS_ZERO_POINT = 8388608.0 + 8.0
+from model.kernels.ptx import and_or
+
+# nibble j of a word is moved to mantissa bits [15, 19) (even j) or [19, 23) (odd j) by one of these shifts
+_SOURCE_SHIFT = (15, 15, 7, 7, -1, -1, -9, -9)
+# (mask, exponent bits, offset): the float 256.0 / 16.0 with the nibble as its mantissa's unit digits
+_EVEN = (0x00078000, 0x43800000, 264.0)
+_ODD = (0x00780000, 0x41800000, 24.0)
 
 
-def nibble_values(words: jax.Array, j: int) -> jax.Array:
-    """uint32 words [..] -> float32 (q - 8) of nibble j, exactly."""
-    nibble = (words >> jnp.uint32(4 * j)) & jnp.uint32(0xF)
-    as_float = jax.lax.bitcast_convert_type(nibble | jnp.uint32(_MAGIC_BITS), jnp.float32)
-    return as_float - jnp.float32(_MAGIC_MINUS_ZERO_POINT)
+def nibble_offset(j: int) -> float:
+    return _ODD[2] if j % 2 else _EVEN[2]
+
+
+def shifted_words(words: jax.Array) -> dict[int, jax.Array]:
+    return {k: words << jnp.uint32(k) if k > 0 else words >> jnp.uint32(-k) for k in sorted(set(_SOURCE_SHIFT))}
+
+
+def nibble_float(shifted: dict[int, jax.Array], j: int, ptx: bool = False) -> jax.Array:
+    """float32 q_j + nibble_offset(j), exactly, from `shifted_words` of uint32 words."""
+    mask, bits, _ = _ODD if j % 2 else _EVEN
+    return jax.lax.bitcast_convert_type(and_or(shifted[_SOURCE_SHIFT[j]], mask, bits, ptx), jnp.float32)
+
+
+def nibble_offsets_PTW(v_PTW: jax.Array) -> jax.Array:
+    """sum_j nibble_offset(j) * v[j]: what the nibble floats add to a word's dot product, per (token, word).
+
+    Plain XLA, outside the kernels: inside, Triton recomputes it for every few rows a thread holds."""
+    offs = jnp.asarray([nibble_offset(j) for j in range(v_PTW.shape[0])], jnp.float32)
+    return jnp.einsum("j,jtw->tw", offs, v_PTW.astype(jnp.float32))
 
 
 def repeat_last(x: jax.Array, times: int) -> jax.Array:
@@ -32,8 +55,3 @@ def repeat_last(x: jax.Array, times: int) -> jax.Array:
         x = jnp.stack([x, x], axis=-1).reshape(*x.shape[:-1], x.shape[-1] * 2)
         times //= 2
     return x
-
-
-def dequant_part(words_RW: jax.Array, scale_words_RW: jax.Array, j: int, dtype) -> jax.Array:
-    """Nibble j of each word times its group scale (both [R, W]) -> [R, W] in `dtype`."""
-    return (nibble_values(words_RW, j) * scale_words_RW.astype(jnp.float32)).astype(dtype)

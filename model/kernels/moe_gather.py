@@ -26,8 +26,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import expert_slots
-from model.kernels.int4_tile import dequant_part
+from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
 from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
+from model.kernels.ptx import fma
 from model.quant import Int4Weight
 
 MIN_TOKEN_TILE = 16  # Triton's dot needs every dimension >= 16
@@ -71,17 +72,23 @@ def _words_per_group(w) -> int:
     return w.group_size // 8 if isinstance(w, Int4Weight) else 1
 
 
-def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, gather):
-    """One [rows, block_k] tile of expert e -> `parts` operands [rows, block_k] in `dtype`."""
+def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, gather, ptx):
+    """One [rows, block_k] tile of expert e -> `parts` operands [rows, block_k] in `dtype`.
+
+    INT4: nibble j as the exact float q + offset_j (moe_gemv.nibble_float), then one FMA gives q * scale,
+    rounded once to `dtype` as in the reference `dequantize`."""
     words = w_ref[e, rows, pl.ds(k0, block_k)]
     if s_ref is None:
         return [words.astype(dtype)]
     scale = scale_tile(s_ref, e, rows, k0, block_k, words_per_group, gather)  # one per word, f32
-    return [dequant_part(words, scale, j, dtype) for j in range(parts)]
+    shifted = shifted_words(words)
+    minus = {off: -off * scale for off in {nibble_offset(j) for j in range(parts)}}
+    return [fma(nibble_float(shifted, j, ptx), scale, minus[nibble_offset(j)], ptx).astype(dtype)
+            for j in range(parts)]
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words_per_group, rows_per_part,
-                    cfg: MoEKernelConfig, n_k: int):
+                    cfg: MoEKernelConfig, n_k: int, ptx: bool):
     if parts > 1:
         gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
@@ -100,8 +107,8 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words
             acc_g, acc_u = acc
             k0 = i * cfg.block_k
             gather = cfg.scales == "gather"
-            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather)
-            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather)
+            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
+            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
             for j in range(parts):
                 x_j = x_ref[j, pl.ds(k0, cfg.block_k), :]
                 acc_g += jnp.dot(g_parts[j], x_j, preferred_element_type=jnp.float32)
@@ -115,7 +122,7 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows_per_part,
-                 cfg: MoEKernelConfig, n_k: int, slots_per_split: int):
+                 cfg: MoEKernelConfig, n_k: int, slots_per_split: int, ptx: bool):
     if parts > 1:
         down_w, down_s, y_ref = refs
     else:
@@ -130,7 +137,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows
         k0 = _rem(i, n_k) * cfg.block_k
         e = expert_ref[u]
         d_parts = _load_parts(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt,
-                              cfg.scales == "gather")
+                              cfg.scales == "gather", ptx)
         for j in range(parts):
             h_j = h_ref[u, pl.ds(j * rows_per_part + k0, cfg.block_k), :]
             acc += jnp.dot(d_parts[j], h_j, preferred_element_type=jnp.float32)
@@ -171,7 +178,7 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     # element parts * w + j of each row -> x[j, w, t] (j-major, matching the nibble parts)
     x_PWT = jnp.pad(x_TH, ((0, tp - t), (0, 0))).reshape(tp, hidden // parts, parts).transpose(2, 1, 0)
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    common = dict(parts=parts, words_per_group=wpg, rows_per_part=f // parts, cfg=cfg)
+    common = dict(parts=parts, words_per_group=wpg, rows_per_part=f // parts, cfg=cfg, ptx=not interpret)
 
     gate_up = functools.partial(_gate_up_kernel, n_k=hidden // parts // cfg.block_k, **common)
     h_UPT = pl.pallas_call(

@@ -6,12 +6,12 @@ products are elementwise FMAs accumulated in registers and reduced once per prog
 Why: with one token a dot pads the token side to 16 and routes every dequantized tile through shared
 memory; the first H200 run measured that at 6x the INT4 byte floor, issue-bound on the dequantization.
 
-INT4 in 1.5 integer instructions per value: four shifted copies of each word (w << 15, w << 7, w >> 1,
-w >> 9) put every nibble at mantissa bits [15, 19) (even j) or [19, 23) (odd j); one and/or (a LOP3)
-then sets the exponent so the bits read as the float 256 + n or 16 + n exactly (n = q + 8). The offsets
-(264 or 24 with q's own 8) are removed once per word: sum_j v_j x_j - sum_j offset_j x_j, where the second sum depends on x alone. The
-products are explicit FMAs (PTX `fma.rn.f32`): Triton leaves a * b + c as two instructions, which the
-first profile (ncu, bench/results) showed as 40% of the kernel's instructions.
+INT4: nibble j becomes the exact float q + offset_j in one LOP3 (int4_tile.nibble_float), multiplied into
+a per-word sum with FMAs; the offsets are removed once per word as sum_j offset_j x_j, which depends on x
+alone and is computed by XLA before the kernel (`nibble_offsets_PTW`); the group scale is applied once per
+word. Per value at one token: ~0.5 shift, one LOP3, one FFMA. The products are explicit FMAs (PTX
+`fma.rn.f32`, model/kernels/ptx.py): Triton leaves a * b + c as two instructions, which the first profile
+(ncu, bench/results/) showed as 40% of the kernel's instructions.
 
 Group scales are loaded one per word with an index array (`scale_tile`): the same [rows, words] shape and
 layout as the words, so no join/reshape (a layout change through shared memory in Triton) sits in the
@@ -29,40 +29,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import expert_slots
-from model.kernels.int4_tile import repeat_last
+from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
+from model.kernels.ptx import fma
 from model.quant import Int4Weight
-
-# nibble j of a word is moved to mantissa bits [15, 19) (even j) or [19, 23) (odd j) by one of these shifts
-_SOURCE_SHIFT = (15, 15, 7, 7, -1, -1, -9, -9)
-# (mask, exponent bits, offset): the float 256.0 / 16.0 with the nibble as its mantissa's unit digits
-_EVEN = (0x00078000, 0x43800000, 264.0)
-_ODD = (0x00780000, 0x41800000, 24.0)
-
-
-def nibble_offset(j: int) -> float:
-    return _ODD[2] if j % 2 else _EVEN[2]
-
-
-def shifted_words(words: jax.Array) -> dict[int, jax.Array]:
-    return {k: words << jnp.uint32(k) if k > 0 else words >> jnp.uint32(-k) for k in sorted(set(_SOURCE_SHIFT))}
-
-
-def nibble_float(shifted: dict[int, jax.Array], j: int) -> jax.Array:
-    """float32 q_j + nibble_offset(j), exactly, from `shifted_words` of uint32 words."""
-    mask, bits, _ = _ODD if j % 2 else _EVEN
-    src = shifted[_SOURCE_SHIFT[j]]
-    return jax.lax.bitcast_convert_type((src & jnp.uint32(mask)) | jnp.uint32(bits), jnp.float32)
-
-
-def fma(a: jax.Array, b: jax.Array, c: jax.Array, ptx: bool) -> jax.Array:
-    """a * b + c in one rounding on the GPU (PTX fma.rn.f32); plain jnp in interpret mode."""
-    if not ptx:
-        return a * b + c
-    shape = jnp.broadcast_shapes(a.shape, b.shape, c.shape)
-    args = [jnp.broadcast_to(v.astype(jnp.float32), shape) for v in (a, b, c)]
-    return pl_triton.elementwise_inline_asm("fma.rn.f32 $0, $1, $2, $3;", args=args, constraints="=f,f,f,f",
-                                            pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(shape, jnp.float32)])[0]
-
 
 def _div(a, b: int):
     return jax.lax.div(a, jnp.int32(b))
@@ -89,11 +58,11 @@ def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
     return words, scale_tile(s_ref, e, rows, k0, block_k, wpg, gather)
 
 
-def _accumulate(tile, vectors_by_token, accs, ptx: bool):
+def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool):
     """For each token: acc += sum over parts of W_part * v_part (scaled), on unreduced [rows, block_k] f32 tiles.
 
     `tile` is (words,) for bf16 or (words, scales) for int4; `vectors_by_token[t][j]` is the [block_k] f32
-    input of part j (inputs parts * w + j)."""
+    input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_PTW` ([block_k])."""
     if len(tile) == 1:  # bf16 weights: one part
         v = tile[0].astype(jnp.float32)
         return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
@@ -102,14 +71,10 @@ def _accumulate(tile, vectors_by_token, accs, ptx: bool):
     parts = len(vectors_by_token[0])
     sums = [None] * len(vectors_by_token)
     for j in range(parts):
-        v = nibble_float(shifted, j)  # shared by all tokens
+        v = nibble_float(shifted, j, ptx)  # shared by all tokens
         for t, vs in enumerate(vectors_by_token):
             sums[t] = v * vs[j][None, :] if sums[t] is None else fma(v, vs[j][None, :], sums[t], ptx)
-    out = []
-    for t, vs in enumerate(vectors_by_token):
-        offset = functools.reduce(jnp.add, [nibble_offset(j) * vs[j] for j in range(parts)])  # x alone, per word
-        out.append(fma(sums[t] - offset[None, :], scale, accs[t], ptx))
-    return tuple(out)
+    return tuple(fma(sums[t] - offsets_by_token[t][None, :], scale, accs[t], ptx) for t in range(len(sums)))
 
 
 def _pipelined_loop(n, load, compute, acc, prefetch: bool):
@@ -126,7 +91,7 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
     return jax.lax.fori_loop(0, n, step, (acc, load(0)))[0]
 
 
-def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
+def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, xoff_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
                     tokens, n_k, gather, prefetch, ptx):
     if parts > 1:
         gate_w, gate_s, up_w, up_s, h_ref = refs
@@ -149,16 +114,17 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
             acc_g, acc_u = acc
             k0 = i * block_k
             xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in range(tokens)]
-            return _accumulate(tiles[0], xs, acc_g, ptx), _accumulate(tiles[1], xs, acc_u, ptx)
+            offs = [xoff_ref[t, pl.ds(k0, block_k)] for t in range(tokens)]
+            return _accumulate(tiles[0], xs, offs, acc_g, ptx), _accumulate(tiles[1], xs, offs, acc_u, ptx)
 
         zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in range(tokens))
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
         for t in range(tokens):
             h = jax.nn.silu(jnp.sum(acc_g[t], axis=1)) * jnp.sum(acc_u[t], axis=1) * combine_ref[u, t]
-            h_ref[u, t, pl.ds(p0, block_f)] = h.astype(h_ref.dtype)
+            h_ref[u, _div(p0, rows_per_part), t, pl.ds(_rem(p0, rows_per_part), block_f)] = h.astype(h_ref.dtype)
 
 
-def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k,
+def _down_kernel(expert_ref, num_ref, h_ref, hoff_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k,
                  slots_per_split, gather, prefetch, ptx):
     if parts > 1:
         down_w, down_s, y_ref = refs
@@ -176,9 +142,9 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
     def compute(i, tile, acc):
         u = first_slot + _div(i, n_k)
         k0 = _rem(i, n_k) * block_k
-        hs = [[h_ref[u, t, pl.ds(j * rows_per_part + k0, block_k)].astype(jnp.float32) for j in range(parts)]
-              for t in range(tokens)]
-        return _accumulate(tile, hs, acc, ptx)
+        hs = [[h_ref[u, j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in range(tokens)]
+        offs = [hoff_ref[u, t, pl.ds(k0, block_k)] for t in range(tokens)]
+        return _accumulate(tile, hs, offs, acc, ptx)
 
     zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in range(tokens))
     acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
@@ -201,19 +167,21 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     u = slots.expert_U.shape[0]
     splits = max(1, min(cfg.down_splits, u))
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
+    x_off_TW = nibble_offsets_PTW(x_PTW)
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t,
                   gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
-    h_UTP = pl.pallas_call(
+    h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
-        out_shape=jax.ShapeDtypeStruct((u, t, f), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((u, parts, t, f // parts), jnp.float32),  # [slot, part j, token, word]
         grid=(u, f // cfg.block_f),
         compiler_params=params,
         interpret=interpret,
         name="moe_gate_up_gemv",
-    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *arrays(experts.gate), *arrays(experts.up))
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, x_off_TW, *arrays(experts.gate), *arrays(experts.up))
+    h_off_UTW = jax.vmap(nibble_offsets_PTW)(h_UPTW)
 
     y_STH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k,
@@ -223,5 +191,5 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         compiler_params=params,
         interpret=interpret,
         name="moe_down_gemv",
-    )(slots.expert_U, slots.num_used, h_UTP, *arrays(experts.down))
+    )(slots.expert_U, slots.num_used, h_UPTW, h_off_UTW, *arrays(experts.down))
     return jnp.sum(y_STH, axis=0).astype(dt)

@@ -1,0 +1,35 @@
+"""Single PTX instructions for the Triton kernels, each with its plain-jnp equivalent for interpret mode.
+
+Why: Triton leaves a * b + c as FMUL + FADD, and ptxas needs two LOP3 for (a & imm) | imm (one immediate
+per LOP3); the H200 profile of the gemv kernel (bench/results/) counted both as a third of its instructions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import triton as pl_triton
+
+
+def _asm(asm: str, constraint: str, dtype, *args):
+    shape = jnp.broadcast_shapes(*(a.shape for a in args))
+    args = [jnp.broadcast_to(a, shape) for a in args]
+    constraints = ",".join([f"={constraint}"] + [constraint] * len(args))
+    return pl_triton.elementwise_inline_asm(asm, args=args, constraints=constraints, pack=1,
+                                            result_shape_dtypes=[jax.ShapeDtypeStruct(shape, dtype)])[0]
+
+
+def fma(a: jax.Array, b: jax.Array, c: jax.Array, ptx: bool) -> jax.Array:
+    """a * b + c (float32) in one instruction and one rounding on the GPU."""
+    if not ptx:
+        return a * b + c
+    return _asm("fma.rn.f32 $0, $1, $2, $3;", "f", jnp.float32, *(v.astype(jnp.float32) for v in (a, b, c)))
+
+
+def and_or(a: jax.Array, mask: int, bits: int, ptx: bool) -> jax.Array:
+    """(a & mask) | bits on uint32 in one LOP3 (the constants ride in registers)."""
+    if not ptx:
+        return (a & jnp.uint32(mask)) | jnp.uint32(bits)
+    m = jnp.full(a.shape, mask, jnp.uint32)
+    b = jnp.full(a.shape, bits, jnp.uint32)
+    return _asm("lop3.b32 $0, $1, $2, $3, 0xEA;", "r", jnp.uint32, a, m, b)  # 0xEA: (a & b) | c
