@@ -21,13 +21,11 @@ from model.moe import ExpertWeights, MoEWeights, experts_gather
 from model.quant import dequantize
 from model.router import route
 
-CANDIDATES = (
-    MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, num_stages=3, variant="mma"),
-    MoEKernelConfig(block_f=32, block_h=16, block_k=64, num_warps=4, num_stages=3, variant="mma"),
-    MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, num_stages=3, variant="gemv"),
-    MoEKernelConfig(block_f=32, block_h=32, block_k=32, num_warps=4, num_stages=4, variant="gemv"),
-    MoEKernelConfig(block_f=16, block_h=16, block_k=64, num_warps=4, num_stages=3, variant="gemv"),
-    MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, num_stages=3, variant="gemv"),
+CANDIDATES = (  # the engine's configs (model.kernels.kernel_config_for) and the runners-up of bench.moe_kernel_lab
+    MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8),
+    MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, variant="gemv", down_splits=8),
+    MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8),
+    MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=4, num_stages=2, variant="mma", down_splits=4),
 )
 REPS = 20  # layer calls chained inside one jit, so per-call host dispatch does not count
 

@@ -16,22 +16,23 @@ from model.quant import Fp8Weight, Int4Weight
 MAX_KERNEL_TOKENS = 128
 
 
-# CUDA-core GEMV up to this many tokens, tensor-core dots above; measured on the H200
-# (bench/results/step-gpu-20261129-0810.md): INT4 T=1 gemv 152 us vs mma 275 us, T=2 step 2.96 ms (gemv) vs
-# 3.35 ms (mma, first run), T=4 gemv >= 1.28 ms vs mma 0.98 ms; bf16 T=1 gemv 225 us vs mma 323 us, but the
-# bf16 gemv spills registers at T=4 (12 ms), so bf16 uses it for one token only.
+# CUDA-core GEMV up to this many tokens, tensor-core dots above; measured on the H200 with
+# `python -m bench.moe_kernel_lab` (bench/results/moe-lab-gpu-20261129-1033.json, one K2.5 INT4 layer):
+# INT4 T=1 gemv 95.8 us vs mma 266 us (floor 46.1), T=2 gemv 233 us vs mma 391 us, T=4 gemv 775 us vs mma
+# 736 us (floor 179), T=8 mma 1336 us (floor 340). bf16: gemv for one token only (it spills registers at
+# 4 tokens, bench/results/README.md).
 GEMV_MAX_TOKENS = {"int4": 2, "bf16": 1}
 
 
 def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
-    """Tile sizes for the H200 (bench/moe_layer.py times the candidates; results in bench/results/)."""
+    """Tile sizes for the H200 (bench/moe_kernel_lab.py times the candidates; results in bench/results/)."""
     int4 = isinstance(experts.gate, Int4Weight)
     if tokens <= GEMV_MAX_TOKENS["int4" if int4 else "bf16"]:
         if int4:
-            return MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, num_stages=3, variant="gemv")
-        return MoEKernelConfig(block_f=32, block_h=32, block_k=256, num_warps=4, num_stages=3, variant="gemv")
-    # block_f 64 or 3+ stages of 128-word tiles exceed the 227 KB of shared memory (first H200 run)
-    return MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, num_stages=3, variant="mma")
+            return MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8)
+        return MoEKernelConfig(block_f=32, block_h=32, block_k=256, num_warps=4, variant="gemv", down_splits=8)
+    # wgmma tiles of 64 rows; two stages keep the shared memory (dequantized tiles + inputs) under 227 KB
+    return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8)
 
 
 def fused_moe_applies(x_TH: jax.Array, experts) -> bool:

@@ -27,9 +27,12 @@ def fma(a: jax.Array, b: jax.Array, c: jax.Array, ptx: bool) -> jax.Array:
 
 
 def and_or(a: jax.Array, mask: int, bits: int, ptx: bool) -> jax.Array:
-    """(a & mask) | bits on uint32 in one LOP3 (the constants ride in registers)."""
+    """(a & mask) | bits on uint32 in one LOP3 (the constants ride in registers; both below 2**31)."""
     if not ptx:
         return (a & jnp.uint32(mask)) | jnp.uint32(bits)
-    m = jnp.full(a.shape, mask, jnp.uint32)
-    b = jnp.full(a.shape, bits, jnp.uint32)
-    return _asm("lop3.b32 $0, $1, $2, $3, 0xEA;", "r", jnp.uint32, a, m, b)  # 0xEA: (a & b) | c
+    # Triton's inline asm takes signless integers only: int32 in and out, same bits
+    a32 = jax.lax.bitcast_convert_type(a, jnp.int32)
+    m = jnp.full(a.shape, mask, jnp.int32)
+    b = jnp.full(a.shape, bits, jnp.int32)
+    out = _asm("lop3.b32 $0, $1, $2, $3, 0xEA;", "r", jnp.int32, a32, m, b)  # 0xEA: (a & b) | c
+    return jax.lax.bitcast_convert_type(out, jnp.uint32)
