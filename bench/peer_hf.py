@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
 from bench.step import bench_config, init_weights, make_step  # noqa: E402
+from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kernels import routed_experts_for_backend  # noqa: E402
 from model.kv_cache import init_latent_cache  # noqa: E402
@@ -148,21 +149,14 @@ def time_jax_step(w, cfg, step_fn, prompt_cache, batch, tokens, context, key, it
     logits, cache, ids = step_fn(w, tokens_BT, positions_BT, cache)
     holder = {"cache": cache}
 
-    def run():
+    def run():  # rewrites the same T cache slots each call: every call reads the same context
         out, holder["cache"], _ = step_fn(w, tokens_BT, positions_BT, holder["cache"])
         return out
 
-    for _ in range(3):
-        jax.block_until_ready(run())
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run())
-        times.append((time.perf_counter() - t0) * 1e3)
+    stats = median_ms(run, warmup=3, iters=iters)
     unique = unique_experts_per_layer(np.asarray(ids))
     total = step_bytes(w, cfg, batch, tokens, context, unique)["total"]
-    return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), bytes=total,
-                floor_ms_4p3=floor_ms(total, HBM_TBS), tokens_BT=np.asarray(tokens_BT))
+    return dict(stats, bytes=total, floor_ms_4p3=floor_ms(total, HBM_TBS), tokens_BT=np.asarray(tokens_BT))
 
 
 def parse_args(argv):
@@ -174,6 +168,7 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--reference", action="store_true", help="jaxspec side on the plain XLA MoE path")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile peer")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     return p.parse_args(argv)
 
@@ -214,6 +209,7 @@ def main(argv=None) -> dict:
         res["errors"].append(f"build HF model: {type(e).__name__}: {e}"[:2000])
         traceback.print_exc()
     rng = np.random.default_rng(0)
+    compiled = None
     for b in args.batches:
         prompt = rng.integers(0, cfg.vocab_size, size=(b, args.context))
         cache = init_latent_cache(cfg, b, args.context + 16)
@@ -237,15 +233,24 @@ def main(argv=None) -> dict:
                     ids = torch.as_tensor(toks, device=torch_dev, dtype=torch.long)
                     pos = torch.as_tensor(args.context + np.arange(t), device=torch_dev)[None].expand(b, t)
 
-                    def hf_step():
+                    def hf_step(model=hf):
                         with torch.no_grad():
-                            o = hf(input_ids=ids, position_ids=pos, past_key_values=hf_cache, use_cache=True)
+                            o = model(input_ids=ids, position_ids=pos, past_key_values=hf_cache, use_cache=True)
                         if hasattr(hf_cache, "crop"):
                             hf_cache.crop(-t)  # drop the T tokens just written (negative = remove)
                         return o.logits
 
                     h = time_torch(hf_step, iters=args.iters)
                     row.update(hf_eager_ms=h["median_ms"], jaxspec_speedup=h["median_ms"] / j["median_ms"])
+                    if args.compile:  # "torch.compile too if it works": a failure is recorded, not fatal
+                        try:
+                            if compiled is None:  # (an nn.Module has no truth value: no `or` here)
+                                compiled = torch.compile(hf)
+                            c = time_torch(functools.partial(hf_step, model=compiled), iters=args.iters)
+                            row.update(hf_compiled_ms=c["median_ms"], jaxspec_speedup_compiled=c["median_ms"] / j["median_ms"])
+                        except Exception as e:
+                            row["hf_compile_error"] = f"{type(e).__name__}: {e}"[:500]
+                            log(f"torch.compile failed at B={b} T={t}: {row['hf_compile_error'][:200]}")
                     if t == 1:  # same prompt, same token: the two models must agree
                         hf_logits = hf_step().float().cpu().numpy()
                         jcache = jax.tree_util.tree_map(jnp.copy, prompt_cache)
@@ -265,14 +270,20 @@ def main(argv=None) -> dict:
 def markdown(res: dict) -> str:
     lines = [f"{res['device']}: jax {res['jax']} ({res.get('moe_path')}) vs torch {res['torch']} + transformers "
              f"{res['transformers']} eager; {res['layers']} layers + lm_head, bf16 experts, context {res['context']}, {res['date']}.",
-             "", "| B | T | jaxspec ms | HF eager ms | jaxspec speedup | floor 4.3 (ms) | jaxspec x floor | logits rel. err | argmax agree |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", "| B | T | jaxspec ms | HF eager ms | jaxspec speedup | HF torch.compile ms | speedup vs compiled | "
+             "floor 4.3 (ms) | jaxspec x floor | logits rel. err | argmax agree |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=3: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in res["rows"]:
         lines.append(f"| {r['batch']} | {r['tokens']} | {f(r.get('jaxspec_ms'))} | {f(r.get('hf_eager_ms'))} | "
-                     f"{f(r.get('jaxspec_speedup'), 2)} | {f(r.get('floor_ms_4p3'))} | "
+                     f"{f(r.get('jaxspec_speedup'), 2)} | {f(r.get('hf_compiled_ms'))} | "
+                     f"{f(r.get('jaxspec_speedup_compiled'), 2)} | {f(r.get('floor_ms_4p3'))} | "
                      f"{f(r.get('jaxspec_ms') and r['jaxspec_ms'] / r['floor_ms_4p3'], 2)} | {f(r.get('logits_rel_err'), 4)} | "
                      f"{f(r.get('argmax_agree'), 2)} |")
+    compile_errors = [f"B={r['batch']} T={r['tokens']}: {r['hf_compile_error']}" for r in res["rows"]
+                      if r.get("hf_compile_error")]
+    if compile_errors:
+        lines += ["", "torch.compile did not run:"] + [f"- {e[:400]}" for e in compile_errors]
     if res.get("errors"):
         lines += ["", "Errors:"] + [f"- {e[:400]}" for e in res["errors"]]
     return "\n".join(lines)
