@@ -3,9 +3,12 @@
 `absorbed` is what runs: the k_nope half of kv_b_proj is folded into the query and the v half into the
 output, so attention reads only the cached normalized latent [C] and roped key [R] per token.
 `decompressed` expands K and V per head (HF's formulation) and exists as the test reference.
+`absorbed_kernel` is `absorbed` with the attention itself in a Pallas kernel (model/kernels/mla_decode.py).
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +81,30 @@ def attend_decompressed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w:
     return jnp.einsum("bnts,bsnv->btnv", probs_BNTS, v_BSNV)
 
 
-ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed}
+def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
+    """`attend_absorbed` with the score / softmax / context part in the Pallas flash-decoding kernel."""
+    from model.kernels.mla_decode import mla_decode_context
+
+    dt = q_nope.dtype
+    q_lat_BTNC = jnp.einsum("btnd,ndc->btnc", q_nope, w.w_uk.astype(dt))
+    ctx_BTNC = mla_decode_context(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, cfg.softmax_scale,
+                                  interpret=jax.default_backend() != "gpu")
+    return jnp.einsum("btnc,nvc->btnv", ctx_BTNC, w.w_uv.astype(dt))
+
+
+ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
+                   "absorbed_kernel": attend_absorbed_kernel}
+# Opt-in until bench/ has measured it on a GPU: JAXSPEC_MLA_KERNEL=1 sends decode / verify (T <= 16) through
+# the kernel on GPU; the plain XLA path runs everywhere else.
+MLA_KERNEL_MAX_TOKENS = 16
+
+
+def _use_kernel(path: str, tokens: int, capacity: int) -> bool:
+    if path != "absorbed" or os.environ.get("JAXSPEC_MLA_KERNEL", "0") != "1" or jax.default_backend() != "gpu":
+        return False
+    from model.kernels.mla_decode import MLAKernelConfig
+
+    return tokens <= MLA_KERNEL_MAX_TOKENS and capacity % MLAKernelConfig().block_s == 0
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed"):
@@ -89,5 +115,7 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
+    if _use_kernel(path, x_BTH.shape[1], latent_BSC.shape[1]):
+        path = "absorbed_kernel"
     out_BTNV = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
     return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR
