@@ -58,6 +58,25 @@ def test_kernel_bf16_within_rounding():
     assert err < 1e-2
 
 
+def test_attention_path_with_kernel_matches_absorbed():
+    """model.attention_mla's "absorbed_kernel" path (k_nope absorbed into q, v out of the context) equals
+    "absorbed" (float32); the decoder selects it by name (JAXSPEC_MLA_KERNEL=1 on a GPU)."""
+    from model.attention_mla import ATTENTION_PATHS, MLAWeights
+    from model.configs import known_config
+
+    dn, dv, t = 8, 12, 3
+    cfg = known_config("kimi-k2.5").replace(num_attention_heads=N, kv_lora_rank=C, qk_rope_head_dim=R,
+                                            qk_nope_head_dim=dn, v_head_dim=dv)
+    ks = jax.random.split(jax.random.PRNGKey(5), 4)
+    w = MLAWeights(None, None, None, None, None, jax.random.normal(ks[0], (N, dn, C)),
+                   jax.random.normal(ks[1], (N, dv, C)), None)
+    q_nope = jax.random.normal(ks[2], (B, t, N, dn))
+    _, q_rope, latent, k_rope, positions = _inputs(t, [[20, 21, 22], [60, 61, 62]], jnp.float32)
+    args = (q_nope, q_rope, latent, k_rope, positions, w, cfg)
+    np.testing.assert_allclose(np.asarray(ATTENTION_PATHS["absorbed_kernel"](*args)),
+                               np.asarray(ATTENTION_PATHS["absorbed"](*args)), rtol=1e-4, atol=1e-4)
+
+
 def test_combine_splits_ignores_empty_splits():
     """A split past every row's position keeps max -1e30 and sum 0 and must not change the result."""
     o = jnp.asarray([[[[2.0, 4.0]], [[0.0, 0.0]]]])  # [B=1, X=2, R=1, C=2]

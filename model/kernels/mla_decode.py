@@ -83,6 +83,8 @@ def combine_splits(o_BXRC, m_BXR, l_BXR) -> jax.Array:
 def mla_decode_context(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale: float, *,
                        cfg: MLAKernelConfig = MLAKernelConfig(), interpret: bool = False) -> jax.Array:
     """softmax(q_lat . latent + q_rope . k_rope) . latent over the visible slots -> [B, T, N, C] in q's dtype."""
+    if not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python number (it is baked into the kernel), got {type(scale).__name__}")
     b, t, n, c = q_lat_BTNC.shape
     s, r = latent_BSC.shape[1], k_rope_BSR.shape[-1]
     if s % cfg.block_s:

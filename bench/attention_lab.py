@@ -1,0 +1,105 @@
+"""`python -m bench.attention_lab`: MLA attention over the latent cache alone, XLA's absorbed path vs the Pallas kernel.
+
+K2.5 shapes (64 heads, latent 512, rope 64), random bf16 queries and cache. For each batch, context and token
+count: the median time of the score / softmax / context part (chained calls inside one jit), the bytes it
+must read (the visible latent + rope-key slots, the queries, the context written) and the floor at 4.3 TB/s,
+and the kernel's error against XLA's. Writes attention-lab-<device>-<date>.json to --out. `--tiny` runs small
+shapes in interpret mode (a CPU check of this script).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.bytes_floor import HBM_TBS, floor_ms  # noqa: E402
+from bench.timing import median_ms  # noqa: E402
+from model.kernels.mla_decode import MLAKernelConfig, mla_decode_context  # noqa: E402
+from model.kv_cache import visible_slots  # noqa: E402
+
+REPS = 10
+
+
+def xla_context(q_lat, q_rope, latent, k_rope, positions, scale):
+    """The context half of model.attention_mla.attend_absorbed, as XLA runs it."""
+    s = jnp.einsum("btnc,bsc->bnts", q_lat, latent, preferred_element_type=jnp.float32)
+    s += jnp.einsum("btnr,bsr->bnts", q_rope, k_rope, preferred_element_type=jnp.float32)
+    s = jnp.where(visible_slots(positions, latent.shape[1])[:, None], s * scale, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1).astype(q_lat.dtype)
+    return jnp.einsum("bnts,bsc->btnc", p, latent)
+
+
+def chained(fn, reps):
+    def run(q_lat, *rest):
+        def body(_, q):
+            return (q + 1e-3 * fn(q, *rest)).astype(q.dtype)
+        return jax.lax.fori_loop(0, reps, body, q_lat)
+    return jax.jit(run)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--tiny", action="store_true")
+    args = p.parse_args(argv)
+    n, c, r = (4, 32, 16) if args.tiny else (64, 512, 64)
+    kcfg = MLAKernelConfig(block_q=16, block_s=16, splits=4) if args.tiny else MLAKernelConfig()
+    kernel = functools.partial(mla_decode_context, cfg=kcfg, interpret=args.tiny)
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+                  kernel_config=kcfg.__dict__, rows=[])
+    scale = 0.1
+    for b in args.batches:
+        for ctx in args.contexts:
+            for t in args.tokens:
+                keys = jax.random.split(jax.random.PRNGKey(ctx + t + b), 4)
+                cap = ctx + 16 * kcfg.block_s  # the cache's capacity exceeds the context, as in the engine
+                q_lat = jax.random.normal(keys[0], (b, t, n, c), jnp.bfloat16)
+                q_rope = jax.random.normal(keys[1], (b, t, n, r), jnp.bfloat16)
+                latent = jax.random.normal(keys[2], (b, cap, c), jnp.bfloat16)
+                k_rope = jax.random.normal(keys[3], (b, cap, r), jnp.bfloat16)
+                positions = jnp.broadcast_to(ctx - t + jnp.arange(t, dtype=jnp.int32), (b, t))
+                args_ = (q_rope, latent, k_rope, positions)
+                nbytes = b * ctx * (c + r) * 2 + 2 * q_lat.nbytes + q_rope.nbytes
+                row = dict(batch=b, context=ctx, tokens=t, bytes=nbytes, floor_ms_4p3=floor_ms(nbytes, HBM_TBS))
+                for name, fn in (("xla", functools.partial(xla_context, scale=scale)),
+                                 ("kernel", functools.partial(kernel, scale=scale))):
+                    try:
+                        stats = median_ms(lambda fn=fn: chained(fn, REPS)(q_lat, *args_), warmup=2, iters=10)
+                        row[f"{name}_ms"] = stats["median_ms"] / REPS
+                        row[f"{name}_ratio"] = row[f"{name}_ms"] / row["floor_ms_4p3"]
+                    except Exception as e:  # the kernel has not run on this device before: record, go on
+                        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:600]
+                try:
+                    ref = np.asarray(xla_context(q_lat, *args_, scale), np.float64)
+                    out = np.asarray(kernel(q_lat, *args_, scale), np.float64)
+                    row["kernel_rel_err"] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                except Exception as e:
+                    row["kernel_error"] = f"{type(e).__name__}: {e}"[:600]
+                print(row, flush=True)
+                result["rows"].append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"attention-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
