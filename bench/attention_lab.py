@@ -16,7 +16,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -25,6 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms  # noqa: E402
+from bench.report import write_json  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.kernels.mla_decode import MLAKernelConfig, mla_decode_context  # noqa: E402
 from model.kv_cache import visible_slots  # noqa: E402
@@ -94,10 +94,7 @@ def main(argv=None):
                     row["kernel_error"] = f"{type(e).__name__}: {e}"[:600]
                 print(row, flush=True)
                 result["rows"].append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"attention-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}.json"
-    path.write_text(json.dumps(result, indent=1))
+    path = write_json(result, Path(args.out), f"attention-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
     print(f"wrote {path}")
 
 

@@ -16,7 +16,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -27,6 +26,7 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
 from bench.moe_layer import _rel_err, time_moe  # noqa: E402
+from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.init import _int4, _Keys  # noqa: E402
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas  # noqa: E402
@@ -131,10 +131,7 @@ def main(argv=None):
                 row["error"] = f"{type(e).__name__}: {e}"[:800]
                 log(f"T={t} {name:16s} failed: {row['error'][:300]}")
             result["rows"].append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"moe-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}.json"
-    path.write_text(json.dumps(result, indent=1))
+    path = write_json(result, Path(args.out), f"moe-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
     log(f"wrote {path}")
 
 

@@ -86,6 +86,14 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def write_json(result: dict, out_dir: Path, stem: str) -> Path:
+    """`result` as out_dir/stem.json (the labs' only output); returns the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    return path
+
+
 def write_report(result: dict, out_dir: Path, stem: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
