@@ -95,6 +95,22 @@ def make_step(cfg, moe_impl):
     return jax.jit(step, donate_argnums=(3,))
 
 
+def make_step_loop(cfg, moe_impl, reps: int):
+    """`reps` decode/verify steps in one jitted device loop, each fed the previous step's argmax tokens (as the
+    engine's on-device generation is): the per-step time without a host round trip per step."""
+
+    def loop(w, tokens_BT, positions_BT, cache):
+        def body(_, carry):
+            toks, c = carry
+            out = forward(w, cfg, toks, positions_BT, c)
+            return jnp.argmax(out.logits, axis=-1).astype(toks.dtype), out.cache
+
+        with moe_path(moe_impl):
+            return jax.lax.fori_loop(0, reps, body, (tokens_BT, cache))
+
+    return jax.jit(loop, donate_argnums=(3,))
+
+
 def random_cache(cfg, batch: int, capacity: int, context: int, key, dtype=jnp.bfloat16) -> LatentCache:
     keys = jax.random.split(key, 2 * cfg.num_hidden_layers)
     rnd = lambda k, d: jax.random.normal(k, (batch, capacity, d), jnp.float32).astype(dtype)  # noqa: E731
@@ -106,7 +122,8 @@ def random_cache(cfg, batch: int, capacity: int, context: int, key, dtype=jnp.bf
     )
 
 
-def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters: int, copy_tbs: float) -> dict:
+def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters: int, copy_tbs: float,
+              loop_fn=None, loop_steps: int = 0) -> dict:
     cache = random_cache(cfg, batch, context + 16, context, key)
     tokens_BT = jax.random.randint(key, (batch, tokens), 0, cfg.vocab_size, jnp.int32)
     positions_BT = jnp.broadcast_to(context + jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
@@ -121,9 +138,17 @@ def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters
         return out
 
     stats = median_ms(run, warmup=3, iters=iters)
+    if loop_fn is not None:  # the same step, `loop_steps` at a time inside one jitted loop
+        def run_loop():
+            out, holder["cache"] = loop_fn(w, tokens_BT, positions_BT, holder["cache"])
+            return out
+
+        stats["device_loop_ms"] = median_ms(run_loop, warmup=2, iters=max(3, iters // 2))["median_ms"] / loop_steps
     unique = unique_experts_per_layer(np.asarray(ids_LTK))
     parts = step_bytes(w, cfg, batch, tokens, context, unique)
     del holder
+    if "device_loop_ms" in stats:
+        stats["device_loop_ratio_4p3"] = stats["device_loop_ms"] / floor_ms(parts["total"], HBM_TBS)
     return dict(batch=batch, tokens=tokens, context=context, compile_s=compile_s, **stats,
                 unique_experts=unique, bytes=parts,
                 floor_ms_4p3=floor_ms(parts["total"], HBM_TBS), floor_ms_copy=floor_ms(parts["total"], copy_tbs),
@@ -131,19 +156,23 @@ def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters
                 ratio_copy=stats["median_ms"] / floor_ms(parts["total"], copy_tbs))
 
 
-def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log):
+def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops):
     key = jax.random.PRNGKey(len(result["steps"]) + 1)
     for path, b, c, t in plan:
         if over_budget():
             result["skipped"].append(f"step {path} B={b} ctx={c} T={t}")
             continue
         key, sub = jax.random.split(key)
+        loop = None
+        if args.loop_steps and (b, c) == (args.batches[0], args.contexts[0]):  # the targets' configuration
+            loop = make_step_loop(cfg, loops[path], args.loop_steps)
         try:
-            row = time_step(w, cfg, steps[path], b, t, c, sub, args.iters, copy_tbs)
+            row = time_step(w, cfg, steps[path], b, t, c, sub, args.iters, copy_tbs, loop, args.loop_steps)
             row["moe_path"] = path
             result["steps"].append(row)
+            loop_note = f", device loop {row['device_loop_ms']:.3f}" if "device_loop_ms" in row else ""
             log(f"step {path:9s} B={b} ctx={c:6d} T={t}: {row['median_ms']:.3f} ms "
-                f"(queued {row['queued_mean_ms']:.3f}), floor {row['floor_ms_4p3']:.3f} ms, ratio {row['ratio_4p3']:.2f}, "
+                f"(queued {row['queued_mean_ms']:.3f}{loop_note}), floor {row['floor_ms_4p3']:.3f} ms, ratio {row['ratio_4p3']:.2f}, "
                 f"unique experts {np.mean(row['unique_experts']):.1f}, compile {row['compile_s']:.1f} s")
         except Exception as e:
             result["errors"].append(f"step {path} B={b} ctx={c} T={t}: {type(e).__name__}: {e}"[:2000])
@@ -170,6 +199,8 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8])
     p.add_argument("--cycle-k", type=int, nargs="*", default=[1, 2, 3, 4])
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--loop-steps", type=int, default=10,
+                   help="also time this many steps inside one jitted loop (first batch/context only; 0 = off)")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -214,9 +245,10 @@ def main(argv=None) -> dict:
     result["kernel_config"] = {k: v.__dict__ for k, v in (kernel_cfg or {}).items()}
     log(f"MoE path for the steps: {result['moe_path']}")
 
-    steps = {"reference": make_step(cfg, PLAIN_ROUTED_EXPERTS)}
+    loops = {"reference": PLAIN_ROUTED_EXPERTS}
     if kernel_cfg:
-        steps["kernel"] = make_step(cfg, kernel_or_plain(kernel_cfg))
+        loops["kernel"] = kernel_or_plain(kernel_cfg)
+    steps = {path: make_step(cfg, impl) for path, impl in loops.items()}
     plan = [("kernel" if kernel_cfg else "reference", b, c, t)
             for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
     if kernel_cfg:  # the XLA reference path side by side, where the targets are
@@ -224,14 +256,16 @@ def main(argv=None) -> dict:
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])
     # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
-    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget, save, log)
+    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget, save, log,
+              loops)
     if args.cycle_k and args.layers >= 3:
         from bench.cycle import bench_cycles
 
         moe_impl = kernel_or_plain(kernel_cfg)
         result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first], tiny=args.tiny)
         save()
-    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget, save, log)
+    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget, save, log,
+              loops)
     if args.cycle_k and args.layers >= 3:
         rest = [(b, c) for b in args.batches for c in args.contexts if (b, c) != first]
         result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, rest, tiny=args.tiny)
