@@ -42,9 +42,10 @@ def nibble_float(shifted: dict[int, jax.Array], j: int, ptx: bool = False) -> ja
 def nibble_offsets_PTW(v_PTW: jax.Array) -> jax.Array:
     """sum_j nibble_offset(j) * v[j]: what the nibble floats add to a word's dot product, per (token, word).
 
-    Plain XLA, outside the kernels: inside, Triton recomputes it for every few rows a thread holds."""
-    offs = jnp.asarray([nibble_offset(j) for j in range(v_PTW.shape[0])], jnp.float32)
-    return jnp.einsum("j,jtw->tw", offs, v_PTW.astype(jnp.float32))
+    Plain XLA, outside the kernels: inside, Triton recomputes it for every few rows a thread holds. Written
+    as a weighted sum, not an einsum, so XLA fuses it into one elementwise pass instead of calling a GEMM."""
+    v = v_PTW.astype(jnp.float32)
+    return sum(nibble_offset(j) * v[j] for j in range(v.shape[0]))
 
 
 def repeat_last(x: jax.Array, times: int) -> jax.Array:
