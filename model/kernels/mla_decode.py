@@ -13,7 +13,7 @@ and writes an unnormalised partial context with its running max and sum; XLA com
 byte is read once per block of rows.
 
 Not yet run on a GPU (no device time was left when it was written): the engine keeps XLA's path unless
-`MLA_KERNEL` is set (model/attention_mla.py), until bench/ has measured it.
+`JAXSPEC_MLA_KERNEL=1` (model/attention_mla.py), until bench/ has measured it.
 """
 
 from __future__ import annotations
