@@ -6,6 +6,7 @@ kimi-k2.5-eagle3: the K2.5 drafter's shape (REFERENCE.md section 5; TorchSpec's 
 
 from pathlib import Path
 
+from model.configs import config_path
 from model.eagle3 import DraftConfig, load_draft_config
 
 DRAFT_DIR = Path(__file__).parent
@@ -13,7 +14,4 @@ KNOWN_DRAFTS = sorted(p.stem for p in DRAFT_DIR.glob("*.json"))
 
 
 def known_draft_config(name: str) -> DraftConfig:
-    path = DRAFT_DIR / f"{name}.json"
-    if not path.exists():
-        raise ValueError(f"unknown draft config '{name}' (known: {', '.join(KNOWN_DRAFTS)})")
-    return load_draft_config(path)
+    return load_draft_config(config_path(DRAFT_DIR, name, KNOWN_DRAFTS, "draft config"))
