@@ -33,8 +33,8 @@ from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas  # n
 from model.moe import ExpertWeights, experts_gather  # noqa: E402
 from model.router import route  # noqa: E402
 
-_G = dict(variant="gemv")
-_M = dict(variant="mma")
+_G = dict(variant="gemv", scales="gather")
+_M = dict(variant="mma", scales="gather")
 CANDIDATES = {  # name -> (config, token counts it is tried at)
     "gemv_64_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
     "gemv_64_h16_s8": (MoEKernelConfig(block_f=64, block_h=16, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),

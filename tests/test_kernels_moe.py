@@ -14,7 +14,7 @@ import pytest
 
 from model.kernels import routed_experts_for_backend
 from model.kernels.expert_slots import expert_slots
-from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
+from model.kernels.int4_tile import nibble_float, nibble_offset, repeat_last, shifted_words
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
 from model.moe import ExpertWeights, experts_gather, routed_experts
 from model.quant import Int4Weight, dequantize, unpack_int4
@@ -63,6 +63,11 @@ def test_nibble_floats_are_exact():
         np.testing.assert_array_equal(np.asarray(nibble_float(shifted, j)), expected)
 
 
+def test_repeat_last_is_repeat():
+    x = jnp.arange(24.0).reshape(3, 8)
+    np.testing.assert_array_equal(np.asarray(repeat_last(x, 4)), np.repeat(np.asarray(x), 4, axis=-1))
+
+
 def test_expert_slots_merge_shared_experts():
     ids = jnp.asarray([[4, 1, 2], [2, 4, 0]], jnp.int32)
     w = jnp.asarray([[0.5, 0.25, 0.125], [1.0, 2.0, 4.0]], jnp.float32)
@@ -103,11 +108,13 @@ def test_gemv_variant_matches_reference(int4_experts):
     assert _rel_err(out, experts_gather(xb, experts, ids[:2], w[:2])) < 2e-2
 
 
-@pytest.mark.parametrize("variant, prefetch, down_splits", [("mma", False, 5), ("gemv", False, 4), ("gemv", True, 5)])
-def test_kernel_options_keep_the_result(int4_experts, variant, prefetch, down_splits):
-    """Prefetch and split down loops change the schedule only; 5 splits of 6 slots leaves the last split empty
-    and makes the prefetch look one slot past the end."""
-    cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, prefetch=prefetch,
+@pytest.mark.parametrize("variant, scales, prefetch, down_splits", [
+    ("mma", "join", False, 1), ("mma", "gather", False, 5), ("gemv", "join", False, 1), ("gemv", "gather", True, 5),
+])
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits):
+    """Scale loading, prefetch and split down loops change the schedule only; 5 splits of 6 slots leaves the last
+    split empty and makes the prefetch look one slot past the end."""
+    cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
                           down_splits=down_splits)
     kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
     ids, w = _routing(3, seed=13)

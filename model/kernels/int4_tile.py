@@ -47,3 +47,12 @@ def nibble_offsets_PTW(v_PTW: jax.Array) -> jax.Array:
     v = v_PTW.astype(jnp.float32)
     return sum(nibble_offset(j) * v[j] for j in range(v.shape[0]))
 
+
+def repeat_last(x: jax.Array, times: int) -> jax.Array:
+    """[.., n] -> [.., n * times], each element repeated `times` times in place (times a power of two).
+
+    Built from pairwise stacks (Triton `join`), which keep the copies in the same thread's registers."""
+    while times > 1:
+        x = jnp.stack([x, x], axis=-1).reshape(*x.shape[:-1], x.shape[-1] * 2)
+        times //= 2
+    return x

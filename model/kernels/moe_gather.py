@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import expert_slots, slot_splits, split_range
+from model.kernels.expert_slots import expert_slots
 from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
 from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
 from model.kernels.ptx import fma
@@ -42,6 +42,7 @@ class MoEKernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     variant: str = "mma"  # "mma": tensor-core dots (any T <= 128); "gemv": CUDA-core FMAs (T <= 4), moe_gemv.py
+    scales: str = "gather"  # int4 group scales: "gather" one per word by index, "join" per group then repeated
     prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
     down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
 
@@ -71,7 +72,7 @@ def _words_per_group(w) -> int:
     return w.group_size // 8 if isinstance(w, Int4Weight) else 1
 
 
-def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, ptx):
+def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, gather, ptx):
     """One [rows, block_k] tile of expert e -> `parts` operands [rows, block_k] in `dtype`.
 
     INT4: nibble j as the exact float q + offset_j (moe_gemv.nibble_float), then one FMA gives q * scale,
@@ -79,7 +80,7 @@ def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtyp
     words = w_ref[e, rows, pl.ds(k0, block_k)]
     if s_ref is None:
         return [words.astype(dtype)]
-    scale = scale_tile(s_ref, e, rows, k0, block_k, words_per_group)  # one per word, f32
+    scale = scale_tile(s_ref, e, rows, k0, block_k, words_per_group, gather)  # one per word, f32
     shifted = shifted_words(words)
     minus = {off: -off * scale for off in {nibble_offset(j) for j in range(parts)}}
     return [fma(nibble_float(shifted, j, ptx), scale, minus[nibble_offset(j)], ptx).astype(dtype)
@@ -105,8 +106,9 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words
         def step(i, acc):
             acc_g, acc_u = acc
             k0 = i * cfg.block_k
-            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, ptx)
-            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, ptx)
+            gather = cfg.scales == "gather"
+            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
+            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
             for j in range(parts):
                 x_j = x_ref[j, pl.ds(k0, cfg.block_k), :]
                 acc_g += jnp.dot(g_parts[j], x_j, preferred_element_type=jnp.float32)
@@ -126,7 +128,8 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows
     else:
         (down_w, y_ref), down_s = refs, None
     r0 = pl.program_id(0) * cfg.block_h
-    first_slot, slots = split_range(num_ref, pl.program_id(1), slots_per_split)
+    first_slot = pl.program_id(1) * slots_per_split
+    slots = jnp.clip(num_ref[0] - first_slot, 0, slots_per_split)
     dt = h_ref.dtype
 
     def step(i, acc):
@@ -134,7 +137,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows
         k0 = _rem(i, n_k) * cfg.block_k
         e = expert_ref[u]
         d_parts = _load_parts(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt,
-                              ptx)
+                              cfg.scales == "gather", ptx)
         for j in range(parts):
             h_j = h_ref[u, pl.ds(j * rows_per_part + k0, cfg.block_k), :]
             acc += jnp.dot(d_parts[j], h_j, preferred_element_type=jnp.float32)
@@ -188,8 +191,8 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PWT,
       *_weight_arrays(experts.gate), *_weight_arrays(experts.up))
 
-    splits, slots_per_split = slot_splits(u, cfg.down_splits)
-    down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=slots_per_split, **common)
+    splits = max(1, min(cfg.down_splits, u))
+    down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=-(-u // splits), **common)
     y_SHT = pl.pallas_call(
         down,
         out_shape=jax.ShapeDtypeStruct((splits, hidden, tp), jnp.float32),

@@ -13,7 +13,9 @@ word. Per value at one token: ~0.5 shift, one LOP3, one FFMA. The products are e
 `fma.rn.f32`, model/kernels/ptx.py): Triton leaves a * b + c as two instructions, which the first profile
 (ncu, bench/results/) showed as 40% of the kernel's instructions.
 
-Group scales are loaded one per word with an index array (`scale_tile`). `cfg.prefetch` carries the next step's tiles in registers; `cfg.down_splits` splits the down
+Group scales are loaded one per word with an index array (`scale_tile`): the same [rows, words] shape and
+layout as the words, so no join/reshape (a layout change through shared memory in Triton) sits in the
+loop. `cfg.prefetch` carries the next step's tiles in registers; `cfg.down_splits` splits the down
 kernel's loop over slots across programs (partial sums added by XLA), for more programs in flight.
 """
 
@@ -26,8 +28,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import expert_slots, slot_splits, split_range
-from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, shifted_words
+from model.kernels.expert_slots import expert_slots
+from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
 
@@ -39,20 +41,21 @@ def _rem(a, b: int):
     return jax.lax.rem(a, jnp.int32(b))
 
 
-def scale_tile(s_ref, e, rows: pl.Slice, k0, block_k: int, wpg: int) -> jax.Array:
-    """Group scales of expert e for a [rows, block_k words] tile, one per word (loaded by index, so the tile
-    has the words' shape and layout: no join/reshape, a layout change through shared memory in Triton,
-    in the loop) -> [rows, block_k] f32."""
+def scale_tile(s_ref, e, rows: pl.Slice, k0, block_k: int, wpg: int, gather: bool) -> jax.Array:
+    """Group scales of expert e for a [rows, block_k words] tile, one per word -> [rows, block_k] f32."""
+    if not gather:  # one load per group, then repeated in registers (join + reshape)
+        s = s_ref[e, rows, pl.ds(_div(k0, wpg), block_k // wpg)]
+        return repeat_last(s, wpg).astype(jnp.float32)
     row_R1 = (rows.start + jnp.arange(rows.size, dtype=jnp.int32) * rows.stride)[:, None]
     group_1K = _div(k0 + jnp.arange(block_k, dtype=jnp.int32), wpg)[None, :]
     return s_ref[e, row_R1, group_1K].astype(jnp.float32)
 
 
-def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg):
+def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
     words = w_ref[e, rows, pl.ds(k0, block_k)]
     if s_ref is None:
         return (words,)
-    return words, scale_tile(s_ref, e, rows, k0, block_k, wpg)
+    return words, scale_tile(s_ref, e, rows, k0, block_k, wpg, gather)
 
 
 def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool):
@@ -89,7 +92,7 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, xoff_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, n_k, prefetch, ptx):
+                    tokens, n_k, gather, prefetch, ptx):
     if parts > 1:
         gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
@@ -104,8 +107,8 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, xoff_ref, *refs, pa
 
         def load(i):
             k0 = i * block_k
-            return (_load_tile(gate_w, gate_s, e, rows, k0, block_k, wpg),
-                    _load_tile(up_w, up_s, e, rows, k0, block_k, wpg))
+            return (_load_tile(gate_w, gate_s, e, rows, k0, block_k, wpg, gather),
+                    _load_tile(up_w, up_s, e, rows, k0, block_k, wpg, gather))
 
         def compute(i, tiles, acc):
             acc_g, acc_u = acc
@@ -122,17 +125,19 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, xoff_ref, *refs, pa
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, hoff_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k,
-                 slots_per_split, prefetch, ptx):
+                 slots_per_split, gather, prefetch, ptx):
     if parts > 1:
         down_w, down_s, y_ref = refs
     else:
         (down_w, y_ref), down_s = refs, None
     r0 = pl.program_id(0) * block_h
-    first_slot, slots = split_range(num_ref, pl.program_id(1), slots_per_split)
+    first_slot = pl.program_id(1) * slots_per_split
+    slots = jnp.clip(num_ref[0] - first_slot, 0, slots_per_split)
 
     def load(i):
         u = jnp.minimum(first_slot + _div(i, n_k), expert_ref.shape[0] - 1)  # prefetch may look one past
-        return _load_tile(down_w, down_s, expert_ref[u], pl.ds(r0, block_h), _rem(i, n_k) * block_k, block_k, wpg)
+        return _load_tile(down_w, down_s, expert_ref[u], pl.ds(r0, block_h), _rem(i, n_k) * block_k, block_k, wpg,
+                          gather)
 
     def compute(i, tile, acc):
         u = first_slot + _div(i, n_k)
@@ -160,13 +165,13 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     dt = x_TH.dtype
     slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), t)
     u = slots.expert_U.shape[0]
-    splits, slots_per_split = slot_splits(u, cfg.down_splits)
+    splits = max(1, min(cfg.down_splits, u))
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
     x_off_TW = nibble_offsets_PTW(x_PTW)
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t,
-                  prefetch=cfg.prefetch, ptx=not interpret)
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
     h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
@@ -180,7 +185,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
 
     y_STH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k,
-                          slots_per_split=slots_per_split, **common),
+                          slots_per_split=-(-u // splits), **common),
         out_shape=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
         grid=(hidden // cfg.block_h, splits),
         compiler_params=params,
