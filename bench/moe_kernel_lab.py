@@ -39,6 +39,10 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     "gemv_64_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
     "gemv_64_h16_s8": (MoEKernelConfig(block_f=64, block_h=16, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
     "gemv_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_G), (1, 2, 4)),
+    # per-group scales + join was faster at T=1 before the one-LOP3 dequantization (146 vs 165 us, lab 1011);
+    # not compared since
+    "gemv_32_join_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, variant="gemv",
+                                        scales="join"), (1, 2)),
     "gemv_32_s16": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=16, **_G), (1, 2)),
     "gemv_64_pf_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, prefetch=True, down_splits=8,
                                       **_G), (1,)),

@@ -31,3 +31,15 @@ def expert_slots(ids_TK: jax.Array, weights_TK: jax.Array, num_slots: int, token
     combine_UT = jnp.sum(jnp.where(chosen_UTK, weights_TK.astype(jnp.float32)[None], 0.0), axis=-1)
     combine_UT = jnp.pad(combine_UT, ((0, 0), (0, tokens_padded - t)))
     return ExpertSlots(expert_U, num_used.reshape(1), combine_UT)
+
+
+def slot_splits(num_slots: int, requested: int) -> tuple[int, int]:
+    """Down kernels split their loop over slots across programs: -> (splits, slots per split)."""
+    splits = max(1, min(requested, num_slots))
+    return splits, -(-num_slots // splits)
+
+
+def split_range(num_used_ref, split, slots_per_split: int):
+    """Inside a kernel: (first slot, number of used slots) of program `split`; 0 slots past the used ones."""
+    first = split * slots_per_split
+    return first, jnp.clip(num_used_ref[0] - first, 0, slots_per_split)

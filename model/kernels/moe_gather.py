@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import expert_slots
+from model.kernels.expert_slots import expert_slots, slot_splits, split_range
 from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
 from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
 from model.kernels.ptx import fma
@@ -128,8 +128,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows
     else:
         (down_w, y_ref), down_s = refs, None
     r0 = pl.program_id(0) * cfg.block_h
-    first_slot = pl.program_id(1) * slots_per_split
-    slots = jnp.clip(num_ref[0] - first_slot, 0, slots_per_split)
+    first_slot, slots = split_range(num_ref, pl.program_id(1), slots_per_split)
     dt = h_ref.dtype
 
     def step(i, acc):
@@ -191,8 +190,8 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PWT,
       *_weight_arrays(experts.gate), *_weight_arrays(experts.up))
 
-    splits = max(1, min(cfg.down_splits, u))
-    down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=-(-u // splits), **common)
+    splits, slots_per_split = slot_splits(u, cfg.down_splits)
+    down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=slots_per_split, **common)
     y_SHT = pl.pallas_call(
         down,
         out_shape=jax.ShapeDtypeStruct((splits, hidden, tp), jnp.float32),

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import expert_slots
+from model.kernels.expert_slots import expert_slots, slot_splits, split_range
 from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
@@ -131,8 +131,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, hoff_ref, *refs, parts, wpg, rows_p
     else:
         (down_w, y_ref), down_s = refs, None
     r0 = pl.program_id(0) * block_h
-    first_slot = pl.program_id(1) * slots_per_split
-    slots = jnp.clip(num_ref[0] - first_slot, 0, slots_per_split)
+    first_slot, slots = split_range(num_ref, pl.program_id(1), slots_per_split)
 
     def load(i):
         u = jnp.minimum(first_slot + _div(i, n_k), expert_ref.shape[0] - 1)  # prefetch may look one past
@@ -165,7 +164,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     dt = x_TH.dtype
     slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), t)
     u = slots.expert_U.shape[0]
-    splits = max(1, min(cfg.down_splits, u))
+    splits, slots_per_split = slot_splits(u, cfg.down_splits)
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
     x_off_TW = nibble_offsets_PTW(x_PTW)
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
@@ -185,7 +184,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
 
     y_STH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k,
-                          slots_per_split=-(-u // splits), **common),
+                          slots_per_split=slots_per_split, **common),
         out_shape=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
         grid=(hidden // cfg.block_h, splits),
         compiler_params=params,
