@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
@@ -31,32 +32,32 @@ from model.configs import known_config  # noqa: E402
 from model.init import _int4, _Keys  # noqa: E402
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas  # noqa: E402
 from model.moe import ExpertWeights, experts_gather  # noqa: E402
+from model.quant import Int4Weight, dequantize  # noqa: E402
 from model.router import route  # noqa: E402
 
 _G = dict(variant="gemv", scales="gather")
+_P = dict(variant="gemv", scales="gather", slots="pairs")
 _M = dict(variant="mma", scales="gather")
+# Earlier candidates and their times: bench/results/moe-lab-gpu-20261129-*.json
 CANDIDATES = {  # name -> (config, token counts it is tried at)
-    "gemv_64_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
-    "gemv_64_h16_s8": (MoEKernelConfig(block_f=64, block_h=16, block_k=64, num_warps=8, down_splits=8, **_G), (1, 2)),
-    "gemv_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_G), (1, 2, 4)),
-    # per-group scales + join was faster at T=1 before the one-LOP3 dequantization (146 vs 165 us, lab 1011);
-    # not compared since
+    "gemv_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_G), (1, 2)),
+    # per-group scales + join was faster at T=1 before the one-LOP3 dequantization (146 vs 165 us, lab 1011)
     "gemv_32_join_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, variant="gemv",
                                         scales="join"), (1, 2)),
-    "gemv_32_s16": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=16, **_G), (1, 2)),
-    "gemv_64_pf_s8": (MoEKernelConfig(block_f=64, block_h=32, block_k=64, num_warps=8, prefetch=True, down_splits=8,
-                                      **_G), (1,)),
-    "gemv_32_k16_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=16, num_warps=4, down_splits=8, **_G), (2, 4)),
-    "gemv_16_k32_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, down_splits=8, **_G), (2, 4)),
-    "gemv_64_k16_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=16, num_warps=4, down_splits=8, **_G), (2, 4)),
-    "mma_32_s4": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4, **_M), (4, 8)),
-    "mma_64_s2": (MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=4, num_stages=2, down_splits=4, **_M),
-                  (2, 4, 8)),
+    # one slot per (token, choice): one token of arithmetic per byte at any T, no slot bookkeeping
+    "pairs_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_P),
+                    (1, 2, 4, 8, 16)),
+    "pairs_32_s4": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4, **_P), (4, 8, 16)),
+    "pairs_32_s2": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=2, **_P), (8, 16)),
+    "pairs_64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, down_splits=8, **_P), (1, 4)),
+    "pairs_32_join_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                         variant="gemv", scales="join", slots="pairs"), (1, 4)),
+    "pairs_16_k32_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, down_splits=8, **_P), (1, 4)),
     "mma_64_k64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, down_splits=8,
-                                      **_M), (4, 8)),
-    "mma_128_k32_s4": (MoEKernelConfig(block_f=128, block_h=128, block_k=32, num_warps=8, num_stages=2, down_splits=4,
-                                       **_M), (4, 8)),
+                                      **_M), (4, 8, 16)),
 }
+# bf16 experts (the HF-peer comparison): gemv tiles step over 256 elements, as model.kernels.kernel_config_for
+BF16_BLOCK_K = {"gemv": 256, "mma": 64}
 
 
 def moe_layer(cfg, key):
@@ -83,6 +84,8 @@ def parse_args(argv):
     p.add_argument("--profile", help="NAME:T: run that candidate at T tokens 3 times (for ncu) and exit")
     p.add_argument("--budget-s", type=float, default=400.0)
     p.add_argument("--tiny", action="store_true", help="bench.step.TINY_DIMS, kernels in interpret mode (CPU check)")
+    p.add_argument("--tokens", type=int, nargs="+", help="token counts to try (default: each candidate's own)")
+    p.add_argument("--bf16", action="store_true", help="bf16 experts (dequantized), as in the HF-peer comparison")
     return p.parse_args(argv)
 
 
@@ -99,6 +102,12 @@ def main(argv=None):
             CANDIDATES[name] = (MoEKernelConfig(**{**c.__dict__, **tiny}), ts)
     kernel = functools.partial(routed_experts_pallas, interpret=args.tiny)
     experts, router, bias = jax.jit(moe_layer, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+    if args.bf16:
+        experts = jax.jit(lambda e: jax.tree.map(lambda m: dequantize(m, jnp.bfloat16), e,
+                                                 is_leaf=lambda m: isinstance(m, Int4Weight)))(experts)
+        for name, (c, ts) in list(CANDIDATES.items()):
+            if not args.tiny:
+                CANDIDATES[name] = (dataclasses.replace(c, block_k=BF16_BLOCK_K[c.variant]), ts)
     jax.block_until_ready(experts)
     per_expert = nbytes(experts) // experts.num_experts
     if args.profile:
@@ -111,17 +120,18 @@ def main(argv=None):
         return
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"), rows=[])
+    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+                  experts="bf16" if args.bf16 else "int4", rows=[])
     names = args.only.split(",") if args.only else list(CANDIDATES)
     t_start = time.time()
-    for t in sorted({t for n in names for t in CANDIDATES[n][1]}):
+    for t in args.tokens or sorted({t for n in names for t in CANDIDATES[n][1]}):
         x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor = floor_ms(unique * per_expert + 2 * x_TH.nbytes, HBM_TBS)
         ref = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
         for name in names:
             kcfg, tokens = CANDIDATES[name]
-            if t not in tokens or time.time() - t_start > args.budget_s:
+            if (t not in tokens and not args.tokens) or time.time() - t_start > args.budget_s:
                 continue
             row = dict(name=name, tokens=t, unique_experts=unique, floor_ms=floor, config=kcfg.__dict__)
             try:
@@ -135,7 +145,8 @@ def main(argv=None):
                 row["error"] = f"{type(e).__name__}: {e}"[:800]
                 log(f"T={t} {name:16s} failed: {row['error'][:300]}")
             result["rows"].append(row)
-    path = write_json(result, Path(args.out), f"moe-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
+    fmt = "-bf16" if args.bf16 else ""
+    path = write_json(result, Path(args.out), f"moe-lab{fmt}-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
     log(f"wrote {path}")
 
 

@@ -21,11 +21,11 @@ from model.moe import ExpertWeights, MoEWeights, experts_gather
 from model.quant import dequantize
 from model.router import route
 
-CANDIDATES = (  # the engine's configs (model.kernels.kernel_config_for) and the runners-up of bench.moe_kernel_lab
+CANDIDATES = (  # the engine's configs first (model.kernels.kernel_config_for), then earlier engine choices
+    MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, variant="gemv", down_splits=8, slots="pairs"),
+    MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8, slots="pairs"),
     MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8),
-    MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, variant="gemv", down_splits=8),
     MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8),
-    MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=4, num_stages=2, variant="mma", down_splits=4),
 )
 REPS = 20  # layer calls chained inside one jit, so per-call host dispatch does not count
 
@@ -62,6 +62,8 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
     experts = layer.experts
     per_expert = nbytes(experts) // experts.num_experts
     rows, sweep = [], {}
+    candidates = tuple(candidates) + tuple(
+        c for c in {kernel_config_for(t, experts) for t in tokens_list} if c not in candidates)
     for t in tokens_list:
         key, kx = jax.random.split(key)
         x_TH = jax.random.normal(kx, (t, cfg.hidden_size), jnp.float32).astype(jnp.bfloat16)
@@ -87,28 +89,19 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                 log(f"  moe T={t} cfg{i} failed: {type(e).__name__}: {str(e)[:300]}")
                 traceback.print_exc(limit=2)
         rows.append(row)
-    def ok(i, t):
-        r = sweep[i].get(f"T{t}", {})
-        return "ms" in r and r["rel_err"] < 2e-2
-
-    # the fastest valid config at each measured T; "mma" = the fastest tensor-core one (used above 4 tokens)
-    choice = {}
-    for t in tokens_list:
-        valid = [i for i in sweep if ok(i, t)]
-        if valid:
-            choice[f"T{t}"] = min(valid, key=lambda i: sweep[i][f"T{t}"]["ms"])
-    mma = [i for i in sweep if candidates[i].variant == "mma" and all(ok(i, t) for t in tokens_list)]
-    if mma:
-        choice["mma"] = min(mma, key=lambda i: sum(sweep[i][f"T{t}"]["ms"] for t in tokens_list))
+    # the row's kernel figures are those of the config the engine dispatches to (kernel_config_for)
+    engine_ok = True
     for row in rows:
-        best = choice.get(f"T{row['tokens']}")
-        if best is not None:
-            k = sweep[best][f"T{row['tokens']}"]
-            row.update(kernel_ms=k["ms"], kernel_rel_err=k["rel_err"], kernel_config=best,
-                       kernel_variant=candidates[best].variant, kernel_ratio_4p3=k["ms"] / row["floor_ms_4p3"],
-                       reference_ratio_4p3=row["reference_ms"] / row["floor_ms_4p3"])
-    best_cfg = {name: candidates[i] for name, i in choice.items()}
-    return {"rows": rows, "sweep": sweep, "choice": {k: v.__dict__ for k, v in best_cfg.items()}}, best_cfg or None
+        engine = kernel_config_for(row["tokens"], experts)
+        i = candidates.index(engine) if engine in candidates else None
+        k = sweep.get(i, {}).get(f"T{row['tokens']}", {})
+        if "ms" not in k or k["rel_err"] >= 2e-2:
+            engine_ok = False
+            continue
+        row.update(kernel_ms=k["ms"], kernel_rel_err=k["rel_err"], kernel_config=i, kernel_variant=engine.variant,
+                   kernel_slots=engine.slots, kernel_ratio_4p3=k["ms"] / row["floor_ms_4p3"],
+                   reference_ratio_4p3=row["reference_ms"] / row["floor_ms_4p3"])
+    return {"rows": rows, "sweep": sweep}, engine_ok
 
 
 def bf16_subset(experts: ExpertWeights, num: int) -> ExpertWeights:

@@ -19,13 +19,22 @@ def _decode_ms(steps, batch, context, path):
     return None
 
 
+def _short(c: dict) -> str:
+    slots = f"/{c['slots']}" if c.get("variant") == "gemv" else ""
+    return f"{c.get('variant', 'mma')}{slots} {c['block_f']}/{c['block_h']}/{c['block_k']} w{c['num_warps']} s{c['down_splits']}"
+
+
+def _kernel_configs(by_tokens: dict) -> str:
+    return (" (" + ", ".join(f"{t}: {_short(c)}" for t, c in by_tokens.items()) + ")") if by_tokens else ""
+
+
 def markdown(result: dict) -> str:
     lines = [
         f"# Step benchmark: {result['device']}, jax {result['jax']}, {result['date']}",
         "",
         f"Kimi-K2.5 dims, {result['layers']} layers (layer 0 dense, the rest MoE with INT4 g32 experts; bf16 elsewhere), "
         f"lm_head {'tiny' if result['tiny'] else '163840'} rows, random weights. MoE path: {result.get('moe_path')}"
-        f" {result.get('kernel_config') or ''}.",
+        f"{_kernel_configs(result.get('kernel_config') or {})}.",
         f"Copy bandwidth measured in this run (XLA elementwise, read + write): {_f(result.get('copy_tbs'), 2)} TB/s. "
         "Floors: bytes that must be moved / 4.3 TB/s and / the copy bandwidth. Times: median of device-synchronised "
         "steps after warm-up; 'queued' = mean per step with steps queued back to back; 'device loop' = per step "
@@ -40,11 +49,10 @@ def markdown(result: dict) -> str:
         for r in moe["rows"]:
             lines.append(
                 f"| {r['tokens']} | {r['unique_experts']} | {r['bytes'] / 1e6:.1f} | {r['floor_ms_4p3'] * 1e3:.1f} | "
-                f"{_f(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {r.get('kernel_variant', '-')} | {_f(r.get('kernel_ratio_4p3'), 2)} | "
+                f"{_f(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {r.get('kernel_variant', '-')}{'/' + r['kernel_slots'] if r.get('kernel_variant') == 'gemv' else ''} | {_f(r.get('kernel_ratio_4p3'), 2)} | "
                 f"{r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {_f(r.get('kernel_rel_err'), 4)} |")
         lines += ["", "Tile sweep (ms per layer call): " + "; ".join(
-            f"cfg{i} {s['config'].get('variant', 'mma')} {s['config']['block_f']}/{s['config']['block_h']}/{s['config']['block_k']}"
-            f" w{s['config']['num_warps']} s{s['config']['num_stages']}: "
+            f"cfg{i} {_short(s['config'])}: "
             f"{'/'.join(_f(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"
             for i, s in moe["sweep"].items()), ""]
     bf16 = result.get("moe_layer_bf16")

@@ -16,7 +16,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -33,8 +32,7 @@ from bench.timing import copy_bandwidth_tbs, median_ms  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
-from model.kernels import MAX_KERNEL_TOKENS  # noqa: E402
-from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas  # noqa: E402
+from model.kernels import kernel_config_for, routed_experts_for_backend  # noqa: E402
 from model.kv_cache import LatentCache  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
 
@@ -54,33 +52,6 @@ def bench_config(layers: int, tiny: bool):
 
 # one compiled program draws every weight on device (eager init compiles and dispatches op by op)
 init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
-
-
-def kernel_for_tokens(choices: dict, tokens: int) -> MoEKernelConfig | None:
-    """The measured-fastest config for this many tokens (T1 / T4 from the sweep; tensor-core above 4)."""
-    if tokens <= 2 and "T1" in choices:
-        return choices["T1"]
-    if tokens <= 4 and "T4" in choices:
-        return choices["T4"]
-    return choices.get("mma")
-
-
-def kernel_or_plain(choices: dict | None):
-    """The routed-experts path the engine takes on GPU: the kernel where it applies, else the reference."""
-    if not choices:
-        return PLAIN_ROUTED_EXPERTS
-
-    def routed(x_TH, experts, ids_TK, weights_TK):
-        kernel_cfg = kernel_for_tokens(choices, x_TH.shape[0])
-        try:
-            check_shapes(experts, kernel_cfg)
-        except (ValueError, AttributeError):
-            return PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK)
-        if x_TH.shape[0] > MAX_KERNEL_TOKENS:
-            return PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK)
-        return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=kernel_cfg)
-
-    return routed
 
 
 def make_step(cfg, moe_impl):
@@ -230,28 +201,29 @@ def main(argv=None) -> dict:
     log(f"weights: {args.layers} layers in {time.perf_counter() - t0:.1f} s")
     moe_layer = next(lw.mlp for lw in w.layers if isinstance(lw.mlp, MoEWeights))
 
-    kernel_cfg = None
+    kernel_ok = on_gpu  # the steps take the engine's own dispatch (model.kernels) unless the layer check fails
     if on_gpu and not args.skip_moe_layer:
         from bench.moe_layer import bench_bf16_kernel, bench_moe_layer
 
         try:
-            result["moe_layer"], kernel_cfg = bench_moe_layer(moe_layer, cfg, copy_tbs=copy_tbs, log=log)
+            result["moe_layer"], kernel_ok = bench_moe_layer(moe_layer, cfg, copy_tbs=copy_tbs, log=log)
             result["moe_layer_bf16"] = bench_bf16_kernel(moe_layer, cfg, log=log)
         except Exception as e:
             result["errors"].append(f"moe_layer: {type(e).__name__}: {e}"[:2000])
             traceback.print_exc()
         save()
-    result["moe_path"] = "pallas kernel" if kernel_cfg else "plain XLA reference"
-    result["kernel_config"] = {k: v.__dict__ for k, v in (kernel_cfg or {}).items()}
+    result["moe_path"] = "pallas kernel (model.kernels dispatch)" if kernel_ok else "plain XLA reference"
+    result["kernel_config"] = {f"T{t}": kernel_config_for(t, moe_layer.experts).__dict__
+                               for t in sorted({b * t for b in args.batches for t in args.tokens})} if kernel_ok else {}
     log(f"MoE path for the steps: {result['moe_path']}")
 
     loops = {"reference": PLAIN_ROUTED_EXPERTS}
-    if kernel_cfg:
-        loops["kernel"] = kernel_or_plain(kernel_cfg)
+    if kernel_ok:
+        loops["kernel"] = routed_experts_for_backend
     steps = {path: make_step(cfg, impl) for path, impl in loops.items()}
-    plan = [("kernel" if kernel_cfg else "reference", b, c, t)
+    plan = [("kernel" if kernel_ok else "reference", b, c, t)
             for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
-    if kernel_cfg:  # the XLA reference path side by side, where the targets are
+    if kernel_ok:  # the XLA reference path side by side, where the targets are
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])
@@ -261,7 +233,7 @@ def main(argv=None) -> dict:
     if args.cycle_k and args.layers >= 3:
         from bench.cycle import bench_cycles
 
-        moe_impl = kernel_or_plain(kernel_cfg)
+        moe_impl = loops["kernel" if kernel_ok else "reference"]
         result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first], tiny=args.tiny)
         save()
     run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget, save, log,

@@ -106,16 +106,30 @@ def test_gemv_variant_matches_reference(int4_experts):
     out = interpret_gemv(xb, experts, ids[:2], w[:2])
     assert out.dtype == jnp.bfloat16
     assert _rel_err(out, experts_gather(xb, experts, ids[:2], w[:2])) < 2e-2
+    pairs = jax.jit(functools.partial(routed_experts_pallas, cfg=MoEKernelConfig(
+        block_f=16, block_h=16, block_k=16, variant="gemv", slots="pairs", down_splits=2), interpret=True))
+    xb4 = jax.random.normal(jax.random.PRNGKey(7), (4, H), jnp.float32).astype(jnp.bfloat16)
+    ids4, w4 = _routing(4, seed=12)
+    assert _rel_err(pairs(xb4, experts, ids4, w4), experts_gather(xb4, experts, ids4, w4)) < 2e-2
 
 
-@pytest.mark.parametrize("variant, scales, prefetch, down_splits", [
-    ("mma", "join", False, 1), ("mma", "gather", False, 5), ("gemv", "join", False, 1), ("gemv", "gather", True, 5),
+def test_pair_slots_need_the_gemv_variant(int4_experts):
+    ids, w = _routing(2, seed=9)
+    x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
+    with pytest.raises(ValueError, match="slots='pairs' needs variant='gemv'"):
+        routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(slots="pairs"), interpret=True)
+
+
+@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots", [
+    ("mma", "join", False, 1, "unique"), ("mma", "gather", False, 5, "unique"), ("gemv", "join", False, 1, "unique"),
+    ("gemv", "gather", True, 5, "unique"), ("gemv", "gather", False, 2, "pairs"), ("gemv", "join", True, 3, "pairs"),
 ])
-def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits):
-    """Scale loading, prefetch and split down loops change the schedule only; 5 splits of 6 slots leaves the last
-    split empty and makes the prefetch look one slot past the end."""
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots):
+    """Scale loading, prefetch, split down loops and slot kinds change the schedule only; 5 splits of 6 slots
+    leaves the last split empty and makes the prefetch look one slot past the end; pairs with 2 splits of K=3
+    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair)."""
     cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
-                          down_splits=down_splits)
+                          down_splits=down_splits, slots=slots)
     kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
     ids, w = _routing(3, seed=13)
     x = jax.random.normal(jax.random.PRNGKey(6), (3, H), jnp.float32)
@@ -145,7 +159,7 @@ def _pretend_h200():
     return restore
 
 
-@pytest.mark.parametrize("variant", ["mma", "gemv"])
+@pytest.mark.parametrize("variant", ["mma", "gemv", "gemv-pairs"])
 @pytest.mark.parametrize("fmt", ["int4", "bf16"])
 def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     e, f, h, k, t = 384, 2048, 7168, 8, 4
@@ -157,8 +171,9 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
     restore = _pretend_h200()
     try:
-        cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant, prefetch=variant == "gemv",
-                              down_splits=4)
+        cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant.split("-")[0],
+                              prefetch=variant == "gemv", down_splits=4,
+                              slots="pairs" if variant == "gemv-pairs" else "unique")
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))

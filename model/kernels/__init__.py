@@ -1,8 +1,9 @@
 """GPU kernels, each beside the plain-XLA reference it is tested against; the engine picks per backend.
 
 `routed_experts_for_backend` has the signature of `model.moe.routed_experts`: on a GPU it runs the fused
-Pallas MoE when the shapes fit (moe_gemv.py on CUDA cores for 1-2 tokens, moe_gather.py on tensor cores
-above), elsewhere the plain reference paths `model.moe.experts_gather` / `experts_dense`.
+Pallas MoE when the shapes fit (moe_gemv.py on CUDA cores, one slot per (token, choice), for decode and
+verify; moe_gather.py on tensor cores over the unique experts above PAIRS_MAX_TOKENS), elsewhere the plain
+reference paths `model.moe.experts_gather` / `experts_dense`.
 """
 
 from __future__ import annotations
@@ -16,21 +17,27 @@ from model.quant import Fp8Weight, Int4Weight
 MAX_KERNEL_TOKENS = 128
 
 
-# CUDA-core GEMV up to this many tokens, tensor-core dots above; measured on the H200 with
-# `python -m bench.moe_kernel_lab` (bench/results/moe-lab-gpu-20261129-1033.json, one K2.5 INT4 layer):
-# INT4 T=1 gemv 95.8 us vs mma 266 us (floor 46.1), T=2 gemv 233 us vs mma 391 us, T=4 gemv 775 us vs mma
-# 736 us (floor 179), T=8 mma 1336 us (floor 340). bf16: gemv for one token only (it spills registers at
-# 4 tokens, bench/results/README.md).
-GEMV_MAX_TOKENS = {"int4": 2, "bf16": 1}
+# One slot per (token, choice) on CUDA cores (moe_gemv.py, slots="pairs") up to this many tokens, tensor-core
+# dots over the unique experts above. Measured on the H200 with `python -m bench.moe_kernel_lab [--bf16]`
+# (bench/results/moe-lab-gpu-20261129-1250.json and moe-lab-bf16-gpu-20261129-1251.json, one K2.5 layer):
+# INT4 pairs T=1 92 us (floor 46), T=2 167 (92), T=4 270 (179), T=8 502 (340), T=16 938 (640); the
+# unique-expert mma kernel 757 / 1347 / 2345 us at T=4 / 8 / 16, the unique-expert gemv 247 us at T=2.
+# bf16 pairs T=1 204 us (floor 164), T=4 709 (635); mma T=8 1294 vs pairs 1360.
+PAIRS_MAX_TOKENS = {"int4": 64, "bf16": 4}
 
 
 def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
     """Tile sizes for the H200 (bench/moe_kernel_lab.py times the candidates; results in bench/results/)."""
     int4 = isinstance(experts.gate, Int4Weight)
-    if tokens <= GEMV_MAX_TOKENS["int4" if int4 else "bf16"]:
-        if int4:
-            return MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8)
-        return MoEKernelConfig(block_f=32, block_h=32, block_k=256, num_warps=4, variant="gemv", down_splits=8)
+    if tokens <= PAIRS_MAX_TOKENS["int4" if int4 else "bf16"]:
+        if not int4:
+            return MoEKernelConfig(block_f=32, block_h=32, block_k=256, num_warps=4, variant="gemv", down_splits=8,
+                                   slots="pairs")
+        if tokens == 1:  # 64-row tiles, 8 warps: 92 vs 97 us at one token, 296 vs 270 us at four
+            return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, variant="gemv", down_splits=8,
+                                   slots="pairs")
+        return MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8,
+                               slots="pairs")
     # wgmma tiles of 64 rows; two stages keep the shared memory (dequantized tiles + inputs) under 227 KB
     return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8)
 
@@ -63,7 +70,7 @@ def routed_experts_for_backend(x_TH: jax.Array, experts, ids_TK: jax.Array, weig
 
 
 __all__ = [
-    "GEMV_MAX_TOKENS",
+    "PAIRS_MAX_TOKENS",
     "MAX_KERNEL_TOKENS",
     "MoEKernelConfig",
     "fused_moe_applies",

@@ -17,6 +17,14 @@ Group scales are loaded one per word with an index array (`scale_tile`): the sam
 layout as the words, so no join/reshape (a layout change through shared memory in Triton) sits in the
 loop. `cfg.prefetch` carries the next step's tiles in registers; `cfg.down_splits` splits the down
 kernel's loop over slots across programs (partial sums added by XLA), for more programs in flight.
+
+Slots (`cfg.slots`): "unique" gives each distinct expert one slot that computes every token (the routing
+weight is 0 for tokens that did not choose it), so an expert shared by tokens is read once but every slot
+does T tokens of arithmetic; "pairs" gives each (token, choice) pair its own slot with that one token, so
+the arithmetic per byte stays that of one token at any T (verify steps), an expert chosen by two tokens is
+read twice (the second read usually from L2: both programs run side by side), and no slot bookkeeping
+(sort, scatter) runs in XLA. The down kernel then splits per token: program (rows, token t, split) sums
+its share of t's K choices.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import expert_slots, slot_splits, split_range
+from model.kernels.expert_slots import ExpertSlots, expert_slots, slot_splits, split_range
 from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
@@ -91,14 +99,16 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
     return jax.lax.fori_loop(0, n, step, (acc, load(0)))[0]
 
 
-def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, xoff_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, n_k, gather, prefetch, ptx):
+def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
+                    tokens, choices, n_k, gather, prefetch, ptx):
+    """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs)."""
     if parts > 1:
-        gate_w, gate_s, up_w, up_s, h_ref = refs
+        xoff_ref, gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
-        (gate_w, up_w, h_ref), gate_s, up_s = refs, None, None
+        (gate_w, up_w, h_ref), xoff_ref, gate_s, up_s = refs, None, None, None
     u = pl.program_id(0)
     p0 = pl.program_id(1) * block_f
+    token_ids = [_div(u, choices)] if choices else list(range(tokens))
 
     @pl.when(u < num_ref[0])
     def _():
@@ -113,25 +123,34 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, xoff_ref, *refs, pa
         def compute(i, tiles, acc):
             acc_g, acc_u = acc
             k0 = i * block_k
-            xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in range(tokens)]
-            offs = [xoff_ref[t, pl.ds(k0, block_k)] for t in range(tokens)]
+            xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
+            offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
             return _accumulate(tiles[0], xs, offs, acc_g, ptx), _accumulate(tiles[1], xs, offs, acc_u, ptx)
 
-        zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in range(tokens))
+        zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in token_ids)
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
-        for t in range(tokens):
-            h = jax.nn.silu(jnp.sum(acc_g[t], axis=1)) * jnp.sum(acc_u[t], axis=1) * combine_ref[u, t]
-            h_ref[u, _div(p0, rows_per_part), t, pl.ds(_rem(p0, rows_per_part), block_f)] = h.astype(h_ref.dtype)
+        for i in range(len(token_ids)):
+            h = jax.nn.silu(jnp.sum(acc_g[i], axis=1)) * jnp.sum(acc_u[i], axis=1) * combine_ref[u, i]
+            h_ref[u, _div(p0, rows_per_part), i, pl.ds(_rem(p0, rows_per_part), block_f)] = h.astype(h_ref.dtype)
 
 
-def _down_kernel(expert_ref, num_ref, h_ref, hoff_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, n_k,
-                 slots_per_split, gather, prefetch, ptx):
+def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
+                 splits, slots_per_split, gather, prefetch, ptx):
+    """y[split, t, rows]: unique slots sum all tokens over split's slots; pairs sum token t's choices of the split."""
     if parts > 1:
-        down_w, down_s, y_ref = refs
+        hoff_ref, down_w, down_s, y_ref = refs
     else:
-        (down_w, y_ref), down_s = refs, None
+        (down_w, y_ref), hoff_ref, down_s = refs, None, None
     r0 = pl.program_id(0) * block_h
-    first_slot, slots = split_range(num_ref, pl.program_id(1), slots_per_split)
+    if choices:  # program (rows, t * splits + split): pairs t * choices + [split's share of 0..choices)
+        token, split = _div(pl.program_id(1), splits), _rem(pl.program_id(1), splits)
+        first_slot = token * choices + split * slots_per_split
+        slots = jnp.clip(choices - split * slots_per_split, 0, slots_per_split)
+        outputs = [(token, 0)]  # (token, index of the token in h's third axis)
+    else:
+        split = pl.program_id(1)
+        first_slot, slots = split_range(num_ref, split, slots_per_split)
+        outputs = [(t, t) for t in range(tokens)]
 
     def load(i):
         u = jnp.minimum(first_slot + _div(i, n_k), expert_ref.shape[0] - 1)  # prefetch may look one past
@@ -141,54 +160,67 @@ def _down_kernel(expert_ref, num_ref, h_ref, hoff_ref, *refs, parts, wpg, rows_p
     def compute(i, tile, acc):
         u = first_slot + _div(i, n_k)
         k0 = _rem(i, n_k) * block_k
-        hs = [[h_ref[u, j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in range(tokens)]
-        offs = [hoff_ref[u, t, pl.ds(k0, block_k)] for t in range(tokens)]
+        hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
+        offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
         return _accumulate(tile, hs, offs, acc, ptx)
 
-    zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in range(tokens))
+    zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in outputs)
     acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
-    for t in range(tokens):
-        y_ref[pl.program_id(1), t, pl.ds(r0, block_h)] = jnp.sum(acc[t], axis=1)
+    for (t, _), a in zip(outputs, acc):
+        y_ref[split, t, pl.ds(r0, block_h)] = jnp.sum(a, axis=1)
+
+
+def _pair_slots(ids_TK, weights_TK) -> ExpertSlots:
+    """One slot per (token, choice), in token-major order: slot u holds token u // K."""
+    s = ids_TK.size
+    return ExpertSlots(ids_TK.reshape(s).astype(jnp.int32), jnp.full((1,), s, jnp.int32),
+                       weights_TK.reshape(s, 1).astype(jnp.float32))
 
 
 def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bool = False) -> jax.Array:
-    """Same contract as `model.moe.experts_gather`; `cfg` is a MoEKernelConfig (block_f, block_h, block_k, warps)."""
+    """Same contract as `model.moe.experts_gather`; `cfg` is a MoEKernelConfig (tiles, warps, slots, splits)."""
     from model.kernels.moe_gather import check_shapes
 
     check_shapes(experts, cfg)
+    if cfg.slots not in ("unique", "pairs"):
+        raise ValueError(f"MoEKernelConfig.slots must be 'unique' or 'pairs', not {cfg.slots!r}")
     t, hidden = x_TH.shape
     num_experts, f, _ = experts.gate.shape
     int4 = isinstance(experts.gate, Int4Weight)
     parts = 8 if int4 else 1
     wpg = experts.gate.group_size // 8 if int4 else 1
     dt = x_TH.dtype
-    slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), t)
+    pairs = cfg.slots == "pairs"
+    choices = ids_TK.shape[1] if pairs else 0
+    slots = _pair_slots(ids_TK, weights_TK) if pairs else expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), t)
     u = slots.expert_U.shape[0]
-    splits, slots_per_split = slot_splits(u, cfg.down_splits)
+    tokens_per_slot = 1 if pairs else t
+    # pairs: each token's choices split across programs; unique: all slots split across programs
+    splits, slots_per_split = slot_splits(choices if pairs else u, cfg.down_splits)
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    x_off_TW = nibble_offsets_PTW(x_PTW)
+    x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t,
+    common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
                   gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
     h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
-        out_shape=jax.ShapeDtypeStruct((u, parts, t, f // parts), jnp.float32),  # [slot, part j, token, word]
+        out_shape=jax.ShapeDtypeStruct((u, parts, tokens_per_slot, f // parts), jnp.float32),  # [slot, j, token, w]
         grid=(u, f // cfg.block_f),
         compiler_params=params,
         interpret=interpret,
         name="moe_gate_up_gemv",
-    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, x_off_TW, *arrays(experts.gate), *arrays(experts.up))
-    h_off_UTW = jax.vmap(nibble_offsets_PTW)(h_UPTW)
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
+    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
 
     y_STH = pl.pallas_call(
-        functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k,
+        functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, splits=splits,
                           slots_per_split=slots_per_split, **common),
         out_shape=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
-        grid=(hidden // cfg.block_h, splits),
+        grid=(hidden // cfg.block_h, t * splits if pairs else splits),
         compiler_params=params,
         interpret=interpret,
         name="moe_down_gemv",
-    )(slots.expert_U, slots.num_used, h_UPTW, h_off_UTW, *arrays(experts.down))
+    )(slots.expert_U, slots.num_used, h_UPTW, *h_off, *arrays(experts.down))
     return jnp.sum(y_STH, axis=0).astype(dt)
