@@ -53,15 +53,6 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     "pairs_32_join_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
                                          variant="gemv", scales="join", slots="pairs"), (1, 4)),
     "pairs_16_k32_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, down_splits=8, **_P), (1, 4)),
-    # the gate_up's contracted dim (14 steps of 64 words at K2.5) split across programs, SwiGLU after the sum
-    "pairs_64_s8_ks2": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, down_splits=8, k_splits=2,
-                                        **_P), (1, 4)),
-    "pairs_32_s8_ks2": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, k_splits=2,
-                                        **_P), (1, 4)),
-    "pairs_64_s8_ks7": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, down_splits=8, k_splits=7,
-                                        **_P), (1, 4)),
-    "pairs_32_k32_s8_ks4": (MoEKernelConfig(block_f=32, block_h=32, block_k=32, num_warps=4, down_splits=8,
-                                            k_splits=4, **_P), (1, 4)),
     "mma_64_k64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, down_splits=8,
                                       **_M), (4, 8, 16)),
 }

@@ -116,25 +116,20 @@ def test_gemv_variant_matches_reference(int4_experts):
 def test_pair_slots_need_the_gemv_variant(int4_experts):
     ids, w = _routing(2, seed=9)
     x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
-    with pytest.raises(ValueError, match="slots='pairs', k_splits=1 need variant='gemv'"):
+    with pytest.raises(ValueError, match="slots='pairs' needs variant='gemv'"):
         routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(slots="pairs"), interpret=True)
-    with pytest.raises(ValueError, match="do not split into k_splits=3"):
-        routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(
-            block_f=16, block_h=16, block_k=16, variant="gemv", k_splits=3), interpret=True)
 
 
-@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots, k_splits", [
-    ("mma", "join", False, 1, "unique", 1), ("mma", "gather", False, 5, "unique", 1),
-    ("gemv", "join", False, 1, "unique", 1), ("gemv", "gather", True, 5, "unique", 2),
-    ("gemv", "gather", False, 2, "pairs", 1), ("gemv", "join", True, 3, "pairs", 2),
+@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots", [
+    ("mma", "join", False, 1, "unique"), ("mma", "gather", False, 5, "unique"), ("gemv", "join", False, 1, "unique"),
+    ("gemv", "gather", True, 5, "unique"), ("gemv", "gather", False, 2, "pairs"), ("gemv", "join", True, 3, "pairs"),
 ])
-def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots, k_splits):
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots):
     """Scale loading, prefetch, split down loops and slot kinds change the schedule only; 5 splits of 6 slots
     leaves the last split empty and makes the prefetch look one slot past the end; pairs with 2 splits of K=3
-    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair); k_splits=2
-    halves the gate_up's contracted dim (its two steps) between programs."""
+    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair)."""
     cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
-                          down_splits=down_splits, slots=slots, k_splits=k_splits)
+                          down_splits=down_splits, slots=slots)
     kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
     ids, w = _routing(3, seed=13)
     x = jax.random.normal(jax.random.PRNGKey(6), (3, H), jnp.float32)
@@ -178,8 +173,7 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     try:
         cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant.split("-")[0],
                               prefetch=variant == "gemv", down_splits=4,
-                              slots="pairs" if variant == "gemv-pairs" else "unique",
-                              k_splits=2 if variant == "gemv-pairs" else 1)
+                              slots="pairs" if variant == "gemv-pairs" else "unique")
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))

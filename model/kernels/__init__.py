@@ -30,14 +30,10 @@ def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
     """Tile sizes for the H200 (bench/moe_kernel_lab.py times the candidates; results in bench/results/)."""
     int4 = isinstance(experts.gate, Int4Weight)
     if tokens <= PAIRS_MAX_TOKENS["int4" if int4 else "bf16"]:
-        if not int4:
-            return MoEKernelConfig(block_f=32, block_h=32, block_k=256, num_warps=4, variant="gemv", down_splits=8,
-                                   slots="pairs")
-        if tokens == 1:  # 64-row tiles, 8 warps: 92 vs 97 us at one token, 296 vs 270 us at four
-            return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, variant="gemv", down_splits=8,
-                                   slots="pairs")
-        return MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8,
-                               slots="pairs")
+        # INT4 64-row tiles with 8 warps: 92 / 96 / 96 us at one token over three runs vs 97 / 92 / 94 for these
+        # (noise), 290-305 vs 270-277 us at four tokens (bench/results/moe-lab-gpu-20261129-1250 and -1312)
+        return MoEKernelConfig(block_f=32, block_h=32, block_k=64 if int4 else 256, num_warps=4, variant="gemv",
+                               down_splits=8, slots="pairs")
     # wgmma tiles of 64 rows; two stages keep the shared memory (dequantized tiles + inputs) under 227 KB
     return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8)
 

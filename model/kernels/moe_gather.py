@@ -46,7 +46,6 @@ class MoEKernelConfig:
     prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
     down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
     slots: str = "unique"  # gemv: "unique" one slot per distinct expert, "pairs" one per (token, choice)
-    k_splits: int = 1  # gemv gate_up: programs per (slot, rows), each over a share of the contracted dim
 
 
 def token_tile(t: int) -> int:
@@ -159,8 +158,6 @@ def check_shapes(experts, cfg: MoEKernelConfig) -> None:
                        ("H/parts", h // parts, cfg.block_k), ("H", h, cfg.block_h)):
         if n % b or b % wpg:
             raise ValueError(f"{name}={n} is not a multiple of block {b} (or block not of whole groups)")
-    if (h // parts // cfg.block_k) % cfg.k_splits:
-        raise ValueError(f"H/parts/block_k={h // parts // cfg.block_k} steps do not split into k_splits={cfg.k_splits}")
     if _parts(experts.down) != parts:
         raise ValueError("gate/up and down must share one storage format")
 
@@ -170,9 +167,8 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     """Same contract as `model.moe.experts_gather`: [T, H] -> [T, H] in x's dtype."""
     if cfg.variant == "gemv":
         return routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, cfg=cfg, interpret=interpret)
-    if cfg.slots != "unique" or cfg.k_splits != 1:
-        raise ValueError(f"MoEKernelConfig slots={cfg.slots!r}, k_splits={cfg.k_splits} need variant='gemv' (the mma "
-                         "variant reads unique experts over the whole contracted dim)")
+    if cfg.slots != "unique":
+        raise ValueError(f"MoEKernelConfig.slots={cfg.slots!r} needs variant='gemv' (the mma variant reads unique experts)")
     check_shapes(experts, cfg)
     t, hidden = x_TH.shape
     num_experts, f, _ = experts.gate.shape

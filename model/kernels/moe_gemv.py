@@ -100,19 +100,14 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, choices, n_k, k_splits, gather, prefetch, ptx):
-    """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs).
-
-    With k_splits > 1, program (u, rows, s) covers the s-th share of the contracted dim and writes the raw
-    gate and up sums to h[0 / 1, s, u, j, i, w]; the wrapper adds the shares and applies SwiGLU."""
+                    tokens, choices, n_k, gather, prefetch, ptx):
+    """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs)."""
     if parts > 1:
         xoff_ref, gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
         (gate_w, up_w, h_ref), xoff_ref, gate_s, up_s = refs, None, None, None
     u = pl.program_id(0)
     p0 = pl.program_id(1) * block_f
-    share = pl.program_id(2) if k_splits > 1 else 0  # read here: interpret mode has no program_id inside pl.when
-    first_step = share * n_k
     token_ids = [_div(u, choices)] if choices else list(range(tokens))
 
     @pl.when(u < num_ref[0])
@@ -121,27 +116,22 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
         rows = pl.ds(parts * _rem(p0, rows_per_part) + _div(p0, rows_per_part), block_f, stride=parts)
 
         def load(i):
-            k0 = (first_step + i) * block_k
+            k0 = i * block_k
             return (_load_tile(gate_w, gate_s, e, rows, k0, block_k, wpg, gather),
                     _load_tile(up_w, up_s, e, rows, k0, block_k, wpg, gather))
 
         def compute(i, tiles, acc):
             acc_g, acc_u = acc
-            k0 = (first_step + i) * block_k
+            k0 = i * block_k
             xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
             offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
             return _accumulate(tiles[0], xs, offs, acc_g, ptx), _accumulate(tiles[1], xs, offs, acc_u, ptx)
 
         zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in token_ids)
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
-        part, cols = _div(p0, rows_per_part), pl.ds(_rem(p0, rows_per_part), block_f)
         for i in range(len(token_ids)):
-            g, up = jnp.sum(acc_g[i], axis=1), jnp.sum(acc_u[i], axis=1)
-            if k_splits > 1:
-                h_ref[0, share, u, part, i, cols] = g
-                h_ref[1, share, u, part, i, cols] = up
-            else:
-                h_ref[u, part, i, cols] = (jax.nn.silu(g) * up * combine_ref[u, i]).astype(h_ref.dtype)
+            h = jax.nn.silu(jnp.sum(acc_g[i], axis=1)) * jnp.sum(acc_u[i], axis=1) * combine_ref[u, i]
+            h_ref[u, _div(p0, rows_per_part), i, pl.ds(_rem(p0, rows_per_part), block_f)] = h.astype(h_ref.dtype)
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
@@ -214,20 +204,14 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
                   gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
-    ks = cfg.k_splits
-    h_shape = (u, parts, tokens_per_slot, f // parts)  # [slot, j, token, w]
     h_UPTW = pl.pallas_call(
-        functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k // ks, k_splits=ks,
-                          **common),
-        out_shape=jax.ShapeDtypeStruct(h_shape if ks == 1 else (2, ks) + h_shape, jnp.float32),
-        grid=(u, f // cfg.block_f) + ((ks,) if ks > 1 else ()),
+        functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
+        out_shape=jax.ShapeDtypeStruct((u, parts, tokens_per_slot, f // parts), jnp.float32),  # [slot, j, token, w]
+        grid=(u, f // cfg.block_f),
         compiler_params=params,
         interpret=interpret,
         name="moe_gate_up_gemv",
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
-    if ks > 1:  # add the shares; XLA fuses this with the nibble offsets below
-        g_UPTW, up_UPTW = jnp.sum(h_UPTW, axis=1)
-        h_UPTW = jax.nn.silu(g_UPTW) * up_UPTW * slots.combine_UT[:, None, :tokens_per_slot, None]
     h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
 
     y_STH = pl.pallas_call(
