@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import expert_slots, slot_splits, split_range
+from model.kernels.index_math import div, rem
 from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
 from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
 from model.kernels.ptx import fma
@@ -50,15 +51,6 @@ class MoEKernelConfig:
 
 def token_tile(t: int) -> int:
     return max(MIN_TOKEN_TILE, 1 << (t - 1).bit_length())
-
-
-def _div(a, b: int):
-    # lax.div/rem (truncating; operands are >= 0): jnp's floor division emits sign fix-ups Triton rejects
-    return jax.lax.div(a, jnp.int32(b))
-
-
-def _rem(a, b: int):
-    return jax.lax.rem(a, jnp.int32(b))
 
 
 def _parts(w) -> int:
@@ -102,7 +94,7 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words
     def _():
         e = expert_ref[u]
         # j-major position p = j * rows_per_part + w is matrix row f = parts * w + j
-        rows = pl.ds(parts * _rem(p0, rows_per_part) + _div(p0, rows_per_part), cfg.block_f, stride=parts)
+        rows = pl.ds(parts * rem(p0, rows_per_part) + div(p0, rows_per_part), cfg.block_f, stride=parts)
 
         def step(i, acc):
             acc_g, acc_u = acc
@@ -133,8 +125,8 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows
     dt = h_ref.dtype
 
     def step(i, acc):
-        u = first_slot + _div(i, n_k)
-        k0 = _rem(i, n_k) * cfg.block_k
+        u = first_slot + div(i, n_k)
+        k0 = rem(i, n_k) * cfg.block_k
         e = expert_ref[u]
         d_parts = _load_parts(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt,
                               cfg.scales == "gather", ptx)

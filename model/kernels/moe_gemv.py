@@ -37,25 +37,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import ExpertSlots, expert_slots, slot_splits, split_range
+from model.kernels.index_math import div, rem
 from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
-
-def _div(a, b: int):
-    return jax.lax.div(a, jnp.int32(b))
-
-
-def _rem(a, b: int):
-    return jax.lax.rem(a, jnp.int32(b))
 
 
 def scale_tile(s_ref, e, rows: pl.Slice, k0, block_k: int, wpg: int, gather: bool) -> jax.Array:
     """Group scales of expert e for a [rows, block_k words] tile, one per word -> [rows, block_k] f32."""
     if not gather:  # one load per group, then repeated in registers (join + reshape)
-        s = s_ref[e, rows, pl.ds(_div(k0, wpg), block_k // wpg)]
+        s = s_ref[e, rows, pl.ds(div(k0, wpg), block_k // wpg)]
         return repeat_last(s, wpg).astype(jnp.float32)
     row_R1 = (rows.start + jnp.arange(rows.size, dtype=jnp.int32) * rows.stride)[:, None]
-    group_1K = _div(k0 + jnp.arange(block_k, dtype=jnp.int32), wpg)[None, :]
+    group_1K = div(k0 + jnp.arange(block_k, dtype=jnp.int32), wpg)[None, :]
     return s_ref[e, row_R1, group_1K].astype(jnp.float32)
 
 
@@ -108,12 +102,12 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
         (gate_w, up_w, h_ref), xoff_ref, gate_s, up_s = refs, None, None, None
     u = pl.program_id(0)
     p0 = pl.program_id(1) * block_f
-    token_ids = [_div(u, choices)] if choices else list(range(tokens))
+    token_ids = [div(u, choices)] if choices else list(range(tokens))
 
     @pl.when(u < num_ref[0])
     def _():
         e = expert_ref[u]
-        rows = pl.ds(parts * _rem(p0, rows_per_part) + _div(p0, rows_per_part), block_f, stride=parts)
+        rows = pl.ds(parts * rem(p0, rows_per_part) + div(p0, rows_per_part), block_f, stride=parts)
 
         def load(i):
             k0 = i * block_k
@@ -131,7 +125,7 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
         for i in range(len(token_ids)):
             h = jax.nn.silu(jnp.sum(acc_g[i], axis=1)) * jnp.sum(acc_u[i], axis=1) * combine_ref[u, i]
-            h_ref[u, _div(p0, rows_per_part), i, pl.ds(_rem(p0, rows_per_part), block_f)] = h.astype(h_ref.dtype)
+            h_ref[u, div(p0, rows_per_part), i, pl.ds(rem(p0, rows_per_part), block_f)] = h.astype(h_ref.dtype)
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
@@ -143,7 +137,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         (down_w, y_ref), hoff_ref, down_s = refs, None, None
     r0 = pl.program_id(0) * block_h
     if choices:  # program (rows, t * splits + split): pairs t * choices + [split's share of 0..choices)
-        token, split = _div(pl.program_id(1), splits), _rem(pl.program_id(1), splits)
+        token, split = div(pl.program_id(1), splits), rem(pl.program_id(1), splits)
         first_slot = token * choices + split * slots_per_split
         slots = jnp.clip(choices - split * slots_per_split, 0, slots_per_split)
         outputs = [(token, 0)]  # (token, index of the token in h's third axis)
@@ -153,13 +147,13 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         outputs = [(t, t) for t in range(tokens)]
 
     def load(i):
-        u = jnp.minimum(first_slot + _div(i, n_k), expert_ref.shape[0] - 1)  # prefetch may look one past
-        return _load_tile(down_w, down_s, expert_ref[u], pl.ds(r0, block_h), _rem(i, n_k) * block_k, block_k, wpg,
+        u = jnp.minimum(first_slot + div(i, n_k), expert_ref.shape[0] - 1)  # prefetch may look one past
+        return _load_tile(down_w, down_s, expert_ref[u], pl.ds(r0, block_h), rem(i, n_k) * block_k, block_k, wpg,
                           gather)
 
     def compute(i, tile, acc):
-        u = first_slot + _div(i, n_k)
-        k0 = _rem(i, n_k) * block_k
+        u = first_slot + div(i, n_k)
+        k0 = rem(i, n_k) * block_k
         hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
         offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
         return _accumulate(tile, hs, offs, acc, ptx)
