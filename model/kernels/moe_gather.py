@@ -7,7 +7,9 @@ Two kernels, each reading every selected expert once (slots from `expert_slots`)
    where c[u, t] is token t's routing weight for the slot's expert (0 when t did not choose it).
 2. down: grid (block of H rows). y[h, t] = sum over used slots u of down[e_u, h, :] . h[u, :, t].
 The T tokens ride along as the N side of a small matrix product (padded to 16+), so T = 1..16 tokens cost
-about the same bytes as one: weights are read once per slot, never per (token, choice) pair.
+about the same bytes as one: weights are read once per slot, never per (token, choice) pair. Measured on the
+H200 the dequantized tiles' trip through shared memory costs more than those bytes save: up to
+PAIRS_MAX_TOKENS (model/kernels/__init__.py) the engine runs moe_gemv.py's one-slot-per-pair kernel instead.
 
 INT4 weights stay packed in HBM and are dequantized in registers (see int4_tile.py): nibble j of each
 word is a "part" dotted with the inputs 8*w + j, so the wrapper lays x out j-major ([8, H/8, T]) and the
@@ -42,7 +44,7 @@ class MoEKernelConfig:
     block_k: int = 64  # words (int4) or elements (bf16) of the contracted dim per loop step and part
     num_warps: int = 4
     num_stages: int = 3
-    variant: str = "mma"  # "mma": tensor-core dots (any T <= 128); "gemv": CUDA-core FMAs (T <= 4), moe_gemv.py
+    variant: str = "mma"  # "mma": tensor-core dots (any T <= 128); "gemv": CUDA-core FMAs, moe_gemv.py
     scales: str = "gather"  # int4 group scales: "gather" one per word by index, "join" per group then repeated
     prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
     down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots

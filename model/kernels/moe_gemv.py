@@ -1,6 +1,6 @@
-"""Fused routed experts for 1-4 tokens on CUDA cores: Pallas (Triton) gather-GEMV over the selected experts.
+"""Fused routed experts for decode and verify on CUDA cores: Pallas (Triton) gather-GEMV over the selected experts.
 
-Plain reference: `model.moe.experts_gather`. Same slots and two-kernel structure as moe_gather.py (gate_up
+Plain reference: `model.moe.experts_gather`. Same two-kernel structure as moe_gather.py (gate_up
 over (slot, block of F rows), then down over blocks of H rows looping over the used slots), but the
 products are elementwise FMAs accumulated in registers and reduced once per program, not tensor-core dots.
 Why: with one token a dot pads the token side to 16 and routes every dequantized tile through shared
