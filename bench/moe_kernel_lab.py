@@ -53,6 +53,9 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     "pairs_32_join_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
                                          variant="gemv", scales="join", slots="pairs"), (1, 4)),
     "pairs_16_k32_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, down_splits=8, **_P), (1, 4)),
+    # nibble offsets inside the kernels, x read strided: two XLA passes fewer per layer (not yet on a GPU)
+    "pairs_32_s8_koff": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                         offsets="kernel", **_P), (1, 2, 4, 8)),
     "mma_64_k64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, down_splits=8,
                                       **_M), (4, 8, 16)),
 }

@@ -21,6 +21,7 @@ def _decode_ms(steps, batch, context, path):
 
 def _short(c: dict) -> str:
     slots = f"/{c['slots']}" if c.get("variant") == "gemv" else ""
+    slots += "/offsets-in-kernel" if c.get("offsets") == "kernel" else ""
     return f"{c.get('variant', 'mma')}{slots} {c['block_f']}/{c['block_h']}/{c['block_k']} w{c['num_warps']} s{c['down_splits']}"
 
 

@@ -107,7 +107,8 @@ def test_gemv_variant_matches_reference(int4_experts):
     assert out.dtype == jnp.bfloat16
     assert _rel_err(out, experts_gather(xb, experts, ids[:2], w[:2])) < 2e-2
     pairs = jax.jit(functools.partial(routed_experts_pallas, cfg=MoEKernelConfig(
-        block_f=16, block_h=16, block_k=16, variant="gemv", slots="pairs", down_splits=2), interpret=True))
+        block_f=16, block_h=16, block_k=16, variant="gemv", slots="pairs", down_splits=2, offsets="kernel"),
+        interpret=True))
     xb4 = jax.random.normal(jax.random.PRNGKey(7), (4, H), jnp.float32).astype(jnp.bfloat16)
     ids4, w4 = _routing(4, seed=12)
     assert _rel_err(pairs(xb4, experts, ids4, w4), experts_gather(xb4, experts, ids4, w4)) < 2e-2
@@ -116,20 +117,22 @@ def test_gemv_variant_matches_reference(int4_experts):
 def test_pair_slots_need_the_gemv_variant(int4_experts):
     ids, w = _routing(2, seed=9)
     x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
-    with pytest.raises(ValueError, match="slots='pairs' needs variant='gemv'"):
+    with pytest.raises(ValueError, match="slots='pairs', offsets='xla' need variant='gemv'"):
         routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(slots="pairs"), interpret=True)
 
 
-@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots", [
-    ("mma", "join", False, 1, "unique"), ("mma", "gather", False, 5, "unique"), ("gemv", "join", False, 1, "unique"),
-    ("gemv", "gather", True, 5, "unique"), ("gemv", "gather", False, 2, "pairs"), ("gemv", "join", True, 3, "pairs"),
+@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots, offsets", [
+    ("mma", "join", False, 1, "unique", "xla"), ("mma", "gather", False, 5, "unique", "xla"),
+    ("gemv", "join", False, 1, "unique", "kernel"), ("gemv", "gather", True, 5, "unique", "xla"),
+    ("gemv", "gather", False, 2, "pairs", "kernel"), ("gemv", "join", True, 3, "pairs", "xla"),
 ])
-def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots):
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots, offsets):
     """Scale loading, prefetch, split down loops and slot kinds change the schedule only; 5 splits of 6 slots
     leaves the last split empty and makes the prefetch look one slot past the end; pairs with 2 splits of K=3
-    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair)."""
+    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair); offsets
+    "kernel" reads x strided and computes the nibble offsets inside the kernels."""
     cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
-                          down_splits=down_splits, slots=slots)
+                          down_splits=down_splits, slots=slots, offsets=offsets)
     kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
     ids, w = _routing(3, seed=13)
     x = jax.random.normal(jax.random.PRNGKey(6), (3, H), jnp.float32)
@@ -173,7 +176,8 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     try:
         cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant.split("-")[0],
                               prefetch=variant == "gemv", down_splits=4,
-                              slots="pairs" if variant == "gemv-pairs" else "unique")
+                              slots="pairs" if variant == "gemv-pairs" else "unique",
+                              offsets="kernel" if variant == "gemv-pairs" else "xla")
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))

@@ -49,6 +49,7 @@ class MoEKernelConfig:
     prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
     down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
     slots: str = "unique"  # gemv: "unique" one slot per distinct expert, "pairs" one per (token, choice)
+    offsets: str = "xla"  # gemv int4: nibble offsets (and x's j-major layout) by XLA before the kernels, or "kernel"
 
 
 def token_tile(t: int) -> int:
@@ -161,8 +162,9 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     """Same contract as `model.moe.experts_gather`: [T, H] -> [T, H] in x's dtype."""
     if cfg.variant == "gemv":
         return routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, cfg=cfg, interpret=interpret)
-    if cfg.slots != "unique":
-        raise ValueError(f"MoEKernelConfig.slots={cfg.slots!r} needs variant='gemv' (the mma variant reads unique experts)")
+    if cfg.slots != "unique" or cfg.offsets != "xla":
+        raise ValueError(f"MoEKernelConfig slots={cfg.slots!r}, offsets={cfg.offsets!r} need variant='gemv' (the mma "
+                         "variant reads unique experts, with XLA's layout of x)")
     check_shapes(experts, cfg)
     t, hidden = x_TH.shape
     num_experts, f, _ = experts.gate.shape

@@ -38,7 +38,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import ExpertSlots, expert_slots, slot_splits, split_range
 from model.kernels.index_math import div, rem
-from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
+from model.kernels.int4_tile import nibble_float, nibble_offsets, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
 
@@ -94,10 +94,15 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, choices, n_k, gather, prefetch, ptx):
-    """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs)."""
-    if parts > 1:
+                    tokens, choices, n_k, gather, prefetch, ptx, offsets_in_kernel):
+    """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs).
+
+    x_ref is [parts, T, H/parts] with the offsets [T, H/parts] in refs (XLA laid them out), or with
+    `offsets_in_kernel` x as it is, [T, H]: part j of word w is element parts * w + j, a strided load."""
+    if parts > 1 and not offsets_in_kernel:
         xoff_ref, gate_w, gate_s, up_w, up_s, h_ref = refs
+    elif parts > 1:
+        (gate_w, gate_s, up_w, up_s, h_ref), xoff_ref = refs, None
     else:
         (gate_w, up_w, h_ref), xoff_ref, gate_s, up_s = refs, None, None, None
     u = pl.program_id(0)
@@ -117,8 +122,14 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
         def compute(i, tiles, acc):
             acc_g, acc_u = acc
             k0 = i * block_k
-            xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
-            offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
+            if offsets_in_kernel:
+                # a python int beside a strided slice trips interpret mode's indexer: index with an int32
+                xs = [[x_ref[jnp.int32(t), pl.ds(parts * k0 + j, block_k, stride=parts)].astype(jnp.float32)
+                       for j in range(parts)] for t in token_ids]
+                offs = [nibble_offsets(x) if parts > 1 else None for x in xs]
+            else:
+                xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
+                offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
             return _accumulate(tiles[0], xs, offs, acc_g, ptx), _accumulate(tiles[1], xs, offs, acc_u, ptx)
 
         zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in token_ids)
@@ -129,10 +140,12 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
-                 splits, slots_per_split, gather, prefetch, ptx):
+                 splits, slots_per_split, gather, prefetch, ptx, offsets_in_kernel):
     """y[split, t, rows]: unique slots sum all tokens over split's slots; pairs sum token t's choices of the split."""
-    if parts > 1:
+    if parts > 1 and not offsets_in_kernel:
         hoff_ref, down_w, down_s, y_ref = refs
+    elif parts > 1:
+        (down_w, down_s, y_ref), hoff_ref = refs, None
     else:
         (down_w, y_ref), hoff_ref, down_s = refs, None, None
     r0 = pl.program_id(0) * block_h
@@ -155,7 +168,10 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         u = first_slot + div(i, n_k)
         k0 = rem(i, n_k) * block_k
         hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
-        offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
+        if offsets_in_kernel:
+            offs = [nibble_offsets(h) if parts > 1 else None for h in hs]
+        else:
+            offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
         return _accumulate(tile, hs, offs, acc, ptx)
 
     zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in outputs)
@@ -191,12 +207,18 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     tokens_per_slot = 1 if pairs else t
     # pairs: each token's choices split across programs; unique: all slots split across programs
     splits, slots_per_split = slot_splits(choices if pairs else u, cfg.down_splits)
-    x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
+    if cfg.offsets not in ("xla", "kernel"):
+        raise ValueError(f"MoEKernelConfig.offsets must be 'xla' or 'kernel', not {cfg.offsets!r}")
+    in_kernel = cfg.offsets == "kernel"
+    if in_kernel:
+        x_in, x_off = x_TH, ()
+    else:
+        x_in = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
+        x_off = (nibble_offsets_PTW(x_in),) if int4 else ()  # bf16 weights have no nibble offsets
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
-                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret, offsets_in_kernel=in_kernel)
 
     h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
@@ -205,8 +227,8 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         compiler_params=params,
         interpret=interpret,
         name="moe_gate_up_gemv",
-    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
-    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_in, *x_off, *arrays(experts.gate), *arrays(experts.up))
+    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 and not in_kernel else ()
 
     y_STH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, splits=splits,
