@@ -80,6 +80,18 @@ def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl):
     return jax.jit(cycle, donate_argnums=(1,))
 
 
+def make_cycle_loop(spec_cfg: SpecConfig, k: int, moe_impl, cycles: int):
+    """`cycles` cycles inside one jitted loop (state donated), as `Engine.generate` runs them."""
+
+    def loop(w: SpecWeights, state: SpecState):
+        with moe_path(moe_impl):
+            body = lambda _, s: speculative_cycle(w, s, {}, cfg=spec_cfg, k=k, greedy=True,  # noqa: E731
+                                                  max_new_tokens=MAX_NEW_TOKENS)
+            return jax.lax.fori_loop(0, cycles, body, state)
+
+    return jax.jit(loop, donate_argnums=(1,))
+
+
 def cycle_floor(w: SpecWeights, spec_cfg: SpecConfig, batch: int, context: int, k: int, ids_LTK) -> dict:
     """Verify of K+1 tokens plus K draft forwards (K-1 chain steps, one extend over K+1 tokens)."""
     verify = step_bytes(w.target, spec_cfg.target, batch, k + 1, context, unique_experts_per_layer(ids_LTK))
@@ -102,7 +114,10 @@ def run_cycle(cycle_fn, w, state):
 
 
 
-def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batch_contexts, *, tiny: bool) -> list[dict]:
+def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batch_contexts, *, tiny: bool,
+                 loop_cycles: int = 0) -> list[dict]:
+    """Median synchronised ms per cycle at each (batch, context) and K; with `loop_cycles`, also the time per
+    cycle when that many run inside one jitted loop ("device loop")."""
     from bench.bytes_floor import HBM_TBS, floor_ms
     from bench.timing import median_ms
     from jaxspec.models import check_draft_fits
@@ -121,21 +136,35 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
                 continue
             key, sub = jax.random.split(key)
             try:
-                capacity = c + 16 + (3 + 2 * args.iters + 2) * (k + 1)
+                loop_timed = (2 + max(3, args.iters // 2)) * loop_cycles  # warm-up + timed loops
+                capacity = c + 16 + (3 + 2 * args.iters + 2 + loop_timed) * (k + 1)
                 state = initial_state(spec_cfg.target, dcfg, b, c, capacity, sub)
                 cycle_fn = make_cycle(spec_cfg, k, moe_impl)
                 state, ids = cycle_fn(sw, state)
                 ids = np.asarray(ids)
                 run, holder = run_cycle(cycle_fn, sw, state)
                 stats = median_ms(run, warmup=2, iters=args.iters)
+                if loop_cycles:
+                    loop_fn = make_cycle_loop(spec_cfg, k, moe_impl, loop_cycles)
+
+                    def run_loop():
+                        holder["state"] = loop_fn(sw, holder["state"])
+                        return holder["state"].generated
+
+                    loop = median_ms(run_loop, warmup=2, iters=max(3, args.iters // 2))
+                    stats["device_loop_ms"] = loop["median_ms"] / loop_cycles
                 floor = cycle_floor(sw, spec_cfg, b, c, k, ids)
                 row = dict(batch=b, context=c, k=k, **stats, bytes=floor,
                            floor_ms_4p3=floor_ms(floor["total"], HBM_TBS),
                            floor_ms_copy=floor_ms(floor["total"], copy_tbs))
                 row["ratio_4p3"] = row["median_ms"] / row["floor_ms_4p3"]
+                loop_note = ""
+                if "device_loop_ms" in row:
+                    row["device_loop_ratio_4p3"] = row["device_loop_ms"] / row["floor_ms_4p3"]
+                    loop_note = f" (device loop {row['device_loop_ms']:.3f} ms, ratio {row['device_loop_ratio_4p3']:.2f})"
                 rows.append(row)
                 log(f"cycle B={b} ctx={c} K={k}: {row['median_ms']:.3f} ms, floor {row['floor_ms_4p3']:.3f} ms, "
-                    f"ratio {row['ratio_4p3']:.2f}")
+                    f"ratio {row['ratio_4p3']:.2f}{loop_note}")
                 del holder, state
             except Exception as e:
                 result["errors"].append(f"cycle B={b} ctx={c} K={k}: {type(e).__name__}: {e}"[:2000])

@@ -12,10 +12,10 @@ def _f(x, digits=3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _decode_ms(steps, batch, context, path):
+def _decode_ms(steps, batch, context, path, key="median_ms"):
     for r in steps:
         if (r["batch"], r["context"], r["tokens"], r.get("moe_path")) == (batch, context, 1, path):
-            return r["median_ms"]
+            return r.get(key)
     return None
 
 
@@ -80,13 +80,19 @@ def markdown(result: dict) -> str:
     cycles = result.get("cycles") or []
     if cycles:
         lines += ["## Speculative cycles (K drafts + verify K+1 + accept + draft extend, one jit)", "",
-                  "| B | context | K | median ms | queued ms | GB | floor 4.3 (ms) | x floor | cycle / decode = break-even tokens per cycle |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| B | context | K | median ms | queued ms | device loop ms | GB | floor 4.3 (ms) | x floor | loop x floor | "
+                  "cycle / decode = break-even tokens per cycle | same, device loops |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in cycles:
-            dec = _decode_ms(steps, r["batch"], r["context"], "kernel") or _decode_ms(steps, r["batch"], r["context"], "reference")
+            path = "kernel" if _decode_ms(steps, r["batch"], r["context"], "kernel") else "reference"
+            dec = _decode_ms(steps, r["batch"], r["context"], path)
+            dec_loop = _decode_ms(steps, r["batch"], r["context"], path, "device_loop_ms")
+            loop = r.get("device_loop_ms")
             lines.append(
                 f"| {r['batch']} | {r['context']} | {r['k']} | {r['median_ms']:.3f} | {r['queued_mean_ms']:.3f} | "
-                f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | {_f(dec and r['median_ms'] / dec, 2)} |")
+                f"{_f(loop)} | {r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
+                f"{_f(r.get('device_loop_ratio_4p3'), 2)} | {_f(dec and r['median_ms'] / dec, 2)} | "
+                f"{_f(loop and dec_loop and loop / dec_loop, 2)} |")
         lines.append("")
     peer = result.get("peer")
     if peer:

@@ -234,7 +234,8 @@ def main(argv=None) -> dict:
         from bench.cycle import bench_cycles
 
         moe_impl = loops["kernel" if kernel_ok else "reference"]
-        result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first], tiny=args.tiny)
+        result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first], tiny=args.tiny,
+                                         loop_cycles=args.loop_steps)
         save()
     run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget, save, log,
               loops)
