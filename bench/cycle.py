@@ -68,13 +68,20 @@ def initial_state(cfg, dcfg, batch: int, context: int, capacity: int, key, dtype
     )
 
 
+def _greedy_cycle(spec_cfg: SpecConfig, k: int):
+    """(weights, state) -> state after one greedy cycle."""
+    return lambda w, state: speculative_cycle(w, state, {}, cfg=spec_cfg, k=k, greedy=True,
+                                              max_new_tokens=MAX_NEW_TOKENS)
+
+
 def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl):
     """Jitted cycle (state donated) that also returns the verify's router ids [moe layers, B*(K+1), topk]."""
+    one_cycle = _greedy_cycle(spec_cfg, k)
 
     def cycle(w: SpecWeights, state: SpecState):
         recorded = []
         with moe_path(moe_impl, recorded):
-            new_state = speculative_cycle(w, state, {}, cfg=spec_cfg, k=k, greedy=True, max_new_tokens=MAX_NEW_TOKENS)
+            new_state = one_cycle(w, state)
         return new_state, jnp.stack(recorded)
 
     return jax.jit(cycle, donate_argnums=(1,))
@@ -82,12 +89,11 @@ def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl):
 
 def make_cycle_loop(spec_cfg: SpecConfig, k: int, moe_impl, cycles: int):
     """`cycles` cycles inside one jitted loop (state donated), as `Engine.generate` runs them."""
+    one_cycle = _greedy_cycle(spec_cfg, k)
 
     def loop(w: SpecWeights, state: SpecState):
         with moe_path(moe_impl):
-            body = lambda _, s: speculative_cycle(w, s, {}, cfg=spec_cfg, k=k, greedy=True,  # noqa: E731
-                                                  max_new_tokens=MAX_NEW_TOKENS)
-            return jax.lax.fori_loop(0, cycles, body, state)
+            return jax.lax.fori_loop(0, cycles, lambda _, s: one_cycle(w, s), state)
 
     return jax.jit(loop, donate_argnums=(1,))
 
@@ -119,7 +125,7 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
     """Median synchronised ms per cycle at each (batch, context) and K; with `loop_cycles`, also the time per
     cycle when that many run inside one jitted loop ("device loop")."""
     from bench.bytes_floor import HBM_TBS, floor_ms
-    from bench.timing import median_ms
+    from bench.timing import LOOP_WARMUP, device_loop_ms, loop_iters, median_ms
     from jaxspec.models import check_draft_fits
     from model.init import init_draft_weights
 
@@ -136,7 +142,7 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
                 continue
             key, sub = jax.random.split(key)
             try:
-                loop_timed = (2 + max(3, args.iters // 2)) * loop_cycles  # warm-up + timed loops
+                loop_timed = (LOOP_WARMUP + loop_iters(args.iters)) * loop_cycles  # cycles the device loops run
                 capacity = c + 16 + (3 + 2 * args.iters + 2 + loop_timed) * (k + 1)
                 state = initial_state(spec_cfg.target, dcfg, b, c, capacity, sub)
                 cycle_fn = make_cycle(spec_cfg, k, moe_impl)
@@ -151,8 +157,7 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
                         holder["state"] = loop_fn(sw, holder["state"])
                         return holder["state"].generated
 
-                    loop = median_ms(run_loop, warmup=2, iters=max(3, args.iters // 2))
-                    stats["device_loop_ms"] = loop["median_ms"] / loop_cycles
+                    stats["device_loop_ms"] = device_loop_ms(run_loop, loop_cycles, args.iters)
                 floor = cycle_floor(sw, spec_cfg, b, c, k, ids)
                 row = dict(batch=b, context=c, k=k, **stats, bytes=floor,
                            floor_ms_4p3=floor_ms(floor["total"], HBM_TBS),

@@ -16,10 +16,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # PyTorch share
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -29,6 +26,7 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
+from bench.report import write_json  # noqa: E402
 from bench.step import bench_config, init_weights, make_step  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
@@ -126,27 +124,11 @@ def build_hf_model(cfg, w, device: str):
 
 
 def time_torch(fn, warmup=3, iters=10) -> dict:
+    """`bench.timing.median_ms` with a CUDA synchronize as the wait: both sides timed the same way."""
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(iters):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):  # queued back to back, one wait at the end: as bench.timing.median_ms does for jax
-        fn()
-    sync()
-    queued = (time.perf_counter() - t0) * 1e3 / iters
-    return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), queued_mean_ms=queued,
-                iters=iters)
+    return median_ms(fn, warmup=warmup, iters=iters, wait=lambda _: sync())
 
 
 def time_jax_step(w, cfg, step_fn, prompt_cache, batch, tokens, context, key, iters):
@@ -196,7 +178,7 @@ def main(argv=None) -> dict:
 
     def save():
         res["markdown"] = markdown(res)
-        (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
+        write_json(res, out_dir, stem)
         (out_dir / f"{stem}.md").write_text(res["markdown"])
 
     cfg = bench_config(args.layers, args.tiny)

@@ -105,7 +105,7 @@ def markdown(result: dict) -> str:
 
 
 def write_json(result: dict, out_dir: Path, stem: str) -> Path:
-    """`result` as out_dir/stem.json (the labs' only output); returns the path."""
+    """`result` as out_dir/stem.json (the labs' only output, the benches' beside their markdown); returns the path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(result, indent=1, default=str))
@@ -113,6 +113,5 @@ def write_json(result: dict, out_dir: Path, stem: str) -> Path:
 
 
 def write_report(result: dict, out_dir: Path, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    write_json(result, out_dir, stem)
     (out_dir / f"{stem}.md").write_text(markdown(result))

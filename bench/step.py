@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
 from bench.report import write_report  # noqa: E402
-from bench.timing import copy_bandwidth_tbs, median_ms  # noqa: E402
+from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
@@ -114,7 +114,7 @@ def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters
             out, holder["cache"] = loop_fn(w, tokens_BT, positions_BT, holder["cache"])
             return out
 
-        stats["device_loop_ms"] = median_ms(run_loop, warmup=2, iters=max(3, iters // 2))["median_ms"] / loop_steps
+        stats["device_loop_ms"] = device_loop_ms(run_loop, loop_steps, iters)
     unique = unique_experts_per_layer(np.asarray(ids_LTK))
     parts = step_bytes(w, cfg, batch, tokens, context, unique)
     del holder

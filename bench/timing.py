@@ -9,23 +9,24 @@ import jax
 import jax.numpy as jnp
 
 
-def median_ms(run, warmup: int = 3, iters: int = 20) -> dict:
-    """`run()` launches one step and returns its outputs; each timed call waits for them.
+def median_ms(run, warmup: int = 3, iters: int = 20, wait=jax.block_until_ready) -> dict:
+    """`run()` launches one step and returns its outputs; each timed call waits for them with `wait(outputs)`
+    (JAX's by default; the PyTorch peer passes a CUDA synchronize).
 
     Returns the median and spread of the synchronised per-call times, plus the mean time per call when
     `iters` calls are queued back to back (what an engine that never waits on the host sees)."""
     for _ in range(warmup):
-        jax.block_until_ready(run())
+        wait(run())
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        jax.block_until_ready(run())
+        wait(run())
         times.append((time.perf_counter() - t0) * 1e3)
     t0 = time.perf_counter()
     out = None
     for _ in range(iters):  # one device runs them in order: waiting on the last waits on all
         out = run()  # and only the last output stays alive (20 queued 4 GB copies would not fit)
-    jax.block_until_ready(out)
+    wait(out)
     queued = (time.perf_counter() - t0) * 1e3 / iters
     return {
         "median_ms": statistics.median(times),
@@ -34,6 +35,19 @@ def median_ms(run, warmup: int = 3, iters: int = 20) -> dict:
         "queued_mean_ms": queued,
         "iters": iters,
     }
+
+
+LOOP_WARMUP = 2  # calls of a device loop before timing
+
+
+def loop_iters(iters: int) -> int:
+    """Timed calls of a device loop (each runs many steps) for a benchmark that times single steps `iters` times."""
+    return max(3, iters // 2)
+
+
+def device_loop_ms(run_loop, steps_per_call: int, iters: int) -> float:
+    """Per-step ms when each `run_loop()` call runs `steps_per_call` steps inside one jitted loop."""
+    return median_ms(run_loop, warmup=LOOP_WARMUP, iters=loop_iters(iters))["median_ms"] / steps_per_call
 
 
 def copy_bandwidth_tbs(gbytes: float = 4.0, iters: int = 20) -> float:

@@ -94,8 +94,8 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
                    "absorbed_kernel": attend_absorbed_kernel}
-# Opt-in until bench/ has measured it on a GPU: JAXSPEC_MLA_KERNEL=1 sends decode / verify (T <= 16) through
-# the kernel on GPU; the plain XLA path runs everywhere else.
+# Opt-in (slower than XLA in 7 of 8 shapes on the H200, bench/results/README.md): JAXSPEC_MLA_KERNEL=1 sends
+# decode / verify (T <= 16) through the kernel on GPU; the plain XLA path runs everywhere else.
 MLA_KERNEL_MAX_TOKENS = 16
 
 

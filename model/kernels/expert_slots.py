@@ -33,12 +33,6 @@ def expert_slots(ids_TK: jax.Array, weights_TK: jax.Array, num_slots: int, token
     return ExpertSlots(expert_U, num_used.reshape(1), combine_UT)
 
 
-def slot_splits(num_slots: int, requested: int) -> tuple[int, int]:
-    """Down kernels split their loop over slots across programs: -> (splits, slots per split)."""
-    splits = max(1, min(requested, num_slots))
-    return splits, -(-num_slots // splits)
-
-
 def split_range(num_used_ref, split, slots_per_split: int):
     """Inside a kernel: (first slot, number of used slots) of program `split`; 0 slots past the used ones."""
     first = split * slots_per_split

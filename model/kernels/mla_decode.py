@@ -12,8 +12,9 @@ and writes an unnormalised partial context with its running max and sum; XLA com
 (`combine_splits`). The latent block is the key (scores) and the value (context) at once, so each cache
 byte is read once per block of rows.
 
-Not yet run on a GPU (no device time was left when it was written): the engine keeps XLA's path unless
-`JAXSPEC_MLA_KERNEL=1` (model/attention_mla.py), until bench/ has measured it.
+Measured on the H200 (`python -m bench.attention_lab`, bench/results/attention-lab-gpu-20261129-1259.json): it
+agrees with XLA but is slower in 7 of 8 shapes, so the engine keeps XLA's path unless `JAXSPEC_MLA_KERNEL=1`
+(model/attention_mla.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
+
+from model.kernels.index_math import even_splits
 
 _NEG = -1e30  # finite "minus infinity": a fully masked block must not produce inf - inf
 
@@ -98,8 +101,7 @@ def mla_decode_context(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, position
     pos_BR = jnp.pad(jnp.repeat(positions_BT.astype(jnp.int32), n, axis=1), ((0, 0), (0, rows_p - rows)))
     maxpos_BQ = jnp.max(pos_BR.reshape(b, rows_p // cfg.block_q, cfg.block_q), axis=-1)
     n_blocks = s // cfg.block_s
-    splits = max(1, min(cfg.splits, n_blocks))
-    blocks_per_split = -(-n_blocks // splits)
+    splits, blocks_per_split = even_splits(n_blocks, cfg.splits)
     kernel = functools.partial(_kernel, block_q=cfg.block_q, block_s=cfg.block_s, blocks_per_split=blocks_per_split,
                                scale=scale)
     o, m, l = pl.pallas_call(

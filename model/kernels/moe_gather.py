@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import expert_slots, slot_splits, split_range
-from model.kernels.index_math import div, rem
+from model.kernels.expert_slots import expert_slots, split_range
+from model.kernels.index_math import div, even_splits, rem
 from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
 from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
 from model.kernels.ptx import fma
@@ -189,7 +189,7 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PWT,
       *_weight_arrays(experts.gate), *_weight_arrays(experts.up))
 
-    splits, slots_per_split = slot_splits(u, cfg.down_splits)
+    splits, slots_per_split = even_splits(u, cfg.down_splits)
     down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=slots_per_split, **common)
     y_SHT = pl.pallas_call(
         down,

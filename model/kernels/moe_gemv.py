@@ -36,8 +36,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import ExpertSlots, expert_slots, slot_splits, split_range
-from model.kernels.index_math import div, rem
+from model.kernels.expert_slots import ExpertSlots, expert_slots, split_range
+from model.kernels.index_math import div, even_splits, rem
 from model.kernels.int4_tile import nibble_float, nibble_offsets, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
@@ -206,7 +206,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     u = slots.expert_U.shape[0]
     tokens_per_slot = 1 if pairs else t
     # pairs: each token's choices split across programs; unique: all slots split across programs
-    splits, slots_per_split = slot_splits(choices if pairs else u, cfg.down_splits)
+    splits, slots_per_split = even_splits(choices if pairs else u, cfg.down_splits)
     if cfg.offsets not in ("xla", "kernel"):
         raise ValueError(f"MoEKernelConfig.offsets must be 'xla' or 'kernel', not {cfg.offsets!r}")
     in_kernel = cfg.offsets == "kernel"
