@@ -56,6 +56,21 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     # nibble offsets inside the kernels, x read strided: two XLA passes fewer per layer (not yet on a GPU)
     "pairs_32_s8_koff": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
                                          offsets="kernel", **_P), (1, 2, 4, 8)),
+    # scales="group": words tiled [rows, groups, 4], one scale and one offset per group (not yet on a GPU)
+    "pairs_32_g_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                      **{**_P, "scales": "group"}), (1, 4)),
+    "pairs_32_g_s8_koff": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                           offsets="kernel", **{**_P, "scales": "group"}), (1, 2, 4, 8, 16)),
+    "pairs_32_g_s8_koff_pf": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                              offsets="kernel", prefetch=True, **{**_P, "scales": "group"}), (1, 4)),
+    "pairs_32_gk128_s8_koff": (MoEKernelConfig(block_f=32, block_h=32, block_k=128, num_warps=4, down_splits=8,
+                                               offsets="kernel", **{**_P, "scales": "group"}), (1, 4)),
+    "pairs_64_g_w8_s8_koff": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, down_splits=8,
+                                              offsets="kernel", **{**_P, "scales": "group"}), (1, 4)),
+    "pairs_32_g_s4_koff": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4,
+                                           offsets="kernel", **{**_P, "scales": "group"}), (1, 4)),
+    "pairs_16_g_w2_s8_koff": (MoEKernelConfig(block_f=16, block_h=16, block_k=64, num_warps=2, down_splits=8,
+                                              offsets="kernel", **{**_P, "scales": "group"}), (1, 4)),
     "mma_64_k64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, down_splits=8,
                                       **_M), (4, 8, 16)),
 }

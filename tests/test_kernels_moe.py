@@ -117,7 +117,7 @@ def test_gemv_variant_matches_reference(int4_experts):
 def test_pair_slots_need_the_gemv_variant(int4_experts):
     ids, w = _routing(2, seed=9)
     x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
-    with pytest.raises(ValueError, match="slots='pairs', offsets='xla' need variant='gemv'"):
+    with pytest.raises(ValueError, match="slots='pairs', offsets='xla', scales='gather' need variant='gemv'"):
         routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(slots="pairs"), interpret=True)
 
 
