@@ -24,8 +24,6 @@ from model.router import route
 CANDIDATES = (  # the engine's configs first (model.kernels.kernel_config_for), then earlier engine choices
     MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8, slots="pairs"),
     MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, variant="gemv", down_splits=8, slots="pairs"),
-    MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8, slots="pairs",
-                    offsets="kernel"),  # candidate: nibble offsets inside the kernels
     MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8),
     MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8),
 )

@@ -21,7 +21,6 @@ def _decode_ms(steps, batch, context, path, key="median_ms"):
 
 def _short(c: dict) -> str:
     slots = f"/{c['slots']}" if c.get("variant") == "gemv" else ""
-    slots += "/offsets-in-kernel" if c.get("offsets") == "kernel" else ""
     return f"{c.get('variant', 'mma')}{slots} {c['block_f']}/{c['block_h']}/{c['block_k']} w{c['num_warps']} s{c['down_splits']}"
 
 
@@ -36,7 +35,8 @@ def markdown(result: dict) -> str:
         f"Kimi-K2.5 dims, {result['layers']} layers (layer 0 dense, the rest MoE with INT4 g32 experts; bf16 elsewhere), "
         f"lm_head {'tiny' if result['tiny'] else '163840'} rows, random weights. MoE path: {result.get('moe_path')}"
         f"{_kernel_configs(result.get('kernel_config') or {})}.",
-        f"Copy bandwidth measured in this run (XLA elementwise, read + write): {_f(result.get('copy_tbs'), 2)} TB/s. "
+        f"Copy bandwidth measured in this run (XLA elementwise, read + write): {_f(result.get('copy_tbs'), 2)} TB/s; "
+        f"read bandwidth (XLA reduction, reads only): {_f(result.get('read_tbs'), 2)} TB/s. "
         "Floors: bytes that must be moved / 4.3 TB/s and / the copy bandwidth. Times: median of device-synchronised "
         "steps after warm-up; 'queued' = mean per step with steps queued back to back; 'device loop' = per step "
         "when that many steps run inside one jitted loop, each fed the previous step's argmax tokens.",

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
 from bench.report import write_report  # noqa: E402
-from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms  # noqa: E402
+from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
@@ -192,7 +192,9 @@ def main(argv=None) -> dict:
     save = lambda: write_report(result, Path(args.out), stem)  # noqa: E731
 
     result["copy_tbs"] = copy_tbs = copy_bandwidth_tbs(gbytes=4.0 if on_gpu else 0.1)
-    log(f"device {dev.device_kind}, jax {jax.__version__}, copy bandwidth {copy_tbs:.2f} TB/s")
+    result["read_tbs"] = read_bandwidth_tbs(gbytes=4.0 if on_gpu else 0.1)
+    log(f"device {dev.device_kind}, jax {jax.__version__}, copy bandwidth {copy_tbs:.2f} TB/s, "
+        f"read bandwidth {result['read_tbs']:.2f} TB/s")
 
     cfg = bench_config(args.layers, args.tiny)
     t0 = time.perf_counter()

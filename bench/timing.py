@@ -58,3 +58,14 @@ def copy_bandwidth_tbs(gbytes: float = 4.0, iters: int = 20) -> float:
     stats = median_ms(lambda: scale(x), warmup=3, iters=iters)
     del x
     return 2 * n * 2 / (stats["min_ms"] * 1e-3) / 1e12
+
+
+def read_bandwidth_tbs(gbytes: float = 4.0, iters: int = 20) -> float:
+    """Bytes read per second by an XLA reduction over a `gbytes` bf16 array (reads only, as a forward step does):
+    what plain XLA streams from this device's memory, beside the 4.3 TB/s the issue's floors use."""
+    n = int(gbytes * 1e9 / 2)
+    x = jnp.ones((n,), jnp.bfloat16)
+    total = jax.jit(lambda a: jnp.sum(a, dtype=jnp.float32))
+    stats = median_ms(lambda: total(x), warmup=3, iters=iters)
+    del x
+    return n * 2 / (stats["min_ms"] * 1e-3) / 1e12

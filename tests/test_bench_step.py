@@ -1,5 +1,5 @@
-"""Smoke test of `python -m bench.step` at tiny dims on CPU: a decode step and a K=1 speculative cycle are
-timed (synchronised and inside a jitted loop) and the decode step's floor adds up."""
+"""Smoke tests at tiny dims on CPU: `python -m bench.step` times a decode step and a K=1 speculative cycle
+(synchronised and inside a jitted loop) and the decode step's floor adds up; `python -m bench.step_profile` reads a trace."""
 
 import json
 
@@ -24,3 +24,16 @@ def test_bench_step_tiny(tmp_path):
     assert saved["steps"][0]["bytes"]["total"] == parts["total"]
     report = next(tmp_path.glob("step-*.md")).read_text()
     assert "| 1 | 16 | 1 |" in report and "## Speculative cycles" in report
+
+
+def test_step_profile_tiny(tmp_path):
+    """`python -m bench.step_profile` reads kernel events back from a real jax.profiler trace (XLA's thunks on CPU)."""
+    from bench.step_profile import main as profile_main
+
+    result = profile_main(["--tiny", "--layers", "3", "--tokens", "1", "--steps", "2", "--context", "16",
+                           "--out", str(tmp_path)])
+    [row] = result["rows"]
+    assert row["ops"] and row["kernels_per_step"] > 0
+    assert 0 < row["busy_ms_per_step"] <= row["span_ms_per_step"] * (1 + 1e-9)
+    assert row["busy_ms_per_step"] <= row["kernel_ms_per_step"] * (1 + 1e-9)  # the union never exceeds the sum
+    assert "## T = 1" in next(tmp_path.glob("step-profile-*.md")).read_text()

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.kernels import routed_experts_for_backend
+from model.kernels import kernel_config_for, routed_experts_for_backend
 from model.kernels.expert_slots import expert_slots
 from model.kernels.int4_tile import nibble_float, nibble_offset, repeat_last, shifted_words
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
@@ -107,7 +107,7 @@ def test_gemv_variant_matches_reference(int4_experts):
     assert out.dtype == jnp.bfloat16
     assert _rel_err(out, experts_gather(xb, experts, ids[:2], w[:2])) < 2e-2
     pairs = jax.jit(functools.partial(routed_experts_pallas, cfg=MoEKernelConfig(
-        block_f=16, block_h=16, block_k=16, variant="gemv", slots="pairs", down_splits=2, offsets="kernel"),
+        block_f=16, block_h=16, block_k=16, variant="gemv", slots="pairs", down_splits=2),
         interpret=True))
     xb4 = jax.random.normal(jax.random.PRNGKey(7), (4, H), jnp.float32).astype(jnp.bfloat16)
     ids4, w4 = _routing(4, seed=12)
@@ -117,22 +117,21 @@ def test_gemv_variant_matches_reference(int4_experts):
 def test_pair_slots_need_the_gemv_variant(int4_experts):
     ids, w = _routing(2, seed=9)
     x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
-    with pytest.raises(ValueError, match="slots='pairs', offsets='xla', scales='gather' need variant='gemv'"):
+    with pytest.raises(ValueError, match="slots='pairs' needs variant='gemv'"):
         routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(slots="pairs"), interpret=True)
 
 
-@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots, offsets", [
-    ("mma", "join", False, 1, "unique", "xla"), ("mma", "gather", False, 5, "unique", "xla"),
-    ("gemv", "join", False, 1, "unique", "kernel"), ("gemv", "gather", True, 5, "unique", "xla"),
-    ("gemv", "gather", False, 2, "pairs", "kernel"), ("gemv", "join", True, 3, "pairs", "xla"),
+@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots", [
+    ("mma", "join", False, 1, "unique"), ("mma", "gather", False, 5, "unique"),
+    ("gemv", "join", False, 1, "unique"), ("gemv", "gather", True, 5, "unique"),
+    ("gemv", "gather", False, 2, "pairs"), ("gemv", "join", True, 3, "pairs"),
 ])
-def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots, offsets):
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots):
     """Scale loading, prefetch, split down loops and slot kinds change the schedule only; 5 splits of 6 slots
     leaves the last split empty and makes the prefetch look one slot past the end; pairs with 2 splits of K=3
-    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair); offsets
-    "kernel" reads x strided and computes the nibble offsets inside the kernels."""
+    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair)."""
     cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
-                          down_splits=down_splits, slots=slots, offsets=offsets)
+                          down_splits=down_splits, slots=slots)
     kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
     ids, w = _routing(3, seed=13)
     x = jax.random.normal(jax.random.PRNGKey(6), (3, H), jnp.float32)
@@ -162,7 +161,7 @@ def _pretend_h200():
     return restore
 
 
-@pytest.mark.parametrize("variant", ["mma", "gemv", "gemv-pairs"])
+@pytest.mark.parametrize("variant", ["mma", "gemv", "engine"])  # engine: what kernel_config_for dispatches at T=4
 @pytest.mark.parametrize("fmt", ["int4", "bf16"])
 def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     e, f, h, k, t = 384, 2048, 7168, 8, 4
@@ -174,10 +173,8 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
     restore = _pretend_h200()
     try:
-        cfg = MoEKernelConfig(block_k=64 if fmt == "int4" else 256, variant=variant.split("-")[0],
-                              prefetch=variant == "gemv", down_splits=4,
-                              slots="pairs" if variant == "gemv-pairs" else "unique",
-                              offsets="kernel" if variant == "gemv-pairs" else "xla")
+        cfg = kernel_config_for(t, experts) if variant == "engine" else MoEKernelConfig(
+            block_k=64 if fmt == "int4" else 256, variant=variant, prefetch=variant == "gemv", down_splits=4)
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))

@@ -43,8 +43,8 @@ def nibble_offsets(v_by_part) -> jax.Array:
     """sum_j nibble_offset(j) * v[j]: what the nibble floats add to a word's dot product (v[j]: part j's inputs).
 
     Written as a weighted sum, not an einsum, so XLA fuses it into one elementwise pass instead of calling a
-    GEMM; inside a kernel (MoEKernelConfig.offsets="kernel") Triton recomputes it for the columns each thread
-    holds, which saves XLA a pass before the kernel."""
+    GEMM. Computed inside the kernels instead (x read strided) it measured slower on the H200: 110 vs 98 us at
+    one token, 314 vs 281 at four (bench/results/moe-lab-gpu-20261129-1533.json)."""
     return sum(nibble_offset(j) * v.astype(jnp.float32) for j, v in enumerate(v_by_part))
 
 

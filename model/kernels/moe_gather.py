@@ -45,13 +45,10 @@ class MoEKernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     variant: str = "mma"  # "mma": tensor-core dots (any T <= 128); "gemv": CUDA-core FMAs, moe_gemv.py
-    # int4 group scales: "gather" one per word by index, "join" per group then repeated, "group" (gemv) the words
-    # tiled [rows, groups, wpg] with one scale per group applied to the group's summed products
-    scales: str = "gather"
+    scales: str = "gather"  # int4 group scales: "gather" one per word by index, "join" per group then repeated
     prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
     down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
     slots: str = "unique"  # gemv: "unique" one slot per distinct expert, "pairs" one per (token, choice)
-    offsets: str = "xla"  # gemv int4: nibble offsets (and x's j-major layout) by XLA before the kernels, or "kernel"
 
 
 def token_tile(t: int) -> int:
@@ -164,10 +161,9 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     """Same contract as `model.moe.experts_gather`: [T, H] -> [T, H] in x's dtype."""
     if cfg.variant == "gemv":
         return routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, cfg=cfg, interpret=interpret)
-    if cfg.slots != "unique" or cfg.offsets != "xla" or cfg.scales == "group":
-        raise ValueError(f"MoEKernelConfig slots={cfg.slots!r}, offsets={cfg.offsets!r}, scales={cfg.scales!r} need "
-                         "variant='gemv' (the mma variant reads unique experts, with XLA's layout of x, and "
-                         "scales per word)")
+    if cfg.slots != "unique":
+        raise ValueError(f"MoEKernelConfig slots={cfg.slots!r} needs variant='gemv' (the mma variant reads unique "
+                         "experts)")
     check_shapes(experts, cfg)
     t, hidden = x_TH.shape
     num_experts, f, _ = experts.gate.shape

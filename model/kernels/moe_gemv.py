@@ -38,7 +38,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import ExpertSlots, expert_slots, split_range
 from model.kernels.index_math import div, even_splits, rem
-from model.kernels.int4_tile import nibble_float, nibble_offsets, nibble_offsets_PTW, repeat_last, shifted_words
+from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
 
@@ -53,13 +53,7 @@ def scale_tile(s_ref, e, rows: pl.Slice, k0, block_k: int, wpg: int, gather: boo
     return s_ref[e, row_R1, group_1K].astype(jnp.float32)
 
 
-def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather, grouped):
-    """(words,) for bf16; INT4 (words [rows, block_k], scales one per word) or, `grouped`, the weights viewed
-    [.., groups, wpg]: (words [rows, block_k / wpg, wpg], scales [rows, block_k / wpg]), one scale per group."""
-    if grouped:
-        g0 = div(k0, wpg)
-        return (w_ref[e, rows, pl.ds(g0, block_k // wpg), :],
-                s_ref[e, rows, pl.ds(g0, block_k // wpg)].astype(jnp.float32))
+def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
     words = w_ref[e, rows, pl.ds(k0, block_k)]
     if s_ref is None:
         return (words,)
@@ -85,28 +79,6 @@ def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool):
     return tuple(fma(sums[t] - offsets_by_token[t][None, :], scale, accs[t], ptx) for t in range(len(sums)))
 
 
-def _accumulate_groups(tile, vectors_by_token, offsets_by_token, accs, ptx: bool):
-    """`_accumulate` on a grouped INT4 tile: words [rows, groups, wpg], scales [rows, groups], inputs
-    `vectors_by_token[t][j]` [groups, wpg], offsets [groups] (`group_offsets`); accumulators [rows, groups].
-
-    A group's wpg words (16 bytes) sit in one thread: its products are summed in registers, then the offset
-    comes off and the scale goes on once per group (not per word), and the accumulators are wpg times fewer."""
-    words, scale = tile
-    shifted = shifted_words(words)
-    sums = [None] * len(vectors_by_token)
-    for j in range(len(vectors_by_token[0])):
-        v = nibble_float(shifted, j, ptx)
-        for t, vs in enumerate(vectors_by_token):
-            sums[t] = v * vs[j][None] if sums[t] is None else fma(v, vs[j][None], sums[t], ptx)
-    return tuple(fma(jnp.sum(sums[t], axis=-1) - offsets_by_token[t][None, :], scale, accs[t], ptx)
-                 for t in range(len(sums)))
-
-
-def group_offsets(v_by_part) -> jax.Array:
-    """`nibble_offsets` summed over each group's words: [.., groups, wpg] parts -> [.., groups]."""
-    return jnp.sum(nibble_offsets(v_by_part), axis=-1)
-
-
 def _pipelined_loop(n, load, compute, acc, prefetch: bool):
     """acc = compute(i, load(i), acc) for i < n; with `prefetch` the loads of step i + 1 are issued before
     step i's arithmetic (the tiles ride in the loop carry)."""
@@ -122,17 +94,12 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, choices, n_k, gather, prefetch, ptx, offsets_in_kernel, grouped):
+                    tokens, choices, n_k, gather, prefetch, ptx):
     """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs).
 
-    x_ref is [parts, T, H/parts] with the offsets [T, H/parts] in refs (XLA laid them out), or with
-    `offsets_in_kernel` x as it is, [T, H]: part j of word w is element parts * w + j, a strided load.
-    `grouped` (INT4, scales="group"): x_ref [parts, T, groups, wpg] with offsets [T, groups], or with
-    `offsets_in_kernel` x as it is viewed [T, groups, wpg, parts] (part j: a strided load)."""
-    if parts > 1 and not offsets_in_kernel:
+    x_ref is [parts, T, H/parts] with the offsets [T, H/parts] in refs (XLA laid them out)."""
+    if parts > 1:
         xoff_ref, gate_w, gate_s, up_w, up_s, h_ref = refs
-    elif parts > 1:
-        (gate_w, gate_s, up_w, up_s, h_ref), xoff_ref = refs, None
     else:
         (gate_w, up_w, h_ref), xoff_ref, gate_s, up_s = refs, None, None, None
     u = pl.program_id(0)
@@ -146,35 +113,17 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
 
         def load(i):
             k0 = i * block_k
-            return (_load_tile(gate_w, gate_s, e, rows, k0, block_k, wpg, gather, grouped),
-                    _load_tile(up_w, up_s, e, rows, k0, block_k, wpg, gather, grouped))
+            return (_load_tile(gate_w, gate_s, e, rows, k0, block_k, wpg, gather),
+                    _load_tile(up_w, up_s, e, rows, k0, block_k, wpg, gather))
 
         def compute(i, tiles, acc):
             acc_g, acc_u = acc
             k0 = i * block_k
-            if grouped:
-                g0, bg = div(k0, wpg), block_k // wpg
-                if offsets_in_kernel:
-                    xs = [[x_ref[jnp.int32(t), pl.ds(g0, bg), :, jnp.int32(j)].astype(jnp.float32)
-                           for j in range(parts)] for t in token_ids]
-                    offs = [group_offsets(x) for x in xs]
-                else:
-                    xs = [[x_ref[j, t, pl.ds(g0, bg), :].astype(jnp.float32) for j in range(parts)]
-                          for t in token_ids]
-                    offs = [xoff_ref[t, pl.ds(g0, bg)] for t in token_ids]
-                return (_accumulate_groups(tiles[0], xs, offs, acc_g, ptx),
-                        _accumulate_groups(tiles[1], xs, offs, acc_u, ptx))
-            if offsets_in_kernel:
-                # a python int beside a strided slice trips interpret mode's indexer: index with an int32
-                xs = [[x_ref[jnp.int32(t), pl.ds(parts * k0 + j, block_k, stride=parts)].astype(jnp.float32)
-                       for j in range(parts)] for t in token_ids]
-                offs = [nibble_offsets(x) if parts > 1 else None for x in xs]
-            else:
-                xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
-                offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
+            xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
+            offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
             return _accumulate(tiles[0], xs, offs, acc_g, ptx), _accumulate(tiles[1], xs, offs, acc_u, ptx)
 
-        zeros = tuple(jnp.zeros((block_f, block_k // wpg if grouped else block_k), jnp.float32) for _ in token_ids)
+        zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in token_ids)
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
         for i in range(len(token_ids)):
             h = jax.nn.silu(jnp.sum(acc_g[i], axis=1)) * jnp.sum(acc_u[i], axis=1) * combine_ref[u, i]
@@ -182,14 +131,10 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
-                 splits, slots_per_split, gather, prefetch, ptx, offsets_in_kernel, grouped):
-    """y[split, t, rows]: unique slots sum all tokens over split's slots; pairs sum token t's choices of the split.
-
-    `grouped`: h_ref [slots, parts, tokens, groups, wpg], offsets [slots, tokens, groups] or computed here."""
-    if parts > 1 and not offsets_in_kernel:
+                 splits, slots_per_split, gather, prefetch, ptx):
+    """y[split, t, rows]: unique slots sum all tokens over split's slots; pairs sum token t's choices of the split."""
+    if parts > 1:
         hoff_ref, down_w, down_s, y_ref = refs
-    elif parts > 1:
-        (down_w, down_s, y_ref), hoff_ref = refs, None
     else:
         (down_w, y_ref), hoff_ref, down_s = refs, None, None
     r0 = pl.program_id(0) * block_h
@@ -206,25 +151,16 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
     def load(i):
         u = jnp.minimum(first_slot + div(i, n_k), expert_ref.shape[0] - 1)  # prefetch may look one past
         return _load_tile(down_w, down_s, expert_ref[u], pl.ds(r0, block_h), rem(i, n_k) * block_k, block_k, wpg,
-                          gather, grouped)
+                          gather)
 
     def compute(i, tile, acc):
         u = first_slot + div(i, n_k)
         k0 = rem(i, n_k) * block_k
-        if grouped:
-            g0, bg = div(k0, wpg), block_k // wpg
-            hs = [[h_ref[u, j, c, pl.ds(g0, bg), :] for j in range(parts)] for _, c in outputs]
-            offs = [group_offsets(h) if offsets_in_kernel else hoff_ref[u, c, pl.ds(g0, bg)]
-                    for h, (_, c) in zip(hs, outputs)]
-            return _accumulate_groups(tile, hs, offs, acc, ptx)
         hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
-        if offsets_in_kernel:
-            offs = [nibble_offsets(h) if parts > 1 else None for h in hs]
-        else:
-            offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
+        offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
         return _accumulate(tile, hs, offs, acc, ptx)
 
-    zeros = tuple(jnp.zeros((block_h, block_k // wpg if grouped else block_k), jnp.float32) for _ in outputs)
+    zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in outputs)
     acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
     for (t, _), a in zip(outputs, acc):
         y_ref[split, t, pl.ds(r0, block_h)] = jnp.sum(a, axis=1)
@@ -257,32 +193,12 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     tokens_per_slot = 1 if pairs else t
     # pairs: each token's choices split across programs; unique: all slots split across programs
     splits, slots_per_split = even_splits(choices if pairs else u, cfg.down_splits)
-    if cfg.offsets not in ("xla", "kernel"):
-        raise ValueError(f"MoEKernelConfig.offsets must be 'xla' or 'kernel', not {cfg.offsets!r}")
-    if cfg.scales not in ("gather", "join", "group"):
-        raise ValueError(f"MoEKernelConfig.scales must be 'gather', 'join' or 'group', not {cfg.scales!r}")
-    in_kernel = cfg.offsets == "kernel"
-    grouped = int4 and cfg.scales == "group"
-    x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    if grouped and in_kernel:  # words viewed [groups, wpg] (free reshapes)
-        x_in, x_off = x_TH.reshape(t, -1, wpg, parts), ()
-    elif grouped:
-        x_in = x_PTW.reshape(parts, t, -1, wpg)
-        x_off = (group_offsets([x_in[j] for j in range(parts)]),)
-    elif in_kernel:
-        x_in, x_off = x_TH, ()
-    else:
-        x_in = x_PTW
-        x_off = (nibble_offsets_PTW(x_in),) if int4 else ()  # bf16 weights have no nibble offsets
-
-    def arrays(w):
-        if not int4:
-            return (w,)
-        return (w.packed.reshape(*w.packed.shape[:-1], -1, wpg) if grouped else w.packed), w.scale
+    x_in = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
+    x_off = (nibble_offsets_PTW(x_in),) if int4 else ()  # bf16 weights have no nibble offsets
+    arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
-                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret, offsets_in_kernel=in_kernel,
-                  grouped=grouped)
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
     h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
@@ -292,12 +208,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         interpret=interpret,
         name="moe_gate_up_gemv",
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_in, *x_off, *arrays(experts.gate), *arrays(experts.up))
-    if grouped:
-        h_in = h_UPTW.reshape(u, parts, tokens_per_slot, -1, wpg)
-        h_off = () if in_kernel else (group_offsets([h_in[:, j] for j in range(parts)]),)
-    else:
-        h_in = h_UPTW
-        h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 and not in_kernel else ()
+    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
 
     y_STH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, splits=splits,
@@ -307,5 +218,5 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         compiler_params=params,
         interpret=interpret,
         name="moe_down_gemv",
-    )(slots.expert_U, slots.num_used, h_in, *h_off, *arrays(experts.down))
+    )(slots.expert_U, slots.num_used, h_UPTW, *h_off, *arrays(experts.down))
     return jnp.sum(y_STH, axis=0).astype(dt)

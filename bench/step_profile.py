@@ -1,0 +1,181 @@
+"""`python -m bench.step_profile`: where a decode / verify step's time goes, kernel by kernel (JAX profiler).
+
+Runs `--steps` target steps inside one jitted loop (as `Engine.generate` does) under `jax.profiler.trace`, then
+reads the device's kernel events from the trace (jax.profiler.ProfileData): per step, the time of each kernel
+(grouped by HLO op), the sum of kernel time, and the wall time of the loop; what the kernels do not cover is
+launch gaps and idle time. On a CPU the XLA thunks of the host trace stand in for kernels (smoke check only).
+Writes step-profile-<platform>-<date>.json and .md to --out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import glob  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
+from bench.report import write_json  # noqa: E402
+from bench.step import bench_config, init_weights, make_step, make_step_loop, random_cache  # noqa: E402
+from model.kernels import routed_experts_for_backend  # noqa: E402
+
+
+def kernel_events(xplane_path: str) -> list[dict]:
+    """Device kernel events of a trace: name, HLO op, start and duration (ns). Without a device plane (CPU),
+    the host events that carry an `hlo_op` stat (XLA's thunks)."""
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_file(xplane_path)
+    planes = list(data.planes)
+    device = [p for p in planes if p.name.startswith("/device:") and "CUSTOM" not in p.name]
+    events = []
+    for plane in device or planes:
+        lines = list(plane.lines)
+        streams = [ln for ln in lines if ln.name.startswith("Stream")]
+        for line in streams or lines:  # a device plane's streams hold the kernels (other lines summarise them)
+            for ev in line.events:
+                stats = dict(ev.stats)
+                if not device and "hlo_op" not in stats:
+                    continue
+                events.append(dict(name=ev.name, hlo_op=str(stats.get("hlo_op", ev.name)), start_ns=ev.start_ns,
+                                   duration_ns=ev.duration_ns, line=line.name))
+    return events
+
+
+def busy_ns(events: list[dict]) -> float:
+    """Union of the events' intervals: time at least one kernel ran."""
+    spans = sorted((e["start_ns"], e["start_ns"] + e["duration_ns"]) for e in events)
+    total, end = 0.0, float("-inf")
+    for s, t in spans:
+        if t > end:
+            total += t - max(s, end)
+            end = t
+    return total
+
+
+def profile_loop(run, steps: int) -> dict:
+    """Trace one call of `run()` (already warm); per-step kernel table and busy / wall times."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            jax.block_until_ready(run())
+            wall_ms = (time.perf_counter() - t0) * 1e3
+        paths = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)
+        if not paths:
+            raise RuntimeError(f"jax.profiler.trace wrote no .xplane.pb under {tmp}")
+        events = kernel_events(paths[0])
+    if not events:
+        raise RuntimeError("the trace holds no kernel events")
+    by_op = collections.defaultdict(lambda: dict(ns=0.0, count=0, kernel=""))
+    for e in events:
+        row = by_op[e["hlo_op"]]
+        row["ns"] += e["duration_ns"]
+        row["count"] += 1
+        row["kernel"] = row["kernel"] or e["name"]
+    ops = sorted(({"hlo_op": k, **v} for k, v in by_op.items()), key=lambda r: -r["ns"])
+    span_ns = max(e["start_ns"] + e["duration_ns"] for e in events) - min(e["start_ns"] for e in events)
+    return dict(
+        wall_ms_per_step=wall_ms / steps,
+        span_ms_per_step=span_ns / 1e6 / steps,
+        busy_ms_per_step=busy_ns(events) / 1e6 / steps,
+        kernel_ms_per_step=sum(e["duration_ns"] for e in events) / 1e6 / steps,
+        kernels_per_step=len(events) / steps,
+        ops=[dict(hlo_op=r["hlo_op"], kernel=r["kernel"], us_per_step=r["ns"] / 1e3 / steps,
+                  calls_per_step=r["count"] / steps) for r in ops],
+    )
+
+
+def markdown(result: dict, top: int) -> str:
+    lines = [f"# Step profile: {result['device']}, jax {result['jax']}, {result['date']}", "",
+             f"{result['layers']} layers, batch {result['batch']}, context {result['context']}, {result['steps']} steps "
+             "in one jitted loop, traced with jax.profiler after warm-up. Kernel times are the device's own (per step); "
+             "'busy' is the union of kernel intervals, so wall - busy is launch gaps and idle time.", ""]
+    for row in result["rows"]:
+        lines += [f"## T = {row['tokens']}", "",
+                  f"wall {row['wall_ms_per_step']:.3f} ms/step (traced; tracing adds overhead), kernels span "
+                  f"{row['span_ms_per_step']:.3f}, busy {row['busy_ms_per_step']:.3f}, {row['kernels_per_step']:.0f} "
+                  f"kernels/step; byte floor {row['floor_ms_4p3']:.3f} ms at {HBM_TBS} TB/s "
+                  f"(busy / floor {row['busy_ms_per_step'] / row['floor_ms_4p3']:.2f})", "",
+                  "| HLO op | kernel | us / step | calls / step | % of busy |", "|---|---|---|---|---|"]
+        busy_us = row["busy_ms_per_step"] * 1e3
+        for op in row["ops"][:top]:
+            lines.append(f"| {op['hlo_op'][:60]} | {op['kernel'][:60]} | {op['us_per_step']:.1f} | "
+                         f"{op['calls_per_step']:.1f} | {100 * op['us_per_step'] / busy_us:.1f} |")
+        rest = sum(op["us_per_step"] for op in row["ops"][top:])
+        lines += [f"| (the other {max(0, len(row['ops']) - top)} ops) | | {rest:.1f} | | {100 * rest / busy_us:.1f} |", ""]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--top", type=int, default=25, help="ops listed in the markdown table")
+    p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    for flag, v in (("--steps", args.steps), ("--layers", args.layers), ("--batch", args.batch)):
+        if v < 1:
+            raise SystemExit(f"{flag} must be >= 1, not {v}")
+    log = functools.partial(print, flush=True)
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cfg = bench_config(args.layers, args.tiny)
+    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
+    loop = make_step_loop(cfg, routed_experts_for_backend, args.steps)
+    step = make_step(cfg, routed_experts_for_backend)
+    result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
+                  date=now.isoformat(timespec="seconds"), layers=args.layers, batch=args.batch, context=args.context,
+                  steps=args.steps, rows=[])
+    for t in args.tokens:
+        key = jax.random.PRNGKey(t)
+        holder = {"cache": random_cache(cfg, args.batch, args.context + 16, args.context, key)}
+        tokens_BT = jax.random.randint(key, (args.batch, t), 0, cfg.vocab_size, jnp.int32)
+        positions_BT = jnp.broadcast_to(args.context + jnp.arange(t, dtype=jnp.int32), (args.batch, t))
+        _, holder["cache"], ids_LTK = step(w, tokens_BT, positions_BT, holder["cache"])  # for the byte count
+
+        def run():
+            out, holder["cache"] = loop(w, tokens_BT, positions_BT, holder["cache"])
+            return out
+
+        for _ in range(2):
+            jax.block_until_ready(run())
+        row = profile_loop(run, args.steps)
+        import numpy as np
+
+        unique = [int(np.unique(ids).size) for ids in np.asarray(ids_LTK)]
+        row.update(tokens=t, floor_ms_4p3=floor_ms(step_bytes(w, cfg, args.batch, t, args.context, unique)["total"],
+                                                   HBM_TBS))
+        result["rows"].append(row)
+        log(f"T={t}: busy {row['busy_ms_per_step']:.3f} ms/step, span {row['span_ms_per_step']:.3f}, "
+            f"{row['kernels_per_step']:.0f} kernels/step, floor {row['floor_ms_4p3']:.3f}")
+        for op in row["ops"][:8]:
+            log(f"    {op['us_per_step']:8.1f} us  {op['calls_per_step']:4.1f}x  {op['hlo_op'][:50]}  {op['kernel'][:50]}")
+    stem = f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    path = write_json(result, Path(args.out), stem)
+    path.with_suffix(".md").write_text(markdown(result, args.top))
+    log(f"wrote {path} and .md")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
