@@ -78,13 +78,15 @@ def profile_loop(run, steps: int) -> dict:
         events = kernel_events(paths[0])
     if not events:
         raise RuntimeError("the trace holds no kernel events")
-    by_op = collections.defaultdict(lambda: dict(ns=0.0, count=0, kernel=""))
+    # by kernel name: on a GPU the HLO op of every kernel is the command buffer (CUDA graph) that launched it
+    by_kernel = collections.defaultdict(lambda: dict(ns=0.0, count=0, hlo_op="", max_ns=0.0))
     for e in events:
-        row = by_op[e["hlo_op"]]
+        row = by_kernel[e["name"]]
         row["ns"] += e["duration_ns"]
+        row["max_ns"] = max(row["max_ns"], e["duration_ns"])
         row["count"] += 1
-        row["kernel"] = row["kernel"] or e["name"]
-    ops = sorted(({"hlo_op": k, **v} for k, v in by_op.items()), key=lambda r: -r["ns"])
+        row["hlo_op"] = row["hlo_op"] or e["hlo_op"]
+    ops = sorted(({"kernel": k, **v} for k, v in by_kernel.items()), key=lambda r: -r["ns"])
     span_ns = max(e["start_ns"] + e["duration_ns"] for e in events) - min(e["start_ns"] for e in events)
     return dict(
         wall_ms_per_step=wall_ms / steps,
@@ -92,7 +94,7 @@ def profile_loop(run, steps: int) -> dict:
         busy_ms_per_step=busy_ns(events) / 1e6 / steps,
         kernel_ms_per_step=sum(e["duration_ns"] for e in events) / 1e6 / steps,
         kernels_per_step=len(events) / steps,
-        ops=[dict(hlo_op=r["hlo_op"], kernel=r["kernel"], us_per_step=r["ns"] / 1e3 / steps,
+        ops=[dict(hlo_op=r["hlo_op"], kernel=r["kernel"], us_per_step=r["ns"] / 1e3 / steps, longest_us=r["max_ns"] / 1e3,
                   calls_per_step=r["count"] / steps) for r in ops],
     )
 
@@ -108,13 +110,14 @@ def markdown(result: dict, top: int) -> str:
                   f"{row['span_ms_per_step']:.3f}, busy {row['busy_ms_per_step']:.3f}, {row['kernels_per_step']:.0f} "
                   f"kernels/step; byte floor {row['floor_ms_4p3']:.3f} ms at {HBM_TBS} TB/s "
                   f"(busy / floor {row['busy_ms_per_step'] / row['floor_ms_4p3']:.2f})", "",
-                  "| HLO op | kernel | us / step | calls / step | % of busy |", "|---|---|---|---|---|"]
+                  "| kernel | HLO op | us / step | calls / step | longest call (us) | % of busy |", "|---|---|---|---|---|---|"]
         busy_us = row["busy_ms_per_step"] * 1e3
         for op in row["ops"][:top]:
-            lines.append(f"| {op['hlo_op'][:60]} | {op['kernel'][:60]} | {op['us_per_step']:.1f} | "
-                         f"{op['calls_per_step']:.1f} | {100 * op['us_per_step'] / busy_us:.1f} |")
+            lines.append(f"| {op['kernel'][:70]} | {op['hlo_op'][:40]} | {op['us_per_step']:.1f} | "
+                         f"{op['calls_per_step']:.1f} | {op['longest_us']:.1f} | {100 * op['us_per_step'] / busy_us:.1f} |")
         rest = sum(op["us_per_step"] for op in row["ops"][top:])
-        lines += [f"| (the other {max(0, len(row['ops']) - top)} ops) | | {rest:.1f} | | {100 * rest / busy_us:.1f} |", ""]
+        lines += [f"| (the other {max(0, len(row['ops']) - top)} kernels) | | {rest:.1f} | | | {100 * rest / busy_us:.1f} |",
+                  ""]
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +172,7 @@ def main(argv=None) -> dict:
         log(f"T={t}: busy {row['busy_ms_per_step']:.3f} ms/step, span {row['span_ms_per_step']:.3f}, "
             f"{row['kernels_per_step']:.0f} kernels/step, floor {row['floor_ms_4p3']:.3f}")
         for op in row["ops"][:8]:
-            log(f"    {op['us_per_step']:8.1f} us  {op['calls_per_step']:4.1f}x  {op['hlo_op'][:50]}  {op['kernel'][:50]}")
+            log(f"    {op['us_per_step']:8.1f} us  {op['calls_per_step']:4.1f}x  max {op['longest_us']:7.1f}  {op['kernel'][:70]}")
     stem = f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
     path = write_json(result, Path(args.out), stem)
     path.with_suffix(".md").write_text(markdown(result, args.top))
