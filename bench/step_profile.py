@@ -88,7 +88,10 @@ def profile_loop(run, steps: int) -> dict:
         row["hlo_op"] = row["hlo_op"] or e["hlo_op"]
     ops = sorted(({"kernel": k, **v} for k, v in by_kernel.items()), key=lambda r: -r["ns"])
     span_ns = max(e["start_ns"] + e["duration_ns"] for e in events) - min(e["start_ns"] for e in events)
+    ordered = sorted(events, key=lambda e: e["start_ns"])
+    first_step = ordered[:round(len(events) / steps)]  # the kernels of one step, in launch order
     return dict(
+        sequence=[dict(kernel=e["name"], us=e["duration_ns"] / 1e3) for e in first_step],
         wall_ms_per_step=wall_ms / steps,
         span_ms_per_step=span_ns / 1e6 / steps,
         busy_ms_per_step=busy_ns(events) / 1e6 / steps,
@@ -105,7 +108,10 @@ def markdown(result: dict, top: int) -> str:
              "in one jitted loop, traced with jax.profiler after warm-up. Kernel times are the device's own (per step); "
              "'busy' is the union of kernel intervals, so wall - busy is launch gaps and idle time.", ""]
     for row in result["rows"]:
+        small = [k for k in row["sequence"] if k["us"] < 6.0]
         lines += [f"## T = {row['tokens']}", "",
+                  f"One step in launch order (the JSON's `sequence`): {len(row['sequence'])} kernels, {len(small)} of "
+                  f"them under 6 us ({sum(k['us'] for k in small):.0f} us together).", "",
                   f"wall {row['wall_ms_per_step']:.3f} ms/step (traced; tracing adds overhead), kernels span "
                   f"{row['span_ms_per_step']:.3f}, busy {row['busy_ms_per_step']:.3f}, {row['kernels_per_step']:.0f} "
                   f"kernels/step; byte floor {row['floor_ms_4p3']:.3f} ms at {HBM_TBS} TB/s "
