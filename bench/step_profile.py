@@ -2,8 +2,8 @@
 
 Runs `--steps` target steps inside one jitted loop (as `Engine.generate` does) under `jax.profiler.trace`, then
 reads the device's kernel events from the trace (jax.profiler.ProfileData): per step, the time of each kernel
-(grouped by HLO op), the sum of kernel time, and the wall time of the loop; what the kernels do not cover is
-launch gaps and idle time. On a CPU the XLA thunks of the host trace stand in for kernels (smoke check only).
+(grouped by kernel name), each kernel of one step in launch order, the sum of kernel time, and the span and wall
+time of the loop; what the kernels do not cover is launch gaps and idle time. On a CPU the XLA thunks of the host trace stand in for kernels (smoke check only).
 Writes step-profile-<platform>-<date>.json and .md to --out.
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
 from bench.report import write_json  # noqa: E402
@@ -169,8 +170,6 @@ def main(argv=None) -> dict:
         for _ in range(2):
             jax.block_until_ready(run())
         row = profile_loop(run, args.steps)
-        import numpy as np
-
         unique = [int(np.unique(ids).size) for ids in np.asarray(ids_LTK)]
         row.update(tokens=t, floor_ms_4p3=floor_ms(step_bytes(w, cfg, args.batch, t, args.context, unique)["total"],
                                                    HBM_TBS))
