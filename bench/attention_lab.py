@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
@@ -30,6 +31,10 @@ from model.kernels.mla_decode import MLAKernelConfig, mla_decode_context  # noqa
 from model.kv_cache import visible_slots  # noqa: E402
 
 REPS = 10
+# `--sweep`: kernel tilings tried side by side (name -> config); the default run times MLAKernelConfig() only
+SWEEP = {f"q{q}_s{bs}_x{sp}_w{w}": MLAKernelConfig(block_q=q, block_s=bs, splits=sp, num_warps=w)
+         for q, bs, sp, w in [(64, 32, 32, 8), (16, 32, 32, 4), (16, 64, 16, 4), (16, 32, 8, 4), (32, 32, 16, 4),
+                              (32, 64, 16, 8), (16, 64, 64, 4), (16, 128, 16, 4)]}
 
 
 def xla_context(q_lat, q_rope, latent, k_rope, positions, scale):
@@ -56,14 +61,18 @@ def main(argv=None):
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="time every tiling in SWEEP, not only the default")
     args = p.parse_args(argv)
     n, c, r = (4, 32, 16) if args.tiny else (64, 512, 64)
     kcfg = MLAKernelConfig(block_q=16, block_s=16, splits=4) if args.tiny else MLAKernelConfig()
-    kernel = functools.partial(mla_decode_context, cfg=kcfg, interpret=args.tiny)
+    configs = {"kernel": kcfg}
+    if args.sweep:
+        tiny = dict(block_q=16, block_s=16) if args.tiny else {}
+        configs.update({name: dataclasses.replace(c_, **tiny) for name, c_ in SWEEP.items()})
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  kernel_config=kcfg.__dict__, rows=[])
+                  kernel_config=kcfg.__dict__, configs={k: v.__dict__ for k, v in configs.items()}, rows=[])
     scale = 0.1
     for b in args.batches:
         for ctx in args.contexts:
@@ -78,8 +87,10 @@ def main(argv=None):
                 args_ = (q_rope, latent, k_rope, positions)
                 nbytes = b * ctx * (c + r) * 2 + 2 * q_lat.nbytes + q_rope.nbytes
                 row = dict(batch=b, context=ctx, tokens=t, bytes=nbytes, floor_ms_4p3=floor_ms(nbytes, HBM_TBS))
-                for name, fn in (("xla", functools.partial(xla_context, scale=scale)),
-                                 ("kernel", functools.partial(kernel, scale=scale))):
+                fns = {"xla": functools.partial(xla_context, scale=scale)}
+                fns.update({name: functools.partial(mla_decode_context, cfg=c_, interpret=args.tiny, scale=scale)
+                            for name, c_ in configs.items()})
+                for name, fn in fns.items():
                     try:
                         run = chained(fn, REPS)  # compiled once; the timed calls reuse it
                         stats = median_ms(lambda run=run: run(q_lat, *args_), warmup=2, iters=10)
@@ -87,12 +98,11 @@ def main(argv=None):
                         row[f"{name}_ratio"] = row[f"{name}_ms"] / row["floor_ms_4p3"]
                     except Exception as e:  # the kernel has not run on this device before: record, go on
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:600]
-                try:
-                    ref = np.asarray(xla_context(q_lat, *args_, scale), np.float64)
-                    out = np.asarray(kernel(q_lat, *args_, scale), np.float64)
-                    row["kernel_rel_err"] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-                except Exception as e:
-                    row["kernel_error"] = f"{type(e).__name__}: {e}"[:600]
+                ref = np.asarray(xla_context(q_lat, *args_, scale), np.float64)
+                for name in configs:
+                    if f"{name}_ms" in row:
+                        out = np.asarray(fns[name](q_lat, *args_), np.float64)
+                        row[f"{name}_rel_err"] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
                 print(row, flush=True)
                 result["rows"].append(row)
     path = write_json(result, Path(args.out), f"attention-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
