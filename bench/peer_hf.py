@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
-from bench.report import write_json  # noqa: E402
-from bench.step import bench_config, init_weights, make_step  # noqa: E402
+from bench.report import fmt, write_json  # noqa: E402
+from bench.step import bench_config, init_weights, make_step, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kernels import routed_experts_for_backend  # noqa: E402
@@ -132,8 +132,7 @@ def time_torch(fn, warmup=3, iters=10) -> dict:
 
 
 def time_jax_step(w, cfg, step_fn, prompt_cache, batch, tokens, context, key, iters):
-    tokens_BT = jax.random.randint(key, (batch, tokens), 0, cfg.vocab_size, jnp.int32)
-    positions_BT = jnp.broadcast_to(context + jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+    tokens_BT, positions_BT = step_inputs(cfg, batch, tokens, context, key)
     cache = jax.tree_util.tree_map(jnp.copy, prompt_cache)
     logits, cache, ids = step_fn(w, tokens_BT, positions_BT, cache)
     holder = {"cache": cache}
@@ -270,16 +269,15 @@ def markdown(res: dict) -> str:
              "jaxspec queued ms | HF eager queued | speedup queued | HF compiled queued | speedup vs compiled queued | "
              "floor 4.3 (ms) | jaxspec x floor | logits rel. err | argmax agree |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    f = lambda x, d=3: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in res["rows"]:
-        lines.append(f"| {r['batch']} | {r['tokens']} | {f(r.get('jaxspec_ms'))} | {f(r.get('hf_eager_ms'))} | "
-                     f"{f(r.get('jaxspec_speedup'), 2)} | {f(r.get('hf_compiled_ms'))} | "
-                     f"{f(r.get('jaxspec_speedup_compiled'), 2)} | {f(r.get('jaxspec_queued_ms'))} | "
-                     f"{f(r.get('hf_eager_queued_ms'))} | {f(r.get('jaxspec_speedup_queued'), 2)} | "
-                     f"{f(r.get('hf_compiled_queued_ms'))} | {f(r.get('jaxspec_speedup_compiled_queued'), 2)} | "
-                     f"{f(r.get('floor_ms_4p3'))} | "
-                     f"{f(r.get('jaxspec_ms') and r['jaxspec_ms'] / r['floor_ms_4p3'], 2)} | {f(r.get('logits_rel_err'), 4)} | "
-                     f"{f(r.get('argmax_agree'), 2)} |")
+        lines.append(f"| {r['batch']} | {r['tokens']} | {fmt(r.get('jaxspec_ms'))} | {fmt(r.get('hf_eager_ms'))} | "
+                     f"{fmt(r.get('jaxspec_speedup'), 2)} | {fmt(r.get('hf_compiled_ms'))} | "
+                     f"{fmt(r.get('jaxspec_speedup_compiled'), 2)} | {fmt(r.get('jaxspec_queued_ms'))} | "
+                     f"{fmt(r.get('hf_eager_queued_ms'))} | {fmt(r.get('jaxspec_speedup_queued'), 2)} | "
+                     f"{fmt(r.get('hf_compiled_queued_ms'))} | {fmt(r.get('jaxspec_speedup_compiled_queued'), 2)} | "
+                     f"{fmt(r.get('floor_ms_4p3'))} | "
+                     f"{fmt(r.get('jaxspec_ms') and r['jaxspec_ms'] / r['floor_ms_4p3'], 2)} | {fmt(r.get('logits_rel_err'), 4)} | "
+                     f"{fmt(r.get('argmax_agree'), 2)} |")
     compile_errors = [f"B={r['batch']} T={r['tokens']}: {r['hf_compile_error']}" for r in res["rows"]
                       if r.get("hf_compile_error")]
     if compile_errors:

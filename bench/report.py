@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 
-def _f(x, digits=3) -> str:
+def fmt(x, digits=3) -> str:
+    """A number for a table cell; "-" where it is missing."""
     return "-" if x is None else f"{x:.{digits}f}"
 
 
@@ -35,8 +36,8 @@ def markdown(result: dict) -> str:
         f"Kimi-K2.5 dims, {result['layers']} layers (layer 0 dense, the rest MoE with INT4 g32 experts; bf16 elsewhere), "
         f"lm_head {'tiny' if result['tiny'] else '163840'} rows, random weights. MoE path: {result.get('moe_path')}"
         f"{_kernel_configs(result.get('kernel_config') or {})}.",
-        f"Copy bandwidth measured in this run (XLA elementwise, read + write): {_f(result.get('copy_tbs'), 2)} TB/s; "
-        f"read bandwidth (XLA reduction, reads only): {_f(result.get('read_tbs'), 2)} TB/s. "
+        f"Copy bandwidth measured in this run (XLA elementwise, read + write): {fmt(result.get('copy_tbs'), 2)} TB/s; "
+        f"read bandwidth (XLA reduction, reads only): {fmt(result.get('read_tbs'), 2)} TB/s. "
         "Floors: bytes that must be moved / 4.3 TB/s and / the copy bandwidth. Times: median of device-synchronised "
         "steps after warm-up; 'queued' = mean per step with steps queued back to back; 'device loop' = per step "
         "when that many steps run inside one jitted loop, each fed the previous step's argmax tokens.",
@@ -50,18 +51,18 @@ def markdown(result: dict) -> str:
         for r in moe["rows"]:
             lines.append(
                 f"| {r['tokens']} | {r['unique_experts']} | {r['bytes'] / 1e6:.1f} | {r['floor_ms_4p3'] * 1e3:.1f} | "
-                f"{_f(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {r.get('kernel_variant', '-')}{'/' + r['kernel_slots'] if r.get('kernel_variant') == 'gemv' else ''} | {_f(r.get('kernel_ratio_4p3'), 2)} | "
-                f"{r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {_f(r.get('kernel_rel_err'), 4)} |")
+                f"{fmt(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {r.get('kernel_variant', '-')}{'/' + r['kernel_slots'] if r.get('kernel_variant') == 'gemv' else ''} | {fmt(r.get('kernel_ratio_4p3'), 2)} | "
+                f"{r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {fmt(r.get('kernel_rel_err'), 4)} |")
         lines += ["", "Tile sweep (ms per layer call): " + "; ".join(
             f"cfg{i} {_short(s['config'])}: "
-            f"{'/'.join(_f(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"
+            f"{'/'.join(fmt(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"
             for i, s in moe["sweep"].items()), ""]
     bf16 = result.get("moe_layer_bf16")
     if bf16:
         lines += ["bf16 experts (kernel variant, 64-expert subset): " + "; ".join(
-            f"T={r['tokens']}: {_f(r.get('kernel_ms') and r['kernel_ms'] * 1e3, 1)} us vs floor {r['floor_ms_4p3'] * 1e3:.1f} us"
-            f" (x{_f(r.get('kernel_ratio_4p3'), 2)}), reference {_f(r.get('reference_ms') and r['reference_ms'] * 1e3, 1)} us,"
-            f" rel. err {_f(r.get('kernel_rel_err'), 4)}" for r in bf16), ""]
+            f"T={r['tokens']}: {fmt(r.get('kernel_ms') and r['kernel_ms'] * 1e3, 1)} us vs floor {r['floor_ms_4p3'] * 1e3:.1f} us"
+            f" (x{fmt(r.get('kernel_ratio_4p3'), 2)}), reference {fmt(r.get('reference_ms') and r['reference_ms'] * 1e3, 1)} us,"
+            f" rel. err {fmt(r.get('kernel_rel_err'), 4)}" for r in bf16), ""]
     steps = result.get("steps") or []
     if steps:
         lines += ["## Target forward steps (decode T=1, verify T>1)", "",
@@ -72,10 +73,10 @@ def markdown(result: dict) -> str:
             dec = _decode_ms(steps, r["batch"], r["context"], r.get("moe_path"))
             lines.append(
                 f"| {r['batch']} | {r['context']} | {r['tokens']} | {r.get('moe_path')} | {r['median_ms']:.3f} | "
-                f"{r['queued_mean_ms']:.3f} | {_f(r.get('device_loop_ms'))} | {np.mean(r['unique_experts']):.1f} | "
+                f"{r['queued_mean_ms']:.3f} | {fmt(r.get('device_loop_ms'))} | {np.mean(r['unique_experts']):.1f} | "
                 f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
-                f"{_f(r.get('device_loop_ratio_4p3'), 2)} | {r['floor_ms_copy']:.3f} | {r['ratio_copy']:.2f} | "
-                f"{_f(dec and r['median_ms'] / dec, 2)} |")
+                f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {r['floor_ms_copy']:.3f} | {r['ratio_copy']:.2f} | "
+                f"{fmt(dec and r['median_ms'] / dec, 2)} |")
         lines.append("")
     cycles = result.get("cycles") or []
     if cycles:
@@ -90,9 +91,9 @@ def markdown(result: dict) -> str:
             loop = r.get("device_loop_ms")
             lines.append(
                 f"| {r['batch']} | {r['context']} | {r['k']} | {r['median_ms']:.3f} | {r['queued_mean_ms']:.3f} | "
-                f"{_f(loop)} | {r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
-                f"{_f(r.get('device_loop_ratio_4p3'), 2)} | {_f(dec and r['median_ms'] / dec, 2)} | "
-                f"{_f(loop and dec_loop and loop / dec_loop, 2)} |")
+                f"{fmt(loop)} | {r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
+                f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {fmt(dec and r['median_ms'] / dec, 2)} | "
+                f"{fmt(loop and dec_loop and loop / dec_loop, 2)} |")
         lines.append("")
     peer = result.get("peer")
     if peer:

@@ -93,11 +93,17 @@ def random_cache(cfg, batch: int, capacity: int, context: int, key, dtype=jnp.bf
     )
 
 
+def step_inputs(cfg, batch: int, tokens: int, context: int, key) -> tuple[jax.Array, jax.Array]:
+    """Random token ids [B, T] and their positions context.. (the slots a step writes after `context` tokens)."""
+    tokens_BT = jax.random.randint(key, (batch, tokens), 0, cfg.vocab_size, jnp.int32)
+    positions_BT = jnp.broadcast_to(context + jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+    return tokens_BT, positions_BT
+
+
 def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters: int, copy_tbs: float,
               loop_fn=None, loop_steps: int = 0) -> dict:
     cache = random_cache(cfg, batch, context + 16, context, key)
-    tokens_BT = jax.random.randint(key, (batch, tokens), 0, cfg.vocab_size, jnp.int32)
-    positions_BT = jnp.broadcast_to(context + jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+    tokens_BT, positions_BT = step_inputs(cfg, batch, tokens, context, key)
     t0 = time.perf_counter()
     logits, cache, ids_LTK = step_fn(w, tokens_BT, positions_BT, cache)
     jax.block_until_ready(logits)

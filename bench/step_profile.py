@@ -24,12 +24,11 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step import bench_config, init_weights, make_step, make_step_loop, random_cache  # noqa: E402
+from bench.step import bench_config, init_weights, make_step, make_step_loop, random_cache, step_inputs  # noqa: E402
 from model.kernels import routed_experts_for_backend  # noqa: E402
 
 
@@ -159,8 +158,7 @@ def main(argv=None) -> dict:
     for t in args.tokens:
         key = jax.random.PRNGKey(t)
         holder = {"cache": random_cache(cfg, args.batch, args.context + 16, args.context, key)}
-        tokens_BT = jax.random.randint(key, (args.batch, t), 0, cfg.vocab_size, jnp.int32)
-        positions_BT = jnp.broadcast_to(args.context + jnp.arange(t, dtype=jnp.int32), (args.batch, t))
+        tokens_BT, positions_BT = step_inputs(cfg, args.batch, t, args.context, key)
         _, holder["cache"], ids_LTK = step(w, tokens_BT, positions_BT, holder["cache"])  # for the byte count
 
         def run():

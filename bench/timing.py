@@ -50,22 +50,22 @@ def device_loop_ms(run_loop, steps_per_call: int, iters: int) -> float:
     return median_ms(run_loop, warmup=LOOP_WARMUP, iters=loop_iters(iters))["median_ms"] / steps_per_call
 
 
-def copy_bandwidth_tbs(gbytes: float = 4.0, iters: int = 20) -> float:
-    """Bytes read + written per second by an XLA elementwise pass over a `gbytes` bf16 array."""
+def _stream_tbs(fn, gbytes: float, iters: int, passes: int) -> float:
+    """TB/s of jitted `fn` over a `gbytes` bf16 array that it moves `passes` times (best of `iters` calls)."""
     n = int(gbytes * 1e9 / 2)
     x = jnp.ones((n,), jnp.bfloat16)
-    scale = jax.jit(lambda a: a * jnp.bfloat16(1.5))
-    stats = median_ms(lambda: scale(x), warmup=3, iters=iters)
+    run = jax.jit(fn)
+    stats = median_ms(lambda: run(x), warmup=3, iters=iters)
     del x
-    return 2 * n * 2 / (stats["min_ms"] * 1e-3) / 1e12
+    return passes * n * 2 / (stats["min_ms"] * 1e-3) / 1e12
+
+
+def copy_bandwidth_tbs(gbytes: float = 4.0, iters: int = 20) -> float:
+    """Bytes read + written per second by an XLA elementwise pass over a `gbytes` bf16 array."""
+    return _stream_tbs(lambda a: a * jnp.bfloat16(1.5), gbytes, iters, passes=2)
 
 
 def read_bandwidth_tbs(gbytes: float = 4.0, iters: int = 20) -> float:
     """Bytes read per second by an XLA reduction over a `gbytes` bf16 array (reads only, as a forward step does):
     what plain XLA streams from this device's memory, beside the 4.3 TB/s the issue's floors use."""
-    n = int(gbytes * 1e9 / 2)
-    x = jnp.ones((n,), jnp.bfloat16)
-    total = jax.jit(lambda a: jnp.sum(a, dtype=jnp.float32))
-    stats = median_ms(lambda: total(x), warmup=3, iters=iters)
-    del x
-    return n * 2 / (stats["min_ms"] * 1e-3) / 1e12
+    return _stream_tbs(lambda a: jnp.sum(a, dtype=jnp.float32), gbytes, iters, passes=1)

@@ -39,18 +39,15 @@ def nibble_float(shifted: dict[int, jax.Array], j: int, ptx: bool = False) -> ja
     return jax.lax.bitcast_convert_type(and_or(shifted[_SOURCE_SHIFT[j]], mask, bits, ptx), jnp.float32)
 
 
-def nibble_offsets(v_by_part) -> jax.Array:
-    """sum_j nibble_offset(j) * v[j]: what the nibble floats add to a word's dot product (v[j]: part j's inputs).
-
-    Written as a weighted sum, not an einsum, so XLA fuses it into one elementwise pass instead of calling a
-    GEMM. Computed inside the kernels instead (x read strided) it measured slower on the H200: 110 vs 98 us at
-    one token, 314 vs 281 at four (bench/results/moe-lab-gpu-20261129-1533.json)."""
-    return sum(nibble_offset(j) * v.astype(jnp.float32) for j, v in enumerate(v_by_part))
-
-
 def nibble_offsets_PTW(v_PTW: jax.Array) -> jax.Array:
-    """`nibble_offsets` of [parts, tokens, words] inputs -> [tokens, words] (plain XLA, before the kernels)."""
-    return nibble_offsets([v_PTW[j] for j in range(v_PTW.shape[0])])
+    """sum_j nibble_offset(j) * v[j]: what the nibble floats add to a word's dot product, per (token, word).
+
+    Plain XLA, before the kernels: computed inside them instead (x read strided) it measured slower on the
+    H200, 110 vs 98 us at one token and 314 vs 281 at four (bench/results/moe-lab-gpu-20261129-1533.json).
+    Written as a weighted sum, not an einsum, so XLA fuses it into one elementwise pass instead of calling a
+    GEMM."""
+    v = v_PTW.astype(jnp.float32)
+    return sum(nibble_offset(j) * v[j] for j in range(v.shape[0]))
 
 
 def repeat_last(x: jax.Array, times: int) -> jax.Array:

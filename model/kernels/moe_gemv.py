@@ -193,8 +193,8 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     tokens_per_slot = 1 if pairs else t
     # pairs: each token's choices split across programs; unique: all slots split across programs
     splits, slots_per_split = even_splits(choices if pairs else u, cfg.down_splits)
-    x_in = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    x_off = (nibble_offsets_PTW(x_in),) if int4 else ()  # bf16 weights have no nibble offsets
+    x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
+    x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
@@ -207,7 +207,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         compiler_params=params,
         interpret=interpret,
         name="moe_gate_up_gemv",
-    )(slots.expert_U, slots.num_used, slots.combine_UT, x_in, *x_off, *arrays(experts.gate), *arrays(experts.up))
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
     h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
 
     y_STH = pl.pallas_call(
