@@ -1,10 +1,11 @@
-"""`python -m bench.attention_lab`: MLA attention over the latent cache alone, XLA's absorbed path vs the Pallas kernel.
+"""`python -m bench.attention_lab`: MLA attention over the latent cache alone, XLA's absorbed path vs the Pallas kernels.
 
-K2.5 shapes (64 heads, latent 512, rope 64), random bf16 queries and cache. For each batch, context and token
-count: the median time of the score / softmax / context part (chained calls inside one jit), the bytes it
-must read (the visible latent + rope-key slots, the queries, the context written) and the floor at 4.3 TB/s,
-and the kernel's error against XLA's. Writes attention-lab-<device>-<date>.json to --out. `--tiny` runs small
-shapes in interpret mode (a CPU check of this script).
+K2.5 shapes (64 heads, latent 512, rope 64, v 128), random bf16 queries, cache and w_uv; the cache's capacity is
+rounded up as the engine rounds it. For each batch, context and token count: the median time of everything after
+the query absorption (scores, softmax, context, w_uv projection), as REPS calls unrolled inside one jit (a device
+loop would add its own per-iteration cost), each fed by the last; the bytes it must read (the visible latent +
+rope-key slots, w_uv, the queries) and the floor at 4.3 TB/s; the kernels' error against XLA's. Writes
+attention-lab-<device>-<date>.json to --out. `--tiny` runs small shapes in interpret mode (a CPU check).
 """
 
 from __future__ import annotations
@@ -27,30 +28,31 @@ import numpy as np  # noqa: E402
 from bench.bytes_floor import HBM_TBS, floor_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
-from model.kernels.mla_decode import MLAKernelConfig, mla_decode_context  # noqa: E402
-from model.kv_cache import visible_slots  # noqa: E402
+from model.kernels.mla_decode import MLAKernelConfig, mla_decode_attention  # noqa: E402
+from model.kv_cache import round_capacity, visible_slots  # noqa: E402
 
 REPS = 10
 # `--sweep`: kernel tilings tried side by side (name -> config); the default run times MLAKernelConfig() only
 SWEEP = {f"q{q}_s{bs}_x{sp}_w{w}": MLAKernelConfig(block_q=q, block_s=bs, splits=sp, num_warps=w)
-         for q, bs, sp, w in [(64, 32, 32, 8), (16, 32, 32, 4), (16, 64, 16, 4), (16, 32, 8, 4), (32, 32, 16, 4),
-                              (32, 64, 16, 8), (16, 64, 64, 4), (16, 128, 16, 4)]}
+         for q, bs, sp, w in [(16, 64, 8, 4), (16, 64, 32, 4), (32, 64, 16, 4), (64, 64, 16, 8)]}
 
 
-def xla_context(q_lat, q_rope, latent, k_rope, positions, scale):
-    """The context half of model.attention_mla.attend_absorbed, as XLA runs it."""
+def xla_attention(q_lat, q_rope, latent, k_rope, positions, w_uv, scale):
+    """model.attention_mla.attend_absorbed after the query absorption, as XLA runs it."""
     s = jnp.einsum("btnc,bsc->bnts", q_lat, latent, preferred_element_type=jnp.float32)
     s += jnp.einsum("btnr,bsr->bnts", q_rope, k_rope, preferred_element_type=jnp.float32)
     s = jnp.where(visible_slots(positions, latent.shape[1])[:, None], s * scale, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1).astype(q_lat.dtype)
-    return jnp.einsum("bnts,bsc->btnc", p, latent)
+    return jnp.einsum("btnc,nvc->btnv", jnp.einsum("bnts,bsc->btnc", p, latent), w_uv)
 
 
 def chained(fn, reps):
+    """`reps` calls unrolled in one jit, each query nudged by the last output (so none can be hoisted or merged)."""
     def run(q_lat, *rest):
-        def body(_, q):
-            return (q + 1e-3 * fn(q, *rest)).astype(q.dtype)
-        return jax.lax.fori_loop(0, reps, body, q_lat)
+        q = q_lat
+        for _ in range(reps):
+            q = (q + 1e-3 * fn(q, *rest)[..., :1]).astype(q.dtype)
+        return q
     return jax.jit(run)
 
 
@@ -63,12 +65,12 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--sweep", action="store_true", help="time every tiling in SWEEP, not only the default")
     args = p.parse_args(argv)
-    n, c, r = (4, 32, 16) if args.tiny else (64, 512, 64)
-    kcfg = MLAKernelConfig(block_q=16, block_s=16, splits=4) if args.tiny else MLAKernelConfig()
+    n, c, r, v = (4, 32, 16, 8) if args.tiny else (64, 512, 64, 128)
+    tiny = dict(block_q=16, block_s=16, block_c=16, splits=4)
+    kcfg = MLAKernelConfig(**tiny) if args.tiny else MLAKernelConfig()
     configs = {"kernel": kcfg}
     if args.sweep:
-        tiny = dict(block_q=16, block_s=16) if args.tiny else {}
-        configs.update({name: dataclasses.replace(c_, **tiny) for name, c_ in SWEEP.items()})
+        configs.update({name: dataclasses.replace(c_, **(tiny if args.tiny else {})) for name, c_ in SWEEP.items()})
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
@@ -77,18 +79,19 @@ def main(argv=None):
     for b in args.batches:
         for ctx in args.contexts:
             for t in args.tokens:
-                keys = jax.random.split(jax.random.PRNGKey(ctx + t + b), 4)
-                cap = ctx + 16 * kcfg.block_s  # the cache's capacity exceeds the context, as in the engine
+                keys = jax.random.split(jax.random.PRNGKey(ctx + t + b), 5)
+                cap = round_capacity(ctx + 16)  # the cache's capacity exceeds the context, as in the engine
                 q_lat = jax.random.normal(keys[0], (b, t, n, c), jnp.bfloat16)
                 q_rope = jax.random.normal(keys[1], (b, t, n, r), jnp.bfloat16)
                 latent = jax.random.normal(keys[2], (b, cap, c), jnp.bfloat16)
                 k_rope = jax.random.normal(keys[3], (b, cap, r), jnp.bfloat16)
                 positions = jnp.broadcast_to(ctx - t + jnp.arange(t, dtype=jnp.int32), (b, t))
-                args_ = (q_rope, latent, k_rope, positions)
-                nbytes = b * ctx * (c + r) * 2 + 2 * q_lat.nbytes + q_rope.nbytes
+                w_uv = (jax.random.normal(keys[4], (n, v, c), jnp.float32) / c ** 0.5).astype(jnp.bfloat16)
+                args_ = (q_rope, latent, k_rope, positions, w_uv)
+                nbytes = b * ctx * (c + r) * 2 + q_lat.nbytes + q_rope.nbytes + w_uv.nbytes + b * t * n * v * 2
                 row = dict(batch=b, context=ctx, tokens=t, bytes=nbytes, floor_ms_4p3=floor_ms(nbytes, HBM_TBS))
-                fns = {"xla": functools.partial(xla_context, scale=scale)}
-                fns.update({name: functools.partial(mla_decode_context, cfg=c_, interpret=args.tiny, scale=scale)
+                fns = {"xla": functools.partial(xla_attention, scale=scale)}
+                fns.update({name: functools.partial(mla_decode_attention, cfg=c_, interpret=args.tiny, scale=scale)
                             for name, c_ in configs.items()})
                 for name, fn in fns.items():
                     try:
@@ -98,7 +101,7 @@ def main(argv=None):
                         row[f"{name}_ratio"] = row[f"{name}_ms"] / row["floor_ms_4p3"]
                     except Exception as e:  # the kernel has not run on this device before: record, go on
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:600]
-                ref = np.asarray(xla_context(q_lat, *args_, scale), np.float64)
+                ref = np.asarray(xla_attention(q_lat, *args_, scale), np.float64)
                 for name in configs:
                     if f"{name}_ms" in row:
                         out = np.asarray(fns[name](q_lat, *args_), np.float64)

@@ -17,7 +17,7 @@ from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import SpecState
 from model.eagle3 import DraftConfig, init_draft_cache
-from model.kv_cache import LatentCache
+from model.kv_cache import LatentCache, round_capacity
 
 MAX_NEW_TOKENS = 4096
 LOG_CYCLES = 256
@@ -143,7 +143,7 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
             key, sub = jax.random.split(key)
             try:
                 loop_timed = (LOOP_WARMUP + loop_iters(args.iters)) * loop_cycles  # cycles the device loops run
-                capacity = c + 16 + (3 + 2 * args.iters + 2 + loop_timed) * (k + 1)
+                capacity = round_capacity(c + 16 + (3 + 2 * args.iters + 2 + loop_timed) * (k + 1))
                 state = initial_state(spec_cfg.target, dcfg, b, c, capacity, sub)
                 cycle_fn = make_cycle(spec_cfg, k, moe_impl)
                 state, ids = cycle_fn(sw, state)

@@ -31,7 +31,7 @@ from bench.step import bench_config, init_weights, make_step, step_inputs  # noq
 from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kernels import routed_experts_for_backend  # noqa: E402
-from model.kv_cache import init_latent_cache  # noqa: E402
+from model.kv_cache import init_latent_cache, round_capacity  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
 
 
@@ -200,7 +200,7 @@ def main(argv=None) -> dict:
     compiled = None
     for b in args.batches:
         prompt = rng.integers(0, cfg.vocab_size, size=(b, args.context))
-        cache = init_latent_cache(cfg, b, args.context + 16)
+        cache = init_latent_cache(cfg, b, round_capacity(args.context + 16))
         positions = np.broadcast_to(np.arange(args.context), (b, args.context))
         with jax.default_device(dev):
             from bench.moe_path import moe_path

@@ -33,7 +33,7 @@ from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_for_backend  # noqa: E402
-from model.kv_cache import LatentCache  # noqa: E402
+from model.kv_cache import LatentCache, round_capacity  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
 
 TINY_DIMS = dict(hidden_size=256, num_attention_heads=4, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16,
@@ -102,7 +102,7 @@ def step_inputs(cfg, batch: int, tokens: int, context: int, key) -> tuple[jax.Ar
 
 def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters: int, copy_tbs: float,
               loop_fn=None, loop_steps: int = 0) -> dict:
-    cache = random_cache(cfg, batch, context + 16, context, key)
+    cache = random_cache(cfg, batch, round_capacity(context + 16), context, key)
     tokens_BT, positions_BT = step_inputs(cfg, batch, tokens, context, key)
     t0 = time.perf_counter()
     logits, cache, ids_LTK = step_fn(w, tokens_BT, positions_BT, cache)

@@ -30,6 +30,7 @@ from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import bench_config, init_weights, make_step, make_step_loop, random_cache, step_inputs  # noqa: E402
 from model.kernels import routed_experts_for_backend  # noqa: E402
+from model.kv_cache import round_capacity  # noqa: E402
 
 
 def kernel_events(xplane_path: str) -> list[dict]:
@@ -137,6 +138,9 @@ def parse_args(argv):
     p.add_argument("--top", type=int, default=25, help="ops listed in the markdown table")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--hlo", action="store_true",
+                   help="also write the loop's optimized HLO per T (step-profile-...-T<t>.hlo.txt): maps kernel names "
+                        "to the ops they fuse")
     return p.parse_args(argv)
 
 
@@ -157,7 +161,7 @@ def main(argv=None) -> dict:
                   steps=args.steps, rows=[])
     for t in args.tokens:
         key = jax.random.PRNGKey(t)
-        holder = {"cache": random_cache(cfg, args.batch, args.context + 16, args.context, key)}
+        holder = {"cache": random_cache(cfg, args.batch, round_capacity(args.context + 16), args.context, key)}
         tokens_BT, positions_BT = step_inputs(cfg, args.batch, t, args.context, key)
         _, holder["cache"], ids_LTK = step(w, tokens_BT, positions_BT, holder["cache"])  # for the byte count
 
@@ -167,6 +171,12 @@ def main(argv=None) -> dict:
 
         for _ in range(2):
             jax.block_until_ready(run())
+        if args.hlo:
+            hlo = loop.lower(w, tokens_BT, positions_BT, holder["cache"]).compile().as_text()
+            hlo_path = Path(args.out) / f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}-T{t}.hlo.txt"
+            hlo_path.parent.mkdir(parents=True, exist_ok=True)
+            hlo_path.write_text(hlo)
+            log(f"wrote {hlo_path}")
         row = profile_loop(run, args.steps)
         unique = [int(np.unique(ids).size) for ids in np.asarray(ids_LTK)]
         row.update(tokens=t, floor_ms_4p3=floor_ms(step_bytes(w, cfg, args.batch, t, args.context, unique)["total"],

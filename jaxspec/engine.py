@@ -23,6 +23,7 @@ from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_program, place_weights
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.stats import AcceptanceStats
+from model.kv_cache import round_capacity
 
 
 class PromptTooLong(ValueError):
@@ -103,7 +104,7 @@ class Engine:
                 f"exceeds the context of {self.max_context} tokens"
             )
         bucket = prompt_bucket(longest)
-        capacity = -(-max(bucket, need) // 64) * 64
+        capacity = round_capacity(max(bucket, need))
         return bucket, capacity
 
     # --- on-device generation ----------------------------------------------------------------------

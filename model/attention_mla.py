@@ -3,7 +3,8 @@
 `absorbed` is what runs: the k_nope half of kv_b_proj is folded into the query and the v half into the
 output, so attention reads only the cached normalized latent [C] and roped key [R] per token.
 `decompressed` expands K and V per head (HF's formulation) and exists as the test reference.
-`absorbed_kernel` is `absorbed` with the attention itself in a Pallas kernel (model/kernels/mla_decode.py).
+`absorbed_kernel` is `absorbed` with the attention after the query absorption in two Pallas kernels
+(model/kernels/mla_decode.py); it runs on GPU for decode and verify.
 """
 
 from __future__ import annotations
@@ -82,29 +83,33 @@ def attend_decompressed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w:
 
 
 def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
-    """`attend_absorbed` with the score / softmax / context part in the Pallas flash-decoding kernel."""
-    from model.kernels.mla_decode import mla_decode_context
+    """`attend_absorbed` with the attention after the query absorption in two Pallas kernels (flash decoding over
+    the visible slots, then the combine of its splits)."""
+    from model.kernels.mla_decode import mla_decode_attention
 
     dt = q_nope.dtype
     q_lat_BTNC = jnp.einsum("btnd,ndc->btnc", q_nope, w.w_uk.astype(dt))
-    ctx_BTNC = mla_decode_context(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, cfg.softmax_scale,
-                                  interpret=jax.default_backend() != "gpu")
-    return jnp.einsum("btnc,nvc->btnv", ctx_BTNC, w.w_uv.astype(dt))
+    return mla_decode_attention(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv,
+                                cfg.softmax_scale, interpret=jax.default_backend() != "gpu")
 
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
                    "absorbed_kernel": attend_absorbed_kernel}
-# Opt-in (slower than XLA in 7 of 8 shapes on the H200, bench/results/README.md): JAXSPEC_MLA_KERNEL=1 sends
-# decode / verify (T <= 16) through the kernel on GPU; the plain XLA path runs everywhere else.
+# On a GPU, decode / verify (T <= 16) run the kernels (JAXSPEC_MLA_KERNEL=0 turns them off); the plain XLA path
+# runs everywhere else and is what tests hold the kernels to.
 MLA_KERNEL_MAX_TOKENS = 16
 
 
-def _use_kernel(path: str, tokens: int, capacity: int) -> bool:
-    if path != "absorbed" or os.environ.get("JAXSPEC_MLA_KERNEL", "0") != "1" or jax.default_backend() != "gpu":
+def _use_kernel(path: str, tokens: int, capacity: int, cfg: TextConfig) -> bool:
+    if path != "absorbed" or os.environ.get("JAXSPEC_MLA_KERNEL", "1") != "1" or jax.default_backend() != "gpu":
         return False
-    from model.kernels.mla_decode import MLAKernelConfig
+    from model.kernels.mla_decode import check_config, config_for
 
-    return tokens <= MLA_KERNEL_MAX_TOKENS and capacity % MLAKernelConfig().block_s == 0
+    try:
+        check_config(config_for(capacity, cfg.kv_lora_rank), capacity, cfg.kv_lora_rank)
+    except ValueError:
+        return False
+    return tokens <= MLA_KERNEL_MAX_TOKENS
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed"):
@@ -115,7 +120,7 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
-    if _use_kernel(path, x_BTH.shape[1], latent_BSC.shape[1]):
+    if _use_kernel(path, x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
     out_BTNV = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
     return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR

@@ -29,6 +29,14 @@ class LatentCache:
         return self.latent[0].shape[0]
 
 
+CAPACITY_MULTIPLE = 64  # the attention kernels step through the cache in blocks of up to 64 slots
+
+
+def round_capacity(slots: int) -> int:
+    """The cache capacity the engine allocates for `slots` positions."""
+    return -(-slots // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+
+
 def init_latent_cache(cfg: TextConfig, batch: int, capacity: int, dtype=jnp.bfloat16) -> LatentCache:
     zeros = lambda d: jnp.zeros((batch, capacity, d), dtype)  # noqa: E731
     n = cfg.num_hidden_layers

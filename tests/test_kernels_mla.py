@@ -1,9 +1,10 @@
-"""The MLA flash-decoding kernel (model/kernels/mla_decode.py) against XLA's absorbed attention, in interpret mode.
+"""The MLA decode kernels (model/kernels/mla_decode.py) against XLA's absorbed attention, in interpret mode.
 
-The kernel has not run on a GPU yet; here it is checked for the numbers on CPU and for lowering to Triton IR
-at Kimi K2.5's shapes (64 heads, latent 512, rope 64).
+Numbers on CPU (interpret mode) and lowering to Triton IR at Kimi K2.5's shapes (64 heads, latent 512, rope 64);
+the GPU timings are bench/attention_lab.py's.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -11,11 +12,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.kernels.mla_decode import MLAKernelConfig, combine_splits, mla_decode_context
+from model.kernels.mla_decode import MLAKernelConfig, combine_splits, mla_combine, mla_decode_attention, mla_partial
 from model.kv_cache import visible_slots
 
-B, S, N, C, R = 2, 96, 4, 32, 16
-SMALL = MLAKernelConfig(block_q=16, block_s=16, splits=3, num_warps=4)
+B, S, N, C, R, V = 2, 96, 4, 32, 16, 8
+SMALL = MLAKernelConfig(block_q=16, block_s=16, splits=4, num_warps=4, block_c=16)
+
+
+def mla_decode_context(q_lat, q_rope, latent, k_rope, positions, scale, cfg, interpret=True):
+    """Kernel 1 and the plain combine -> the context [B, T, N, C] (float32)."""
+    b, t, n, c = q_lat.shape
+    o, m, l = mla_partial(q_lat, q_rope, latent, k_rope, positions, scale, cfg=cfg, interpret=interpret)
+    return combine_splits(o, m, l)[:, : t * n].reshape(b, t, n, c)
 
 
 def _reference_context(q_lat, q_rope, latent, k_rope, positions, scale):
@@ -49,10 +57,46 @@ def test_kernel_matches_absorbed_attention_float32(t, positions):
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("t, positions, splits", [
+    (1, [[40], [95]], 4),
+    (3, [[5, 6, 7], [70, 71, 72]], 2),  # the rows of a block see different slot counts; some splits run empty
+    (2, [[0, 1], [16, 17]], 8),  # more splits than visible blocks
+])
+def test_both_kernels_match_attention_with_w_uv_float32(t, positions, splits):
+    """Kernel 1 + kernel 2 (combine, normalise) + w_uv == softmax . latent . w_uv^T."""
+    q_lat, q_rope, latent, k_rope, pos = _inputs(t, positions, jnp.float32)
+    w_uv = jax.random.normal(jax.random.PRNGKey(9), (N, V, C), jnp.float32)
+    cfg = dataclasses.replace(SMALL, splits=splits)
+    out = jax.jit(functools.partial(mla_decode_attention, scale=0.2, cfg=cfg, interpret=True))(
+        q_lat, q_rope, latent, k_rope, pos, w_uv)
+    ref = jnp.einsum("btnc,nvc->btnv", _reference_context(q_lat, q_rope, latent, k_rope, pos, 0.2), w_uv)
+    assert out.shape == (B, t, N, V)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+
+
+def test_combine_kernel_matches_plain_combine():
+    """Kernel 2 alone against combine_splits + einsum, on random partials with one empty split."""
+    ks = jax.random.split(jax.random.PRNGKey(3), 4)
+    t, x = 2, 4
+    o = jax.random.normal(ks[0], (B, x, t * N, C))
+    m = jax.random.normal(ks[1], (B, x, t * N)).at[:, 2].set(-1e30)
+    l = jax.random.uniform(ks[2], (B, x, t * N), minval=0.5, maxval=2.0).at[:, 2].set(0.0)
+    o = o.at[:, 2].set(0.0)
+    out = mla_combine(o, m, l, jnp.float32, cfg=SMALL, interpret=True)
+    ref = combine_splits(o, m, l)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+
+
 def test_kernel_bf16_within_rounding():
     args = _inputs(2, [[30, 31], [90, 91]], jnp.bfloat16, seed=1)
-    out = mla_decode_context(*args, scale=0.15, cfg=MLAKernelConfig(block_q=16, block_s=32, splits=2), interpret=True)
+    w_uv = jax.random.normal(jax.random.PRNGKey(2), (N, V, C), jnp.float32)
+    out = mla_decode_attention(*args, w_uv, scale=0.15, cfg=dataclasses.replace(SMALL, block_s=32, splits=2),
+                               interpret=True)
     assert out.dtype == jnp.bfloat16
+    ref = np.asarray(jnp.einsum("btnc,nvc->btnv", _reference_context(*args, 0.15), w_uv))
+    err = np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref)
+    assert err < 1e-2
+    out = mla_decode_context(*args, scale=0.15, cfg=dataclasses.replace(SMALL, block_s=32, splits=2))
     ref = np.asarray(_reference_context(*args, 0.15))
     err = np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref)
     assert err < 1e-2
@@ -60,7 +104,7 @@ def test_kernel_bf16_within_rounding():
 
 def test_attention_path_with_kernel_matches_absorbed():
     """model.attention_mla's "absorbed_kernel" path (k_nope absorbed into q, v out of the context) equals
-    "absorbed" (float32); the decoder selects it by name (JAXSPEC_MLA_KERNEL=1 on a GPU)."""
+    "absorbed" (float32); the decoder takes it on a GPU for T <= 16 (JAXSPEC_MLA_KERNEL=0 turns it off)."""
     from model.attention_mla import ATTENTION_PATHS, MLAWeights
     from model.configs import known_config
 
@@ -85,10 +129,13 @@ def test_combine_splits_ignores_empty_splits():
     np.testing.assert_allclose(np.asarray(combine_splits(o, m, l)), [[[1.0, 2.0]]])
 
 
-def test_capacity_must_divide_into_blocks():
+def test_capacity_and_splits_are_checked():
     args = _inputs(1, [[3], [4]], jnp.float32)
+    w_uv = jnp.zeros((N, V, C))
     with pytest.raises(ValueError, match="block_s"):
-        mla_decode_context(*args, scale=0.1, cfg=MLAKernelConfig(block_s=64), interpret=True)
+        mla_decode_attention(*args, w_uv, scale=0.1, cfg=dataclasses.replace(SMALL, block_s=64), interpret=True)
+    with pytest.raises(ValueError, match="power of two"):
+        mla_decode_attention(*args, w_uv, scale=0.1, cfg=dataclasses.replace(SMALL, splits=3), interpret=True)
 
 
 @pytest.mark.parametrize("t", [1, 4])
@@ -96,12 +143,14 @@ def test_lowers_to_triton_at_k25_shapes(t):
     from tests.test_kernels_moe import _pretend_h200
 
     sds = jax.ShapeDtypeStruct
-    b, s, n, c, r = 1, 4096, 64, 512, 64
+    b, s, n, c, r, v = 1, 4096, 64, 512, 64, 128
     restore = _pretend_h200()
     try:
-        lowered = jax.jit(functools.partial(mla_decode_context, scale=0.1)).trace(
+        lowered = jax.jit(functools.partial(mla_decode_attention, scale=0.1)).trace(
             sds((b, t, n, c), jnp.bfloat16), sds((b, t, n, r), jnp.bfloat16), sds((b, s, c), jnp.bfloat16),
-            sds((b, s, r), jnp.bfloat16), sds((b, t), jnp.int32)).lower(lowering_platforms=("cuda",))
+            sds((b, s, r), jnp.bfloat16), sds((b, t), jnp.int32), sds((n, v, c), jnp.bfloat16),
+        ).lower(lowering_platforms=("cuda",))
     finally:
         restore()
-    assert "mla_decode" in lowered.as_text()
+    text = lowered.as_text()
+    assert "mla_partial" in text and "mla_combine" in text

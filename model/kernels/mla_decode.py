@@ -1,20 +1,21 @@
-"""Absorbed MLA attention over the latent cache for few query tokens: a Pallas (Triton) flash-decoding kernel.
+"""Absorbed MLA attention over the latent cache for few query tokens: two Pallas (Triton) kernels.
 
-Plain reference: the score / softmax / context part of `model.attention_mla.attend_absorbed` (tests hold this
-to it in interpret mode on CPU). Why: XLA's version materialises the [B, N, T, S] scores in float32, reads
-the cache twice and reads every slot of the cache's capacity, not only the visible ones; the H200 run
-measured the extra 32k context at ~14x its bytes (bench/results/README.md).
+Plain reference: the part of `model.attention_mla.attend_absorbed` after the query absorption (scores, softmax,
+context, the w_uv projection); tests hold the kernels to it in interpret mode on CPU.
 
-Rows are (token, head) pairs: q_lat [B, T*N, C] and q_rope [B, T*N, R] against the cache's latent [B, S, C]
-and roped key [B, S, R]. Grid (batch, block of rows, split of the cache): each program runs an online
-softmax over its share of the cache in blocks of `block_s` slots, stops at the last slot its rows may see,
-and writes an unnormalised partial context with its running max and sum; XLA combines the splits
-(`combine_splits`). The latent block is the key (scores) and the value (context) at once, so each cache
-byte is read once per block of rows.
+Why: XLA runs that part as ~12 kernels per layer (two score GEMMs, mask, max, exp, sum, pads, the context GEMM,
+its reduction, the w_uv GEMM), each a launch of 1-5 us for a sub-microsecond floor at 1k context, and it reads
+every slot of the cache's capacity, not only the visible ones (bench/results/step-profile-gpu-20261129-1724*).
 
-Measured on the H200 (`python -m bench.attention_lab`, bench/results/attention-lab-gpu-20261129-1259.json): it
-agrees with XLA but is slower in 7 of 8 shapes, so the engine keeps XLA's path unless `JAXSPEC_MLA_KERNEL=1`
-(model/attention_mla.py).
+1. `mla_partial` (flash decoding): rows are (token, head) pairs, row t * N + n, of q_lat [B, T*N, C] and
+   q_rope [B, T*N, R] against the cache's latent [B, S, C] and roped key [B, S, R]. Grid (batch, block of rows,
+   split): the visible slots of a block of rows (up to its largest position) are shared evenly by the splits, so
+   a short sequence in a large cache reads only its own slots and all splits stay busy. Each program runs an
+   online softmax over its blocks of `block_s` slots and writes an unnormalised partial context with its
+   running max and sum. The latent block is the key (scores) and the value (context) at once, so each cache
+   byte is read once per block of rows.
+2. `mla_combine`: grid (batch, block of rows, block of C): combines the splits and normalises, one launch
+   instead of XLA's several; XLA's GEMM then projects the context out through w_uv [N, V, C].
 """
 
 from __future__ import annotations
@@ -27,92 +28,163 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.index_math import even_splits
+from model.kernels.index_math import div
 
 _NEG = -1e30  # finite "minus infinity": a fully masked block must not produce inf - inf
 
 
 @dataclasses.dataclass(frozen=True)
 class MLAKernelConfig:
-    block_q: int = 64  # rows ((token, head) pairs) per program; >= 16 for Triton's dot
-    block_s: int = 32  # cache slots per loop step
-    splits: int = 32  # programs along the cache per (batch, block of rows)
-    num_warps: int = 8
+    block_q: int = 16  # rows ((token, head) pairs) per program; >= 16 for Triton's dot
+    block_s: int = 64  # cache slots per loop step; the cache's capacity must be a multiple
+    splits: int = 16  # programs sharing one block of rows' visible slots (a power of two)
+    num_warps: int = 4
     num_stages: int = 2
+    combine_rows: int = 4  # rows per combine program
+    block_c: int = 128  # latent features per combine program
+    combine_warps: int = 4
 
 
-def _kernel(maxpos_ref, pos_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref, *, block_q, block_s,
-            blocks_per_split, scale):
+def check_config(cfg: MLAKernelConfig, capacity: int, latent_dim: int) -> None:
+    if cfg.splits & (cfg.splits - 1) or cfg.splits < 1:
+        raise ValueError(f"MLAKernelConfig.splits must be a power of two, not {cfg.splits}")
+    if capacity % cfg.block_s:
+        raise ValueError(f"cache capacity {capacity} is not a multiple of block_s {cfg.block_s}")
+    if latent_dim % cfg.block_c or cfg.block_q % cfg.combine_rows:
+        raise ValueError(f"latent dim {latent_dim} is not a multiple of block_c {cfg.block_c}, or block_q "
+                         f"{cfg.block_q} of combine_rows {cfg.combine_rows}")
+
+
+def _pow2_divisor(n: int, cap: int) -> int:
+    d = cap
+    while d > 1 and n % d:
+        d //= 2
+    return d
+
+
+def config_for(capacity: int, latent_dim: int) -> MLAKernelConfig:
+    """The default tiles, shrunk to powers of two that divide these shapes (small test models)."""
+    base = MLAKernelConfig()
+    return dataclasses.replace(base, block_s=max(16, _pow2_divisor(capacity, base.block_s)),
+                               block_c=_pow2_divisor(latent_dim, base.block_c))
+
+
+def _partial_kernel(pos_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref, *, heads, tokens, block_q,
+                    block_s, splits, scale):
     b, qb, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    rows = pl.ds(qb * block_q, block_q)
-    q = q_ref[b, rows, :]  # [bq, C]
-    qr = qr_ref[b, rows, :]  # [bq, R]
-    pos = pos_ref[b, rows]  # [bq]
-    first = sp * blocks_per_split
-    # the last block any row of this program may see; blocks past it are never read
-    last = jnp.minimum(first + blocks_per_split, maxpos_ref[b, qb] // block_s + 1)
+    row0 = qb * block_q
+    rows = pl.ds(row0, block_q)
+    token_Q = jnp.minimum(div(row0 + jnp.arange(block_q, dtype=jnp.int32), heads), tokens - 1)  # padding rows
+    pos_Q = pos_ref[b, token_Q]
+    q_QC = q_ref[b, rows, :]
+    qr_QR = qr_ref[b, rows, :]
+    # the visible blocks of these rows, shared evenly by the splits
+    blocks = div(jnp.max(pos_Q), block_s) + 1
+    per_split = div(blocks + (splits - 1), splits)
+    first = sp * per_split
+    last = jnp.maximum(jnp.minimum(first + per_split, blocks), first)
 
     def step(i, carry):
-        acc, m, l = carry
+        acc_QC, m_Q, l_Q = carry
         s0 = i * block_s
-        lat = lat_ref[b, pl.ds(s0, block_s), :]  # [bs, C]: the keys and the values
-        kr = kr_ref[b, pl.ds(s0, block_s), :]  # [bs, R]
-        s = jnp.dot(q, lat.T, preferred_element_type=jnp.float32)
-        s += jnp.dot(qr, kr.T, preferred_element_type=jnp.float32)
-        visible = (s0 + jnp.arange(block_s, dtype=jnp.int32))[None, :] <= pos[:, None]
-        s = jnp.where(visible, s * scale, _NEG)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        p = jnp.where(visible, jnp.exp(s - m_new[:, None]), 0.0)
-        alpha = jnp.exp(m - m_new)
-        acc = acc * alpha[:, None] + jnp.dot(p.astype(lat.dtype), lat, preferred_element_type=jnp.float32)
-        return acc, m_new, l * alpha + jnp.sum(p, axis=1)
+        lat_SC = lat_ref[b, pl.ds(s0, block_s), :]  # the keys and the values
+        kr_SR = kr_ref[b, pl.ds(s0, block_s), :]
+        s_QS = jnp.dot(q_QC, lat_SC.T, preferred_element_type=jnp.float32)
+        s_QS += jnp.dot(qr_QR, kr_SR.T, preferred_element_type=jnp.float32)
+        visible_QS = (s0 + jnp.arange(block_s, dtype=jnp.int32))[None, :] <= pos_Q[:, None]
+        s_QS = jnp.where(visible_QS, s_QS * scale, _NEG)
+        m_new = jnp.maximum(m_Q, jnp.max(s_QS, axis=1))
+        p_QS = jnp.where(visible_QS, jnp.exp(s_QS - m_new[:, None]), 0.0)
+        alpha_Q = jnp.exp(m_Q - m_new)
+        acc_QC = acc_QC * alpha_Q[:, None] + jnp.dot(p_QS.astype(lat_SC.dtype), lat_SC,
+                                                     preferred_element_type=jnp.float32)
+        return acc_QC, m_new, l_Q * alpha_Q + jnp.sum(p_QS, axis=1)
 
-    c = q_ref.shape[-1]
-    init = (jnp.zeros((block_q, c), jnp.float32), jnp.full((block_q,), _NEG, jnp.float32),
+    init = (jnp.zeros((block_q, q_ref.shape[-1]), jnp.float32), jnp.full((block_q,), _NEG, jnp.float32),
             jnp.zeros((block_q,), jnp.float32))
-    acc, m, l = jax.lax.fori_loop(first, jnp.maximum(last, first), step, init)
-    o_ref[b, sp, rows, :] = acc
-    m_ref[b, sp, rows] = m
-    l_ref[b, sp, rows] = l
+    acc_QC, m_Q, l_Q = jax.lax.fori_loop(first, last, step, init)
+    o_ref[b, sp, rows, :] = acc_QC
+    m_ref[b, sp, rows] = m_Q
+    l_ref[b, sp, rows] = l_Q
+
+
+def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale: float, *,
+                cfg: MLAKernelConfig, interpret: bool = False):
+    """Kernel 1 -> unnormalised partial contexts o [B, X, R, C] (float32), running max m and sum l [B, X, R] per
+    split X and row R = t * N + n (rows padded to a multiple of block_q)."""
+    if not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python number (it is baked into the kernel), got {type(scale).__name__}")
+    b, t, n, c = q_lat_BTNC.shape
+    s, r = latent_BSC.shape[1], k_rope_BSR.shape[-1]
+    rows = t * n
+    rows_p = -(-rows // cfg.block_q) * cfg.block_q
+    dt = q_lat_BTNC.dtype
+    q_BRC = q_lat_BTNC.reshape(b, rows, c)
+    qr_BRR = q_rope_BTNR.reshape(b, rows, r).astype(dt)
+    if rows_p != rows:  # only for head counts that are not a multiple of block_q (small test models)
+        pad = ((0, 0), (0, rows_p - rows), (0, 0))
+        q_BRC, qr_BRR = jnp.pad(q_BRC, pad), jnp.pad(qr_BRR, pad)
+    kernel = functools.partial(_partial_kernel, heads=n, tokens=t, block_q=cfg.block_q, block_s=cfg.block_s,
+                               splits=cfg.splits, scale=scale)
+    return pl.pallas_call(
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct((b, cfg.splits, rows_p, c), jnp.float32),
+                   jax.ShapeDtypeStruct((b, cfg.splits, rows_p), jnp.float32),
+                   jax.ShapeDtypeStruct((b, cfg.splits, rows_p), jnp.float32)),
+        grid=(b, rows_p // cfg.block_q, cfg.splits),
+        compiler_params=pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=interpret,
+        name="mla_partial",
+    )(positions_BT.astype(jnp.int32), q_BRC, qr_BRR, latent_BSC.astype(dt), k_rope_BSR.astype(dt))
+
+
+def _combine_kernel(o_ref, m_ref, l_ref, ctx_ref, *, block_r, block_c, splits):
+    b = pl.program_id(0)
+    rows = pl.ds(pl.program_id(1) * block_r, block_r)
+    cols = pl.ds(pl.program_id(2) * block_c, block_c)
+    m_R = jnp.max(m_ref[b, :, rows], axis=0)
+    acc_RC = jnp.zeros((block_r, block_c), jnp.float32)
+    l_R = jnp.zeros((block_r,), jnp.float32)
+    for x in range(splits):
+        w_R = jnp.exp(m_ref[b, x, rows] - m_R)  # an empty split has m = -1e30: weight 0
+        acc_RC += w_R[:, None] * o_ref[b, x, rows, cols]
+        l_R += w_R * l_ref[b, x, rows]
+    ctx_ref[b, rows, cols] = (acc_RC / l_R[:, None]).astype(ctx_ref.dtype)
+
+
+def mla_combine(o_BXRC, m_BXR, l_BXR, dtype, *, cfg: MLAKernelConfig, interpret: bool = False) -> jax.Array:
+    """Kernel 2: combine the splits and normalise -> the context [B, R, C] in `dtype`.
+
+    Grid (batch, block of rows, block of C): each partial is read once. Projecting through w_uv inside this kernel
+    (a program per row) read w_uv once per token and measured 17.7 us at four tokens on the H200; XLA's GEMM
+    after it reads w_uv once."""
+    b, x, r, c = o_BXRC.shape
+    kernel = functools.partial(_combine_kernel, block_r=cfg.combine_rows, block_c=cfg.block_c, splits=x)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((b, r, c), dtype),
+        grid=(b, r // cfg.combine_rows, c // cfg.block_c),
+        compiler_params=pl_triton.CompilerParams(num_warps=cfg.combine_warps, num_stages=1),
+        interpret=interpret,
+        name="mla_combine",
+    )(o_BXRC, m_BXR, l_BXR)
 
 
 def combine_splits(o_BXRC, m_BXR, l_BXR) -> jax.Array:
-    """Partial contexts of the cache splits -> the normalised context [B, R, C] (float32)."""
+    """Plain XLA combine of kernel 1's splits -> the normalised context [B, R, C] (float32); reference for kernel 2."""
     m_BR = jnp.max(m_BXR, axis=1)
     w_BXR = jnp.exp(m_BXR - m_BR[:, None])
     return jnp.einsum("bxr,bxrc->brc", w_BXR, o_BXRC) / jnp.sum(w_BXR * l_BXR, axis=1)[..., None]
 
 
-def mla_decode_context(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale: float, *,
-                       cfg: MLAKernelConfig = MLAKernelConfig(), interpret: bool = False) -> jax.Array:
-    """softmax(q_lat . latent + q_rope . k_rope) . latent over the visible slots -> [B, T, N, C] in q's dtype."""
-    if not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a Python number (it is baked into the kernel), got {type(scale).__name__}")
+def mla_decode_attention(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, w_uv_NVC, scale: float, *,
+                         cfg: MLAKernelConfig | None = None, interpret: bool = False) -> jax.Array:
+    """softmax(q_lat . latent + q_rope . k_rope) . latent . w_uv^T over the visible slots -> [B, T, N, V]."""
     b, t, n, c = q_lat_BTNC.shape
-    s, r = latent_BSC.shape[1], k_rope_BSR.shape[-1]
-    if s % cfg.block_s:
-        raise ValueError(f"cache capacity {s} is not a multiple of block_s {cfg.block_s}")
-    rows = t * n
-    rows_p = -(-rows // cfg.block_q) * cfg.block_q
-    pad = ((0, 0), (0, rows_p - rows), (0, 0))
-    q_BRC = jnp.pad(q_lat_BTNC.reshape(b, rows, c), pad)
-    qr_BRR = jnp.pad(q_rope_BTNR.reshape(b, rows, r).astype(q_lat_BTNC.dtype), pad)
-    # row t * N + n is token t; padding rows see slot 0 only and are dropped below
-    pos_BR = jnp.pad(jnp.repeat(positions_BT.astype(jnp.int32), n, axis=1), ((0, 0), (0, rows_p - rows)))
-    maxpos_BQ = jnp.max(pos_BR.reshape(b, rows_p // cfg.block_q, cfg.block_q), axis=-1)
-    n_blocks = s // cfg.block_s
-    splits, blocks_per_split = even_splits(n_blocks, cfg.splits)
-    kernel = functools.partial(_kernel, block_q=cfg.block_q, block_s=cfg.block_s, blocks_per_split=blocks_per_split,
-                               scale=scale)
-    o, m, l = pl.pallas_call(
-        kernel,
-        out_shape=(jax.ShapeDtypeStruct((b, splits, rows_p, c), jnp.float32),
-                   jax.ShapeDtypeStruct((b, splits, rows_p), jnp.float32),
-                   jax.ShapeDtypeStruct((b, splits, rows_p), jnp.float32)),
-        grid=(b, rows_p // cfg.block_q, splits),
-        compiler_params=pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-        interpret=interpret,
-        name="mla_decode",
-    )(maxpos_BQ, pos_BR, q_BRC, qr_BRR, latent_BSC.astype(q_lat_BTNC.dtype), k_rope_BSR.astype(q_lat_BTNC.dtype))
-    ctx_BRC = combine_splits(o, m, l)[:, :rows]
-    return ctx_BRC.reshape(b, t, n, c).astype(q_lat_BTNC.dtype)
+    cfg = cfg or config_for(latent_BSC.shape[1], c)
+    check_config(cfg, latent_BSC.shape[1], c)
+    dt = q_lat_BTNC.dtype
+    o, m, l = mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale, cfg=cfg,
+                          interpret=interpret)
+    ctx_BTNC = mla_combine(o, m, l, dt, cfg=cfg, interpret=interpret)[:, : t * n].reshape(b, t, n, c)
+    return jnp.einsum("btnc,nvc->btnv", ctx_BTNC, w_uv_NVC.astype(dt))
