@@ -1,0 +1,59 @@
+"""The top-k routing kernel (model/kernels/router_topk.py) against `model.router.route`'s XLA path (interpret mode)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.configs import known_config
+from model.kernels.router_topk import route_topk
+from model.router import route
+
+
+@pytest.mark.parametrize("experts, k, norm, tokens", [(384, 8, True, 4), (24, 3, False, 5), (16, 4, True, 1)])
+def test_route_kernel_equals_xla_route(experts, k, norm, tokens):
+    cfg = known_config("kimi-k2.5").replace(n_routed_experts=experts, num_experts_per_tok=k, norm_topk_prob=norm,
+                                            hidden_size=32)
+    ks = jax.random.split(jax.random.PRNGKey(experts + k), 3)
+    x = jax.random.normal(ks[0], (tokens, 32))
+    router = jax.random.normal(ks[1], (experts, 32)) * 0.2
+    bias = jax.random.normal(ks[2], (experts,)) * 0.05
+    w_ref, ids_ref = route(x, router, bias, cfg, topk="xla")
+    w, ids = route(x, router, bias, cfg, topk="kernel")
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(ids_ref))
+    np.testing.assert_allclose(np.asarray(w), np.asarray(w_ref), rtol=1e-6, atol=1e-7)
+    assert w.shape == (tokens, k) and ids.dtype == jnp.int32
+
+
+def test_ties_go_to_the_lowest_index_like_lax_top_k():
+    logits = jnp.zeros((2, 16)).at[0, 5].set(3.0).at[1, 9].set(-3.0)  # mostly equal scores
+    bias = jnp.zeros((16,))
+    w, ids = route_topk(logits, bias, 4, False, 1.0, interpret=True)
+    _, ref = jax.lax.top_k(jax.nn.sigmoid(logits), 4)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref))
+    assert ids[0, 0] == 5 and 9 not in np.asarray(ids[1])
+
+
+def test_group_limited_routing_stays_on_xla():
+    cfg = known_config("kimi-k2.5").replace(n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=2,
+                                            hidden_size=8)
+    x, router, bias = jnp.ones((1, 8)), jnp.ones((16, 8)), jnp.zeros((16,))
+    with pytest.raises(ValueError, match="n_group"):
+        route(x, router, bias, cfg, topk="kernel")
+    with pytest.raises(ValueError, match="topk must be"):
+        route(x, router, bias, cfg, topk="sort")
+
+
+def test_lowers_to_triton_at_k25_shapes():
+    from tests.test_kernels_moe import _pretend_h200
+
+    restore = _pretend_h200()
+    try:
+        lowered = jax.jit(functools.partial(route_topk, k=8, norm_topk_prob=True, scaling=2.827)).trace(
+            jax.ShapeDtypeStruct((4, 384), jnp.float32), jax.ShapeDtypeStruct((384,), jnp.float32),
+        ).lower(lowering_platforms=("cuda",))
+    finally:
+        restore()
+    assert "router_topk" in lowered.as_text()
