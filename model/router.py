@@ -8,11 +8,15 @@ import jax.numpy as jnp
 from model.config import TextConfig
 
 
+KERNEL_MAX_TOKENS = 128  # as the MoE kernels' model.kernels.MAX_KERNEL_TOKENS
+
+
 def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig, topk: str = "auto"):
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
 
     topk: "xla" (the plain path below), "kernel" (model/kernels/router_topk.py; interpret mode off the GPU) or
-    "auto": the kernel on a GPU when there is one expert group (Kimi K2), else XLA."""
+    "auto": the kernel on a GPU for up to KERNEL_MAX_TOKENS tokens (decode, verify) when there is one expert
+    group (Kimi K2), else XLA (prefill, training batches)."""
     if topk not in ("auto", "xla", "kernel"):
         raise ValueError(f"topk must be 'auto', 'xla' or 'kernel', not {topk!r}")
     logits_TE = jnp.einsum(
@@ -20,13 +24,13 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
         precision=jax.lax.Precision.HIGHEST,
     )
     on_gpu = jax.default_backend() == "gpu"
-    if topk == "kernel" or (topk == "auto" and on_gpu and cfg.n_group <= 1):
+    if topk == "kernel" or (topk == "auto" and on_gpu and cfg.n_group <= 1 and x_TH.shape[0] <= KERNEL_MAX_TOKENS):
         if cfg.n_group > 1:
             raise ValueError("the top-k kernel routes one expert group; n_group > 1 takes topk='xla'")
         from model.kernels.router_topk import route_topk  # lazy: model.kernels imports model modules
 
         return route_topk(logits_TE, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-                          interpret=not on_gpu)
+                          not on_gpu)
     scores_TE = jax.nn.sigmoid(logits_TE)
     choice_TE = scores_TE + bias_E.astype(jnp.float32)
     if cfg.n_group > 1:

@@ -1,7 +1,5 @@
 """The top-k routing kernel (model/kernels/router_topk.py) against `model.router.route`'s XLA path (interpret mode)."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,10 +28,27 @@ def test_route_kernel_equals_xla_route(experts, k, norm, tokens):
 def test_ties_go_to_the_lowest_index_like_lax_top_k():
     logits = jnp.zeros((2, 16)).at[0, 5].set(3.0).at[1, 9].set(-3.0)  # mostly equal scores
     bias = jnp.zeros((16,))
-    w, ids = route_topk(logits, bias, 4, False, 1.0, interpret=True)
+    w, ids = route_topk(logits, bias, 4, False, 1.0, True)
     _, ref = jax.lax.top_k(jax.nn.sigmoid(logits), 4)
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref))
     assert ids[0, 0] == 5 and 9 not in np.asarray(ids[1])
+
+
+def test_kernel_route_has_the_xla_gradient():
+    """Training differentiates through the routing weights: the kernel's custom VJP gives XLA's gradient."""
+    cfg = known_config("kimi-k2.5").replace(n_routed_experts=24, num_experts_per_tok=4, hidden_size=16)
+    ks = jax.random.split(jax.random.PRNGKey(4), 4)
+    x, router = jax.random.normal(ks[0], (3, 16)), jax.random.normal(ks[1], (24, 16)) * 0.3
+    bias, probe = jax.random.normal(ks[2], (24,)) * 0.05, jax.random.normal(ks[3], (3, 4))
+
+    def loss(x, router, bias, topk):
+        w, _ = route(x, router, bias, cfg, topk=topk)
+        return jnp.sum(w * probe)
+
+    for argnum in (0, 1, 2):
+        g_ref = jax.grad(loss, argnums=argnum)(x, router, bias, "xla")
+        g = jax.grad(loss, argnums=argnum)(x, router, bias, "kernel")
+        np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-5, atol=1e-6)
 
 
 def test_group_limited_routing_stays_on_xla():
@@ -51,7 +66,7 @@ def test_lowers_to_triton_at_k25_shapes():
 
     restore = _pretend_h200()
     try:
-        lowered = jax.jit(functools.partial(route_topk, k=8, norm_topk_prob=True, scaling=2.827)).trace(
+        lowered = jax.jit(lambda lg, b: route_topk(lg, b, 8, True, 2.827)).trace(
             jax.ShapeDtypeStruct((4, 384), jnp.float32), jax.ShapeDtypeStruct((384,), jnp.float32),
         ).lower(lowering_platforms=("cuda",))
     finally:

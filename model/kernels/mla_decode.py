@@ -115,7 +115,7 @@ def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, s
     if not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a Python number (it is baked into the kernel), got {type(scale).__name__}")
     b, t, n, c = q_lat_BTNC.shape
-    s, r = latent_BSC.shape[1], k_rope_BSR.shape[-1]
+    r = k_rope_BSR.shape[-1]
     rows = t * n
     rows_p = -(-rows // cfg.block_q) * cfg.block_q
     dt = q_lat_BTNC.dtype
