@@ -20,6 +20,7 @@ from model.kv_cache import visible_slots, write_slots
 from model.norms import rms_norm
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
+from model.sharding import single_device_program
 
 # HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
 LORA_NORM_EPS = 1e-6
@@ -95,13 +96,15 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
                    "absorbed_kernel": attend_absorbed_kernel}
-# On a GPU, decode / verify (T <= 16) run the kernels (JAXSPEC_MLA_KERNEL=0 turns them off); the plain XLA path
-# runs everywhere else and is what tests hold the kernels to.
+# On one GPU, decode / verify (T <= 16) run the kernels (JAXSPEC_MLA_KERNEL=0 turns them off); the plain XLA path
+# runs everywhere else (CPU, sharded programs, prefill) and is what tests hold the kernels to.
 MLA_KERNEL_MAX_TOKENS = 16
 
 
 def _use_kernel(path: str, tokens: int, capacity: int, cfg: TextConfig) -> bool:
     if path != "absorbed" or os.environ.get("JAXSPEC_MLA_KERNEL", "1") != "1" or jax.default_backend() != "gpu":
+        return False
+    if not single_device_program():
         return False
     from model.kernels.mla_decode import check_config, config_for
 

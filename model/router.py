@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from model.config import TextConfig
+from model.sharding import single_device_program
 
 
 KERNEL_MAX_TOKENS = 128  # as the MoE kernels' model.kernels.MAX_KERNEL_TOKENS
@@ -15,8 +16,8 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
 
     topk: "xla" (the plain path below), "kernel" (model/kernels/router_topk.py; interpret mode off the GPU) or
-    "auto": the kernel on a GPU for up to KERNEL_MAX_TOKENS tokens (decode, verify) when there is one expert
-    group (Kimi K2), else XLA (prefill, training batches)."""
+    "auto": the kernel on one GPU for up to KERNEL_MAX_TOKENS tokens (decode, verify) when there is one expert
+    group (Kimi K2), else XLA (prefill, training batches, sharded programs)."""
     if topk not in ("auto", "xla", "kernel"):
         raise ValueError(f"topk must be 'auto', 'xla' or 'kernel', not {topk!r}")
     logits_TE = jnp.einsum(
@@ -24,7 +25,10 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
         precision=jax.lax.Precision.HIGHEST,
     )
     on_gpu = jax.default_backend() == "gpu"
-    if topk == "kernel" or (topk == "auto" and on_gpu and cfg.n_group <= 1 and x_TH.shape[0] <= KERNEL_MAX_TOKENS):
+    if topk == "auto":
+        topk = ("kernel" if on_gpu and cfg.n_group <= 1 and x_TH.shape[0] <= KERNEL_MAX_TOKENS
+                and single_device_program() else "xla")
+    if topk == "kernel":
         if cfg.n_group > 1:
             raise ValueError("the top-k kernel routes one expert group; n_group > 1 takes topk='xla'")
         from model.kernels.router_topk import route_topk  # lazy: model.kernels imports model modules

@@ -154,3 +154,11 @@ def replicated(tree, mesh: Mesh):
 
 def shard(tree, shardings):
     return jax.tree_util.tree_map(jax.device_put, tree, shardings)
+
+
+def single_device_program() -> bool:
+    """No multi-device ambient mesh (`jax.set_mesh`). The attention and routing kernels are not wrapped in
+    shard_map, and GSPMD would replicate their operands (an all-gather of the cache and queries per layer), so
+    sharded programs keep XLA's path for them."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh is None or mesh.empty or mesh.size == 1

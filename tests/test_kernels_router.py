@@ -72,3 +72,14 @@ def test_lowers_to_triton_at_k25_shapes():
     finally:
         restore()
     assert "router_topk" in lowered.as_text()
+
+
+def test_kernels_stay_off_in_sharded_programs():
+    """Under a multi-device mesh the attention and routing kernels (not shard_map-wrapped) keep XLA's path."""
+    from model.sharding import single_device_program
+
+    assert single_device_program()
+    with jax.set_mesh(jax.make_mesh((2, 4), ("data", "model"))):
+        assert not single_device_program()
+    with jax.set_mesh(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])):
+        assert single_device_program()
