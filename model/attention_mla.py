@@ -96,15 +96,20 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
                    "absorbed_kernel": attend_absorbed_kernel}
-# On one GPU, decode / verify (T <= 16) run the kernels (JAXSPEC_MLA_KERNEL=0 turns them off); the plain XLA path
-# runs everywhere else (CPU, sharded programs, prefill) and is what tests hold the kernels to.
+# On one GPU, decode / verify (T <= 16) over caches of up to 4096 slots run the kernels (JAXSPEC_MLA_KERNEL=0
+# turns them off, =1 forces them at any capacity); the plain XLA path runs everywhere else (CPU, sharded programs,
+# prefill, long caches) and is what tests hold the kernels to. Measured on the H200 (bench/results/README.md,
+# run 8): at 1k the kernels save 65 us per 4-layer step at T=1 and 13 at T=4; at 32k they lose 40 us at B=1 T=1,
+# tie at T=4, win 282 us at B=8 T=1 and lose 216 at B=8 T=4 (kernel 1 reads each cache block once per 16 rows).
 MLA_KERNEL_MAX_TOKENS = 16
+MLA_KERNEL_MAX_CAPACITY = 4096
 
 
-def _use_kernel(path: str, tokens: int, capacity: int, cfg: TextConfig) -> bool:
-    if path != "absorbed" or os.environ.get("JAXSPEC_MLA_KERNEL", "1") != "1" or jax.default_backend() != "gpu":
+def _use_kernel(path: str, tokens: int, capacity: int, cfg: TextConfig, backend: str | None = None) -> bool:
+    setting = os.environ.get("JAXSPEC_MLA_KERNEL", "auto")
+    if path != "absorbed" or setting == "0" or (backend or jax.default_backend()) != "gpu":
         return False
-    if not single_device_program():
+    if not single_device_program() or (setting != "1" and capacity > MLA_KERNEL_MAX_CAPACITY):
         return False
     from model.kernels.mla_decode import check_config, config_for
 

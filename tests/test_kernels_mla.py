@@ -154,3 +154,22 @@ def test_lowers_to_triton_at_k25_shapes(t):
         restore()
     text = lowered.as_text()
     assert "mla_partial" in text and "mla_combine" in text
+
+
+def test_kernel_dispatch_rule(monkeypatch):
+    """GPU only, T <= 16, capacity <= 4096 unless JAXSPEC_MLA_KERNEL=1 forces it; =0 turns it off."""
+    from model.attention_mla import _use_kernel
+    from model.configs import known_config
+
+    cfg = known_config("kimi-k2.5")
+    monkeypatch.delenv("JAXSPEC_MLA_KERNEL", raising=False)
+    assert _use_kernel("absorbed", 4, 1088, cfg, backend="gpu")
+    assert not _use_kernel("absorbed", 4, 1088, cfg, backend="cpu")
+    assert not _use_kernel("absorbed", 32, 1088, cfg, backend="gpu")  # prefill
+    assert not _use_kernel("absorbed", 1, 32832, cfg, backend="gpu")  # long cache: XLA measured as good or better
+    assert not _use_kernel("absorbed", 1, 1000, cfg, backend="gpu")  # not a multiple of the kernel's blocks
+    assert not _use_kernel("decompressed", 1, 1088, cfg, backend="gpu")
+    monkeypatch.setenv("JAXSPEC_MLA_KERNEL", "1")
+    assert _use_kernel("absorbed", 1, 32832, cfg, backend="gpu")
+    monkeypatch.setenv("JAXSPEC_MLA_KERNEL", "0")
+    assert not _use_kernel("absorbed", 1, 1088, cfg, backend="gpu")
