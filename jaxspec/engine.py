@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.prefill import baseline_prefill, prompt_bucket, spec_prefill
+from jaxspec.prefill import DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_program, place_weights
 from jaxspec.spec_step import speculative_cycle
@@ -69,10 +69,14 @@ _PROGRAMS: dict[tuple, Callable] = {}
 
 class Engine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int = 3, max_context: int | None = None,
-                 drafter=None, mesh=None):
-        """`mesh` (model.sharding.make_mesh): shard weights by the partition rules and run every program on it."""
+                 drafter=None, mesh=None, prefill_chunk: int = DEFAULT_CHUNK):
+        """`mesh` (model.sharding.make_mesh): shard weights by the partition rules and run every program on it.
+        `prefill_chunk`: prompt positions per prefill step (a power of two >= 16); longer prompts run in chunks."""
         if num_steps > 0 and (cfg.draft is None or weights.draft is None):
             raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
+        if prefill_chunk < MIN_BUCKET or prefill_chunk & (prefill_chunk - 1):
+            raise ValueError(f"prefill_chunk must be a power of two >= {MIN_BUCKET}, not {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         self.mesh = mesh
         self.cfg, self.weights, self.k = cfg, weights if mesh is None else place_weights(weights, mesh), num_steps
         self.max_context = max_context or cfg.target.max_position_embeddings
@@ -169,10 +173,11 @@ class Engine:
         args = (self.weights, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(seed), sp)
         if speculative:
             fn, static = spec_prefill, dict(cfg=self.cfg, capacity=capacity, k=self.k, greedy=sampling.greedy,
-                                            max_new_tokens=max_new_tokens, max_cycles=max_new_tokens)
+                                            max_new_tokens=max_new_tokens, max_cycles=max_new_tokens,
+                                            chunk=self.prefill_chunk)
         else:
             fn, static = baseline_prefill, dict(cfg=self.cfg, capacity=capacity, greedy=sampling.greedy,
-                                                max_new_tokens=max_new_tokens)
+                                                max_new_tokens=max_new_tokens, chunk=self.prefill_chunk)
         compiled, compile_s = self._compile("prefill_spec" if speculative else "prefill_base", fn, static, args)
         t0 = time.perf_counter()
         state = compiled(*args)

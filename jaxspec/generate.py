@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=str, default=None, help="device count (8) or data x model shape (2x4)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="activation dtype")
     p.add_argument("--max-context", type=int, default=None, help="cap on prompt + new tokens (default: the model's)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt positions per prefill step, a power of two >= 16 (default 512; longer prompts run in "
+                        "chunks, so attention needs chunk x context of scores, not prompt x context)")
     return p
 
 
@@ -98,6 +101,8 @@ def _check_flags(a) -> int:
         raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
     if a.top_k < 0:
         raise UsageError(f"--top-k must be >= 0, got {a.top_k}")
+    if a.prefill_chunk is not None and (a.prefill_chunk < 16 or a.prefill_chunk & (a.prefill_chunk - 1)):
+        raise UsageError(f"--prefill-chunk must be a power of two >= 16, got {a.prefill_chunk}")
     k = a.speculative_num_steps
     if k is None:
         k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else 4
@@ -229,6 +234,8 @@ def run(argv: list[str] | None = None) -> int:
     if any(len(p) == 0 for p in prompts):
         raise UsageError("a prompt encodes to zero tokens")
     engine_kw = {"mesh": mesh} if mesh is not None else {}
+    if a.prefill_chunk is not None:
+        engine_kw["prefill_chunk"] = a.prefill_chunk
     engine = Engine(SpecConfig(cfg, dcfg, eos), SpecWeights(tw, dw), num_steps=k, max_context=a.max_context,
                     **engine_kw)
     sampling = SamplingParams(a.temperature, a.top_k, a.top_p)

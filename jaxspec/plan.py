@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from jaxspec.prefill import DEFAULT_CHUNK
 from model.config import TextConfig
 from model.configs import KNOWN, known_config
 from model.configs.drafts import KNOWN_DRAFTS, known_draft_config
@@ -175,9 +176,9 @@ def cycle_working_bytes(cfg: TextConfig, dcfg: DraftConfig | None, mesh, batch: 
 
 def prefill_working_bytes(cfg: TextConfig, dcfg: DraftConfig | None, mesh, batch: int, prompt: int, capacity: int,
                           experts_local: int, act_bytes: int = 2) -> dict[str, int]:
-    """Largest transient buffers of prefilling `prompt` tokens in one program (what the engine does), per
-    device: full [T, S] attention scores, and the dense MoE path (every local expert dequantized, run on
-    every token)."""
+    """Largest transient buffers of one prefill chunk of `prompt` tokens (the engine runs longer prompts in
+    chunks, `Engine(prefill_chunk=...)`), per device: [chunk, S] attention scores over the whole cache, and the
+    dense MoE path (every local expert dequantized, run on every token of the chunk)."""
     b_local = batch // _size(mesh, "batch", batch)
     heads = cfg.num_attention_heads // _size(mesh, "heads", cfg.num_attention_heads)
     f, h = cfg.moe_intermediate_size, cfg.hidden_size
@@ -207,7 +208,7 @@ class Plan:
     draft_weights: dict
     kv: dict  # {name: bytes per device}
     working: dict  # cycle working memory estimate
-    prefill_max_prompt: int  # longest power-of-two prompt one prefill program fits (0: none)
+    prefill_max_chunk: int  # longest power-of-two prefill chunk that fits (0: none); prompts run in chunks
 
     @property
     def weights_total(self) -> int:
@@ -314,9 +315,10 @@ def format_plan(p: Plan) -> str:
         lines += [
             f"JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION of the device (default 0.75): needs >= "
             f"{math.ceil(100 * p.total / p.device_memory) / 100:.2f}",
-            (f"prefill in one program fits the whole context (estimate)" if p.prefill_max_prompt >= p.context else
-             f"prefill in one program fits prompts up to {p.prefill_max_prompt} tokens (estimate: [T, S] attention "
-             f"scores over the whole cache); longer prompts need a chunked prefill"),
+            (f"prefill fits chunks up to {p.prefill_max_chunk} tokens (estimate: [chunk, S] attention scores over "
+             f"the whole cache); the engine's default chunk of {DEFAULT_CHUNK} "
+             + ("fits" if p.prefill_max_chunk >= DEFAULT_CHUNK else
+                f"does not: pass Engine(prefill_chunk=...) / --prefill-chunk <= {p.prefill_max_chunk}")),
         ]
     return "\n".join(lines)
 

@@ -3,6 +3,9 @@
 Prompts are right-padded to a power-of-two bucket; padding slots lie past each sequence's length and are
 never visible. The draft's entry at position t pairs token x[t+1] with the target feature at t, so its
 prefill sees the prompt shifted left by one with the target's first token at the last real position.
+Buckets longer than the chunk run as a device loop over chunks (target, then draft, per chunk), each
+attending to the cache the earlier chunks wrote: long prompts need chunk x capacity of scores, not
+bucket x capacity.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from model.eagle3 import draft_forward, init_draft_cache
 from model.kv_cache import init_latent_cache
 
 MIN_BUCKET = 16
+# Prompt positions per prefill chunk (a power of two, so it divides every larger bucket): attention's
+# working memory is chunk x capacity scores per head.
+DEFAULT_CHUNK = 512
 
 
 def prompt_bucket(length: int) -> int:
@@ -33,13 +39,61 @@ def _first_token(key, logits_BV, greedy, sp):
     return sample(key, processed_probs(logits_BV, **sp))
 
 
-def _target_prefill(w, cfg: SpecConfig, tokens_BT, lengths_B, key, sp, capacity, greedy):
+def _prefill_chunk(w, cfg: SpecConfig, tokens_BT, next_BT, lengths_B, key, sp, greedy, start, size, carry):
+    """Target (and draft) over prompt positions start..start+size; the first token of every sequence whose last
+    prompt position falls in this chunk. carry = (target cache, draft cache | None, first [B], draft logits,
+    draft hidden) with the last three taken at each sequence's last position."""
+    target_cache, draft_cache, first_B, dlogits_BV, dhidden_BH = carry
+    b = tokens_BT.shape[0]
+    positions_BC = jnp.broadcast_to(start + jnp.arange(size, dtype=jnp.int32), (b, size))
+    last_B = lengths_B - 1
+    mine_B = (last_B >= start) & (last_B < start + size)
+    local_B = jnp.clip(last_B - start, 0, size - 1)
+    toks_BC = jax.lax.dynamic_slice_in_dim(tokens_BT, start, size, axis=1)
+    out = forward(w.target, cfg.target, toks_BC, positions_BC, target_cache, logits_at=local_B)
+    first_B = jnp.where(mine_B, _first_token(key, out.logits[:, 0], greedy, sp), first_B)
+    if draft_cache is not None:
+        # the draft's entry at position p pairs token x[p+1] with the target's feature at p; x[last+1] is `first`
+        nxt_BC = jax.lax.dynamic_slice_in_dim(next_BT, start, size, axis=1)
+        nxt_BC = jnp.where(positions_BC == last_B[:, None], first_B[:, None], nxt_BC)
+        ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, nxt_BC, out.aux_hidden,
+                            positions_BC, draft_cache)
+        at = local_B[:, None, None]
+
+        def keep(new_BTX, old_BX):  # old width 0: `_prefill`'s shape probe
+            new_BX = jnp.take_along_axis(new_BTX, at, axis=1)[:, 0]
+            return new_BX if old_BX.shape[-1] == 0 else jnp.where(mine_B[:, None], new_BX, old_BX)
+
+        dlogits_BV, dhidden_BH = keep(ext.logits, dlogits_BV), keep(ext.hidden, dhidden_BH)
+        draft_cache = ext.cache
+    return out.cache, draft_cache, first_B, dlogits_BV, dhidden_BH
+
+
+def _prefill(w, cfg: SpecConfig, tokens_BT, lengths_B, key, sp, capacity, greedy, chunk: int, with_draft: bool):
+    """The prompt bucket in chunks of `chunk` positions (a device loop), so attention's working memory is
+    chunk x capacity rather than bucket x capacity: long prompts fit. Returns (target cache with the prompt
+    committed, draft cache | None, first token [B], draft logits [B, V] and hidden [B, H] at the last position)."""
     b, t = tokens_BT.shape
-    cache = init_latent_cache(cfg.target, b, capacity, w.target.dtype)
-    positions_BT = jnp.broadcast_to(jnp.arange(t), (b, t))
-    out = forward(w.target, cfg.target, tokens_BT, positions_BT, cache, logits_at=lengths_B - 1)
-    first_B = _first_token(key, out.logits[:, 0], greedy, sp)
-    return out, first_B, out.cache.replace(lengths=lengths_B)
+    size = min(chunk, t)
+    if t % size:
+        raise ValueError(f"prompt bucket {t} is not a multiple of the prefill chunk {size}")
+    dtype = w.target.dtype
+    next_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros((b, 1), tokens_BT.dtype)], axis=1)
+    run = lambda start, carry: _prefill_chunk(w, cfg, tokens_BT, next_BT, lengths_B, key, sp, greedy, start,  # noqa: E731
+                                              size, carry)
+    empty = jnp.zeros((b, 0), jnp.float32)
+    carry = (init_latent_cache(cfg.target, b, capacity, dtype),
+             init_draft_cache(cfg.draft, b, capacity, dtype) if with_draft else None,
+             jnp.zeros((b,), jnp.int32), empty, empty)
+    if with_draft:  # the draft outputs' widths: traced once, not run
+        shapes = jax.eval_shape(run, 0, carry)
+        carry = carry[:3] + (jnp.zeros(shapes[3].shape, shapes[3].dtype), jnp.zeros(shapes[4].shape, shapes[4].dtype))
+    if t == size:
+        target_cache, draft_cache, first_B, dlogits, dhidden = run(0, carry)
+    else:
+        target_cache, draft_cache, first_B, dlogits, dhidden = jax.lax.fori_loop(
+            0, t // size, lambda i, c: run(i * size, c), carry)
+    return target_cache.replace(lengths=lengths_B), draft_cache, first_B, dlogits, dhidden
 
 
 def _outputs(cfg: SpecConfig, first_B, max_new_tokens, out_width):
@@ -52,24 +106,18 @@ def _outputs(cfg: SpecConfig, first_B, max_new_tokens, out_width):
 
 
 def spec_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConfig, capacity: int, k: int,
-                 greedy: bool, max_new_tokens: int, max_cycles: int) -> SpecState:
-    b, t = tokens_BT.shape
+                 greedy: bool, max_new_tokens: int, max_cycles: int, chunk: int = DEFAULT_CHUNK) -> SpecState:
+    b = tokens_BT.shape[0]
     key, k_first = jax.random.split(key)
-    out, first_B, target_cache = _target_prefill(w, cfg, tokens_BT, lengths_B, k_first, sp, capacity, greedy)
-    shifted_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros((b, 1), tokens_BT.dtype)], axis=1)
-    shifted_BT = shifted_BT.at[jnp.arange(b), lengths_B - 1].set(first_B)
-    draft_cache = init_draft_cache(cfg.draft, b, capacity, w.target.dtype)
-    positions_BT = jnp.broadcast_to(jnp.arange(t), (b, t))
-    ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, shifted_BT, out.aux_hidden,
-                        positions_BT, draft_cache)
-    last = (lengths_B - 1)[:, None, None]
+    target_cache, draft_cache, first_B, dlogits, dhidden = _prefill(w, cfg, tokens_BT, lengths_B, k_first, sp,
+                                                                    capacity, greedy, chunk, with_draft=True)
     out_tokens, done = _outputs(cfg, first_B, max_new_tokens, max_new_tokens + k + 1)
     return SpecState(
         target_cache=target_cache,
-        draft_cache=ext.cache,
+        draft_cache=draft_cache,
         pending=first_B,
-        draft_logits=jnp.take_along_axis(ext.logits, last, axis=1)[:, 0],
-        draft_hidden=jnp.take_along_axis(ext.hidden, last, axis=1)[:, 0],
+        draft_logits=dlogits,
+        draft_hidden=dhidden,
         done=done,
         generated=jnp.ones((b,), jnp.int32),
         out_tokens=out_tokens,
@@ -80,9 +128,10 @@ def spec_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConf
 
 
 def baseline_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConfig, capacity: int,
-                     greedy: bool, max_new_tokens: int) -> BaselineState:
+                     greedy: bool, max_new_tokens: int, chunk: int = DEFAULT_CHUNK) -> BaselineState:
     key, k_first = jax.random.split(key)
-    _, first_B, target_cache = _target_prefill(w, cfg, tokens_BT, lengths_B, k_first, sp, capacity, greedy)
+    target_cache, _, first_B, _, _ = _prefill(w, cfg, tokens_BT, lengths_B, k_first, sp, capacity, greedy, chunk,
+                                              with_draft=False)
     out_tokens, done = _outputs(cfg, first_B, max_new_tokens, max_new_tokens + 1)
     return BaselineState(
         target_cache=target_cache, pending=first_B, done=done, generated=jnp.ones_like(lengths_B),

@@ -123,6 +123,7 @@ ERRORS = [
     (["--temperature", "-1"], "--temperature"),
     (["--top-k", "-2"], "--top-k"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--prefill-chunk", "100"], "--prefill-chunk"),
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
     (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], "--speculative-num-draft-tokens"),
     (["--mesh", "3x"], "--mesh"),
