@@ -59,11 +59,8 @@ def _prefill_chunk(w, cfg: SpecConfig, tokens_BT, next_BT, lengths_B, key, sp, g
         ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, nxt_BC, out.aux_hidden,
                             positions_BC, draft_cache)
         at = local_B[:, None, None]
-
-        def keep(new_BTX, old_BX):  # old width 0: `_prefill`'s shape probe
-            new_BX = jnp.take_along_axis(new_BTX, at, axis=1)[:, 0]
-            return new_BX if old_BX.shape[-1] == 0 else jnp.where(mine_B[:, None], new_BX, old_BX)
-
+        keep = lambda new_BTX, old_BX: jnp.where(  # noqa: E731
+            mine_B[:, None], jnp.take_along_axis(new_BTX, at, axis=1)[:, 0].astype(old_BX.dtype), old_BX)
         dlogits_BV, dhidden_BH = keep(ext.logits, dlogits_BV), keep(ext.hidden, dhidden_BH)
         draft_cache = ext.cache
     return out.cache, draft_cache, first_B, dlogits_BV, dhidden_BH
@@ -81,13 +78,15 @@ def _prefill(w, cfg: SpecConfig, tokens_BT, lengths_B, key, sp, capacity, greedy
     next_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros((b, 1), tokens_BT.dtype)], axis=1)
     run = lambda start, carry: _prefill_chunk(w, cfg, tokens_BT, next_BT, lengths_B, key, sp, greedy, start,  # noqa: E731
                                               size, carry)
-    empty = jnp.zeros((b, 0), jnp.float32)
-    carry = (init_latent_cache(cfg.target, b, capacity, dtype),
-             init_draft_cache(cfg.draft, b, capacity, dtype) if with_draft else None,
-             jnp.zeros((b,), jnp.int32), empty, empty)
-    if with_draft:  # the draft outputs' widths: traced once, not run
-        shapes = jax.eval_shape(run, 0, carry)
-        carry = carry[:3] + (jnp.zeros(shapes[3].shape, shapes[3].dtype), jnp.zeros(shapes[4].shape, shapes[4].dtype))
+    if with_draft:
+        # widths and dtypes as draft_forward makes them
+        head = w.target.lm_head if w.draft.lm_head is None else w.draft.lm_head
+        embed = w.target.embed if w.draft.embed is None else w.draft.embed
+        draft = (init_draft_cache(cfg.draft, b, capacity, dtype), jnp.zeros((b, head.shape[0]), jnp.float32),
+                 jnp.zeros((b, cfg.draft.hidden_size), embed.dtype))
+    else:
+        draft = (None, jnp.zeros((b, 0), jnp.float32), jnp.zeros((b, 0), dtype))
+    carry = (init_latent_cache(cfg.target, b, capacity, dtype), draft[0], jnp.zeros((b,), jnp.int32), *draft[1:])
     if t == size:
         target_cache, draft_cache, first_B, dlogits, dhidden = run(0, carry)
     else:
