@@ -37,3 +37,21 @@ def moe_path(impl: Callable, recorder: list | None = None):
     finally:
         for n, f in saved.items():
             setattr(moe_module, n, f)
+
+
+@contextlib.contextmanager
+def record_routes(recorder: list):
+    """Record each MoE layer's global router ids [T, K] where `model.moe.moe` routes, outside the expert-parallel
+    shard_map (under a mesh, `moe_path`'s recorder would see each device's local ids)."""
+    saved = moe_module.route
+
+    def recorded(*args, **kwargs):
+        weights_TK, ids_TK = saved(*args, **kwargs)
+        recorder.append(ids_TK)
+        return weights_TK, ids_TK
+
+    moe_module.route = recorded
+    try:
+        yield
+    finally:
+        moe_module.route = saved

@@ -5,6 +5,10 @@ Per configuration: median of device-synchronised step times after warm-up (and t
 queued back to back), the bytes the step must move (the unique routed experts come from that very step's
 router ids), the floor at 4.3 TB/s and at the copy bandwidth measured in this run, and the ratios.
 Writes bench/results/step-<device>-<date>.json and .md (or --out).
+
+`--mesh 8` (or 2x4) runs the steps sharded as the engine shards them, for the full model on 8 GPUs (issue 9):
+`python -m bench.step --layers 61 --mesh 8 --batches 1 --tokens 1 2 3 4 5 --contexts 1024 32768`; it adds the
+all-reduce latency and per-device floors (speculative cycles on a mesh are not benchmarked yet).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory to the PyTorch peer
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
@@ -26,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
+from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, record_routes  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
@@ -34,6 +39,7 @@ from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_for_backend  # noqa: E402
 from model.kv_cache import LatentCache, round_capacity  # noqa: E402
+from model.sharding import CACHE_RULES, TARGET_RULES, make_mesh, mesh_context, shardings_for  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
 
 TINY_DIMS = dict(hidden_size=256, num_attention_heads=4, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16,
@@ -54,12 +60,15 @@ def bench_config(layers: int, tiny: bool):
 init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
 
 
-def make_step(cfg, moe_impl):
-    """Jitted target forward (cache donated) returning logits, the cache and the router ids of each MoE layer."""
+def make_step(cfg, moe_impl, sharded: bool = False):
+    """Jitted target forward (cache donated) returning logits, the cache and the router ids of each MoE layer.
+
+    `sharded`: the ids are recorded where the router runs (outside the expert-parallel shard_map)."""
 
     def step(w, tokens_BT, positions_BT, cache):
         recorded = []
-        with moe_path(moe_impl, recorded):
+        record = record_routes(recorded) if sharded else contextlib.nullcontext()
+        with moe_path(moe_impl, None if sharded else recorded), record:
             out = forward(w, cfg, tokens_BT, positions_BT, cache)
         return out.logits, out.cache, jnp.stack(recorded)
 
@@ -101,8 +110,10 @@ def step_inputs(cfg, batch: int, tokens: int, context: int, key) -> tuple[jax.Ar
 
 
 def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters: int, copy_tbs: float,
-              loop_fn=None, loop_steps: int = 0) -> dict:
+              loop_fn=None, loop_steps: int = 0, mesh=None) -> dict:
     cache = random_cache(cfg, batch, round_capacity(context + 16), context, key)
+    if mesh is not None:  # the cache over "data", as the engine lays it out
+        cache = jax.device_put(cache, shardings_for(cache, mesh, CACHE_RULES))
     tokens_BT, positions_BT = step_inputs(cfg, batch, tokens, context, key)
     t0 = time.perf_counter()
     logits, cache, ids_LTK = step_fn(w, tokens_BT, positions_BT, cache)
@@ -126,6 +137,9 @@ def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters
     del holder
     if "device_loop_ms" in stats:
         stats["device_loop_ratio_4p3"] = stats["device_loop_ms"] / floor_ms(parts["total"], HBM_TBS)
+    if mesh is not None:  # an ideal split of the bytes over the devices (replicated pieces make it optimistic)
+        stats["floor_ms_per_device"] = floor_ms(parts["total"], HBM_TBS) / mesh.size
+        stats["ratio_per_device"] = stats["median_ms"] / stats["floor_ms_per_device"]
     return dict(batch=batch, tokens=tokens, context=context, compile_s=compile_s, **stats,
                 unique_experts=unique, bytes=parts,
                 floor_ms_4p3=floor_ms(parts["total"], HBM_TBS), floor_ms_copy=floor_ms(parts["total"], copy_tbs),
@@ -133,7 +147,7 @@ def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters
                 ratio_copy=stats["median_ms"] / floor_ms(parts["total"], copy_tbs))
 
 
-def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops):
+def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh=None):
     key = jax.random.PRNGKey(len(result["steps"]) + 1)
     for path, b, c, t in plan:
         if over_budget():
@@ -144,7 +158,7 @@ def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, lo
         if args.loop_steps and (b, c) == (args.batches[0], args.contexts[0]):  # the targets' configuration
             loop = make_step_loop(cfg, loops[path], args.loop_steps)
         try:
-            row = time_step(w, cfg, steps[path], b, t, c, sub, args.iters, copy_tbs, loop, args.loop_steps)
+            row = time_step(w, cfg, steps[path], b, t, c, sub, args.iters, copy_tbs, loop, args.loop_steps, mesh)
             row["moe_path"] = path
             result["steps"].append(row)
             loop_note = f", device loop {row['device_loop_ms']:.3f}" if "device_loop_ms" in row else ""
@@ -167,6 +181,36 @@ def step_plan(batches, contexts, tokens_list):
     return plan
 
 
+def mesh_shape(text: str) -> tuple[int, int]:
+    if text.isdigit():
+        return 1, int(text)
+    parts = text.split("x")
+    if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+        raise argparse.ArgumentTypeError(f"--mesh must look like 8 or 2x4 (data x model), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def init_sharded_weights(cfg, key, mesh):
+    """Random weights drawn straight into their shards (a full-size model never sits on one device)."""
+    draw = lambda k: init_kimi_weights(cfg, k, experts="int4")  # noqa: E731
+    return jax.jit(draw, out_shardings=shardings_for(jax.eval_shape(draw, key), mesh, TARGET_RULES))(key)
+
+
+def allreduce_us(mesh, rows: int, hidden: int, reps: int = 20, iters: int = 10) -> float:
+    """Median latency of one all-reduce (psum over "model") of a [rows, hidden] bf16 activation, as each layer's
+    attention and MLP outputs need: `reps` chained inside one jit."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from model.moe_parallel import _UNCHECKED, _shard_map
+
+    n = mesh.shape["model"]
+    add = _shard_map(lambda a: jax.lax.psum(a, "model"), mesh=mesh, in_specs=P("model"), out_specs=P("model"),
+                     **_UNCHECKED)
+    x = jax.device_put(jnp.ones((n * rows, hidden), jnp.bfloat16), NamedSharding(mesh, P("model")))
+    run = jax.jit(lambda x: jax.lax.fori_loop(0, reps, lambda _, a: (add(a) * (1.0 / n)).astype(a.dtype), x))
+    return median_ms(lambda: run(x), warmup=2, iters=iters)["median_ms"] * 1e3 / reps
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=4, help="target layers (first dense, rest MoE)")
@@ -180,6 +224,10 @@ def parse_args(argv):
                    help="also time this many steps inside one jitted loop (first batch/context only; 0 = off)")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
+    p.add_argument("--mesh", type=mesh_shape, default=None,
+                   help="data x model (1x8) or a device count: weights by the partition rules (experts over every "
+                        "device), caches over data, steps traced in the mesh; measures the all-reduce latency too. "
+                        "Steps only: the one-device MoE lab and the cycles are skipped")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     return p.parse_args(argv)
 
@@ -203,14 +251,27 @@ def main(argv=None) -> dict:
         f"read bandwidth {result['read_tbs']:.2f} TB/s")
 
     cfg = bench_config(args.layers, args.tiny)
+    mesh = make_mesh(args.mesh) if args.mesh else None
     t0 = time.perf_counter()
-    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
+    if mesh is None:
+        w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
+    else:
+        w = init_sharded_weights(cfg, jax.random.PRNGKey(0), mesh)
     jax.block_until_ready(w)
     log(f"weights: {args.layers} layers in {time.perf_counter() - t0:.1f} s")
+    if mesh is not None:
+        result["mesh"] = dict(zip(mesh.axis_names, mesh.devices.shape))
+        result["allreduce_us"] = {f"T{t}": allreduce_us(mesh, max(args.batches) * t, cfg.hidden_size)
+                                  for t in sorted(set(args.tokens))}
+        # per step: attention out + MLP / MoE out per layer, and the lm_head's vocab shards
+        result["allreduces_per_step"] = 2 * cfg.num_hidden_layers + 1
+        log(f"mesh {result['mesh']}: all-reduce of [B*T, {cfg.hidden_size}] bf16 over 'model': "
+            + ", ".join(f"{k} {v:.1f} us" for k, v in result["allreduce_us"].items()))
+        result["skipped"].append("MoE layer lab and cycles (single-device benchmarks) under --mesh")
     moe_layer = next(lw.mlp for lw in w.layers if isinstance(lw.mlp, MoEWeights))
 
     kernel_ok = on_gpu  # the steps take the engine's own dispatch (model.kernels) unless the layer check fails
-    if on_gpu and not args.skip_moe_layer:
+    if on_gpu and not args.skip_moe_layer and mesh is None:
         from bench.moe_layer import bench_bf16_kernel, bench_moe_layer
 
         try:
@@ -228,13 +289,20 @@ def main(argv=None) -> dict:
     loops = {"reference": PLAIN_ROUTED_EXPERTS}
     if kernel_ok:
         loops["kernel"] = routed_experts_for_backend
-    steps = {path: make_step(cfg, impl) for path, impl in loops.items()}
+    steps = {path: make_step(cfg, impl, sharded=mesh is not None) for path, impl in loops.items()}
     plan = [("kernel" if kernel_ok else "reference", b, c, t)
             for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
     if kernel_ok:  # the XLA reference path side by side, where the targets are
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])
+    if mesh is not None:  # steps traced inside the mesh (the MoE finds it there), every configuration
+        with mesh_context(mesh):
+            run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh)
+        result["wall_s"] = time.time() - t_start
+        save()
+        log(f"wrote {args.out}/{stem}.json and .md in {result['wall_s']:.0f} s")
+        return result
     # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
     run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget, save, log,
               loops)
