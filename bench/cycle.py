@@ -7,17 +7,20 @@ prefill of 32k tokens through the reference MoE would cost more device time than
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bench.bytes_floor import draft_bytes, step_bytes, unique_experts_per_layer
-from bench.moe_path import moe_path
+from bench.moe_path import moe_path, record_routes
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import SpecState
 from model.eagle3 import DraftConfig, init_draft_cache
 from model.kv_cache import LatentCache, round_capacity
+from model.sharding import STATE_RULES, replicated, shardings_for
 
 MAX_NEW_TOKENS = 4096
 LOG_CYCLES = 256
@@ -74,13 +77,15 @@ def _greedy_cycle(spec_cfg: SpecConfig, k: int):
                                               max_new_tokens=MAX_NEW_TOKENS)
 
 
-def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl):
-    """Jitted cycle (state donated) that also returns the verify's router ids [moe layers, B*(K+1), topk]."""
+def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl, sharded: bool = False):
+    """Jitted cycle (state donated) that also returns the verify's router ids [moe layers, B*(K+1), topk]
+    (`sharded`: recorded where the router runs, outside the expert-parallel shard_map)."""
     one_cycle = _greedy_cycle(spec_cfg, k)
 
     def cycle(w: SpecWeights, state: SpecState):
         recorded = []
-        with moe_path(moe_impl, recorded):
+        record = record_routes(recorded) if sharded else contextlib.nullcontext()
+        with moe_path(moe_impl, None if sharded else recorded), record:
             new_state = one_cycle(w, state)
         return new_state, jnp.stack(recorded)
 
@@ -121,9 +126,10 @@ def run_cycle(cycle_fn, w, state):
 
 
 def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batch_contexts, *, tiny: bool,
-                 loop_cycles: int = 0) -> list[dict]:
+                 loop_cycles: int = 0, mesh=None) -> list[dict]:
     """Median synchronised ms per cycle at each (batch, context) and K; with `loop_cycles`, also the time per
-    cycle when that many run inside one jitted loop ("device loop")."""
+    cycle when that many run inside one jitted loop ("device loop"). With `mesh` (call inside its context): the
+    draft replicated and the state laid out as the engine lays it out."""
     from bench.bytes_floor import HBM_TBS, floor_ms
     from bench.timing import LOOP_WARMUP, device_loop_ms, loop_iters, median_ms
     from jaxspec.models import check_draft_fits
@@ -133,6 +139,8 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
     spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
     dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
     sw = SpecWeights(target=w, draft=dw)
+    if mesh is not None:
+        sw = SpecWeights(target=w, draft=jax.device_put(dw, replicated(dw, mesh)))
     rows = []
     key = jax.random.PRNGKey(9)
     for b, c in batch_contexts:
@@ -145,7 +153,9 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
                 loop_timed = (LOOP_WARMUP + loop_iters(args.iters)) * loop_cycles  # cycles the device loops run
                 capacity = round_capacity(c + 16 + (3 + 2 * args.iters + 2 + loop_timed) * (k + 1))
                 state = initial_state(spec_cfg.target, dcfg, b, c, capacity, sub)
-                cycle_fn = make_cycle(spec_cfg, k, moe_impl)
+                if mesh is not None:
+                    state = jax.device_put(state, shardings_for(state, mesh, STATE_RULES))
+                cycle_fn = make_cycle(spec_cfg, k, moe_impl, sharded=mesh is not None)
                 state, ids = cycle_fn(sw, state)
                 ids = np.asarray(ids)
                 run, holder = run_cycle(cycle_fn, sw, state)

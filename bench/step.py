@@ -8,7 +8,7 @@ Writes bench/results/step-<device>-<date>.json and .md (or --out).
 
 `--mesh 8` (or 2x4) runs the steps sharded as the engine shards them, for the full model on 8 GPUs (issue 9):
 `python -m bench.step --layers 61 --mesh 8 --batches 1 --tokens 1 2 3 4 5 --contexts 1024 32768`; it adds the
-all-reduce latency and per-device floors (speculative cycles on a mesh are not benchmarked yet).
+all-reduce latency and per-device floors.
 """
 
 from __future__ import annotations
@@ -226,8 +226,8 @@ def parse_args(argv):
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--mesh", type=mesh_shape, default=None,
                    help="data x model (1x8) or a device count: weights by the partition rules (experts over every "
-                        "device), caches over data, steps traced in the mesh; measures the all-reduce latency too. "
-                        "Steps only: the one-device MoE lab and the cycles are skipped")
+                        "device), caches over data, steps and cycles traced in the mesh (the one-device MoE lab is "
+                        "skipped); measures the all-reduce latency too")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     return p.parse_args(argv)
 
@@ -267,7 +267,7 @@ def main(argv=None) -> dict:
         result["allreduces_per_step"] = 2 * cfg.num_hidden_layers + 1
         log(f"mesh {result['mesh']}: all-reduce of [B*T, {cfg.hidden_size}] bf16 over 'model': "
             + ", ".join(f"{k} {v:.1f} us" for k, v in result["allreduce_us"].items()))
-        result["skipped"].append("MoE layer lab and cycles (single-device benchmarks) under --mesh")
+        result["skipped"].append("MoE layer lab (a one-device benchmark) under --mesh")
     moe_layer = next(lw.mlp for lw in w.layers if isinstance(lw.mlp, MoEWeights))
 
     kernel_ok = on_gpu  # the steps take the engine's own dispatch (model.kernels) unless the layer check fails
@@ -296,9 +296,15 @@ def main(argv=None) -> dict:
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])
-    if mesh is not None:  # steps traced inside the mesh (the MoE finds it there), every configuration
+    if mesh is not None:  # traced inside the mesh (the MoE finds it there): every step, then every cycle
         with mesh_context(mesh):
             run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh)
+            if args.cycle_k and args.layers >= 3:
+                from bench.cycle import bench_cycles
+
+                pairs = [(b, c) for b in args.batches for c in args.contexts]
+                result["cycles"] += bench_cycles(w, cfg, args, loops["kernel" if kernel_ok else "reference"], copy_tbs,
+                                                 over_budget, result, log, pairs, tiny=args.tiny, mesh=mesh)
         result["wall_s"] = time.time() - t_start
         save()
         log(f"wrote {args.out}/{stem}.json and .md in {result['wall_s']:.0f} s")

@@ -41,13 +41,15 @@ def test_step_profile_tiny(tmp_path):
 
 def test_bench_step_on_a_mesh(tmp_path):
     """`python -m bench.step --mesh 2x4` (8 simulated devices): weights drawn into their shards, caches over data,
-    steps traced in the mesh with the router ids recorded outside the expert-parallel shard_map, the all-reduce
-    latency and per-device floors reported."""
+    steps and a cycle traced in the mesh with the router ids recorded outside the expert-parallel shard_map, the
+    all-reduce latency and per-device floors reported."""
     result = main(["--tiny", "--layers", "3", "--batches", "2", "--contexts", "16", "--tokens", "1", "--iters", "1",
-                   "--loop-steps", "0", "--mesh", "2x4", "--out", str(tmp_path)])
+                   "--loop-steps", "0", "--cycle-k", "1", "--mesh", "2x4", "--out", str(tmp_path)])
     assert not result["errors"], result["errors"]
     assert result["mesh"] == {"data": 2, "model": 4} and result["allreduce_us"]["T1"] > 0
-    assert result["allreduces_per_step"] == 7 and not result["cycles"]
+    assert result["allreduces_per_step"] == 7
+    [cycle] = result["cycles"]
+    assert cycle["k"] == 1 and cycle["median_ms"] > 0 and 4 <= max(cycle["bytes"]["unique_experts"]) <= 16
     [row] = result["steps"]
     assert 4 <= max(row["unique_experts"]) <= 8  # global ids: two tokens, top-4 of 16 (not one device's local ids)
     assert row["floor_ms_per_device"] * 8 == row["floor_ms_4p3"]
