@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from model.sharding import expert_axes
+from model.sharding import ambient_mesh, expert_axes
 
 try:  # jax >= 0.7 exports shard_map at the top level
     from jax import shard_map as _shard_map
@@ -28,12 +28,6 @@ except ImportError:  # pragma: no cover - older jax
     from jax.experimental.shard_map import shard_map as _shard_map
 
     _UNCHECKED = {"check_rep": False}
-
-
-def ambient_mesh():
-    """The abstract mesh of the enclosing `jax.set_mesh` (None without one)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh is None or mesh.empty else mesh
 
 
 def local_choices(ids_TK: jax.Array, weights_TK: jax.Array, first_expert, num_local: int):

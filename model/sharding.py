@@ -156,9 +156,15 @@ def shard(tree, shardings):
     return jax.tree_util.tree_map(jax.device_put, tree, shardings)
 
 
-def single_device_program() -> bool:
-    """No multi-device ambient mesh (`jax.set_mesh`). The attention and routing kernels are not wrapped in
-    shard_map, and GSPMD would replicate their operands (an all-gather of the cache and queries per layer), so
-    sharded programs keep XLA's path for them."""
+def ambient_mesh():
+    """The abstract mesh of the enclosing `jax.set_mesh` (None without one)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return mesh is None or mesh.empty or mesh.size == 1
+    return None if mesh is None or mesh.empty else mesh
+
+
+def single_device_program() -> bool:
+    """No multi-device ambient mesh. The attention and routing kernels are not wrapped in shard_map, and GSPMD
+    would replicate their operands (an all-gather of the cache and queries per layer), so sharded programs keep
+    XLA's path for them."""
+    mesh = ambient_mesh()
+    return mesh is None or mesh.size == 1
