@@ -39,7 +39,8 @@ from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_for_backend  # noqa: E402
 from model.kv_cache import LatentCache, round_capacity  # noqa: E402
-from model.sharding import CACHE_RULES, TARGET_RULES, make_mesh, mesh_context, shardings_for  # noqa: E402
+from model.sharding import (CACHE_RULES, TARGET_RULES, make_mesh, mesh_context, parse_mesh_spec,  # noqa: E402
+                            shardings_for)
 from model.moe import MoEWeights  # noqa: E402
 
 TINY_DIMS = dict(hidden_size=256, num_attention_heads=4, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16,
@@ -182,12 +183,10 @@ def step_plan(batches, contexts, tokens_list):
 
 
 def mesh_shape(text: str) -> tuple[int, int]:
-    if text.isdigit():
-        return 1, int(text)
-    parts = text.split("x")
-    if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
-        raise argparse.ArgumentTypeError(f"--mesh must look like 8 or 2x4 (data x model), got {text!r}")
-    return int(parts[0]), int(parts[1])
+    try:
+        return parse_mesh_spec(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--mesh must look like 8 or 2x4 (data x model), got {text!r}") from None
 
 
 def init_sharded_weights(cfg, key, mesh):

@@ -119,20 +119,18 @@ def _check_flags(a) -> int:
 def _parse_mesh(spec: str | None):
     if spec is None:
         return None
+    from model.sharding import make_mesh, parse_mesh_spec
+
     try:
-        dims = tuple(int(x) for x in spec.lower().split("x"))
+        dims = parse_mesh_spec(spec)
     except ValueError:
         raise UsageError(f"--mesh {spec!r}: expected a device count like 8 or a shape like 2x4") from None
-    if len(dims) not in (1, 2) or min(dims) < 1:
-        raise UsageError(f"--mesh {spec!r}: expected a device count like 8 or a shape like 2x4")
     import jax
 
     n = math.prod(dims)
     if n > jax.device_count():
         raise UsageError(f"--mesh {spec}: needs {n} devices, {jax.device_count()} available")
-    from model.sharding import make_mesh
-
-    return make_mesh(dims if len(dims) == 2 else dims[0])
+    return make_mesh(dims)
 
 
 def _read_prompts(a) -> tuple[list[str], bool]:

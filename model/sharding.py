@@ -57,6 +57,17 @@ STATE_RULES: tuple[tuple[str, tuple], ...] = CACHE_RULES + (
 )
 
 
+def parse_mesh_spec(spec: str) -> tuple[int, int]:
+    """"8" (a device count: 1 x 8) or "2x4" (data x model) -> (data, model); ValueError otherwise."""
+    try:
+        dims = tuple(int(x) for x in spec.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"not a mesh spec: {spec!r}") from None
+    if len(dims) not in (1, 2) or min(dims) < 1:
+        raise ValueError(f"not a mesh spec: {spec!r}")
+    return (1, dims[0]) if len(dims) == 1 else dims
+
+
 def make_mesh(shape: tuple[int, int] | int | None = None, devices=None) -> Mesh:
     """A ("data", "model") mesh; an int n means (1, n); None means all devices as (1, n)."""
     devices = list(jax.devices() if devices is None else devices)
