@@ -295,35 +295,32 @@ def main(argv=None) -> dict:
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])
+    moe_impl = loops["kernel" if kernel_ok else "reference"]
+    cycles = args.cycle_k and args.layers >= 3
+    if cycles:
+        from bench.cycle import bench_cycles
     if mesh is not None:  # traced inside the mesh (the MoE finds it there): every step, then every cycle
         with mesh_context(mesh):
             run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh)
-            if args.cycle_k and args.layers >= 3:
-                from bench.cycle import bench_cycles
-
+            if cycles:
                 pairs = [(b, c) for b in args.batches for c in args.contexts]
-                result["cycles"] += bench_cycles(w, cfg, args, loops["kernel" if kernel_ok else "reference"], copy_tbs,
-                                                 over_budget, result, log, pairs, tiny=args.tiny, mesh=mesh)
-        result["wall_s"] = time.time() - t_start
-        save()
-        log(f"wrote {args.out}/{stem}.json and .md in {result['wall_s']:.0f} s")
-        return result
-    # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
-    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget, save, log,
-              loops)
-    if args.cycle_k and args.layers >= 3:
-        from bench.cycle import bench_cycles
-
-        moe_impl = loops["kernel" if kernel_ok else "reference"]
-        result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first], tiny=args.tiny,
-                                         loop_cycles=args.loop_steps)
-        save()
-    run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget, save, log,
-              loops)
-    if args.cycle_k and args.layers >= 3:
-        rest = [(b, c) for b in args.batches for c in args.contexts if (b, c) != first]
-        result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, rest, tiny=args.tiny)
-        save()
+                result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, pairs,
+                                                 tiny=args.tiny, mesh=mesh)
+    else:
+        # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
+        run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget,
+                  save, log, loops)
+        if cycles:
+            result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first],
+                                             tiny=args.tiny, loop_cycles=args.loop_steps)
+            save()
+        run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget,
+                  save, log, loops)
+        if cycles:
+            rest = [(b, c) for b in args.batches for c in args.contexts if (b, c) != first]
+            result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, rest,
+                                             tiny=args.tiny)
+            save()
     result["wall_s"] = time.time() - t_start
     save()
     log(f"wrote {args.out}/{stem}.json and .md in {result['wall_s']:.0f} s")

@@ -18,7 +18,8 @@ import numpy as np
 
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.prefill import DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill
+from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill,
+                             valid_chunk)
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_program, place_weights
 from jaxspec.spec_step import speculative_cycle
@@ -74,7 +75,7 @@ class Engine:
         `prefill_chunk`: prompt positions per prefill step (a power of two >= 16); longer prompts run in chunks."""
         if num_steps > 0 and (cfg.draft is None or weights.draft is None):
             raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
-        if prefill_chunk < MIN_BUCKET or prefill_chunk & (prefill_chunk - 1):
+        if not valid_chunk(prefill_chunk):
             raise ValueError(f"prefill_chunk must be a power of two >= {MIN_BUCKET}, not {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
         self.mesh = mesh

@@ -101,8 +101,11 @@ def _check_flags(a) -> int:
         raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
     if a.top_k < 0:
         raise UsageError(f"--top-k must be >= 0, got {a.top_k}")
-    if a.prefill_chunk is not None and (a.prefill_chunk < 16 or a.prefill_chunk & (a.prefill_chunk - 1)):
-        raise UsageError(f"--prefill-chunk must be a power of two >= 16, got {a.prefill_chunk}")
+    if a.prefill_chunk is not None:
+        from jaxspec.prefill import valid_chunk
+
+        if not valid_chunk(a.prefill_chunk):
+            raise UsageError(f"--prefill-chunk must be a power of two >= 16, got {a.prefill_chunk}")
     k = a.speculative_num_steps
     if k is None:
         k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else 4

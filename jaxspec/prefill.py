@@ -26,6 +26,10 @@ MIN_BUCKET = 16
 DEFAULT_CHUNK = 512
 
 
+def valid_chunk(chunk: int) -> bool:
+    return chunk >= MIN_BUCKET and not chunk & (chunk - 1)
+
+
 def prompt_bucket(length: int) -> int:
     bucket = MIN_BUCKET
     while bucket < length:
