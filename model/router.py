@@ -9,15 +9,21 @@ from model.config import TextConfig
 from model.sharding import single_device_program
 
 
-KERNEL_MAX_TOKENS = 128  # as the MoE kernels' model.kernels.MAX_KERNEL_TOKENS
+def chosen_weights(scores_TE: jax.Array, ids_TK: jax.Array, norm_topk_prob: bool, scaling: float) -> jax.Array:
+    """The unbiased routing weights of the chosen experts (normalised, scaled): [T, K] float32."""
+    weights_TK = jnp.take_along_axis(scores_TE, ids_TK, axis=1)
+    if norm_topk_prob:
+        weights_TK = weights_TK / (weights_TK.sum(-1, keepdims=True) + 1e-20)
+    return weights_TK * scaling
 
 
 def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig, topk: str = "auto"):
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
 
     topk: "xla" (the plain path below), "kernel" (model/kernels/router_topk.py; interpret mode off the GPU) or
-    "auto": the kernel on one GPU for up to KERNEL_MAX_TOKENS tokens (decode, verify) when there is one expert
-    group (Kimi K2), else XLA (prefill, training batches, sharded programs)."""
+    "auto": the kernel on one GPU for as many tokens as the MoE kernels take (model.kernels.MAX_KERNEL_TOKENS:
+    decode, verify) when there is one expert group (Kimi K2), else XLA (prefill, training batches, sharded
+    programs)."""
     if topk not in ("auto", "xla", "kernel"):
         raise ValueError(f"topk must be 'auto', 'xla' or 'kernel', not {topk!r}")
     logits_TE = jnp.einsum(
@@ -26,7 +32,9 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
     )
     on_gpu = jax.default_backend() == "gpu"
     if topk == "auto":
-        topk = ("kernel" if on_gpu and cfg.n_group <= 1 and x_TH.shape[0] <= KERNEL_MAX_TOKENS
+        from model.kernels import MAX_KERNEL_TOKENS  # lazy: model.kernels imports model modules
+
+        topk = ("kernel" if on_gpu and cfg.n_group <= 1 and x_TH.shape[0] <= MAX_KERNEL_TOKENS
                 and single_device_program() else "xla")
     if topk == "kernel":
         if cfg.n_group > 1:
@@ -46,7 +54,4 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
         kept_TE = jnp.repeat(group_kept_TG, e // cfg.n_group, axis=1)
         choice_TE = jnp.where(kept_TE, choice_TE, -jnp.inf)
     _, ids_TK = jax.lax.top_k(choice_TE, cfg.num_experts_per_tok)
-    weights_TK = jnp.take_along_axis(scores_TE, ids_TK, axis=1)
-    if cfg.norm_topk_prob:
-        weights_TK = weights_TK / (weights_TK.sum(-1, keepdims=True) + 1e-20)
-    return weights_TK * cfg.routed_scaling_factor, ids_TK.astype(jnp.int32)
+    return chosen_weights(scores_TE, ids_TK, cfg.norm_topk_prob, cfg.routed_scaling_factor), ids_TK.astype(jnp.int32)

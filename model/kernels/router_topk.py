@@ -56,14 +56,6 @@ def _topk_kernel(logits_ref, bias_ref, w_ref, ids_ref, *, experts, k, norm, scal
     ids_ref[t, :] = ids_K
 
 
-def weights_of(logits_TE, ids_TK, norm_topk_prob: bool, scaling: float) -> jax.Array:
-    """The routing weights of chosen experts, in plain XLA: the kernel's backward pass differentiates this."""
-    w_TK = jnp.take_along_axis(jax.nn.sigmoid(logits_TE.astype(jnp.float32)), ids_TK, axis=1)
-    if norm_topk_prob:
-        w_TK = w_TK / (w_TK.sum(-1, keepdims=True) + 1e-20)
-    return w_TK * scaling
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def route_topk(logits_TE: jax.Array, bias_E: jax.Array, k: int, norm_topk_prob: bool, scaling: float,
                interpret: bool = False):
@@ -80,7 +72,10 @@ def _route_topk_fwd(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
 
 def _route_topk_bwd(k, norm_topk_prob, scaling, interpret, res, cotangents):
     logits_TE, bias_E, ids_TK = res
-    _, pullback = jax.vjp(lambda lg: weights_of(lg, ids_TK, norm_topk_prob, scaling), logits_TE)
+    from model.router import chosen_weights  # the XLA path's weights: its gradient is the reference's
+
+    _, pullback = jax.vjp(lambda lg: chosen_weights(jax.nn.sigmoid(lg.astype(jnp.float32)), ids_TK, norm_topk_prob,
+                                                    scaling), logits_TE)
     return pullback(cotangents[0])[0].astype(logits_TE.dtype), jnp.zeros_like(bias_E)
 
 
