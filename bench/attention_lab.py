@@ -34,7 +34,8 @@ from model.kv_cache import round_capacity, visible_slots  # noqa: E402
 REPS = 10
 # `--sweep`: kernel tilings tried side by side (name -> config); the default run times MLAKernelConfig() only
 SWEEP = {f"q{q}_s{bs}_x{sp}_w{w}": MLAKernelConfig(block_q=q, block_s=bs, splits=sp, num_warps=w)
-         for q, bs, sp, w in [(16, 64, 8, 4), (16, 64, 32, 4), (32, 64, 16, 4), (64, 64, 16, 8)]}
+         for q, bs, sp, w in [(16, 64, 8, 4), (16, 64, 32, 4), (16, 64, 64, 4), (32, 64, 16, 4), (32, 64, 32, 4),
+                              (32, 64, 64, 4), (64, 64, 16, 8), (64, 64, 32, 8), (64, 64, 64, 8), (64, 32, 64, 8)]}
 
 
 def xla_attention(q_lat, q_rope, latent, k_rope, positions, w_uv, scale):

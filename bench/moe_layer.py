@@ -30,18 +30,27 @@ CANDIDATES = (  # the engine's configs first (model.kernels.kernel_config_for), 
 REPS = 20  # layer calls chained inside one jit, so per-call host dispatch does not count
 
 
-def _chained(fn, reps: int):
-    """Run fn `reps` times on device, each call fed by the previous output (no hoisting, no host gaps)."""
+def _chained(fn, reps: int, unrolled: bool = True):
+    """Run fn `reps` times on device, each call fed by the previous output (no hoisting, no host gaps).
+
+    unrolled (the default): the calls are written out one after another in one program, as the layers of a step
+    are. `unrolled=False` chains them in a device loop instead; XLA:GPU then reads the loop's condition back to
+    the host each iteration, which adds ~20 us per call to a ~70 us layer (the step profile's kernel times
+    against this harness, bench/results/README.md), so it is kept only to compare with earlier runs."""
+
+    def body(x, ids, experts, weights_TK):
+        x = (x + 1e-3 * fn(x, experts, ids, weights_TK)).astype(x.dtype)
+        # ids depend on x (never actually change), so XLA cannot hoist or merge the reference's weight gathers
+        ids = jnp.where(x[0, 0] == 12345.0, (ids + 1) % experts.num_experts, ids)
+        return x, ids
 
     def run(x_TH, experts, ids_TK, weights_TK):
-        def body(_, carry):
-            x, ids = carry
-            x = (x + 1e-3 * fn(x, experts, ids, weights_TK)).astype(x.dtype)
-            # ids depend on x (never actually change), so XLA cannot hoist the reference's weight gather
-            ids = jnp.where(x[0, 0] == 12345.0, (ids + 1) % experts.num_experts, ids)
-            return x, ids
-
-        return jax.lax.fori_loop(0, reps, body, (x_TH, ids_TK))[0]
+        if not unrolled:
+            return jax.lax.fori_loop(0, reps, lambda _, c: body(*c, experts, weights_TK), (x_TH, ids_TK))[0]
+        x, ids = x_TH, ids_TK
+        for _ in range(reps):
+            x, ids = body(x, ids, experts, weights_TK)
+        return x
 
     return jax.jit(run)
 
@@ -51,8 +60,8 @@ def _rel_err(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def time_moe(fn, x_TH, experts, ids_TK, weights_TK) -> dict:
-    chained = _chained(fn, REPS)
+def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = True) -> dict:
+    chained = _chained(fn, REPS, unrolled)
     stats = median_ms(lambda: chained(x_TH, experts, ids_TK, weights_TK), warmup=2, iters=10)
     return {"ms": stats["median_ms"] / REPS, "spread_ms": (stats["max_ms"] - stats["min_ms"]) / REPS}
 
@@ -61,7 +70,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                     candidates=CANDIDATES, log=print) -> dict:
     experts = layer.experts
     per_expert = nbytes(experts) // experts.num_experts
-    rows, sweep = [], {}
+    rows, sweep, inputs = [], {}, {}
     engine_configs = dict.fromkeys(kernel_config_for(t, experts) for t in tokens_list)  # ordered: stable cfg numbers
     candidates = tuple(candidates) + tuple(c for c in engine_configs if c not in candidates)
     for t in tokens_list:
@@ -70,6 +79,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         weights_TK, ids_TK = route(x_TH, layer.router, layer.router_bias, cfg)
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor_bytes = unique * per_expert + 2 * x_TH.nbytes
+        inputs[t] = (x_TH, experts, ids_TK, weights_TK)
         ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
         ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK)
         row = dict(tokens=t, unique_experts=unique, bytes=floor_bytes, floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS),
@@ -101,6 +111,9 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         row.update(kernel_ms=k["ms"], kernel_rel_err=k["rel_err"], kernel_config=i, kernel_variant=engine.variant,
                    kernel_slots=engine.slots, kernel_ratio_4p3=k["ms"] / row["floor_ms_4p3"],
                    reference_ratio_4p3=row["reference_ms"] / row["floor_ms_4p3"])
+        # the same calls chained in a device loop, as runs 1-8 measured them (one loop-condition read-back per call)
+        loop = time_moe(functools.partial(routed_experts_pallas, cfg=engine), *inputs[row["tokens"]], unrolled=False)
+        row["kernel_loop_chained_ms"] = loop["ms"]
     return {"rows": rows, "sweep": sweep}, engine_ok
 
 

@@ -2,9 +2,10 @@
 
 HF transformers `DeepseekV3ForCausalLM` (eager PyTorch, bf16, experts in bf16) is built on the GPU and
 its parameters are replaced by the very arrays jaxspec reads (shared through DLPack, no copy where the
-layouts agree), N = 2 layers (one dense, one MoE) + the real lm_head. Both run decode/verify steps of T
-tokens after a prompt of `context` tokens; the ratio jaxspec / peer is measured in one process.
-A logits comparison after the same prompt checks that both really compute the same model.
+layouts agree), N = 2 layers (one dense, one MoE) + the real lm_head. For each context and batch both prefill
+the same random prompt into their own caches (in chunks, so a 32k prompt fits), then run decode/verify steps
+of T tokens after it; the ratio jaxspec / peer is measured in one process. A logits comparison after the same
+prompt checks that both really compute the same model.
 """
 
 from __future__ import annotations
@@ -147,18 +148,96 @@ def time_jax_step(w, cfg, step_fn, prompt_cache, batch, tokens, context, key, it
     return dict(stats, bytes=total, floor_ms_4p3=floor_ms(total, HBM_TBS), tokens_BT=np.asarray(tokens_BT))
 
 
+def time_row(row, args, w, cfg, step_fn, prompt_cache, hf, hf_cache, torch_dev, compiled_holder, log):
+    """jaxspec's step and the peer's (eager, and compiled where it works) on the same prompt; fills `row`."""
+    import torch
+
+    b, t, ctx = row["batch"], row["tokens"], row["context"]
+    j = time_jax_step(w, cfg, step_fn, prompt_cache, b, t, ctx, jax.random.PRNGKey(t), args.iters)
+    toks = j.pop("tokens_BT")
+    row.update(jaxspec_ms=j["median_ms"], jaxspec_queued_ms=j["queued_mean_ms"], floor_ms_4p3=j["floor_ms_4p3"],
+               bytes=j["bytes"])
+    if hf is None:
+        return
+    ids = torch.as_tensor(toks, device=torch_dev, dtype=torch.long)
+    pos = torch.as_tensor(ctx + np.arange(t), device=torch_dev)[None].expand(b, t)
+
+    def hf_step(model=hf):
+        with torch.no_grad():
+            o = model(input_ids=ids, position_ids=pos, past_key_values=hf_cache, use_cache=True)
+        if hasattr(hf_cache, "crop"):
+            hf_cache.crop(-t)  # drop the T tokens just written (negative = remove)
+        return o.logits
+
+    h = time_torch(hf_step, iters=args.iters)
+    row.update(hf_eager_ms=h["median_ms"], jaxspec_speedup=h["median_ms"] / j["median_ms"],
+               hf_eager_queued_ms=h["queued_mean_ms"], jaxspec_speedup_queued=h["queued_mean_ms"] / j["queued_mean_ms"])
+    if args.compile and ctx <= args.compile_max_context:  # "torch.compile too if it works": failures recorded
+        try:
+            if "model" not in compiled_holder:
+                compiled_holder["model"] = torch.compile(hf)
+            c = time_torch(functools.partial(hf_step, model=compiled_holder["model"]), iters=args.iters)
+            row.update(hf_compiled_ms=c["median_ms"], jaxspec_speedup_compiled=c["median_ms"] / j["median_ms"],
+                       hf_compiled_queued_ms=c["queued_mean_ms"],
+                       jaxspec_speedup_compiled_queued=c["queued_mean_ms"] / j["queued_mean_ms"])
+        except Exception as e:
+            row["hf_compile_error"] = f"{type(e).__name__}: {e}"[:500]
+            log(f"torch.compile failed at B={b} context={ctx} T={t}: {row['hf_compile_error'][:200]}")
+    if t == 1:  # same prompt, same token: the two models must agree
+        hf_logits = hf_step().float().cpu().numpy()
+        jcache = jax.tree_util.tree_map(jnp.copy, prompt_cache)
+        jl = np.asarray(step_fn(w, jnp.asarray(toks), jnp.asarray(pos.cpu().numpy(), jnp.int32), jcache)[0])
+        row["logits_rel_err"] = float(np.linalg.norm(jl - hf_logits) / np.linalg.norm(hf_logits))
+        row["argmax_agree"] = float(np.mean(jl.argmax(-1) == hf_logits.argmax(-1)))
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--tiny", action="store_true")
-    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024])
     p.add_argument("--batches", type=int, nargs="+", default=[1])
+    p.add_argument("--prefill-scores-gb", type=float, default=4.0,
+                   help="both prompts are prefilled in chunks whose attention scores stay under this size")
+    p.add_argument("--compile-max-context", type=int, default=4096,
+                   help="torch.compile only at contexts up to this (each new shape recompiles)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--reference", action="store_true", help="jaxspec side on the plain XLA MoE path")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile peer")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, values in (("--contexts", args.contexts), ("--batches", args.batches), ("--tokens", args.tokens)):
+        if min(values) < 1:
+            p.error(f"{flag} must be positive, got {values}")
+    if args.prefill_scores_gb <= 0:
+        p.error(f"--prefill-scores-gb must be positive, got {args.prefill_scores_gb}")
+    return args
+
+
+def prefill_chunk(batch: int, heads: int, context: int, scores_gb: float) -> int:
+    """Prompt tokens per prefill call: a power of two (16..1024) whose f32 scores [B, heads, chunk, context]
+    stay under `scores_gb` (a 32k prompt in one call would need hundreds of GB on either side)."""
+    chunk = 1024
+    while chunk > 16 and batch * heads * chunk * context * 4 > scores_gb * 1e9:
+        chunk //= 2
+    return chunk
+
+
+def prefill_both(prefill_fn, w, cfg, hf, prompt, cache, chunk: int, torch_dev: str):
+    """The same prompt through jaxspec (latent cache) and the HF model (its own cache type), chunk by chunk."""
+    import torch
+
+    hf_cache = None
+    for start in range(0, prompt.shape[1], chunk):
+        piece = prompt[:, start:start + chunk]
+        positions = np.broadcast_to(np.arange(start, start + piece.shape[1]), piece.shape)
+        cache = prefill_fn(w, jnp.asarray(piece, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
+        if hf is not None:
+            with torch.no_grad():
+                hf_cache = hf(input_ids=torch.as_tensor(piece, device=torch_dev), past_key_values=hf_cache,
+                              use_cache=True).past_key_values
+    return cache, hf_cache
 
 
 def main(argv=None) -> dict:
@@ -170,7 +249,7 @@ def main(argv=None) -> dict:
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     res = dict(device=dev.device_kind, jax=jax.__version__, torch=torch.__version__, transformers=transformers.__version__,
-               date=now.isoformat(timespec="seconds"), layers=args.layers, context=args.context, rows=[], errors=[])
+               date=now.isoformat(timespec="seconds"), layers=args.layers, contexts=args.contexts, rows=[], errors=[])
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"peer-hf-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
@@ -197,80 +276,50 @@ def main(argv=None) -> dict:
         res["errors"].append(f"build HF model: {type(e).__name__}: {e}"[:2000])
         traceback.print_exc()
     rng = np.random.default_rng(0)
-    compiled = None
-    for b in args.batches:
-        prompt = rng.integers(0, cfg.vocab_size, size=(b, args.context))
-        cache = init_latent_cache(cfg, b, round_capacity(args.context + 16))
-        positions = np.broadcast_to(np.arange(args.context), (b, args.context))
-        with jax.default_device(dev):
-            from bench.moe_path import moe_path
-
-            with moe_path(PLAIN_ROUTED_EXPERTS):
-                prompt_cache = prefill_fn(w, jnp.asarray(prompt, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
-        hf_cache = None
-        if hf is not None:
-            with torch.no_grad():
-                hf_cache = hf(input_ids=torch.as_tensor(prompt, device=torch_dev), use_cache=True).past_key_values
-        for t in args.tokens:
-            row = dict(batch=b, tokens=t, context=args.context)
+    compiled_holder = {}
+    for ctx in args.contexts:
+        for b in args.batches:
             try:
-                j = time_jax_step(w, cfg, step_fn, prompt_cache, b, t, args.context, jax.random.PRNGKey(t), args.iters)
-                toks = j.pop("tokens_BT")
-                row.update(jaxspec_ms=j["median_ms"], jaxspec_queued_ms=j["queued_mean_ms"], floor_ms_4p3=j["floor_ms_4p3"],
-                           bytes=j["bytes"])
-                if hf is not None:
-                    ids = torch.as_tensor(toks, device=torch_dev, dtype=torch.long)
-                    pos = torch.as_tensor(args.context + np.arange(t), device=torch_dev)[None].expand(b, t)
+                prompt = rng.integers(0, cfg.vocab_size, size=(b, ctx))
+                chunk = prefill_chunk(b, cfg.num_attention_heads, ctx, args.prefill_scores_gb)
+                with jax.default_device(dev):
+                    from bench.moe_path import moe_path
 
-                    def hf_step(model=hf):
-                        with torch.no_grad():
-                            o = model(input_ids=ids, position_ids=pos, past_key_values=hf_cache, use_cache=True)
-                        if hasattr(hf_cache, "crop"):
-                            hf_cache.crop(-t)  # drop the T tokens just written (negative = remove)
-                        return o.logits
-
-                    h = time_torch(hf_step, iters=args.iters)
-                    row.update(hf_eager_ms=h["median_ms"], jaxspec_speedup=h["median_ms"] / j["median_ms"],
-                               hf_eager_queued_ms=h["queued_mean_ms"],
-                               jaxspec_speedup_queued=h["queued_mean_ms"] / j["queued_mean_ms"])
-                    if args.compile:  # "torch.compile too if it works": a failure is recorded, not fatal
-                        try:
-                            if compiled is None:  # (an nn.Module has no truth value: no `or` here)
-                                compiled = torch.compile(hf)
-                            c = time_torch(functools.partial(hf_step, model=compiled), iters=args.iters)
-                            row.update(hf_compiled_ms=c["median_ms"], jaxspec_speedup_compiled=c["median_ms"] / j["median_ms"],
-                                       hf_compiled_queued_ms=c["queued_mean_ms"],
-                                       jaxspec_speedup_compiled_queued=c["queued_mean_ms"] / j["queued_mean_ms"])
-                        except Exception as e:
-                            row["hf_compile_error"] = f"{type(e).__name__}: {e}"[:500]
-                            log(f"torch.compile failed at B={b} T={t}: {row['hf_compile_error'][:200]}")
-                    if t == 1:  # same prompt, same token: the two models must agree
-                        hf_logits = hf_step().float().cpu().numpy()
-                        jcache = jax.tree_util.tree_map(jnp.copy, prompt_cache)
-                        jl = np.asarray(step_fn(w, jnp.asarray(toks), jnp.asarray(pos.cpu().numpy(), jnp.int32), jcache)[0])
-                        row["logits_rel_err"] = float(np.linalg.norm(jl - hf_logits) / np.linalg.norm(hf_logits))
-                        row["argmax_agree"] = float(np.mean(jl.argmax(-1) == hf_logits.argmax(-1)))
-                log(f"peer B={b} T={t}: {row}")
-            except Exception as e:
-                res["errors"].append(f"B={b} T={t}: {type(e).__name__}: {e}"[:2000])
+                    with moe_path(PLAIN_ROUTED_EXPERTS):
+                        prompt_cache, hf_cache = prefill_both(prefill_fn, w, cfg, hf, prompt,
+                                                              init_latent_cache(cfg, b, round_capacity(ctx + 16)),
+                                                              chunk, torch_dev)
+            except Exception as e:  # e.g. out of memory at B=8, 32k: the other shapes still run
+                res["errors"].append(f"prefill B={b} context={ctx}: {type(e).__name__}: {e}"[:2000])
                 traceback.print_exc()
-            res["rows"].append(row)
-            save()
+                continue
+            for t in args.tokens:
+                row = dict(batch=b, tokens=t, context=ctx)
+                try:
+                    time_row(row, args, w, cfg, step_fn, prompt_cache, hf, hf_cache, torch_dev, compiled_holder, log)
+                    log(f"peer B={b} context={ctx} T={t}: {row}")
+                except Exception as e:
+                    res["errors"].append(f"B={b} context={ctx} T={t}: {type(e).__name__}: {e}"[:2000])
+                    traceback.print_exc()
+                res["rows"].append(row)
+                save()
+            del prompt_cache, hf_cache
     save()
     return res
 
 
 def markdown(res: dict) -> str:
     lines = [f"{res['device']}: jax {res['jax']} ({res.get('moe_path')}) vs torch {res['torch']} + transformers "
-             f"{res['transformers']} eager; {res['layers']} layers + lm_head, bf16 experts, context {res['context']}, {res['date']}.",
+             f"{res['transformers']} eager; {res['layers']} layers + lm_head, bf16 experts, {res['date']}. Both sides prefill "
+             "the same prompt (in chunks) into their own caches, then time steps of T tokens after it.",
              "", "Synchronised: median of single steps, each waited for. Queued: mean per step with 10 steps "
              "launched back to back and one wait (both sides timed the same way).", "",
-             "| B | T | jaxspec ms | HF eager ms | speedup | HF compiled ms | speedup vs compiled | "
+             "| B | context | T | jaxspec ms | HF eager ms | speedup | HF compiled ms | speedup vs compiled | "
              "jaxspec queued ms | HF eager queued | speedup queued | HF compiled queued | speedup vs compiled queued | "
              "floor 4.3 (ms) | jaxspec x floor | logits rel. err | argmax agree |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['batch']} | {r['tokens']} | {fmt(r.get('jaxspec_ms'))} | {fmt(r.get('hf_eager_ms'))} | "
+        lines.append(f"| {r['batch']} | {r.get('context', '-')} | {r['tokens']} | {fmt(r.get('jaxspec_ms'))} | {fmt(r.get('hf_eager_ms'))} | "
                      f"{fmt(r.get('jaxspec_speedup'), 2)} | {fmt(r.get('hf_compiled_ms'))} | "
                      f"{fmt(r.get('jaxspec_speedup_compiled'), 2)} | {fmt(r.get('jaxspec_queued_ms'))} | "
                      f"{fmt(r.get('hf_eager_queued_ms'))} | {fmt(r.get('jaxspec_speedup_queued'), 2)} | "
@@ -278,7 +327,7 @@ def markdown(res: dict) -> str:
                      f"{fmt(r.get('floor_ms_4p3'))} | "
                      f"{fmt(r.get('jaxspec_ms') and r['jaxspec_ms'] / r['floor_ms_4p3'], 2)} | {fmt(r.get('logits_rel_err'), 4)} | "
                      f"{fmt(r.get('argmax_agree'), 2)} |")
-    compile_errors = [f"B={r['batch']} T={r['tokens']}: {r['hf_compile_error']}" for r in res["rows"]
+    compile_errors = [f"B={r['batch']} context={r.get('context')} T={r['tokens']}: {r['hf_compile_error']}" for r in res["rows"]
                       if r.get("hf_compile_error")]
     if compile_errors:
         lines += ["", "torch.compile did not run:"] + [f"- {e[:400]}" for e in compile_errors]
