@@ -35,7 +35,8 @@ REPS = 10
 # `--sweep`: kernel tilings tried side by side (name -> config); the default run times MLAKernelConfig() only
 SWEEP = {f"q{q}_s{bs}_x{sp}_w{w}": MLAKernelConfig(block_q=q, block_s=bs, splits=sp, num_warps=w)
          for q, bs, sp, w in [(16, 64, 8, 4), (16, 64, 32, 4), (16, 64, 64, 4), (32, 64, 16, 4), (32, 64, 32, 4),
-                              (32, 64, 64, 4), (64, 64, 16, 8), (64, 64, 32, 8), (64, 64, 64, 8), (64, 32, 64, 8)]}
+                              (32, 64, 64, 4), (64, 64, 16, 8), (64, 64, 32, 8), (64, 64, 64, 8), (64, 32, 64, 8),
+                              (16, 64, 128, 4), (32, 64, 128, 4)]}
 
 
 def xla_attention(q_lat, q_rope, latent, k_rope, positions, w_uv, scale):
@@ -65,13 +66,15 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--sweep", action="store_true", help="time every tiling in SWEEP, not only the default")
+    p.add_argument("--configs", nargs="+", choices=sorted(SWEEP), help="time these tilings of SWEEP (implies --sweep)")
     args = p.parse_args(argv)
     n, c, r, v = (4, 32, 16, 8) if args.tiny else (64, 512, 64, 128)
     tiny = dict(block_q=16, block_s=16, block_c=16, splits=4)
     kcfg = MLAKernelConfig(**tiny) if args.tiny else MLAKernelConfig()
     configs = {"kernel": kcfg}
-    if args.sweep:
-        configs.update({name: dataclasses.replace(c_, **(tiny if args.tiny else {})) for name, c_ in SWEEP.items()})
+    if args.sweep or args.configs:
+        chosen = args.configs or sorted(SWEEP)
+        configs.update({name: dataclasses.replace(SWEEP[name], **(tiny if args.tiny else {})) for name in chosen})
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),

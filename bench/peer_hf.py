@@ -199,6 +199,8 @@ def parse_args(argv):
     p.add_argument("--batches", type=int, nargs="+", default=[1])
     p.add_argument("--prefill-scores-gb", type=float, default=4.0,
                    help="both prompts are prefilled in chunks whose attention scores stay under this size")
+    p.add_argument("--prefill-max-chunk", type=int, default=1024, choices=[16, 32, 64, 128, 256, 512, 1024],
+                   help="at most this many prompt tokens per prefill call")
     p.add_argument("--compile-max-context", type=int, default=4096,
                    help="torch.compile only at contexts up to this (each new shape recompiles)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
@@ -215,10 +217,10 @@ def parse_args(argv):
     return args
 
 
-def prefill_chunk(batch: int, heads: int, context: int, scores_gb: float) -> int:
-    """Prompt tokens per prefill call: a power of two (16..1024) whose f32 scores [B, heads, chunk, context]
+def prefill_chunk(batch: int, heads: int, context: int, scores_gb: float, max_chunk: int = 1024) -> int:
+    """Prompt tokens per prefill call: a power of two (16..max_chunk) whose f32 scores [B, heads, chunk, context]
     stay under `scores_gb` (a 32k prompt in one call would need hundreds of GB on either side)."""
-    chunk = 1024
+    chunk = max_chunk
     while chunk > 16 and batch * heads * chunk * context * 4 > scores_gb * 1e9:
         chunk //= 2
     return chunk
@@ -281,7 +283,7 @@ def main(argv=None) -> dict:
         for b in args.batches:
             try:
                 prompt = rng.integers(0, cfg.vocab_size, size=(b, ctx))
-                chunk = prefill_chunk(b, cfg.num_attention_heads, ctx, args.prefill_scores_gb)
+                chunk = prefill_chunk(b, cfg.num_attention_heads, ctx, args.prefill_scores_gb, args.prefill_max_chunk)
                 with jax.default_device(dev):
                     from bench.moe_path import moe_path
 
@@ -294,7 +296,7 @@ def main(argv=None) -> dict:
                 traceback.print_exc()
                 continue
             for t in args.tokens:
-                row = dict(batch=b, tokens=t, context=ctx)
+                row = dict(batch=b, tokens=t, context=ctx, prefill_chunk=chunk)
                 try:
                     time_row(row, args, w, cfg, step_fn, prompt_cache, hf, hf_cache, torch_dev, compiled_holder, log)
                     log(f"peer B={b} context={ctx} T={t}: {row}")
