@@ -51,3 +51,12 @@ def test_moe_layer_chain_feeds_each_call_the_last_output(unrolled):
     for _ in range(3):
         want = want + 1e-3 * (want * 2.0 + 1.0)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6)
+
+
+def test_prefill_in_one_call_or_in_chunks_gives_the_same_first_step(tmp_path):
+    from bench.prefill_consistency import main as consistency
+
+    res = consistency(["--tiny", "--batch", "2", "--context", "48", "--chunks", "48", "16", "--out", str(tmp_path)])
+    errs = res["rel_err"]
+    assert errs["jaxspec chunk 48 vs chunk 16"] < 1e-3 and errs["hf chunk 48 vs chunk 16"] < 1e-3
+    assert errs["jaxspec vs hf, chunk 48"] < 0.03 and errs["jaxspec vs hf, chunk 16"] < 0.03
