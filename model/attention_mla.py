@@ -96,28 +96,34 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
                    "absorbed_kernel": attend_absorbed_kernel}
-# On one GPU, decode / verify (T <= 16) over caches of up to 4096 slots run the kernels (JAXSPEC_MLA_KERNEL=0
-# turns them off, =1 forces them at any capacity); the plain XLA path runs everywhere else (CPU, sharded programs,
-# prefill, long caches) and is what tests hold the kernels to. Measured on the H200 (bench/results/README.md,
-# run 8): at 1k the kernels save 65 us per 4-layer step at T=1 and 13 at T=4; at 32k they lose 40 us at B=1 T=1,
-# tie at T=4, win 282 us at B=8 T=1 and lose 216 at B=8 T=4 (kernel 1 reads each cache block once per 16 rows).
-MLA_KERNEL_MAX_TOKENS = 16
+# On one GPU, decode / verify steps with batch x tokens <= 8 over caches of up to 4096 slots run the kernels
+# (JAXSPEC_MLA_KERNEL=0 turns them off, =1 forces them for any batch and capacity at T <= 16); the plain XLA path
+# runs everywhere else (CPU, sharded programs, prefill, long caches, large batches) and is what tests hold the
+# kernels to. Measured on the H200 (bench/results/README.md): at 1k the kernels save 65 us per 4-layer step at
+# T=1 and 13 at T=4 (run 8); the attention alone (run 9 lab, us per layer, kernel vs XLA, tiles of
+# model.kernels.mla_decode.config_for) at 1k: B=1 T=1 23 vs 32, B=1 T=4 28 vs 39, B=8 T=1 46 vs 73, but B=8 T=4
+# 101-124 vs 77; at 4k B=8 T=4 172-185 vs 167; at 32k B=1 T=1 74-118 vs 72 (the 4096-slot limit).
+MLA_KERNEL_MAX_QUERY_TOKENS = 8  # batch x tokens: 1, 4 and 8 measured faster than XLA, 32 slower
+MLA_KERNEL_MAX_TOKENS = 16  # the ceiling even when forced: prefill never takes the kernels
 MLA_KERNEL_MAX_CAPACITY = 4096
 
 
-def _use_kernel(path: str, tokens: int, capacity: int, cfg: TextConfig, backend: str | None = None) -> bool:
+def _use_kernel(path: str, batch: int, tokens: int, capacity: int, cfg: TextConfig, backend: str | None = None) -> bool:
     setting = os.environ.get("JAXSPEC_MLA_KERNEL", "auto")
     if path != "absorbed" or setting == "0" or (backend or jax.default_backend()) != "gpu":
         return False
-    if not single_device_program() or (setting != "1" and capacity > MLA_KERNEL_MAX_CAPACITY):
+    if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
+        return False
+    if setting != "1" and (capacity > MLA_KERNEL_MAX_CAPACITY or batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS):
         return False
     from model.kernels.mla_decode import check_config, config_for
 
     try:
-        check_config(config_for(capacity, cfg.kv_lora_rank), capacity, cfg.kv_lora_rank)
+        check_config(config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads), capacity,
+                     cfg.kv_lora_rank)
     except ValueError:
         return False
-    return tokens <= MLA_KERNEL_MAX_TOKENS
+    return True
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed"):
@@ -128,7 +134,7 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
-    if _use_kernel(path, x_BTH.shape[1], latent_BSC.shape[1], cfg):
+    if _use_kernel(path, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
     out_BTNV = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
     return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR

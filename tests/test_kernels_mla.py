@@ -133,19 +133,36 @@ def test_lowers_to_triton_at_k25_shapes(t):
 
 
 def test_kernel_dispatch_rule(monkeypatch):
-    """GPU only, T <= 16, capacity <= 4096 unless JAXSPEC_MLA_KERNEL=1 forces it; =0 turns it off."""
+    """GPU only, batch x tokens <= 8, capacity <= 4096 unless JAXSPEC_MLA_KERNEL=1 forces it (T <= 16); =0 turns
+    it off."""
     from model.attention_mla import _use_kernel
     from model.configs import known_config
 
     cfg = known_config("kimi-k2.5")
     monkeypatch.delenv("JAXSPEC_MLA_KERNEL", raising=False)
-    assert _use_kernel("absorbed", 4, 1088, cfg, backend="gpu")
-    assert not _use_kernel("absorbed", 4, 1088, cfg, backend="cpu")
-    assert not _use_kernel("absorbed", 32, 1088, cfg, backend="gpu")  # prefill
-    assert not _use_kernel("absorbed", 1, 32832, cfg, backend="gpu")  # long cache: XLA measured as good or better
-    assert not _use_kernel("absorbed", 1, 1000, cfg, backend="gpu")  # not a multiple of the kernel's blocks
-    assert not _use_kernel("decompressed", 1, 1088, cfg, backend="gpu")
+    assert _use_kernel("absorbed", 1, 4, 1088, cfg, backend="gpu")
+    assert _use_kernel("absorbed", 8, 1, 1088, cfg, backend="gpu")
+    assert not _use_kernel("absorbed", 8, 4, 1088, cfg, backend="gpu")  # XLA's batched GEMMs measured faster
+    assert not _use_kernel("absorbed", 1, 4, 1088, cfg, backend="cpu")
+    assert not _use_kernel("absorbed", 1, 32, 1088, cfg, backend="gpu")  # prefill
+    assert not _use_kernel("absorbed", 1, 1, 32832, cfg, backend="gpu")  # long cache: XLA measured as good or better
+    assert not _use_kernel("absorbed", 1, 1, 1000, cfg, backend="gpu")  # not a multiple of the kernel's blocks
+    assert not _use_kernel("decompressed", 1, 1, 1088, cfg, backend="gpu")
     monkeypatch.setenv("JAXSPEC_MLA_KERNEL", "1")
-    assert _use_kernel("absorbed", 1, 32832, cfg, backend="gpu")
+    assert _use_kernel("absorbed", 1, 1, 32832, cfg, backend="gpu")
+    assert _use_kernel("absorbed", 8, 4, 1088, cfg, backend="gpu")
+    assert not _use_kernel("absorbed", 1, 32, 1088, cfg, backend="gpu")  # never for prefill
     monkeypatch.setenv("JAXSPEC_MLA_KERNEL", "0")
-    assert not _use_kernel("absorbed", 1, 1088, cfg, backend="gpu")
+    assert not _use_kernel("absorbed", 1, 1, 1088, cfg, backend="gpu")
+
+
+def test_tiles_by_shape():
+    """Decode keeps the default tiles; verify steps (more than 64 rows) split by capacity, as measured."""
+    from model.kernels.mla_decode import MLAKernelConfig, config_for
+
+    assert config_for(1088, 512, 64) == MLAKernelConfig()
+    verify_1k = config_for(1088, 512, 4 * 64)
+    assert (verify_1k.block_q, verify_1k.splits) == (16, 8)
+    verify_4k = config_for(4160, 512, 4 * 64)
+    assert (verify_4k.block_q, verify_4k.splits) == (32, 16)
+    assert config_for(48, 32, 4 * 64).block_s == 16  # small test caches still get blocks that divide them

@@ -19,8 +19,9 @@ every slot of the cache's capacity, not only the visible ones (bench/results/ste
 
 Measured on the H200 (bench/results/README.md, run 8): at 1k context the step is 65 us faster at T=1 and 13 us
 at T=4 (4 layers); at 32k kernel 1 reads each cache block once per 16 rows and walks its share block by block,
-and loses at B=1 T=1 and B=8 T=4, so the engine uses these kernels for caches of up to 4096 slots
-(model/attention_mla.py).
+and loses at B=1 T=1 and B=8 T=4, so the engine uses these kernels for caches of up to 4096 slots; at 1k and 4k
+they also lose to XLA's batched GEMMs at B=8, T=4 (run 9 lab), so only for batch x tokens <= 8
+(model/attention_mla.py). Tiles by shape: `config_for`.
 """
 
 from __future__ import annotations
@@ -67,9 +68,16 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
-def config_for(capacity: int, latent_dim: int) -> MLAKernelConfig:
-    """The default tiles, shrunk to powers of two that divide these shapes (small test models)."""
+def config_for(capacity: int, latent_dim: int, rows: int = 1) -> MLAKernelConfig:
+    """The tiles for `rows` = tokens x heads query rows per sequence over a cache of `capacity` slots, shrunk to
+    powers of two that divide these shapes (small test models).
+
+    Decode (rows <= 64, K2.5's 64 heads at one token) keeps the defaults. Verify steps change the split: the
+    attention alone at B=1, T=4 measured on the H200 (bench/results/README.md, run 9 lab, us per call) at 1k
+    16 rows x 8 splits 28.1 vs the defaults' 39.6 (XLA 38.8), at 4k 32 rows x 16 splits 38.4 vs 57.7 (XLA 48.4)."""
     base = MLAKernelConfig()
+    if rows > 64:
+        base = dataclasses.replace(base, splits=8) if capacity <= 2048 else dataclasses.replace(base, block_q=32)
     return dataclasses.replace(base, block_s=max(16, _pow2_divisor(capacity, base.block_s)),
                                block_c=_pow2_divisor(latent_dim, base.block_c))
 
@@ -186,7 +194,7 @@ def mla_decode_attention(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positi
                          cfg: MLAKernelConfig | None = None, interpret: bool = False) -> jax.Array:
     """softmax(q_lat . latent + q_rope . k_rope) . latent . w_uv^T over the visible slots -> [B, T, N, V]."""
     b, t, n, c = q_lat_BTNC.shape
-    cfg = cfg or config_for(latent_BSC.shape[1], c)
+    cfg = cfg or config_for(latent_BSC.shape[1], c, t * n)
     check_config(cfg, latent_BSC.shape[1], c)
     dt = q_lat_BTNC.dtype
     o, m, l = mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale, cfg=cfg,
