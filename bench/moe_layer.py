@@ -70,7 +70,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                     candidates=CANDIDATES, log=print) -> dict:
     experts = layer.experts
     per_expert = nbytes(experts) // experts.num_experts
-    rows, sweep, inputs = [], {}, {}
+    rows, sweep = [], {}
     engine_configs = dict.fromkeys(kernel_config_for(t, experts) for t in tokens_list)  # ordered: stable cfg numbers
     candidates = tuple(candidates) + tuple(c for c in engine_configs if c not in candidates)
     for t in tokens_list:
@@ -79,7 +79,6 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         weights_TK, ids_TK = route(x_TH, layer.router, layer.router_bias, cfg)
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor_bytes = unique * per_expert + 2 * x_TH.nbytes
-        inputs[t] = (x_TH, experts, ids_TK, weights_TK)
         ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
         ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK)
         row = dict(tokens=t, unique_experts=unique, bytes=floor_bytes, floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS),
@@ -111,9 +110,6 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         row.update(kernel_ms=k["ms"], kernel_rel_err=k["rel_err"], kernel_config=i, kernel_variant=engine.variant,
                    kernel_slots=engine.slots, kernel_ratio_4p3=k["ms"] / row["floor_ms_4p3"],
                    reference_ratio_4p3=row["reference_ms"] / row["floor_ms_4p3"])
-        # the same calls written out one after another instead of in a device loop (a check on the harness)
-        unrolled = time_moe(functools.partial(routed_experts_pallas, cfg=engine), *inputs[row["tokens"]], unrolled=True)
-        row["kernel_unrolled_ms"] = unrolled["ms"]
     return {"rows": rows, "sweep": sweep}, engine_ok
 
 

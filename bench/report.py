@@ -47,13 +47,13 @@ def markdown(result: dict) -> str:
     if moe:
         lines += ["## MoE layer alone (routed experts of one layer, 20 calls chained in a device loop, each fed the last)", "",
                   "| T | unique experts | MB | floor 4.3 TB/s (us) | Pallas kernel (us) | variant | x floor | "
-                  "kernel, 20 calls unrolled (us) | XLA reference (us) | x floor | kernel rel. err |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "XLA reference (us) | x floor | kernel rel. err |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in moe["rows"]:
             lines.append(
                 f"| {r['tokens']} | {r['unique_experts']} | {r['bytes'] / 1e6:.1f} | {r['floor_ms_4p3'] * 1e3:.1f} | "
                 f"{fmt(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {r.get('kernel_variant', '-')}{'/' + r['kernel_slots'] if r.get('kernel_variant') == 'gemv' else ''} | {fmt(r.get('kernel_ratio_4p3'), 2)} | "
-                f"{fmt(r.get('kernel_unrolled_ms') and r['kernel_unrolled_ms'] * 1e3, 1)} | {r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {fmt(r.get('kernel_rel_err'), 4)} |")
+                f"{r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {fmt(r.get('kernel_rel_err'), 4)} |")
         lines += ["", "Tile sweep (ms per layer call): " + "; ".join(
             f"cfg{i} {_short(s['config'])}: "
             f"{'/'.join(fmt(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"
