@@ -7,14 +7,12 @@ prefill of 32k tokens through the reference MoE would cost more device time than
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bench.bytes_floor import draft_bytes, step_bytes, unique_experts_per_layer
-from bench.moe_path import moe_path, record_routes
+from bench.moe_path import moe_path, moe_path_recording
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import SpecState
@@ -84,8 +82,7 @@ def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl, sharded: bool = False):
 
     def cycle(w: SpecWeights, state: SpecState):
         recorded = []
-        record = record_routes(recorded) if sharded else contextlib.nullcontext()
-        with moe_path(moe_impl, None if sharded else recorded), record:
+        with moe_path_recording(moe_impl, recorded, sharded):
             new_state = one_cycle(w, state)
         return new_state, jnp.stack(recorded)
 

@@ -55,3 +55,12 @@ def record_routes(recorder: list):
         yield
     finally:
         moe_module.route = saved
+
+
+@contextlib.contextmanager
+def moe_path_recording(impl: Callable, recorder: list, sharded: bool):
+    """`moe_path(impl)`, recording each MoE layer's router ids [T, K] into `recorder`: where the experts are
+    called in a one-device program, where the router runs in a sharded one (`record_routes`: global ids)."""
+    record = record_routes(recorder) if sharded else contextlib.nullcontext()
+    with moe_path(impl, None if sharded else recorder), record:
+        yield

@@ -18,7 +18,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory to the PyTorch peer
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
@@ -31,7 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, record_routes  # noqa: E402
+from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, moe_path_recording  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
@@ -68,8 +67,7 @@ def make_step(cfg, moe_impl, sharded: bool = False):
 
     def step(w, tokens_BT, positions_BT, cache):
         recorded = []
-        record = record_routes(recorded) if sharded else contextlib.nullcontext()
-        with moe_path(moe_impl, None if sharded else recorded), record:
+        with moe_path_recording(moe_impl, recorded, sharded):
             out = forward(w, cfg, tokens_BT, positions_BT, cache)
         return out.logits, out.cache, jnp.stack(recorded)
 
