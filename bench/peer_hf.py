@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
+from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
 from bench.report import fmt, write_json  # noqa: E402
 from bench.step import bench_config, init_weights, make_step, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
@@ -227,14 +227,16 @@ def prefill_chunk(batch: int, heads: int, context: int, scores_gb: float, max_ch
 
 
 def prefill_both(prefill_fn, w, cfg, hf, prompt, cache, chunk: int, torch_dev: str):
-    """The same prompt through jaxspec (latent cache) and the HF model (its own cache type), chunk by chunk."""
+    """The same prompt through jaxspec (latent cache, the plain XLA MoE path) and the HF model (its own cache
+    type), chunk by chunk."""
     import torch
 
     hf_cache = None
     for start in range(0, prompt.shape[1], chunk):
         piece = prompt[:, start:start + chunk]
         positions = np.broadcast_to(np.arange(start, start + piece.shape[1]), piece.shape)
-        cache = prefill_fn(w, jnp.asarray(piece, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
+        with moe_path(PLAIN_ROUTED_EXPERTS):  # traced here on the first call of each chunk shape
+            cache = prefill_fn(w, jnp.asarray(piece, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
         if hf is not None:
             with torch.no_grad():
                 hf_cache = hf(input_ids=torch.as_tensor(piece, device=torch_dev), past_key_values=hf_cache,
@@ -285,12 +287,9 @@ def main(argv=None) -> dict:
                 prompt = rng.integers(0, cfg.vocab_size, size=(b, ctx))
                 chunk = prefill_chunk(b, cfg.num_attention_heads, ctx, args.prefill_scores_gb, args.prefill_max_chunk)
                 with jax.default_device(dev):
-                    from bench.moe_path import moe_path
-
-                    with moe_path(PLAIN_ROUTED_EXPERTS):
-                        prompt_cache, hf_cache = prefill_both(prefill_fn, w, cfg, hf, prompt,
-                                                              init_latent_cache(cfg, b, round_capacity(ctx + 16)),
-                                                              chunk, torch_dev)
+                    prompt_cache, hf_cache = prefill_both(prefill_fn, w, cfg, hf, prompt,
+                                                          init_latent_cache(cfg, b, round_capacity(ctx + 16)),
+                                                          chunk, torch_dev)
             except Exception as e:  # e.g. out of memory at B=8, 32k: the other shapes still run
                 res["errors"].append(f"prefill B={b} context={ctx}: {type(e).__name__}: {e}"[:2000])
                 traceback.print_exc()

@@ -22,17 +22,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
+from bench.moe_layer import _rel_err as rel_err  # noqa: E402
+from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
 from bench.peer_hf import build_hf_model, prefill_both  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import bench_config, init_weights, make_step  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kv_cache import init_latent_cache, round_capacity  # noqa: E402
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def main(argv=None) -> dict:
@@ -61,10 +57,9 @@ def main(argv=None) -> dict:
     pos_BT = np.full((args.batch, 1), args.context)
     logits = {}
     for chunk in args.chunks:
-        with moe_path(PLAIN_ROUTED_EXPERTS):
-            jcache, hcache = prefill_both(prefill_fn, w, cfg, hf, prompt,
-                                          init_latent_cache(cfg, args.batch, round_capacity(args.context + 16)),
-                                          chunk, torch_dev)
+        jcache, hcache = prefill_both(prefill_fn, w, cfg, hf, prompt,
+                                      init_latent_cache(cfg, args.batch, round_capacity(args.context + 16)),
+                                      chunk, torch_dev)
         logits[("jaxspec", chunk)] = np.asarray(step_fn(w, jnp.asarray(token_BT, jnp.int32),
                                                         jnp.asarray(pos_BT, jnp.int32), jcache)[0], np.float32)
         with torch.no_grad():
