@@ -102,10 +102,10 @@ def _check_flags(a) -> int:
     if a.top_k < 0:
         raise UsageError(f"--top-k must be >= 0, got {a.top_k}")
     if a.prefill_chunk is not None:
-        from jaxspec.prefill import valid_chunk
+        from jaxspec.prefill import MIN_BUCKET, valid_chunk
 
         if not valid_chunk(a.prefill_chunk):
-            raise UsageError(f"--prefill-chunk must be a power of two >= 16, got {a.prefill_chunk}")
+            raise UsageError(f"--prefill-chunk must be a power of two >= {MIN_BUCKET}, got {a.prefill_chunk}")
     k = a.speculative_num_steps
     if k is None:
         k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else 4
