@@ -17,19 +17,22 @@ def chosen_weights(scores_TE: jax.Array, ids_TK: jax.Array, norm_topk_prob: bool
     return weights_TK * scaling
 
 
+def router_logits(x_TH: jax.Array, router_EH: jax.Array) -> jax.Array:
+    """[T, E] float32 logits, products exact in float32 (the choice of experts is sensitive to them)."""
+    return jnp.einsum("th,eh->te", x_TH.astype(jnp.float32), router_EH.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)
+
+
 def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig, topk: str = "auto"):
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
 
-    topk: "xla" (the plain path below), "kernel" (model/kernels/router_topk.py; interpret mode off the GPU) or
+    topk: "xla" (the plain path below), "kernel" (the logits by model/kernels/router_gemv.py up to its
+    MAX_TOKENS, the top-k by model/kernels/router_topk.py; interpret mode off the GPU) or
     "auto": the kernel on one GPU for as many tokens as the MoE kernels take (model.kernels.MAX_KERNEL_TOKENS:
     decode, verify) when there is one expert group (Kimi K2), else XLA (prefill, training batches, sharded
     programs)."""
     if topk not in ("auto", "xla", "kernel"):
         raise ValueError(f"topk must be 'auto', 'xla' or 'kernel', not {topk!r}")
-    logits_TE = jnp.einsum(
-        "th,eh->te", x_TH.astype(jnp.float32), router_EH.astype(jnp.float32),
-        precision=jax.lax.Precision.HIGHEST,
-    )
     on_gpu = jax.default_backend() == "gpu"
     if topk == "auto":
         from model.kernels import MAX_KERNEL_TOKENS  # lazy: model.kernels imports model modules
@@ -39,10 +42,16 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
     if topk == "kernel":
         if cfg.n_group > 1:
             raise ValueError("the top-k kernel routes one expert group; n_group > 1 takes topk='xla'")
-        from model.kernels.router_topk import route_topk  # lazy: model.kernels imports model modules
+        from model.kernels import router_gemv  # lazy: model.kernels imports model modules
+        from model.kernels.router_topk import route_topk
 
-        return route_topk(logits_TE, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+        if x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # decode, verify: the GEMV kernel's partial sums
+            logits = router_gemv.router_logit_partials(x_TH, router_EH, not on_gpu)
+        else:
+            logits = router_logits(x_TH, router_EH)
+        return route_topk(logits, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
                           not on_gpu)
+    logits_TE = router_logits(x_TH, router_EH)
     scores_TE = jax.nn.sigmoid(logits_TE)
     choice_TE = scores_TE + bias_E.astype(jnp.float32)
     if cfg.n_group > 1:

@@ -10,7 +10,8 @@ from model.kernels.router_topk import route_topk
 from model.router import route
 
 
-@pytest.mark.parametrize("experts, k, norm, tokens", [(384, 8, True, 4), (24, 3, False, 5), (16, 4, True, 1)])
+@pytest.mark.parametrize("experts, k, norm, tokens", [(384, 8, True, 4), (24, 3, False, 5), (16, 4, True, 1),
+                                                             (16, 4, True, 20)])  # 20: XLA logits, kernel top-k
 def test_route_kernel_equals_xla_route(experts, k, norm, tokens):
     cfg = known_config("kimi-k2.5").replace(n_routed_experts=experts, num_experts_per_tok=k, norm_topk_prob=norm,
                                             hidden_size=32)
@@ -83,3 +84,38 @@ def test_kernels_stay_off_in_sharded_programs():
         assert not single_device_program()
     with jax.set_mesh(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])):
         assert single_device_program()
+
+
+def test_router_gemv_partials_sum_to_the_logits():
+    """Several E blocks and H splits (48 experts, H = 1024: blocks of 16 rows, two splits of two 256-wide steps)."""
+    from model.kernels.router_gemv import router_logit_partials, tiles
+    from model.router import router_logits
+
+    assert tiles(48, 1024) == (16, 256, 2) and tiles(384, 7168) == (16, 256, 14)
+    ks = jax.random.split(jax.random.PRNGKey(21), 2)
+    x = jax.random.normal(ks[0], (4, 1024)).astype(jnp.bfloat16)
+    router = jax.random.normal(ks[1], (48, 1024)) * 0.03
+    partials = jax.jit(router_logit_partials, static_argnums=2)(x, router, True)
+    assert partials.shape == (2, 4, 48)
+    np.testing.assert_allclose(np.asarray(partials.sum(0)), np.asarray(router_logits(x, router)), rtol=1e-5, atol=1e-5)
+    cfg = known_config("kimi-k2.5").replace(n_routed_experts=48, hidden_size=1024)
+    w_ref, ids_ref = route(x, router, jnp.zeros((48,)), cfg, topk="xla")
+    w, ids = route(x, router, jnp.zeros((48,)), cfg, topk="kernel")
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(ids_ref))
+    np.testing.assert_allclose(np.asarray(w), np.asarray(w_ref), rtol=1e-5)
+    with pytest.raises(ValueError, match="at most 16 tokens"):
+        router_logit_partials(jnp.zeros((17, 1024)), router, True)
+
+
+def test_router_gemv_lowers_to_triton_at_k25_shapes():
+    from model.kernels.router_gemv import router_logit_partials
+    from tests.test_kernels_moe import _pretend_h200
+
+    restore = _pretend_h200()
+    try:
+        lowered = jax.jit(lambda x, r: router_logit_partials(x, r)).trace(
+            jax.ShapeDtypeStruct((4, 7168), jnp.bfloat16), jax.ShapeDtypeStruct((384, 7168), jnp.float32),
+        ).lower(lowering_platforms=("cuda",))
+    finally:
+        restore()
+    assert "router_gemv" in lowered.as_text()

@@ -32,11 +32,16 @@ def _pow2_chunks(n: int) -> list[tuple[int, int]]:
     return out
 
 
+def _logits(logits_ref, t, off, size):
+    """Token t's logits [off, off + size): the sum of the router GEMV's split partials ([S, T, E])."""
+    return functools.reduce(jnp.add, [logits_ref[s, t, pl.ds(off, size)] for s in range(logits_ref.shape[0])])
+
+
 def _topk_kernel(logits_ref, bias_ref, w_ref, ids_ref, *, experts, k, norm, scale):
     t = pl.program_id(0)
     chunks = _pow2_chunks(experts)  # E need not be a power of two: no masks, no padded copies
     idx = [off + jnp.arange(size, dtype=jnp.int32) for off, size in chunks]
-    score = [jax.nn.sigmoid(logits_ref[t, pl.ds(off, size)]) for off, size in chunks]
+    score = [jax.nn.sigmoid(_logits(logits_ref, t, off, size)) for off, size in chunks]
     choice = [s + bias_ref[pl.ds(off, size)] for s, (off, size) in zip(score, chunks)]
     k_pad = _next_pow2(k)
     slot_K = jnp.arange(k_pad, dtype=jnp.int32)
@@ -61,6 +66,7 @@ def route_topk(logits_TE: jax.Array, bias_E: jax.Array, k: int, norm_topk_prob: 
                interpret: bool = False):
     """(weights [T, k] float32, expert ids [T, k] int32) from router logits [T, E], as `model.router.route`.
 
+    The logits may also come as [S, T, E] partial sums over S (router_gemv.py), added here as they load.
     Differentiable in the logits like the XLA path (the bias only chooses, so it gets no gradient)."""
     return _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret)
 
@@ -74,16 +80,19 @@ def _route_topk_bwd(k, norm_topk_prob, scaling, interpret, res, cotangents):
     logits_TE, bias_E, ids_TK = res
     from model.router import chosen_weights  # the XLA path's weights: its gradient is the reference's
 
+    summed_TE = logits_TE.sum(0) if logits_TE.ndim == 3 else logits_TE  # partials: each split adds with weight 1
     _, pullback = jax.vjp(lambda lg: chosen_weights(jax.nn.sigmoid(lg.astype(jnp.float32)), ids_TK, norm_topk_prob,
-                                                    scaling), logits_TE)
-    return pullback(cotangents[0])[0].astype(logits_TE.dtype), jnp.zeros_like(bias_E)
+                                                    scaling), summed_TE)
+    g_TE = pullback(cotangents[0])[0]
+    return jnp.broadcast_to(g_TE, logits_TE.shape).astype(logits_TE.dtype), jnp.zeros_like(bias_E)
 
 
 route_topk.defvjp(_route_topk_fwd, _route_topk_bwd)
 
 
 def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
-    t, e = logits_TE.shape
+    partials_STE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
+    _, t, e = partials_STE.shape
     k_pad = _next_pow2(k)
     kernel = functools.partial(_topk_kernel, experts=e, k=k, norm=norm_topk_prob, scale=float(scaling))
     w_TK, ids_TK = pl.pallas_call(
@@ -93,5 +102,5 @@ def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
         compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
         name="router_topk",
-    )(logits_TE.astype(jnp.float32), bias_E.astype(jnp.float32))
+    )(partials_STE.astype(jnp.float32), bias_E.astype(jnp.float32))
     return w_TK[:, :k], ids_TK[:, :k]  # a no-op for k = 8 (every Kimi / DeepSeek config)

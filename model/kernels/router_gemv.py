@@ -1,0 +1,94 @@
+"""Router logits for decode and verify: a Pallas (Triton) GEMV over the [E, H] float32 router, split over H.
+
+Plain reference: the einsum in `model.router.route` (float32, Precision.HIGHEST). Why: at T <= 16 tokens
+XLA runs it as a split-K GEMM plus a reduction launch, 9.5 + 1.3 us per MoE layer on the H200 for 11 MB of
+router (2.6 us at 4.3 TB/s; bench/results/step-profile-gpu-20261129-2223.json), because the [T, 384]
+output gives its tiles little to share out. Here program (block of E rows, split of H) reads its
+[block_e, H / splits] share once and multiplies it in float32 (exact products, as HIGHEST) into every
+token's partial sum; the top-k kernel (router_topk.py) adds the splits' partials as it loads the logits, so the
+logits never exist as a separate array.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+
+MAX_TOKENS = 16  # above (prefill buckets) the GEMM's tiles have work enough: XLA's einsum runs
+BLOCK_E = 16  # router rows per program
+BLOCK_K = 256  # hidden elements per loop step
+STEPS = 2  # loop steps per program: H = 7168 gives 14 splits, 24 x 14 = 336 programs of 32 KB
+
+
+def tiles(experts: int, hidden: int) -> tuple[int, int, int]:
+    """(block_e, block_k, splits) for these shapes: the defaults, shrunk to powers of two that divide them."""
+    block_e = math.gcd(experts, BLOCK_E)
+    block_k = math.gcd(hidden, BLOCK_K)
+    steps = hidden // block_k
+    splits = max(1, steps // STEPS) if steps % STEPS == 0 else steps
+    return block_e, block_k, splits
+
+
+def _gemv_kernel(x_ref, w_ref, out_ref, *, tokens, block_e, block_k, steps):
+    e0 = pl.program_id(0) * block_e
+    k_first = pl.program_id(1) * steps * block_k
+
+    def step(i, accs):
+        # reduced every step: the loop is short (STEPS), and [block_e] sums keep 16 tokens in registers
+        k0 = k_first + i * block_k
+        w = w_ref[pl.ds(e0, block_e), pl.ds(k0, block_k)].astype(jnp.float32)
+        return tuple(a + jnp.sum(w * x_ref[t, pl.ds(k0, block_k)].astype(jnp.float32)[None, :], axis=1)
+                     for t, a in enumerate(accs))
+
+    zeros = tuple(jnp.zeros((block_e,), jnp.float32) for _ in range(tokens))
+    accs = jax.lax.fori_loop(0, steps, step, zeros)
+    for t, a in enumerate(accs):
+        out_ref[pl.program_id(1), t, pl.ds(e0, block_e)] = a
+
+
+def _partials(x_TH, router_EH, interpret):
+    t, hidden = x_TH.shape
+    experts = router_EH.shape[0]
+    block_e, block_k, splits = tiles(experts, hidden)
+    steps = hidden // block_k // splits
+    kernel = functools.partial(_gemv_kernel, tokens=t, block_e=block_e, block_k=block_k, steps=steps)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((splits, t, experts), jnp.float32),
+        grid=(experts // block_e, splits),
+        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=3),
+        interpret=interpret,
+        name="router_gemv",
+    )(x_TH, router_EH)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def router_logit_partials(x_TH: jax.Array, router_EH: jax.Array, interpret: bool = False) -> jax.Array:
+    """[S, T, E] float32 partial logits whose sum over S is x @ router.T; T <= MAX_TOKENS.
+
+    Differentiable like the einsum it replaces (training can route on a GPU)."""
+    if x_TH.shape[0] > MAX_TOKENS:
+        raise ValueError(f"router_logit_partials takes at most {MAX_TOKENS} tokens, got {x_TH.shape[0]}")
+    return _partials(x_TH, router_EH, interpret)
+
+
+def _fwd(x_TH, router_EH, interpret):
+    return _partials(x_TH, router_EH, interpret), (x_TH, router_EH)
+
+
+def _bwd(interpret, res, g_STE):
+    x_TH, router_EH = res
+    g_TE = jnp.sum(g_STE, axis=0)  # each split's partial adds to the logits with weight 1
+    hi = jax.lax.Precision.HIGHEST
+    dx = jnp.einsum("te,eh->th", g_TE, router_EH.astype(jnp.float32), precision=hi).astype(x_TH.dtype)
+    drouter = jnp.einsum("te,th->eh", g_TE, x_TH.astype(jnp.float32), precision=hi).astype(router_EH.dtype)
+    return dx, drouter
+
+
+router_logit_partials.defvjp(_fwd, _bwd)
