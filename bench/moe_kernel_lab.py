@@ -47,6 +47,15 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     # one slot per (token, choice): one token of arithmetic per byte at any T, no slot bookkeeping
     "pairs_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_P),
                     (1, 2, 4, 8, 16)),
+    # the nibble offsets of x and h from the parts each step loads, instead of two XLA passes around the kernels
+    "pairs_32_s8_offparts": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                             offsets="parts", **_P), (1, 4)),
+    # diagnostic, wrong results: the same loads with one FMA per word instead of the dequantization
+    "pairs_32_s8_loads_only": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                               math="none", **_P), (1, 4)),
+    # gate_up's per-word dot in packed f16: two values per instruction
+    "pairs_32_s8_f16x2": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
+                                          math="f16x2", **_P), (1, 4)),
     "pairs_32_s4": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4, **_P), (4, 8, 16)),
     "pairs_32_s2": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=2, **_P), (8, 16)),
     "pairs_64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, down_splits=8, **_P), (1, 4)),
@@ -136,6 +145,8 @@ def main(argv=None):
             if (t not in tokens and not args.tokens) or time.time() - t_start > args.budget_s:
                 continue
             row = dict(name=name, tokens=t, unique_experts=unique, floor_ms=floor, config=kcfg.__dict__)
+            if kcfg.math == "none":
+                row["diagnostic"] = "math='none': loads timed without the dequantization; results wrong"
             try:
                 fn = functools.partial(kernel, cfg=kcfg)
                 row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)

@@ -5,6 +5,7 @@ bench/results/). Here we also lower the kernel to Triton IR at Kimi K2 shapes, w
 unsupported operations without a GPU.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -121,21 +122,38 @@ def test_pair_slots_need_the_gemv_variant(int4_experts):
         routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(slots="pairs"), interpret=True)
 
 
-@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots", [
-    ("mma", "join", False, 1, "unique"), ("mma", "gather", False, 5, "unique"),
-    ("gemv", "join", False, 1, "unique"), ("gemv", "gather", True, 5, "unique"),
-    ("gemv", "gather", False, 2, "pairs"), ("gemv", "join", True, 3, "pairs"),
+@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots, offsets", [
+    ("mma", "join", False, 1, "unique", "xla"), ("mma", "gather", False, 5, "unique", "xla"),
+    ("gemv", "join", False, 1, "unique", "xla"), ("gemv", "gather", True, 5, "unique", "parts"),
+    ("gemv", "gather", False, 2, "pairs", "xla"), ("gemv", "join", True, 3, "pairs", "xla"),
+    ("gemv", "gather", False, 2, "pairs", "parts"),
 ])
-def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots):
-    """Scale loading, prefetch, split down loops and slot kinds change the schedule only; 5 splits of 6 slots
-    leaves the last split empty and makes the prefetch look one slot past the end; pairs with 2 splits of K=3
-    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair)."""
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots, offsets):
+    """Scale loading, prefetch, split down loops, slot kinds and where the nibble offsets are computed change
+    the schedule only; 5 splits of 6 slots leaves the last split empty and makes the prefetch look one slot
+    past the end; pairs with 2 splits of K=3 choices give splits of 2 and 1, and the routing repeats experts
+    across tokens (read once per pair)."""
     cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
-                          down_splits=down_splits, slots=slots)
+                          down_splits=down_splits, slots=slots, offsets=offsets)
     kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
     ids, w = _routing(3, seed=13)
     x = jax.random.normal(jax.random.PRNGKey(6), (3, H), jnp.float32)
     assert _rel_err(kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
+
+
+@pytest.mark.parametrize("slots", ["pairs", "unique"])
+def test_f16x2_gate_up_is_within_f16_rounding(int4_experts, slots):
+    """math="f16x2": exact nibbles in float16, each word's 8 products summed in f16 (inputs / 16), f32 after."""
+    cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant="gemv", slots=slots, math="f16x2",
+                          down_splits=2)
+    kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
+    ids, w = _routing(3, seed=14)
+    x = jax.random.normal(jax.random.PRNGKey(8), (3, H), jnp.float32)
+    err = _rel_err(kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w))
+    assert 1e-6 < err < 3e-3  # f16 rounding, not exact (the f32 path is within 1e-5)
+    with pytest.raises(ValueError, match="math must be"):
+        routed_experts_pallas(x, int4_experts, ids, w, cfg=dataclasses.replace(cfg, math="bf16"),
+                              interpret=True)
 
 
 def test_backend_dispatch_is_reference_on_cpu(int4_experts):
@@ -161,7 +179,8 @@ def _pretend_h200():
     return restore
 
 
-@pytest.mark.parametrize("variant", ["mma", "gemv", "engine"])  # engine: what kernel_config_for dispatches at T=4
+# engine: what kernel_config_for dispatches at T=4; f16x2: the same with gate_up in packed f16
+@pytest.mark.parametrize("variant", ["mma", "gemv", "engine", "f16x2"])
 @pytest.mark.parametrize("fmt", ["int4", "bf16"])
 def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     e, f, h, k, t = 384, 2048, 7168, 8, 4
@@ -173,8 +192,10 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
     restore = _pretend_h200()
     try:
-        cfg = kernel_config_for(t, experts) if variant == "engine" else MoEKernelConfig(
+        cfg = kernel_config_for(t, experts) if variant != "mma" and variant != "gemv" else MoEKernelConfig(
             block_k=64 if fmt == "int4" else 256, variant=variant, prefetch=variant == "gemv", down_splits=4)
+        if variant == "f16x2":
+            cfg = dataclasses.replace(cfg, math="f16x2")
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))
@@ -184,3 +205,4 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     assert text.count("triton") >= 2
     if fmt == "int4":  # the single-instruction dequantization and FMAs made it into the Triton IR
         assert "lop3.b32" in text and "fma.rn.f32" in text
+        assert ("fma.rn.f16x2" in text) == (variant == "f16x2")

@@ -38,8 +38,8 @@ from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import ExpertSlots, expert_slots, split_range
 from model.kernels.index_math import div, even_splits, rem
-from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
-from model.kernels.ptx import fma
+from model.kernels.int4_tile import nibble_float, nibble_offset, nibble_offsets_PTW, repeat_last, shifted_words
+from model.kernels.ptx import fma, fma_f16x2, nibbles_f16
 from model.quant import Int4Weight
 
 
@@ -60,15 +60,37 @@ def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
     return words, scale_tile(s_ref, e, rows, k0, block_k, wpg, gather)
 
 
-def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool):
+def _offsets_from_parts(vs):
+    """`nibble_offsets_PTW` of one token's [block_k] input parts, from the parts a kernel step already loaded
+    (None for bf16 weights: one part, no offsets). Costs 8 FMAs per word column, not per weight."""
+    return sum(nibble_offset(j) * v for j, v in enumerate(vs)) if len(vs) > 1 else None
+
+
+def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool, math: str = "f32"):
     """For each token: acc += sum over parts of W_part * v_part (scaled), on unreduced [rows, block_k] f32 tiles.
 
     `tile` is (words,) for bf16 or (words, scales) for int4; `vectors_by_token[t][j]` is the [block_k] f32
-    input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_PTW` ([block_k])."""
+    input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_PTW` ([block_k]).
+    `math="f16x2"`: exact q_j in float16 (ptx.nibbles_f16), the per-word dot in packed f16 on inputs / 16 (range:
+    |x| up to ~16k before a word's sum of 8 products can overflow), then f32 from the word on; no offsets.
+    `math="none"` (lab diagnostic) multiplies the raw words read as floats: the same loads with one FMA per
+    word instead of the dequantization, so wrong results."""
     if len(tile) == 1:  # bf16 weights: one part
         v = tile[0].astype(jnp.float32)
         return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
     words, scale = tile
+    if math == "f16x2":
+        qs = nibbles_f16(words, ptx)
+        out = []
+        for vs, acc in zip(vectors_by_token, accs):
+            s = None
+            for j, q in enumerate(qs):
+                s = fma_f16x2(q, (vs[j] * 0.0625).astype(jnp.float16)[None, :], s, ptx)
+            out.append(fma(s.astype(jnp.float32), scale * 16.0, acc, ptx))
+        return tuple(out)
+    if math == "none":
+        v = jax.lax.bitcast_convert_type(words, jnp.float32) * scale
+        return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
     shifted = shifted_words(words)
     parts = len(vectors_by_token[0])
     sums = [None] * len(vectors_by_token)
@@ -94,14 +116,17 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, choices, n_k, gather, prefetch, ptx):
+                    tokens, choices, n_k, gather, prefetch, ptx, xla_offsets, math):
     """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs).
 
-    x_ref is [parts, T, H/parts] with the offsets [T, H/parts] in refs (XLA laid them out)."""
-    if parts > 1:
+    x_ref is [parts, T, H/parts], with the offsets [T, H/parts] in refs when XLA computed them."""
+    xoff_ref = None
+    if parts > 1 and xla_offsets:
         xoff_ref, gate_w, gate_s, up_w, up_s, h_ref = refs
+    elif parts > 1:
+        gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
-        (gate_w, up_w, h_ref), xoff_ref, gate_s, up_s = refs, None, None, None
+        (gate_w, up_w, h_ref), gate_s, up_s = refs, None, None
     u = pl.program_id(0)
     p0 = pl.program_id(1) * block_f
     token_ids = [div(u, choices)] if choices else list(range(tokens))
@@ -120,8 +145,10 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
             acc_g, acc_u = acc
             k0 = i * block_k
             xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
-            offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
-            return _accumulate(tiles[0], xs, offs, acc_g, ptx), _accumulate(tiles[1], xs, offs, acc_u, ptx)
+            offs = [xoff_ref[t, pl.ds(k0, block_k)] if xoff_ref is not None else _offsets_from_parts(x)
+                    for t, x in zip(token_ids, xs)]
+            return (_accumulate(tiles[0], xs, offs, acc_g, ptx, math),
+                    _accumulate(tiles[1], xs, offs, acc_u, ptx, math))
 
         zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in token_ids)
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
@@ -131,12 +158,15 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
-                 splits, slots_per_split, gather, prefetch, ptx):
+                 splits, slots_per_split, gather, prefetch, ptx, xla_offsets, math):
     """y[split, t, rows]: unique slots sum all tokens over split's slots; pairs sum token t's choices of the split."""
-    if parts > 1:
+    hoff_ref = None
+    if parts > 1 and xla_offsets:
         hoff_ref, down_w, down_s, y_ref = refs
+    elif parts > 1:
+        down_w, down_s, y_ref = refs
     else:
-        (down_w, y_ref), hoff_ref, down_s = refs, None, None
+        (down_w, y_ref), down_s = refs, None
     r0 = pl.program_id(0) * block_h
     if choices:  # program (rows, t * splits + split): pairs t * choices + [split's share of 0..choices)
         token, split = div(pl.program_id(1), splits), rem(pl.program_id(1), splits)
@@ -157,8 +187,10 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         u = first_slot + div(i, n_k)
         k0 = rem(i, n_k) * block_k
         hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
-        offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
-        return _accumulate(tile, hs, offs, acc, ptx)
+        offs = [hoff_ref[u, c, pl.ds(k0, block_k)] if hoff_ref is not None else _offsets_from_parts(h)
+                for (_, c), h in zip(outputs, hs)]
+        # h is not bounded like the normalised x: f16 could overflow, so f16x2 stays in gate_up
+        return _accumulate(tile, hs, offs, acc, ptx, "none" if math == "none" else "f32")
 
     zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in outputs)
     acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
@@ -194,11 +226,17 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     # pairs: each token's choices split across programs; unique: all slots split across programs
     splits, slots_per_split = even_splits(choices if pairs else u, cfg.down_splits)
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
+    if cfg.math not in ("f32", "f16x2", "none"):
+        raise ValueError(f"MoEKernelConfig.math must be 'f32', 'f16x2' or 'none', not {cfg.math!r}")
+    if cfg.offsets not in ("xla", "parts"):
+        raise ValueError(f"MoEKernelConfig.offsets must be 'xla' or 'parts', not {cfg.offsets!r}")
+    xla_offsets = int4 and cfg.offsets == "xla"  # bf16 weights have no nibble offsets
+    x_off = (nibble_offsets_PTW(x_PTW),) if xla_offsets else ()
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
-                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret, xla_offsets=xla_offsets,
+                  math=cfg.math)
 
     h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
@@ -208,7 +246,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         interpret=interpret,
         name="moe_gate_up_gemv",
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
-    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
+    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if xla_offsets else ()
 
     y_STH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, splits=splits,
