@@ -47,9 +47,6 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     # one slot per (token, choice): one token of arithmetic per byte at any T, no slot bookkeeping
     "pairs_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_P),
                     (1, 2, 4, 8, 16)),
-    # the nibble offsets of x and h from the parts each step loads, instead of two XLA passes around the kernels
-    "pairs_32_s8_offparts": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
-                                             offsets="parts", **_P), (1, 4)),
     # diagnostic, wrong results: the same loads with one FMA per word instead of the dequantization
     "pairs_32_s8_loads_only": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
                                                math="none", **_P), (1, 4)),

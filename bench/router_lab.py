@@ -1,7 +1,8 @@
 """`python -m bench.router_lab`: one Kimi-K2.5 MoE layer's routing, XLA's path vs the kernels, on this device.
 
 Routing = router logits ([T, 7168] x [384, 7168] float32) + noaux_tc top-8. `topk="xla"` is XLA's split-K
-GEMM and its top-k; `topk="kernel"` is model/kernels/router_gemv.py (T <= 16) + router_topk.py. Each is timed
+GEMM and its top-k; `topk="kernel"` is model/kernels/router_gemv.py (T <= 16) + router_topk.py, with the
+engine's tiles and with VARIANTS of the GEMV's steps per program and the top-k's warps. Each is timed
 as LOOP calls chained in one device loop (each call's input depends on the last call's weights), median of
 synchronised repeats / LOOP, against the router's byte floor at 4.3 TB/s. Also the GPU check of the kernels:
 the chosen ids must equal XLA's and the weights agree. Writes router-lab-<device>-<date>.json to --out.
@@ -22,9 +23,12 @@ from bench.bytes_floor import HBM_TBS, floor_ms
 from bench.report import write_json
 from bench.timing import median_ms
 from model.configs import known_config
+from model.kernels import router_gemv, router_topk
 from model.router import route
 
 LOOP = 50
+# (router_gemv.STEPS, router_topk.NUM_WARPS) timed beside the engine's; "steps2_warps4": the first version
+VARIANTS = {"steps2_warps4": (2, 4), "steps1_warps4": (1, 4), "steps2_warps1": (2, 1)}
 
 
 def _chained(cfg, topk: str):
@@ -60,13 +64,21 @@ def main(argv=None):
         w, ids = jax.jit(lambda x: route(x, router_EH, bias_E, cfg, topk="kernel"))(x_TH)
         row = dict(tokens=t, ids_equal=bool(np.array_equal(np.asarray(ids), np.asarray(ids_ref))),
                    weights_max_abs_diff=float(np.max(np.abs(np.asarray(w) - np.asarray(w_ref)))))
-        for topk in ("xla", "kernel"):
-            fn = _chained(cfg, topk)
-            row[f"{topk}_us"] = median_ms(lambda: fn(x_TH, router_EH, bias_E), iters=10)["median_ms"] * 1e3 / LOOP
+        engine = (router_gemv.STEPS, router_topk.NUM_WARPS)
+        for name, topk, (steps, warps) in (("xla", "xla", engine), ("kernel", "kernel", engine),
+                                           *((n, "kernel", v) for n, v in VARIANTS.items())):
+            router_gemv.STEPS, router_topk.NUM_WARPS = steps, warps  # read when the chain is traced
+            try:
+                fn = _chained(cfg, topk)
+                row[f"{name}_us"] = median_ms(lambda: fn(x_TH, router_EH, bias_E), iters=10)["median_ms"] * 1e3 / LOOP
+            finally:
+                router_gemv.STEPS, router_topk.NUM_WARPS = engine
         row["kernel_ratio_to_floor"] = row["kernel_us"] / (floor * 1e3)
         result["rows"].append(row)
-        print(f"T={t:2d} xla {row['xla_us']:6.1f} us  kernels {row['kernel_us']:6.1f} us  floor {floor * 1e3:.1f} us"
-              f"  ids equal {row['ids_equal']}  weights diff {row['weights_max_abs_diff']:.1e}", flush=True)
+        others = "  ".join(f"{n} {row[f'{n}_us']:6.1f}" for n in VARIANTS)
+        print(f"T={t:2d} xla {row['xla_us']:6.1f} us  kernels {row['kernel_us']:6.1f} us  ({others})  floor "
+              f"{floor * 1e3:.1f} us  ids equal {row['ids_equal']}  weights diff {row['weights_max_abs_diff']:.1e}",
+              flush=True)
     path = write_json(result, Path(args.out), f"router-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
     print(f"wrote {path}")
 

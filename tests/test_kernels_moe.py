@@ -122,19 +122,17 @@ def test_pair_slots_need_the_gemv_variant(int4_experts):
         routed_experts_pallas(x, int4_experts, ids, w, cfg=MoEKernelConfig(slots="pairs"), interpret=True)
 
 
-@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots, offsets", [
-    ("mma", "join", False, 1, "unique", "xla"), ("mma", "gather", False, 5, "unique", "xla"),
-    ("gemv", "join", False, 1, "unique", "xla"), ("gemv", "gather", True, 5, "unique", "parts"),
-    ("gemv", "gather", False, 2, "pairs", "xla"), ("gemv", "join", True, 3, "pairs", "xla"),
-    ("gemv", "gather", False, 2, "pairs", "parts"),
+@pytest.mark.parametrize("variant, scales, prefetch, down_splits, slots", [
+    ("mma", "join", False, 1, "unique"), ("mma", "gather", False, 5, "unique"),
+    ("gemv", "join", False, 1, "unique"), ("gemv", "gather", True, 5, "unique"),
+    ("gemv", "gather", False, 2, "pairs"), ("gemv", "join", True, 3, "pairs"),
 ])
-def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots, offsets):
-    """Scale loading, prefetch, split down loops, slot kinds and where the nibble offsets are computed change
-    the schedule only; 5 splits of 6 slots leaves the last split empty and makes the prefetch look one slot
-    past the end; pairs with 2 splits of K=3 choices give splits of 2 and 1, and the routing repeats experts
-    across tokens (read once per pair)."""
+def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch, down_splits, slots):
+    """Scale loading, prefetch, split down loops and slot kinds change the schedule only; 5 splits of 6 slots
+    leaves the last split empty and makes the prefetch look one slot past the end; pairs with 2 splits of K=3
+    choices give splits of 2 and 1, and the routing repeats experts across tokens (read once per pair)."""
     cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant=variant, scales=scales, prefetch=prefetch,
-                          down_splits=down_splits, slots=slots, offsets=offsets)
+                          down_splits=down_splits, slots=slots)
     kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
     ids, w = _routing(3, seed=13)
     x = jax.random.normal(jax.random.PRNGKey(6), (3, H), jnp.float32)

@@ -49,9 +49,11 @@ class MoEKernelConfig:
     prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
     down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
     slots: str = "unique"  # gemv: "unique" one slot per distinct expert, "pairs" one per (token, choice)
-    offsets: str = "xla"  # gemv int4: nibble offsets of x and h by XLA before each kernel, or "parts": in the kernel
     # gemv int4 arithmetic: "f32" (exact nibble floats, f32 FMAs), "f16x2" (gate_up in packed f16, two values per
-    # instruction; down stays f32), "none" (lab diagnostic: words read as floats, wrong results: the loads alone)
+    # instruction; down stays f32), "none" (lab diagnostic: words read as floats, wrong results: the loads alone).
+    # H200, one layer (bench/results/moe-lab-gpu-20261129-2235 / -2220): f16x2 86.1 vs 97.2 us at T=1 but 276.2 vs
+    # 271.6 at T=4; none 83.5 / 233.2. The engine keeps f32: verify does not gain, and decode and verify would
+    # then differ in their arithmetic.
     math: str = "f32"
 
 

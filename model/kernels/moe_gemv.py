@@ -38,7 +38,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from model.kernels.expert_slots import ExpertSlots, expert_slots, split_range
 from model.kernels.index_math import div, even_splits, rem
-from model.kernels.int4_tile import nibble_float, nibble_offset, nibble_offsets_PTW, repeat_last, shifted_words
+from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
 from model.kernels.ptx import fma, fma_f16x2, nibbles_f16
 from model.quant import Int4Weight
 
@@ -58,12 +58,6 @@ def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
     if s_ref is None:
         return (words,)
     return words, scale_tile(s_ref, e, rows, k0, block_k, wpg, gather)
-
-
-def _offsets_from_parts(vs):
-    """`nibble_offsets_PTW` of one token's [block_k] input parts, from the parts a kernel step already loaded
-    (None for bf16 weights: one part, no offsets). Costs 8 FMAs per word column, not per weight."""
-    return sum(nibble_offset(j) * v for j, v in enumerate(vs)) if len(vs) > 1 else None
 
 
 def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool, math: str = "f32"):
@@ -116,17 +110,14 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, choices, n_k, gather, prefetch, ptx, xla_offsets, math):
+                    tokens, choices, n_k, gather, prefetch, ptx, math):
     """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs).
 
-    x_ref is [parts, T, H/parts], with the offsets [T, H/parts] in refs when XLA computed them."""
-    xoff_ref = None
-    if parts > 1 and xla_offsets:
+    x_ref is [parts, T, H/parts] with the offsets [T, H/parts] in refs (XLA laid them out)."""
+    if parts > 1:
         xoff_ref, gate_w, gate_s, up_w, up_s, h_ref = refs
-    elif parts > 1:
-        gate_w, gate_s, up_w, up_s, h_ref = refs
     else:
-        (gate_w, up_w, h_ref), gate_s, up_s = refs, None, None
+        (gate_w, up_w, h_ref), xoff_ref, gate_s, up_s = refs, None, None, None
     u = pl.program_id(0)
     p0 = pl.program_id(1) * block_f
     token_ids = [div(u, choices)] if choices else list(range(tokens))
@@ -145,8 +136,7 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
             acc_g, acc_u = acc
             k0 = i * block_k
             xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
-            offs = [xoff_ref[t, pl.ds(k0, block_k)] if xoff_ref is not None else _offsets_from_parts(x)
-                    for t, x in zip(token_ids, xs)]
+            offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
             return (_accumulate(tiles[0], xs, offs, acc_g, ptx, math),
                     _accumulate(tiles[1], xs, offs, acc_u, ptx, math))
 
@@ -158,15 +148,12 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
-                 splits, slots_per_split, gather, prefetch, ptx, xla_offsets, math):
+                 splits, slots_per_split, gather, prefetch, ptx, math):
     """y[split, t, rows]: unique slots sum all tokens over split's slots; pairs sum token t's choices of the split."""
-    hoff_ref = None
-    if parts > 1 and xla_offsets:
+    if parts > 1:
         hoff_ref, down_w, down_s, y_ref = refs
-    elif parts > 1:
-        down_w, down_s, y_ref = refs
     else:
-        (down_w, y_ref), down_s = refs, None
+        (down_w, y_ref), hoff_ref, down_s = refs, None, None
     r0 = pl.program_id(0) * block_h
     if choices:  # program (rows, t * splits + split): pairs t * choices + [split's share of 0..choices)
         token, split = div(pl.program_id(1), splits), rem(pl.program_id(1), splits)
@@ -187,8 +174,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         u = first_slot + div(i, n_k)
         k0 = rem(i, n_k) * block_k
         hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
-        offs = [hoff_ref[u, c, pl.ds(k0, block_k)] if hoff_ref is not None else _offsets_from_parts(h)
-                for (_, c), h in zip(outputs, hs)]
+        offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
         # h is not bounded like the normalised x: f16 could overflow, so f16x2 stays in gate_up
         return _accumulate(tile, hs, offs, acc, ptx, "none" if math == "none" else "f32")
 
@@ -228,15 +214,11 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
     if cfg.math not in ("f32", "f16x2", "none"):
         raise ValueError(f"MoEKernelConfig.math must be 'f32', 'f16x2' or 'none', not {cfg.math!r}")
-    if cfg.offsets not in ("xla", "parts"):
-        raise ValueError(f"MoEKernelConfig.offsets must be 'xla' or 'parts', not {cfg.offsets!r}")
-    xla_offsets = int4 and cfg.offsets == "xla"  # bf16 weights have no nibble offsets
-    x_off = (nibble_offsets_PTW(x_PTW),) if xla_offsets else ()
+    x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
-                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret, xla_offsets=xla_offsets,
-                  math=cfg.math)
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret, math=cfg.math)
 
     h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
@@ -246,7 +228,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         interpret=interpret,
         name="moe_gate_up_gemv",
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
-    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if xla_offsets else ()
+    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
 
     y_STH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, splits=splits,

@@ -23,15 +23,20 @@ from jax.experimental.pallas import triton as pl_triton
 MAX_TOKENS = 16  # above (prefill buckets) the GEMM's tiles have work enough: XLA's einsum runs
 BLOCK_E = 16  # router rows per program
 BLOCK_K = 256  # hidden elements per loop step
-STEPS = 2  # loop steps per program: H = 7168 gives 14 splits, 24 x 14 = 336 programs of 32 KB
+# loop steps per program. 1: H = 7168 gives 28 splits, 24 x 28 = 672 programs of 16 KB, each load issued at
+# once. 2 (14 splits) measured 5.3 / 8.8 us per layer at T = 1 / 4 on the H200 (bench/results/
+# step-profile-gpu-20261129-2238); XLA's GEMM + reduction 9.5 + 1.3 us at T = 4.
+STEPS = 1
 
 
 def tiles(experts: int, hidden: int) -> tuple[int, int, int]:
-    """(block_e, block_k, splits) for these shapes: the defaults, shrunk to powers of two that divide them."""
+    """(block_e, block_k, splits) for these shapes: the defaults, shrunk to powers of two that divide them.
+
+    Read at trace time: bench.router_lab sets STEPS to time the alternatives."""
     block_e = math.gcd(experts, BLOCK_E)
     block_k = math.gcd(hidden, BLOCK_K)
     steps = hidden // block_k
-    splits = max(1, steps // STEPS) if steps % STEPS == 0 else steps
+    splits = steps // STEPS if steps % STEPS == 0 else steps
     return block_e, block_k, splits
 
 
@@ -40,7 +45,7 @@ def _gemv_kernel(x_ref, w_ref, out_ref, *, tokens, block_e, block_k, steps):
     k_first = pl.program_id(1) * steps * block_k
 
     def step(i, accs):
-        # reduced every step: the loop is short (STEPS), and [block_e] sums keep 16 tokens in registers
+        # reduced every step: the loop is short, and [block_e] sums keep 16 tokens in registers
         k0 = k_first + i * block_k
         w = w_ref[pl.ds(e0, block_e), pl.ds(k0, block_k)].astype(jnp.float32)
         return tuple(a + jnp.sum(w * x_ref[t, pl.ds(k0, block_k)].astype(jnp.float32)[None, :], axis=1)
