@@ -1,4 +1,7 @@
-"""`python -m jaxspec.generate` driven as a subprocess: outputs equal the library's, the JSON schema, errors."""
+"""`python -m jaxspec.generate` driven as a subprocess: outputs equal the library's, the JSON schema, errors.
+
+The error cases call `jaxspec.generate.main` in this process (each subprocess pays a JAX import); one flag error and
+one checkpoint error still go through `python -m` for the real exit status and the whole of stderr."""
 
 import dataclasses
 import json
@@ -14,6 +17,7 @@ import pytest
 from convert.checkpoint import load_draft, load_target, save_draft, save_target
 from jaxspec.engine import Engine
 from jaxspec.generate import JSON_SCHEMA
+from jaxspec.generate import main as generate_main
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
 from jaxspec.tokenizer import load_tokenizer
 from model.init import init_draft_weights
@@ -29,6 +33,13 @@ def cli(*args, stdin=None, timeout=240):
     env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=8")
     return subprocess.run([sys.executable, "-m", "jaxspec.generate", *map(str, args)], capture_output=True, text=True,
                           input=stdin, env=env, cwd=REPO, timeout=timeout)
+
+
+def cli_in_process(capsys, *args):
+    """(exit status, stderr) of `jaxspec.generate.main`: the code `python -m jaxspec.generate` exits with."""
+    capsys.readouterr()
+    code = generate_main([str(a) for a in args])
+    return code, capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +146,21 @@ ERRORS = [
 
 
 @pytest.mark.parametrize("args, needle", ERRORS, ids=[e[1] for e in ERRORS])
-def test_bad_flags_exit_2_with_one_line(args, needle):
-    r = cli(*args, "--prompt", "x") if "--prompt-file" not in args else cli(*args)
+def test_bad_flags_exit_2_with_one_line(args, needle, capsys):
+    code, err = cli_in_process(capsys, *args, *([] if "--prompt-file" in args else ["--prompt", "x"]))
+    assert code == 2
+    assert err.startswith("error: ") and needle in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_bad_flag_from_the_command_line_exits_2_with_one_line():
+    r = cli("--top-p", "1.5", "--prompt", "x")
     assert r.returncode == 2
-    assert r.stderr.startswith("error: ") and needle in r.stderr
+    assert r.stderr.startswith("error: ") and "--top-p" in r.stderr
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
 
 
-def test_checkpoint_and_draft_errors(ckpt, tmp_path):
+def test_checkpoint_and_draft_errors(ckpt, tmp_path, capsys):
     incomplete = tmp_path / "incomplete"
     incomplete.mkdir()
     (incomplete / "config.json").write_text("{}")
@@ -156,7 +174,12 @@ def test_checkpoint_and_draft_errors(ckpt, tmp_path):
         (["--model", ckpt / "model", "--draft", ckpt / "model"], "not a draft"),
     ]
     for args, needle in cases:
-        r = cli(*args, *([] if "--prompt" in args else ["--prompt", "x"]))
-        assert r.returncode == 2, (args, r.stderr)
-        assert r.stderr.strip().splitlines()[-1].startswith("error: ") and needle in r.stderr, (args, r.stderr)
-        assert "Traceback" not in r.stderr
+        code, err = cli_in_process(capsys, *args, *([] if "--prompt" in args else ["--prompt", "x"]))
+        assert code == 2, (args, err)
+        assert err.strip().splitlines()[-1].startswith("error: ") and needle in err, (args, err)
+        assert "Traceback" not in err
+    # one of them from the command line: the exit status and all of stderr, after loading a checkpoint
+    r = cli("--model", ckpt / "model", "--draft", ckpt / "bad_aux", "--prompt", "x")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: ") and "aux layers" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
