@@ -1,27 +1,21 @@
-"""The fused speculative cycle: greedy losslessness, acceptance, streaming, EOS, compilation (sampling:
-test_speculative_sampling.py)."""
+"""The fused speculative cycle, greedy: lossless for every drafter and K, acceptance, batching, streaming (EOS,
+max_new_tokens, compilation: test_speculative_limits.py; sampling: test_speculative_sampling.py)."""
 
-import jax
 import pytest
 
 from jaxspec.engine import Engine
-from jaxspec.sampling import SamplingParams
 from tests.oracle_drafters import oracle_drafter, wrong_drafter
-from tests.tiny_models import tiny_pair
-
-PROMPTS_3 = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56]]
-MAX_NEW = 24
+from tests.speculative_cases import MAX_NEW, PROMPTS_3, greedy_baseline_tokens, speculative_pair
 
 
 @pytest.fixture(scope="module")
 def pair():
-    return tiny_pair(seed=0, logit_scale=3.0)
+    return speculative_pair()
 
 
 @pytest.fixture(scope="module")
 def baseline_tokens(pair):
-    cfg, w = pair
-    return Engine(cfg, w, num_steps=1).generate(PROMPTS_3, MAX_NEW, speculative=False).tokens
+    return greedy_baseline_tokens(pair)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -56,61 +50,3 @@ def test_streaming_yields_the_same_tokens(pair, baseline_tokens):
     result = events[-1]
     streamed = [sum((ev[i] for ev in events[:-1]), []) for i in range(3)]
     assert streamed == baseline_tokens == result.tokens
-
-
-def test_reduced_draft_vocab_is_lossless():
-    cfg, w = tiny_pair(seed=1, draft_vocab=24, logit_scale=3.0)
-    eng = Engine(cfg, w, num_steps=3)
-    assert eng.generate(PROMPTS_3, 16).tokens == eng.generate(PROMPTS_3, 16, speculative=False).tokens
-
-
-def _compile_events():
-    events = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda name, *a, **k: events.append(name) if "backend_compile" in name else None
-    )
-    return events
-
-
-def test_one_compilation_per_static_shape(pair):
-    cfg, w = pair
-    eng = Engine(cfg, w, num_steps=3)
-    events = _compile_events()
-    first = eng.generate([[3, 4, 5, 6, 7]], 60)
-    list(eng.stream([[11, 12, 13]], 60))  # streaming: one compiled cycle dispatched per cycle
-    assert first.cycles >= 20
-    count, n_events = eng.compile_count, len(events)
-    # same bucket (16), other tokens and lengths: nothing compiles, neither on device nor while streaming
-    second = eng.generate([[9, 8, 7, 6, 5, 4, 3, 2, 1]], 60)
-    streamed = list(eng.stream([[14, 15, 16, 17]], 60))
-    assert second.cycles >= 20 and streamed[-1].cycles >= 20
-    assert eng.compile_count == count
-    assert len(events) == n_events
-    # a new engine over the same configs reuses the programs too
-    assert Engine(cfg, w, num_steps=3).generate([[1, 2]], 60).tokens and len(events) == n_events
-
-
-def test_greedy_and_sampling_programs_are_distinct(pair, baseline_tokens):
-    """Same shapes, different baked-in rule: the sampled program must not be served for a greedy call."""
-    cfg, w = pair
-    eng = Engine(cfg, w, num_steps=3)
-    eng.generate(PROMPTS_3, MAX_NEW, sampling=SamplingParams(1.0), seed=3)
-    assert eng.generate(PROMPTS_3, MAX_NEW).tokens == baseline_tokens
-
-
-def test_eos_stops_generation(pair, baseline_tokens):
-    cfg, w = pair
-    base = baseline_tokens[0]
-    eos = base[9]
-    first = base.index(eos)
-    cfg_eos = cfg.__class__(cfg.target, cfg.draft, (eos,))
-    for k, speculative in [(3, True), (3, False), (5, True)]:
-        res = Engine(cfg_eos, w, num_steps=k).generate(PROMPTS_3[:1], MAX_NEW, speculative=speculative)
-        assert res.tokens[0] == base[: first + 1]  # ends with EOS, nothing after it
-
-
-@pytest.mark.parametrize("max_new", [1, 7])
-def test_max_new_tokens_is_exact(pair, baseline_tokens, max_new):
-    cfg, w = pair
-    res = Engine(cfg, w, num_steps=5, drafter=oracle_drafter).generate(PROMPTS_3, max_new)
-    assert res.tokens == [t[:max_new] for t in baseline_tokens]
