@@ -50,9 +50,6 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     # diagnostic, wrong results: the same loads with one FMA per word instead of the dequantization
     "pairs_32_s8_loads_only": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
                                                math="none", **_P), (1, 4)),
-    # gate_up's per-word dot in packed f16: two values per instruction
-    "pairs_32_s8_f16x2": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
-                                          math="f16x2", **_P), (1, 4)),
     "pairs_32_s4": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4, **_P), (4, 8, 16)),
     "pairs_32_s2": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=2, **_P), (8, 16)),
     "pairs_64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, down_splits=8, **_P), (1, 4)),

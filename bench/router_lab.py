@@ -2,7 +2,7 @@
 
 Routing = router logits ([T, 7168] x [384, 7168] float32) + noaux_tc top-8. `topk="xla"` is XLA's split-K
 GEMM and its top-k; `topk="kernel"` is model/kernels/router_gemv.py (T <= 16) + router_topk.py, with the
-engine's tiles and with VARIANTS of the GEMV's steps per program and the top-k's warps. Each is timed
+engine's tiles and with VARIANTS of the GEMV's steps per program and the top-k's warps (T <= 8). Each is timed
 as LOOP calls chained in one device loop (each call's input depends on the last call's weights), median of
 synchronised repeats / LOOP, against the router's byte floor at 4.3 TB/s. Also the GPU check of the kernels:
 the chosen ids must equal XLA's and the weights agree. Writes router-lab-<device>-<date>.json to --out.
@@ -27,8 +27,8 @@ from model.kernels import router_gemv, router_topk
 from model.router import route
 
 LOOP = 50
-# (router_gemv.STEPS, router_topk.NUM_WARPS) timed beside the engine's; "steps2_warps4": the first version
-VARIANTS = {"steps2_warps4": (2, 4), "steps1_warps4": (1, 4), "steps2_warps1": (2, 1)}
+# (router_gemv.STEPS, router_topk.NUM_WARPS) timed beside the engine's (1, 4); "steps2_warps4": the first version
+VARIANTS = {"steps2_warps4": (2, 4), "steps1_warps1": (1, 1), "steps2_warps1": (2, 1)}
 
 
 def _chained(cfg, topk: str):
@@ -42,7 +42,8 @@ def _chained(cfg, topk: str):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 8, 16], help="above router_gemv.MAX_TOKENS "
+                   "both paths take XLA's logits")
     p.add_argument("--tiny", action="store_true", help="small dims, kernels in interpret mode (CPU check)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)

@@ -139,19 +139,15 @@ def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch,
     assert _rel_err(kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
 
 
-@pytest.mark.parametrize("slots", ["pairs", "unique"])
-def test_f16x2_gate_up_is_within_f16_rounding(int4_experts, slots):
-    """math="f16x2": exact nibbles in float16, each word's 8 products summed in f16 (inputs / 16), f32 after."""
-    cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant="gemv", slots=slots, math="f16x2",
-                          down_splits=2)
-    kernel = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg, interpret=True))
+def test_math_none_is_a_diagnostic_and_other_math_is_refused(int4_experts):
+    """math="none" times the loads alone: it runs and its results are wrong; an unknown math is refused."""
     ids, w = _routing(3, seed=14)
     x = jax.random.normal(jax.random.PRNGKey(8), (3, H), jnp.float32)
-    err = _rel_err(kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w))
-    assert 1e-6 < err < 3e-3  # f16 rounding, not exact (the f32 path is within 1e-5)
+    cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant="gemv", slots="pairs", math="none")
+    out = routed_experts_pallas(x, int4_experts, ids, w, cfg=cfg, interpret=True)
+    assert out.shape == x.shape and not np.allclose(np.asarray(out), np.asarray(experts_gather(x, int4_experts, ids, w)))
     with pytest.raises(ValueError, match="math must be"):
-        routed_experts_pallas(x, int4_experts, ids, w, cfg=dataclasses.replace(cfg, math="bf16"),
-                              interpret=True)
+        routed_experts_pallas(x, int4_experts, ids, w, cfg=dataclasses.replace(cfg, math="f16"), interpret=True)
 
 
 def test_backend_dispatch_is_reference_on_cpu(int4_experts):
@@ -177,8 +173,7 @@ def _pretend_h200():
     return restore
 
 
-# engine: what kernel_config_for dispatches at T=4; f16x2: the same with gate_up in packed f16
-@pytest.mark.parametrize("variant", ["mma", "gemv", "engine", "f16x2"])
+@pytest.mark.parametrize("variant", ["mma", "gemv", "engine"])  # engine: what kernel_config_for dispatches at T=4
 @pytest.mark.parametrize("fmt", ["int4", "bf16"])
 def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     e, f, h, k, t = 384, 2048, 7168, 8, 4
@@ -190,10 +185,8 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
     restore = _pretend_h200()
     try:
-        cfg = kernel_config_for(t, experts) if variant != "mma" and variant != "gemv" else MoEKernelConfig(
+        cfg = kernel_config_for(t, experts) if variant == "engine" else MoEKernelConfig(
             block_k=64 if fmt == "int4" else 256, variant=variant, prefetch=variant == "gemv", down_splits=4)
-        if variant == "f16x2":
-            cfg = dataclasses.replace(cfg, math="f16x2")
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
         ).lower(lowering_platforms=("cuda",))
@@ -203,4 +196,3 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     assert text.count("triton") >= 2
     if fmt == "int4":  # the single-instruction dequantization and FMAs made it into the Triton IR
         assert "lop3.b32" in text and "fma.rn.f32" in text
-        assert ("fma.rn.f16x2" in text) == (variant == "f16x2")

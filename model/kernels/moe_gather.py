@@ -49,11 +49,10 @@ class MoEKernelConfig:
     prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
     down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
     slots: str = "unique"  # gemv: "unique" one slot per distinct expert, "pairs" one per (token, choice)
-    # gemv int4 arithmetic: "f32" (exact nibble floats, f32 FMAs), "f16x2" (gate_up in packed f16, two values per
-    # instruction; down stays f32), "none" (lab diagnostic: words read as floats, wrong results: the loads alone).
-    # H200, one layer (bench/results/moe-lab-gpu-20261129-2235 / -2220): f16x2 86.1 vs 97.2 us at T=1 but 276.2 vs
-    # 271.6 at T=4; none 83.5 / 233.2. The engine keeps f32: verify does not gain, and decode and verify would
-    # then differ in their arithmetic.
+    # gemv int4 arithmetic: "f32" (exact nibble floats, f32 FMAs) or "none", a lab diagnostic: the words read as
+    # floats, one FMA each (wrong results), so the loads are timed alone. H200, one layer (bench/results/moe-lab-
+    # gpu-20261129-2220 / -2253): none 83.5 / 85.9 us at T=1 against 97.3 / 91.8, 233.2 / 236.0 at T=4 against
+    # 268.7 / 269.1: without any dequantization the kernels still run at 1.8x / 1.3x the floor.
     math: str = "f32"
 
 

@@ -39,7 +39,7 @@ from jax.experimental.pallas import triton as pl_triton
 from model.kernels.expert_slots import ExpertSlots, expert_slots, split_range
 from model.kernels.index_math import div, even_splits, rem
 from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
-from model.kernels.ptx import fma, fma_f16x2, nibbles_f16
+from model.kernels.ptx import fma
 from model.quant import Int4Weight
 
 
@@ -65,23 +65,12 @@ def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool, math:
 
     `tile` is (words,) for bf16 or (words, scales) for int4; `vectors_by_token[t][j]` is the [block_k] f32
     input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_PTW` ([block_k]).
-    `math="f16x2"`: exact q_j in float16 (ptx.nibbles_f16), the per-word dot in packed f16 on inputs / 16 (range:
-    |x| up to ~16k before a word's sum of 8 products can overflow), then f32 from the word on; no offsets.
     `math="none"` (lab diagnostic) multiplies the raw words read as floats: the same loads with one FMA per
     word instead of the dequantization, so wrong results."""
     if len(tile) == 1:  # bf16 weights: one part
         v = tile[0].astype(jnp.float32)
         return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
     words, scale = tile
-    if math == "f16x2":
-        qs = nibbles_f16(words, ptx)
-        out = []
-        for vs, acc in zip(vectors_by_token, accs):
-            s = None
-            for j, q in enumerate(qs):
-                s = fma_f16x2(q, (vs[j] * 0.0625).astype(jnp.float16)[None, :], s, ptx)
-            out.append(fma(s.astype(jnp.float32), scale * 16.0, acc, ptx))
-        return tuple(out)
     if math == "none":
         v = jax.lax.bitcast_convert_type(words, jnp.float32) * scale
         return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
@@ -175,8 +164,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         k0 = rem(i, n_k) * block_k
         hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
         offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
-        # h is not bounded like the normalised x: f16 could overflow, so f16x2 stays in gate_up
-        return _accumulate(tile, hs, offs, acc, ptx, "none" if math == "none" else "f32")
+        return _accumulate(tile, hs, offs, acc, ptx, math)
 
     zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in outputs)
     acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
@@ -212,8 +200,8 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     # pairs: each token's choices split across programs; unique: all slots split across programs
     splits, slots_per_split = even_splits(choices if pairs else u, cfg.down_splits)
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    if cfg.math not in ("f32", "f16x2", "none"):
-        raise ValueError(f"MoEKernelConfig.math must be 'f32', 'f16x2' or 'none', not {cfg.math!r}")
+    if cfg.math not in ("f32", "none"):
+        raise ValueError(f"MoEKernelConfig.math must be 'f32' or 'none', not {cfg.math!r}")
     x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -1,6 +1,6 @@
 """Router logits for decode and verify: a Pallas (Triton) GEMV over the [E, H] float32 router, split over H.
 
-Plain reference: the einsum in `model.router.route` (float32, Precision.HIGHEST). Why: at T <= 16 tokens
+Plain reference: the einsum in `model.router.route` (float32, Precision.HIGHEST). Why: at T <= 8 tokens
 XLA runs it as a split-K GEMM plus a reduction launch, 9.5 + 1.3 us per MoE layer on the H200 for 11 MB of
 router (2.6 us at 4.3 TB/s; bench/results/step-profile-gpu-20261129-2223.json), because the [T, 384]
 output gives its tiles little to share out. Here program (block of E rows, split of H) reads its
@@ -20,12 +20,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 
-MAX_TOKENS = 16  # above (prefill buckets) the GEMM's tiles have work enough: XLA's einsum runs
+# Above, XLA's einsum runs: its GEMM's tiles have work enough. Routing of one K2.5 layer on the H200 (chained, us;
+# bench/results/router-lab-gpu-20261129-2252): kernels 17.6 / 19.0 / 29.4 / 40.2 at T = 1 / 4 / 8 / 16, XLA
+# 16.7 / 27.9 / 28.8 / 29.7.
+MAX_TOKENS = 8
 BLOCK_E = 16  # router rows per program
 BLOCK_K = 256  # hidden elements per loop step
-# loop steps per program. 1: H = 7168 gives 28 splits, 24 x 28 = 672 programs of 16 KB, each load issued at
-# once. 2 (14 splits) measured 5.3 / 8.8 us per layer at T = 1 / 4 on the H200 (bench/results/
-# step-profile-gpu-20261129-2238); XLA's GEMM + reduction 9.5 + 1.3 us at T = 4.
+# Loop steps per program. 1: H = 7168 gives 28 splits, 24 x 28 = 672 programs of 16 KB, each load issued at
+# once: 5.0 / 8.4 us per layer at T = 1 / 4 in the step (step-profile-gpu-20261129-2253), 2 steps 5.3 / 8.8
+# (-2238); XLA's GEMM + reduction 9.5 + 1.3 us at T = 4. Still 2-3x the 2.6 us of bytes: launch and latency.
 STEPS = 1
 
 
@@ -45,7 +48,7 @@ def _gemv_kernel(x_ref, w_ref, out_ref, *, tokens, block_e, block_k, steps):
     k_first = pl.program_id(1) * steps * block_k
 
     def step(i, accs):
-        # reduced every step: the loop is short, and [block_e] sums keep 16 tokens in registers
+        # reduced every step: the loop is short, and [block_e] sums keep up to 8 tokens in few registers
         k0 = k_first + i * block_k
         w = w_ref[pl.ds(e0, block_e), pl.ds(k0, block_k)].astype(jnp.float32)
         return tuple(a + jnp.sum(w * x_ref[t, pl.ds(k0, block_k)].astype(jnp.float32)[None, :], axis=1)

@@ -18,9 +18,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 
-# One warp per token: the k rounds of max / min are warp shuffles, no shared memory or barriers between warps
-# (4 warps measured 4.5-5.3 us per layer on the H200). Read at trace time (bench.router_lab sets it).
-NUM_WARPS = 1
+# Warps per token's program. One warp (the k rounds of max / min as warp shuffles only) measured the same on the
+# H200: 5.3 / 5.7 us per layer at T = 1 / 4 against 5.1 / 5.4 (step profiles 2253 / 2238; router lab 2252 within
+# its noise). Read at trace time (bench.router_lab sets it).
+NUM_WARPS = 4
 
 
 def _next_pow2(n: int) -> int:
