@@ -50,6 +50,9 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     # diagnostic, wrong results: the same loads with one FMA per word instead of the dequantization
     "pairs_32_s8_loads_only": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
                                                math="none", **_P), (1, 4)),
+    # fewer values per thread (registers: ncu-2258 has the engine's tiles at 96-128, 25-31% occupancy)
+    "pairs_32_k32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=32, num_warps=4, down_splits=8, **_P), (1, 4)),
+    "pairs_64_k32_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=4, down_splits=8, **_P), (1, 4)),
     "pairs_32_s4": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=4, **_P), (4, 8, 16)),
     "pairs_32_s2": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=2, **_P), (8, 16)),
     "pairs_64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, down_splits=8, **_P), (1, 4)),
