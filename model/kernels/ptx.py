@@ -36,4 +36,3 @@ def and_or(a: jax.Array, mask: int, bits: int, ptx: bool) -> jax.Array:
     b = jnp.full(a.shape, bits, jnp.int32)
     out = _asm("lop3.b32 $0, $1, $2, $3, 0xEA;", "r", jnp.int32, a32, m, b)  # 0xEA: (a & b) | c
     return jax.lax.bitcast_convert_type(out, jnp.uint32)
-

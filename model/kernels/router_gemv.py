@@ -91,11 +91,14 @@ def _fwd(x_TH, router_EH, interpret):
 
 
 def _bwd(interpret, res, g_STE):
+    """Partial s is x[:, chunk s] @ router[:, chunk s].T: each chunk of H gets its own split's cotangent."""
     x_TH, router_EH = res
-    g_TE = jnp.sum(g_STE, axis=0)  # each split's partial adds to the logits with weight 1
+    s, t, e = g_STE.shape
     hi = jax.lax.Precision.HIGHEST
-    dx = jnp.einsum("te,eh->th", g_TE, router_EH.astype(jnp.float32), precision=hi).astype(x_TH.dtype)
-    drouter = jnp.einsum("te,th->eh", g_TE, x_TH.astype(jnp.float32), precision=hi).astype(router_EH.dtype)
+    x_TSC = x_TH.astype(jnp.float32).reshape(t, s, -1)
+    router_ESC = router_EH.astype(jnp.float32).reshape(e, s, -1)
+    dx = jnp.einsum("ste,esc->tsc", g_STE, router_ESC, precision=hi).reshape(x_TH.shape).astype(x_TH.dtype)
+    drouter = jnp.einsum("ste,tsc->esc", g_STE, x_TSC, precision=hi).reshape(router_EH.shape).astype(router_EH.dtype)
     return dx, drouter
 
 
