@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -29,7 +30,10 @@ class DraftCheckpoints:
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
         )
         meta = got["meta"]
-        return step, got["state"], meta.get("curves"), meta.get("total_steps")
+        # orbax hands back arrays committed to a device, a fresh state's are not, and jit keys its cache on that:
+        # a run resumed in the same process compiled the training step and the evaluation a second time
+        state = jax.tree_util.tree_map(lambda a: jax.device_put(np.asarray(a)), got["state"])
+        return step, state, meta.get("curves"), meta.get("total_steps")
 
     def close(self) -> None:
         self.manager.wait_until_finished()
