@@ -1,7 +1,7 @@
 """`python -m bench.router_lab`: one Kimi-K2.5 MoE layer's routing, XLA's path vs the kernels, on this device.
 
 Routing = router logits ([T, 7168] x [384, 7168] float32) + noaux_tc top-8. `topk="xla"` is XLA's split-K
-GEMM and its top-k; `topk="kernel"` is model/kernels/router_gemv.py (T <= 16) + router_topk.py, with the
+GEMM and its top-k; `topk="kernel"` is model/kernels/router_gemv.py (2 <= T <= 8) + router_topk.py, with the
 engine's tiles and with VARIANTS of the GEMV's steps per program and the top-k's warps (T <= 8). Each is timed
 as LOOP calls chained in one device loop (each call's input depends on the last call's weights), median of
 synchronised repeats / LOOP, against the router's byte floor at 4.3 TB/s. Also the GPU check of the kernels:
@@ -42,8 +42,8 @@ def _chained(cfg, topk: str):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 8, 16], help="above router_gemv.MAX_TOKENS "
-                   "both paths take XLA's logits")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 8, 16], help="outside router_gemv's MIN_TOKENS.."
+                   "MAX_TOKENS both paths take XLA's logits")
     p.add_argument("--tiny", action="store_true", help="small dims, kernels in interpret mode (CPU check)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)

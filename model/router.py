@@ -26,8 +26,8 @@ def router_logits(x_TH: jax.Array, router_EH: jax.Array) -> jax.Array:
 def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig, topk: str = "auto"):
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
 
-    topk: "xla" (the plain path below), "kernel" (the logits by model/kernels/router_gemv.py up to its
-    MAX_TOKENS, the top-k by model/kernels/router_topk.py; interpret mode off the GPU) or
+    topk: "xla" (the plain path below), "kernel" (the logits by model/kernels/router_gemv.py between its
+    MIN_TOKENS and MAX_TOKENS, the top-k by model/kernels/router_topk.py; interpret mode off the GPU) or
     "auto": the kernel on one GPU for as many tokens as the MoE kernels take (model.kernels.MAX_KERNEL_TOKENS:
     decode, verify) when there is one expert group (Kimi K2), else XLA (prefill, training batches, sharded
     programs)."""
@@ -45,7 +45,7 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
         from model.kernels import router_gemv  # lazy: model.kernels imports model modules
         from model.kernels.router_topk import route_topk
 
-        if x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # decode, verify: the GEMV kernel's partial sums
+        if router_gemv.MIN_TOKENS <= x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # verify: the GEMV's partial sums
             logits = router_gemv.router_logit_partials(x_TH, router_EH, not on_gpu)
         else:
             logits = router_logits(x_TH, router_EH)

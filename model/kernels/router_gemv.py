@@ -1,7 +1,7 @@
 """Router logits for decode and verify: a Pallas (Triton) GEMV over the [E, H] float32 router, split over H.
 
-Plain reference: the einsum in `model.router.route` (float32, Precision.HIGHEST). Why: at T <= 8 tokens
-XLA runs it as a split-K GEMM plus a reduction launch, 9.5 + 1.3 us per MoE layer on the H200 for 11 MB of
+Plain reference: the einsum in `model.router.route` (float32, Precision.HIGHEST). Why: at 2-8 tokens XLA
+runs it as a split-K GEMM plus a reduction launch, 9.5 + 1.3 us per MoE layer on the H200 for 11 MB of
 router (2.6 us at 4.3 TB/s; bench/results/step-profile-gpu-20261129-2223.json), because the [T, 384]
 output gives its tiles little to share out. Here program (block of E rows, split of H) reads its
 [block_e, H / splits] share once and multiplies it in float32 (exact products, as HIGHEST) into every
@@ -20,9 +20,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 
-# Above, XLA's einsum runs: its GEMM's tiles have work enough. Routing of one K2.5 layer on the H200 (chained, us;
+# Outside [MIN_TOKENS, MAX_TOKENS] XLA's einsum runs. Routing of one K2.5 layer on the H200 (chained, us;
 # bench/results/router-lab-gpu-20261129-2252): kernels 17.6 / 19.0 / 29.4 / 40.2 at T = 1 / 4 / 8 / 16, XLA
-# 16.7 / 27.9 / 28.8 / 29.7.
+# 16.7 / 27.9 / 28.8 / 29.7. In the step (step-profile-gpu-20261129-2223 / -2253) XLA computes one token's
+# logits as a single reduction, 4.5 us against the GEMV's 5.0; at T = 4 a split-K GEMM + reduction, 10.8 vs 8.4.
+MIN_TOKENS = 2
 MAX_TOKENS = 8
 BLOCK_E = 16  # router rows per program
 BLOCK_K = 256  # hidden elements per loop step
