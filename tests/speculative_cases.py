@@ -1,6 +1,8 @@
 """The tiny pair, prompts and greedy baseline of test_speculative.py and test_speculative_limits.py (two files so
 that `--dist loadfile` can run them on different workers; with the run's persistent compilation cache the second
-build of the pair and the baseline is cheap)."""
+build of the pair and the baseline is cheap). Both modules import the fixtures; each module builds its own."""
+
+import pytest
 
 from jaxspec.engine import Engine
 from tests.tiny_models import tiny_pair
@@ -9,10 +11,12 @@ PROMPTS_3 = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3], [40, 41, 42, 43, 44, 45, 46, 47
 MAX_NEW = 24
 
 
-def speculative_pair():
+@pytest.fixture(scope="module")
+def pair():
     return tiny_pair(seed=0, logit_scale=3.0)
 
 
-def greedy_baseline_tokens(pair):
+@pytest.fixture(scope="module")
+def baseline_tokens(pair):
     cfg, w = pair
     return Engine(cfg, w, num_steps=1).generate(PROMPTS_3, MAX_NEW, speculative=False).tokens

@@ -5,17 +5,7 @@ import pytest
 
 from jaxspec.engine import Engine
 from tests.oracle_drafters import oracle_drafter, wrong_drafter
-from tests.speculative_cases import MAX_NEW, PROMPTS_3, greedy_baseline_tokens, speculative_pair
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return speculative_pair()
-
-
-@pytest.fixture(scope="module")
-def baseline_tokens(pair):
-    return greedy_baseline_tokens(pair)
+from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

@@ -7,18 +7,8 @@ import pytest
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from tests.oracle_drafters import oracle_drafter
-from tests.speculative_cases import MAX_NEW, PROMPTS_3, greedy_baseline_tokens, speculative_pair
+from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
 from tests.tiny_models import tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return speculative_pair()
-
-
-@pytest.fixture(scope="module")
-def baseline_tokens(pair):
-    return greedy_baseline_tokens(pair)
 
 
 def test_reduced_draft_vocab_is_lossless():
