@@ -1,0 +1,127 @@
+"""`python -m bench.moe_wgmma_lab`: the TMA-pipelined Mosaic GPU MoE (model/kernels/moe_wgmma.py) beside the engine's
+Triton kernel, on one Kimi-K2.5 INT4 MoE layer.
+
+Per token count: the plain reference's output, the engine's Triton kernel (model.kernels.kernel_config_for) and
+each wgmma variant (pipeline stages, down splits): error against the reference, median time over chained calls
+(bench.moe_layer.time_moe), the byte floor of the unique experts read. Also records whether XLA copies the
+weights when it reinterprets the uint32 words as int4 (any s4 fusion over all experts in the optimized HLO).
+Writes moe-wgmma-lab-<device>-<date>.json to --out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
+from bench.moe_kernel_lab import inputs, moe_layer  # noqa: E402
+from bench.moe_layer import _rel_err, time_moe  # noqa: E402
+from bench.report import write_json  # noqa: E402
+from model.configs import known_config  # noqa: E402
+from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
+from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
+from model.moe import experts_gather  # noqa: E402
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
+                   help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT (p pairs, m mosaic) of the wgmma kernel")
+    p.add_argument("--gate-up-alone", action="store_true", help="also time each variant's gate_up kernel alone")
+    p.add_argument("--budget-s", type=float, default=400.0)
+    p.add_argument("--profile", help="VARIANT:T (e.g. 2:2:4:0:p:4): run that variant at T tokens 3 times (for ncu) and exit")
+    return p.parse_args(argv)
+
+
+def _variant(v: str) -> dict:
+    st, gus, ds, ov, conv = v.split(":")
+    return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=bool(int(ov)),
+                convert={"p": "pairs", "m": "mosaic"}[conv])
+
+
+def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits, down_splits, overlap, convert):
+    """The gate_up kernel, its output summed to one number so the chained timing has an [T, H] result."""
+    del down_splits
+    t, k = ids_TK.shape
+    gu = gate_up_sums(x_TH, experts.gate, experts.up, ids_TK.reshape(t * k), jnp.arange(t * k) // k, stages=stages,
+                      splits=gate_up_splits, overlap=overlap, convert=convert)
+    return jnp.broadcast_to(jnp.sum(gu[:, :, :, :1]), x_TH.shape).astype(x_TH.dtype)
+
+
+def weight_copies(fn, *args) -> list[str]:
+    """Lines of the optimized HLO that write an s4 array (a copy of the reinterpreted weights would show here)."""
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    return [ln.strip()[:200] for ln in hlo.splitlines() if re.search(r"=\s*s4\[", ln) and "bitcast" not in ln]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    log = functools.partial(print, flush=True)
+    cfg = known_config("kimi-k2.5")
+    experts, router, bias = jax.jit(moe_layer, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+    jax.block_until_ready(experts)
+    per_expert = nbytes(experts) // experts.num_experts
+    if args.profile:
+        v, t = args.profile.rsplit(":", 1)
+        t = int(t)
+        x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
+        fn = jax.jit(functools.partial(routed_experts_wgmma, **_variant(v)))
+        for _ in range(3):
+            jax.block_until_ready(fn(x_TH, experts, ids_TK, weights_TK))
+        log(f"profiled wgmma {args.profile}")
+        return
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"), rows=[])
+    t_start = time.time()
+    for t in args.tokens:
+        x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
+        unique = int(np.unique(np.asarray(ids_TK)).size)
+        floor = floor_ms(unique * per_expert + 2 * x_TH.nbytes, HBM_TBS)
+        ref = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
+        candidates = [("triton", functools.partial(routed_experts_pallas, cfg=kernel_config_for(t, experts)))]
+        for v in args.variants:
+            kw = _variant(v)
+            candidates.append((f"wgmma_{v}", functools.partial(routed_experts_wgmma, **kw)))
+            if args.gate_up_alone:
+                candidates.append((f"gate_up_{v}", functools.partial(_gate_up_alone, **kw)))
+        for name, fn in candidates:
+            if time.time() - t_start > args.budget_s:
+                break
+            fl = floor_ms(unique * per_expert * 2 // 3 + x_TH.nbytes, HBM_TBS) if name.startswith("gate_up") else floor
+            row = dict(name=name, tokens=t, unique_experts=unique, floor_ms=fl)  # gate_up alone: 2 of 3 matrices
+            try:
+                if not name.startswith("gate_up"):
+                    row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)
+                row["ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
+                row["ratio"] = row["ms"] / fl
+                if name.startswith("wgmma") and "weight_copies" not in result:
+                    result["weight_copies"] = weight_copies(fn, x_TH, experts, ids_TK, weights_TK)
+                    log(f"s4 writes in the optimized HLO: {result['weight_copies'] or 'none'}")
+                log(f"T={t} {name:18s} {row['ms'] * 1e3:8.1f} us  floor {fl * 1e3:6.1f} us  x{row['ratio']:.2f}"
+                    f"  rel_err {row.get('rel_err', float('nan')):.1e}")
+            except Exception as e:  # a variant that fails to compile must not end the run
+                row["error"] = f"{type(e).__name__}: {e}"[:1500]
+                log(f"T={t} {name:18s} failed: {row['error'][:1500]}")
+            result["rows"].append(row)
+    path = write_json(result, Path(args.out), f"moe-wgmma-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

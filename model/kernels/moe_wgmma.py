@@ -1,0 +1,291 @@
+"""Fused routed experts for decode and verify with TMA-pipelined INT4 tiles: Pallas Mosaic GPU (Hopper).
+
+Plain reference: `model.moe.experts_gather`. Same slots as moe_gemv.py's "pairs" (one slot per (token, choice):
+gate_up over (slot, block of 64 F rows), then down over (block of 64 H rows, token, split of its choices)).
+Why another kernel: the Triton gemv kernels dequantize in registers while their own loads are in flight, so
+the registers of the dequantization cap the loads in flight (Nsight Compute, run 10: 96-128 registers a
+thread, 23-30% occupancy, 3.0-3.1 TB/s). Here the TMA engine streams the weight tiles into shared memory
+`STAGES` steps ahead, which costs no registers, and the warpgroup dequantizes the landed tile.
+
+The products run on tensor cores as one wgmma per tile with the weights as the register operand A (int4 from
+shared memory, bit 3 flipped to two's complement, converted to bf16 by Mosaic's int4 upcast) and a
+block-diagonal B: B[g, k] = x[k] if k lies in group g of the tile (`block_diagonal_GK`, built by XLA), so the
+wgmma's N = 8 columns are the tile's eight per-group partial dot products P[r, g]. The group scales are
+then one [64, 8] tile in the accumulator's own layout: acc += P * s, summed over g once at the end.
+With one token per slot the tensor cores do 8x the needed multiplies, which they have to spare; the
+bytes of B (4 KB a step, shared by every program of the token) come from L2.
+
+Interpret mode (CPU, `interpret=True`) runs the same kernels under Pallas' GPU interpreter; its wgmma takes
+no register operand, so there the product is a dot_general and the shared-memory tiles carry no swizzle.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from model.quant import Int4Weight
+
+ROWS = 64  # wgmma M: weight rows per program
+TILE_K = 256  # int4 elements per pipeline step: 128 bytes a row, one 128-byte swizzle span
+GROUPS = 8  # scale groups per step at group size 32: the wgmma N
+STAGES = 4  # pipeline steps in flight (shared memory: 22 KB a step for gate_up)
+
+
+def supports(experts) -> bool:
+    """Shapes this kernel takes: INT4 experts with group size TILE_K / GROUPS and rows, columns in whole tiles."""
+    if not isinstance(experts.gate, Int4Weight):
+        return False
+    _, f, h = experts.gate.shape
+    return (experts.gate.group_size == TILE_K // GROUPS and experts.down.group_size == TILE_K // GROUPS
+            and f % ROWS == 0 and h % ROWS == 0 and f % TILE_K == 0 and h % TILE_K == 0)
+
+
+def int4_nibbles(w: Int4Weight) -> jax.Array:
+    """[.., out, in // 8] uint32 words -> [.., out, in] int4 holding q + 8 (the same bytes, no copy intended)."""
+    q = jax.lax.bitcast_convert_type(w.packed, jnp.int4)  # little-endian: nibble j of word c is element 8c + j
+    return q.reshape(*w.packed.shape[:-1], w.packed.shape[-1] * 8)
+
+
+def block_diagonal_GK(v_SK: jax.Array) -> jax.Array:
+    """[S, K] -> [S, GROUPS, K] bf16: row g holds v where k's group within its TILE_K tile is g, zeros elsewhere."""
+    group_K = (jnp.arange(v_SK.shape[-1]) % TILE_K) // (TILE_K // GROUPS)
+    keep_GK = group_K[None, :] == jnp.arange(GROUPS)[:, None]
+    return jnp.where(keep_GK[None], v_SK[:, None, :], 0).astype(jnp.bfloat16)
+
+
+def _transforms(bits: int, cols: int, interpret: bool):
+    if interpret:
+        return ()
+    swizzle = plgpu.find_swizzle(cols * bits, "tile")
+    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
+
+
+def permute_K(v: jax.Array) -> jax.Array:
+    """The column order in which `_nibble_pairs` hands a tile's values to the wgmma, within each 32 columns.
+
+    Thread lane j of a row holds the 32-bit word of columns 32c + 8j .. 32c + 8j + 7 (WGMMA_UPCAST_4X); pair p of
+    that word (nibbles p and p + 4) becomes the wgmma register of columns 32c + 8p + 2j + {0, 1}. So wgmma column
+    32c + 8p + 2j + e holds original column 32c + 8j + p + 4e; the inputs are laid out the same way."""
+    *lead, n = v.shape
+    v = v.reshape(*lead, n // 32, 4, 2, 4)  # (c, j, e, p) of original column 32c + 8j + 4e + p
+    return jnp.moveaxis(v, -1, -3).reshape(*lead, n)  # -> (c, p, j, e)
+
+
+def _nibble_pairs(w):
+    """[ROWS, TILE_K] int4 words of q + 8 in WGMMA_UPCAST_4X -> bf16 q in the WGMMA layout, columns in `permute_K`
+    order. Per 32-bit word (8 values): 3 shifts and 4 LOP3 put the nibble pairs (p, p + 4) under a bf16 exponent
+    as 128 + n, 4 packed subtractions of 136 give q. No cross-lane shuffle: each lane keeps its own words (the
+    in-order relayout to WGMMA costs shuffles, and Mosaic's signed upcast needs a PRMT per pair)."""
+    import jax.experimental.mosaic.gpu as mgpu
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,),
+                       return_type=plgpu.ShapeDtypeStruct((ROWS, TILE_K), jnp.bfloat16, layout=plgpu.Layout.WGMMA))
+    def convert(_, words):
+        i32 = ir.IntegerType.get_signless(32)
+        bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
+        out = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((ROWS, TILE_K)), dtype=object)
+        for idx, reg in np.ndenumerate(words.registers):  # idx = (0, 32-column tile, 0, 0, row half, 0, 0, 0, 0)
+            word = mgpu_utils.bitcast(reg, i32)
+            for p in range(4):
+                src = word if p == 0 else arith.shrui(word, arith.constant(i32, 4 * p))
+                pair = llvm.inline_asm(
+                    i32, [src],
+                    "{ .reg .b32 t, b; lop3.b32 t, $1, 0x000F000F, 0x43004300, 0xEA; mov.b32 b, 0x43084308; "
+                    "sub.bf16x2 $0, t, b; }", "=r,r")
+                out[(0, 4 * idx[1] + p, 0, 0, idx[4], 0, 0, 0, 0)] = mgpu_utils.bitcast(pair, bf16x2)
+        return mgpu.FragmentedArray(_registers=out, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+    return convert(w)
+
+
+def _operand_A(w_smem, interpret: bool, convert: str):
+    """The wgmma's register operand: bf16 q of a [ROWS, TILE_K] tile, columns in `permute_K` order."""
+    if interpret:  # the interpreter takes the plain value path (no layouts): same numbers, same column order
+        return input_order((w_smem[...] ^ jnp.int4(-8)).astype(jnp.bfloat16), convert)
+    w = plgpu.load(w_smem, (), layout=plgpu.Layout.WGMMA_UPCAST_4X)
+    if convert == "pairs":
+        return _nibble_pairs(w)
+    # "mosaic": flip bit 3 to two's complement, Mosaic's relayout to WGMMA and signed int4 -> bf16 upcast; in
+    # order, so the caller lays the inputs out unpermuted (see `input_order`)
+    w = w ^ jnp.int4(-8)
+    return plgpu.layout_cast(w, plgpu.Layout.WGMMA).astype(jnp.bfloat16)
+
+
+def input_order(v: jax.Array, convert: str) -> jax.Array:
+    """Inputs in the column order of the wgmma operand that `convert` produces."""
+    return permute_K(v) if convert == "pairs" else v
+
+
+def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str):
+    """acc[r, g] += s[r, g] * sum over k of group g of q[r, k] * b[g, k] for one [ROWS, TILE_K] weight tile."""
+    w = _operand_A(w_smem, interpret, convert)
+    if interpret:  # the interpreter's wgmma reads its operands from shared memory only
+        p = jax.lax.dot_general(w, b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        return acc + p * s_smem[...].astype(jnp.float32)
+
+    def product(acc_ref):
+        plgpu.wgmma(acc_ref, w, plgpu.transpose_ref(b_smem, (1, 0)))
+        plgpu.wgmma_wait(0)
+        return acc_ref[...]
+
+    p = pl.run_scoped(product, plgpu.ACC((ROWS, GROUPS), jnp.float32))
+    return acc + p * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+
+
+def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: bool = False, convert: str = "pairs"):
+    """`_tile_product` for each (weight, scales) tile of `tiles` with the same input b. One after another by
+    default: each tile's operand (64 registers a thread) is converted after the previous wgmma completed, so
+    two operands are never live at once (168 -> ~95 registers, 3 -> 5 programs an SM). With `overlap` every
+    tile is converted first and one wait covers all the wgmmas."""
+    if interpret or not overlap:
+        return tuple(_tile_product(w, s, b_smem, acc, interpret, convert) for (w, s), acc in zip(tiles, accs))
+    ws = [_operand_A(w_smem, interpret, convert) for w_smem, _ in tiles]
+    b = plgpu.transpose_ref(b_smem, (1, 0))
+
+    def products(*acc_refs):
+        for w, acc_ref in zip(ws, acc_refs):
+            plgpu.wgmma(acc_ref, w, b)
+        plgpu.wgmma_wait(0)
+        return tuple(acc_ref[...] for acc_ref in acc_refs)
+
+    ps = pl.run_scoped(products, *(plgpu.ACC((ROWS, GROUPS), jnp.float32) for _ in tiles))
+    return tuple(acc + p * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+                 for acc, p, (_, s_smem) in zip(accs, ps, tiles))
+
+
+def _zeros(interpret: bool):
+    z = jnp.zeros((ROWS, GROUPS), jnp.float32)
+    return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
+
+
+def _store_rows(v_R, out_gmem):
+    """Registers -> shared memory -> TMA into a [ROWS] slice of the output."""
+    def store(v_smem):
+        v_smem[...] = v_R
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(v_smem, out_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    pl.run_scoped(store, plgpu.SMEM((ROWS,), jnp.float32))
+
+
+def _specs(interpret: bool, rows_block, step_block, expert=None):
+    """BlockSpecs of (block-diagonal input, weight, scales) for one pipeline step."""
+    b = plgpu.BlockSpec((GROUPS, TILE_K), lambda *i: (0, step_block(*i)), transforms=_transforms(16, TILE_K, interpret))
+    w = plgpu.BlockSpec((ROWS, TILE_K), lambda *i: (rows_block, step_block(*i)), transforms=_transforms(4, TILE_K, interpret))
+    s = plgpu.BlockSpec((ROWS, GROUPS), lambda *i: (rows_block, step_block(*i)))
+    return b, w, s
+
+
+def _gate_up_kernel(expert_ref, token_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, stages,
+                    overlap, convert, interpret):
+    """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H."""
+    slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
+    e, t = expert_ref[slot], token_ref[slot]
+    b, w, s = _specs(interpret, rb, lambda k: split * n_k + k)
+
+    def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
+        return _tile_products(((gq_smem, gs_smem), (uq_smem, us_smem)), xbd_smem, carry, interpret, overlap, convert)
+
+    acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
+                                       init_carry=(_zeros(interpret), _zeros(interpret)))(
+        xbd_ref.at[t], gq_ref.at[e], gs_ref.at[e], uq_ref.at[e], us_ref.at[e])
+    _store_rows(jnp.sum(acc_g, axis=1), gu_ref.at[split, 0, slot, pl.ds(rb * ROWS, ROWS)])
+    _store_rows(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)])
+
+
+def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, stages, convert, interpret):
+    rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
+    t, split = ts // splits, ts % splits
+    per_split = choices // splits
+    first = t * choices + split * per_split
+
+    def step(_, hbd_smem, dq_smem, ds_smem, carry):
+        return _tile_products(((dq_smem, ds_smem),), hbd_smem, (carry,), interpret, convert=convert)[0]
+
+    # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
+    expert = lambda c: expert_ref[first + c]  # noqa: E731
+    b = plgpu.BlockSpec((None, GROUPS, TILE_K), lambda c, kk: (first + c, 0, kk),
+                        transforms=_transforms(16, TILE_K, interpret))
+    w = plgpu.BlockSpec((None, ROWS, TILE_K), lambda c, kk: (expert(c), rb, kk),
+                        transforms=_transforms(4, TILE_K, interpret))
+    s = plgpu.BlockSpec((None, ROWS, GROUPS), lambda c, kk: (expert(c), rb, kk))
+    acc = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
+                              init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
+    _store_rows(jnp.sum(acc, axis=1), y_ref.at[split, t, pl.ds(rb * ROWS, ROWS)])
+
+
+def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, token_U, *, stages: int = STAGES,
+                 splits: int = 1, overlap: bool = False, convert: str = "pairs", interpret: bool = False) -> jax.Array:
+    """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token token_U[u]) over split s of H."""
+    hidden = x_TH.shape[1]
+    if (hidden // TILE_K) % splits:
+        raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
+    slots, f = expert_U.shape[0], gate.shape[1]
+    return plgpu.kernel(
+        functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, stages=stages, overlap=overlap,
+                          convert=convert, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
+        grid=(slots, f // ROWS, splits), grid_names=("slot", "rows", "split"),
+        **_interpret_kw(interpret),
+    )(expert_U, token_U, block_diagonal_GK(input_order(x_TH, convert)), *_operands(gate), *_operands(up))
+
+
+def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
+              convert: str = "pairs", interpret: bool = False) -> jax.Array:
+    """[splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h)."""
+    slots, f = h_UF.shape
+    if choices % splits:
+        raise ValueError(f"down_splits={splits} must divide the {choices} choices per token")
+    t, hidden = slots // choices, down.shape[1]
+    return plgpu.kernel(
+        functools.partial(_down_kernel, n_k=f // TILE_K, choices=choices, splits=splits, stages=stages,
+                          convert=convert, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
+        grid=(hidden // ROWS, t * splits), grid_names=("rows", "token_split"),
+        **_interpret_kw(interpret),
+    )(expert_U, block_diagonal_GK(input_order(h_UF, convert)), *_operands(down))
+
+
+def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
+                         down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
+                         interpret: bool = False) -> jax.Array:
+    """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
+
+    `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
+    the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
+    choices across programs (partial sums added by XLA)."""
+    if not supports(experts):
+        raise ValueError(f"moe_wgmma takes INT4 experts with group size {TILE_K // GROUPS} and dims in whole "
+                         f"{ROWS}-row / {TILE_K}-column tiles, got gate {experts.gate.shape}")
+    t, k = ids_TK.shape
+    expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
+    token_U = jnp.arange(t * k, dtype=jnp.int32) // k
+    g_UF, u_UF = jnp.sum(gate_up_sums(x_TH, experts.gate, experts.up, expert_U, token_U, stages=stages,
+                                      splits=gate_up_splits, overlap=overlap, convert=convert,
+                                      interpret=interpret), axis=0)
+    h_UF = jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(t * k, 1).astype(jnp.float32)
+    y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
+                      convert=convert, interpret=interpret)
+    return jnp.sum(y_STH, axis=0).astype(x_TH.dtype)
+
+
+def _operands(w: Int4Weight):
+    return int4_nibbles(w), w.scale.astype(jnp.bfloat16)
+
+
+def _interpret_kw(interpret: bool) -> dict:
+    if not interpret:
+        return {}
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return {"interpret": InterpretGPUParams()}

@@ -1,0 +1,132 @@
+"""The Mosaic GPU MoE (model/kernels/moe_wgmma.py) against the plain reference `experts_gather`.
+
+On CPU the kernels run under Pallas' GPU interpreter (the same pipelines, index maps, splits and column
+order; a dot_general stands in for the register-operand wgmma and its int4 conversion, which the interpreter
+lacks). The same kernels are also lowered to Mosaic GPU at Kimi K2 shapes, which runs Mosaic's layout and
+lowering checks without a GPU. The GPU result is held to the reference by bench/moe_wgmma_lab.py and
+bench/moe_layer.py (bench/results/).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.kernels import moe_kernel_for, moe_wgmma, wgmma_config_for
+from model.moe import ExpertWeights, experts_gather
+from model.quant import Int4Weight, dequantize
+
+E, F, H, K = 6, 256, 512, 4
+
+
+def _int4(key, e, out, inp, group=32):
+    kb, ks = jax.random.split(key)
+    packed = jax.random.bits(kb, (e, out, inp // 8), jnp.uint32)
+    scale = (0.01 + 0.05 * jax.random.uniform(ks, (e, out, inp // group))).astype(jnp.bfloat16)
+    return Int4Weight(packed, scale)
+
+
+@pytest.fixture(scope="module")
+def experts():
+    kg, ku, kd = jax.random.split(jax.random.PRNGKey(0), 3)
+    return ExpertWeights(_int4(kg, E, F, H), _int4(ku, E, F, H), _int4(kd, E, H, F))
+
+
+def _routing(t, seed):
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.permutation(E)[:K] for _ in range(t)]).astype(np.int32)
+    return jnp.asarray(ids), jnp.asarray(rng.uniform(0.1, 1.0, size=(t, K)).astype(np.float32))
+
+
+def _rel_err(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert np.isfinite(out).all()
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("t,gate_up_splits,down_splits", [(1, 1, 4), (3, 2, 2)])
+def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits):
+    x = jax.random.normal(jax.random.PRNGKey(t), (t, H)).astype(jnp.bfloat16)
+    ids, w = _routing(t, t)
+    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=gate_up_splits,
+                                   down_splits=down_splits, interpret=True))
+    out = fn(x, experts, ids, w)
+    ref = experts_gather(x.astype(jnp.float32), experts, ids, w)
+    assert out.shape == (t, H) and out.dtype == jnp.bfloat16
+    # x and h enter the wgmma as bf16 (the Triton kernels keep h in f32): ~3e-3 of rounding
+    assert _rel_err(out, ref) < 1e-2
+
+
+def test_gate_up_sums_are_the_two_products(experts):
+    """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H."""
+    x = jax.random.normal(jax.random.PRNGKey(5), (2, H)).astype(jnp.bfloat16)
+    expert_U, token_U = jnp.asarray([4, 0, 0, 5], jnp.int32), jnp.asarray([0, 0, 1, 1], jnp.int32)
+    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, token_U, splits=2, interpret=True)
+    assert gu.shape == (2, 2, 4, F)
+    xs = x.astype(jnp.float32)[token_U]
+    for m, weight in enumerate((experts.gate, experts.up)):
+        dense = dequantize(weight, jnp.float32)[expert_U]
+        np.testing.assert_allclose(np.asarray(gu[:, m].sum(0)), np.einsum("uh,ufh->uf", xs, dense),
+                                   rtol=2e-5, atol=2e-5)
+
+
+def test_column_order_is_a_permutation_within_groups():
+    v = jnp.arange(2 * 256).reshape(2, 256)
+    p = np.asarray(moe_wgmma.permute_K(v))
+    assert sorted(p[1].tolist()) == list(range(256, 512))
+    assert (p // 32 == np.arange(256)[None] // 32 + np.array([[0], [8]])).all()  # each value stays in its group
+    # wgmma column 32c + 8p + 2j + e holds original column 32c + 8j + p + 4e
+    for c, pp, j, e in [(0, 0, 0, 1), (3, 2, 1, 0), (7, 3, 3, 1)]:
+        assert p[0, 32 * c + 8 * pp + 2 * j + e] == 32 * c + 8 * j + pp + 4 * e
+    a, b = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 256))
+    np.testing.assert_allclose(moe_wgmma.permute_K(a) @ moe_wgmma.permute_K(b).T, a @ b.T, rtol=1e-5)
+
+
+def test_block_diagonal_puts_each_group_in_its_row():
+    v = (jnp.arange(512, dtype=jnp.float32) % 250 + 1).reshape(1, 512)  # nonzero integers, exact in bf16
+    bd = np.asarray(moe_wgmma.block_diagonal_GK(v), np.float32)[0]
+    assert bd.shape == (moe_wgmma.GROUPS, 512)
+    np.testing.assert_array_equal(bd.sum(0), np.asarray(v[0]))  # every value once
+    for k in (0, 31, 32, 255, 256, 300, 511):
+        assert bd[(k % 256) // 32, k] == v[0, k]
+
+
+def test_int4_nibbles_are_q_plus_8(experts):
+    q = np.asarray(moe_wgmma.int4_nibbles(experts.gate).astype(jnp.int32))
+    flipped = np.where(q < 0, q + 16, q) - 8  # the nibble read as unsigned, minus the stored bias
+    dense = np.asarray(dequantize(Int4Weight(experts.gate.packed, jnp.ones_like(experts.gate.scale)), jnp.float32))
+    np.testing.assert_array_equal(flipped, dense)
+
+
+def test_unsupported_shapes_are_refused(experts):
+    bf16 = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in (experts.gate, experts.up, experts.down)))
+    group64 = ExpertWeights(*(Int4Weight(m.packed, m.scale[..., ::2]) for m in (experts.gate, experts.up, experts.down)))
+    x = jnp.zeros((1, H), jnp.bfloat16)
+    ids, w = _routing(1, 0)
+    for bad in (bf16, group64):
+        assert not moe_wgmma.supports(bad)
+        with pytest.raises(ValueError, match="group size 32"):
+            moe_wgmma.routed_experts_wgmma(x, bad, ids, w, interpret=True)
+    with pytest.raises(ValueError, match="down_splits=3"):
+        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, down_splits=3, interpret=True)
+
+
+def test_engine_picks_it_only_on_hopper(experts):
+    assert moe_kernel_for(1, experts) != "wgmma"  # CPU
+    cfg = wgmma_config_for(experts, K)
+    assert cfg["down_splits"] == 4 and cfg["gate_up_splits"] == 2  # H / 256 = 2 tiles
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_lowers_to_mosaic_gpu_at_kimi_shapes(t):
+    e, f, h = 384, 2048, 7168
+    sd = jax.ShapeDtypeStruct
+    w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
+    experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
+    fn = functools.partial(moe_wgmma.routed_experts_wgmma, **wgmma_config_for(experts, 8))
+    lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
+                                sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert text.count("mosaic_gpu") >= 2  # both kernels became Mosaic GPU custom calls
