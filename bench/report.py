@@ -21,6 +21,8 @@ def _decode_ms(steps, batch, context, path, key="median_ms"):
 
 
 def _short(c: dict) -> str:
+    if c.get("variant") == "wgmma":
+        return f"wgmma st{c['stages']} gate_up/{c['gate_up_splits']} down/{c['down_splits']}"
     slots = f"/{c['slots']}" if c.get("variant") == "gemv" else ""
     return f"{c.get('variant', 'mma')}{slots} {c['block_f']}/{c['block_h']}/{c['block_k']} w{c['num_warps']} s{c['down_splits']}"
 

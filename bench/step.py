@@ -36,7 +36,7 @@ from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_ban
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
-from model.kernels import kernel_config_for, routed_experts_for_backend  # noqa: E402
+from model.kernels import kernel_config_for, moe_kernel_for, routed_experts_for_backend, wgmma_config_for  # noqa: E402
 from model.kv_cache import LatentCache, round_capacity  # noqa: E402
 from model.sharding import (CACHE_RULES, TARGET_RULES, make_mesh, mesh_context, parse_mesh_spec,  # noqa: E402
                             shardings_for)
@@ -58,6 +58,14 @@ def bench_config(layers: int, tiny: bool):
 
 # one compiled program draws every weight on device (eager init compiles and dispatches op by op)
 init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
+
+
+def _kernel_record(tokens: int, experts, cfg) -> dict:
+    """The MoE kernel the engine dispatches to at this many tokens, and its settings."""
+    variant = moe_kernel_for(tokens, experts)
+    if variant == "wgmma":
+        return {"variant": "wgmma", **wgmma_config_for(experts, cfg.num_experts_per_tok)}
+    return kernel_config_for(tokens, experts).__dict__
 
 
 def make_step(cfg, moe_impl, sharded: bool = False):
@@ -279,7 +287,7 @@ def main(argv=None) -> dict:
             traceback.print_exc()
         save()
     result["moe_path"] = "pallas kernel (model.kernels dispatch)" if kernel_ok else "plain XLA reference"
-    result["kernel_config"] = {f"T{t}": kernel_config_for(t, moe_layer.experts).__dict__
+    result["kernel_config"] = {f"T{t}": _kernel_record(t, moe_layer.experts, cfg)
                                for t in sorted({b * t for b in args.batches for t in args.tokens})} if kernel_ok else {}
     log(f"MoE path for the steps: {result['moe_path']}")
 

@@ -1,15 +1,19 @@
 """GPU kernels, each beside the plain-XLA reference it is tested against; the engine picks per backend.
 
 `routed_experts_for_backend` has the signature of `model.moe.routed_experts`: on a GPU it runs the fused
-Pallas MoE when the shapes fit (moe_gemv.py on CUDA cores, one slot per (token, choice), for decode and
-verify; moe_gather.py on tensor cores over the unique experts above PAIRS_MAX_TOKENS), elsewhere the plain
-reference paths `model.moe.experts_gather` / `experts_dense`.
+Pallas MoE when the shapes fit, elsewhere the plain reference paths `model.moe.experts_gather` /
+`experts_dense`. Which kernel (`moe_kernel_for`):
+- INT4 experts on Hopper up to WGMMA_MAX_TOKENS tokens (decode, verify): moe_wgmma.py, Mosaic GPU, weight
+  tiles streamed into shared memory by TMA, products on tensor cores;
+- otherwise up to PAIRS_MAX_TOKENS: moe_gemv.py, Triton, one slot per (token, choice) on CUDA cores;
+- above: moe_gather.py, Triton, tensor-core dots over the unique experts.
 """
 
 from __future__ import annotations
 
 import jax
 
+from model.kernels import moe_wgmma
 from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas, token_tile
 from model.quant import Fp8Weight, Int4Weight
 
@@ -38,11 +42,39 @@ def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
     return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8)
 
 
+# INT4 decode / verify on Hopper through moe_wgmma.py, measured with `python -m bench.moe_wgmma_lab` (one K2.5
+# layer, bench/results/moe-wgmma-lab-gpu-20261130-0107.json): T=1 81 us vs the Triton gemv's 88 (floor 46),
+# T=4 236 vs 270 (floor 179); 2 stages, H split in 4 for gate_up, each token's choices split in 8 for down.
+WGMMA_MAX_TOKENS = 16
+WGMMA_STAGES = 2
+
+
+def _is_hopper() -> bool:
+    dev = jax.devices()[0]
+    return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9")
+
+
+def wgmma_config_for(experts, choices: int) -> dict:
+    """moe_wgmma's splits for these shapes: as many as divide them, up to the measured 4 (gate_up) / 8 (down)."""
+    tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
+    return dict(stages=WGMMA_STAGES, gate_up_splits=next(s for s in (4, 2, 1) if tiles % s == 0),
+                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0))
+
+
+def moe_kernel_for(tokens: int, experts) -> str:
+    """'wgmma' (moe_wgmma.py) or the Triton variant that `kernel_config_for` picks ('gemv' / 'mma')."""
+    if tokens <= WGMMA_MAX_TOKENS and moe_wgmma.supports(experts) and _is_hopper():
+        return "wgmma"
+    return kernel_config_for(tokens, experts).variant
+
+
 def fused_moe_applies(x_TH: jax.Array, experts) -> bool:
     if jax.default_backend() != "gpu" or isinstance(experts.gate, Fp8Weight):
         return False
     if x_TH.shape[0] > MAX_KERNEL_TOKENS:
         return False
+    if moe_kernel_for(x_TH.shape[0], experts) == "wgmma":
+        return True
     try:
         check_shapes(experts, kernel_config_for(x_TH.shape[0], experts))
     except ValueError:
@@ -52,6 +84,9 @@ def fused_moe_applies(x_TH: jax.Array, experts) -> bool:
 
 def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
     """The Pallas kernel with the H200-tuned tiles for this token count (call when `fused_moe_applies`)."""
+    if moe_kernel_for(x_TH.shape[0], experts) == "wgmma":
+        return moe_wgmma.routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK,
+                                              **wgmma_config_for(experts, ids_TK.shape[1]))
     return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=kernel_config_for(x_TH.shape[0], experts))
 
 
@@ -68,11 +103,14 @@ def routed_experts_for_backend(x_TH: jax.Array, experts, ids_TK: jax.Array, weig
 __all__ = [
     "PAIRS_MAX_TOKENS",
     "MAX_KERNEL_TOKENS",
+    "WGMMA_MAX_TOKENS",
     "MoEKernelConfig",
     "fused_moe_applies",
     "fused_routed_experts",
     "kernel_config_for",
+    "moe_kernel_for",
     "routed_experts_for_backend",
     "routed_experts_pallas",
     "token_tile",
+    "wgmma_config_for",
 ]
