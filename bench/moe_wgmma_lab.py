@@ -63,6 +63,14 @@ def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits,
     return jnp.broadcast_to(jnp.sum(gu[:, :, :, :1]), x_TH.shape).astype(x_TH.dtype)
 
 
+def launches(fn, *args) -> list[str]:
+    """The kernels one call launches: the entry computation's fusions and custom calls in the optimized HLO."""
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    entry = entry[:entry.index("\n}")]
+    return [f"{m.group(1)} {m.group(2)}" for m in re.finditer(r"%(\S+) = (\S+) (?:fusion|custom-call)\(", entry)]
+
+
 def weight_copies(fn, *args) -> list[str]:
     """Lines of the optimized HLO that write an s4 array (a copy of the reinterpreted weights would show here)."""
     hlo = jax.jit(fn).lower(*args).compile().as_text()
@@ -110,6 +118,9 @@ def main(argv=None):
                     row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)
                 row["ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
                 row["ratio"] = row["ms"] / fl
+                if name.startswith("wgmma"):
+                    row["launches"] = launches(fn, x_TH, experts, ids_TK, weights_TK)
+                    log(f"{name}: {len(row['launches'])} launches: {row['launches']}")
                 if name.startswith("wgmma") and "weight_copies" not in result:
                     result["weight_copies"] = weight_copies(fn, x_TH, experts, ids_TK, weights_TK)
                     log(f"s4 writes in the optimized HLO: {result['weight_copies'] or 'none'}")

@@ -270,13 +270,22 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     token_U = jnp.arange(t * k, dtype=jnp.int32) // k
-    g_UF, u_UF = jnp.sum(gate_up_sums(x_TH, experts.gate, experts.up, expert_U, token_U, stages=stages,
-                                      splits=gate_up_splits, overlap=overlap, convert=convert,
-                                      interpret=interpret), axis=0)
+    gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, token_U, stages=stages, splits=gate_up_splits,
+                           overlap=overlap, convert=convert, interpret=interpret)
+    g_UF, u_UF = _sum_leading(gu_S2UF)
     h_UF = jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(t * k, 1).astype(jnp.float32)
     y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
                       convert=convert, interpret=interpret)
-    return jnp.sum(y_STH, axis=0).astype(x_TH.dtype)
+    return _sum_leading(y_STH).astype(x_TH.dtype)
+
+
+def _sum_leading(v: jax.Array) -> jax.Array:
+    """Sum over the (few) splits as elementwise adds of slices, not a reduction: XLA then fuses the sum into its
+    consumer (SiLU, the block-diagonal layout) instead of launching a reduction kernel before it."""
+    out = v[0]
+    for i in range(1, v.shape[0]):
+        out = out + v[i]
+    return out
 
 
 def _operands(w: Int4Weight):
