@@ -46,12 +46,13 @@ def _rel_err(out, ref):
     return np.linalg.norm(out - ref) / np.linalg.norm(ref)
 
 
-@pytest.mark.parametrize("t,gate_up_splits,down_splits", [(1, 1, 4), (3, 2, 2)])
-def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits):
+@pytest.mark.parametrize("t,gate_up_splits,down_splits,convert", [(1, 1, 4, "pairs"), (2, 2, 2, "pairs"),
+                                                                  (1, 2, 1, "mosaic")])
+def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, convert):
     x = jax.random.normal(jax.random.PRNGKey(t), (t, H)).astype(jnp.bfloat16)
     ids, w = _routing(t, t)
     fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=gate_up_splits,
-                                   down_splits=down_splits, interpret=True))
+                                   down_splits=down_splits, convert=convert, interpret=True))
     out = fn(x, experts, ids, w)
     ref = experts_gather(x.astype(jnp.float32), experts, ids, w)
     assert out.shape == (t, H) and out.dtype == jnp.bfloat16
@@ -119,13 +120,13 @@ def test_engine_picks_it_only_on_hopper(experts):
     assert cfg["down_splits"] == 4 and cfg["gate_up_splits"] == 2  # H / 256 = 2 tiles
 
 
-@pytest.mark.parametrize("t", [1, 4])
-def test_lowers_to_mosaic_gpu_at_kimi_shapes(t):
+@pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True})])
+def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct
     w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
     experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
-    fn = functools.partial(moe_wgmma.routed_experts_wgmma, **wgmma_config_for(experts, 8))
+    fn = functools.partial(moe_wgmma.routed_experts_wgmma, **wgmma_config_for(experts, 8), **options)
     lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
                                 sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()

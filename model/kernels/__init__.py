@@ -42,11 +42,11 @@ def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
     return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8)
 
 
-# INT4 decode / verify on Hopper through moe_wgmma.py, measured with `python -m bench.moe_wgmma_lab` (one K2.5
-# layer, bench/results/moe-wgmma-lab-gpu-20261130-0107.json): T=1 81 us vs the Triton gemv's 88 (floor 46),
-# T=4 236 vs 270 (floor 179); 2 stages, H split in 4 for gate_up, each token's choices split in 8 for down.
+# INT4 decode / verify on Hopper through moe_wgmma.py. One K2.5 layer on the H200 (`python -m bench.moe_wgmma_lab`,
+# bench/results/moe-wgmma-lab-gpu-20261130-0107.json, -0114, -0129), against the Triton gemv in the same run:
+# T=1 81-95 vs 88-105 us (floor 46), T=2 149 vs 151 (92), T=4 235 vs 269-270 (179), T=8 430 vs 494 (340),
+# T=16 852 vs 973 (640). Above 16 tokens it has not been measured, so the Triton kernels keep those.
 WGMMA_MAX_TOKENS = 16
-WGMMA_STAGES = 2
 
 
 def _is_hopper() -> bool:
@@ -55,9 +55,12 @@ def _is_hopper() -> bool:
 
 
 def wgmma_config_for(experts, choices: int) -> dict:
-    """moe_wgmma's splits for these shapes: as many as divide them, up to the measured 4 (gate_up) / 8 (down)."""
+    """moe_wgmma's splits for these shapes: as many as divide them, up to the measured 4 (gate_up) / 8 (down).
+    At one token, one gate_up split measured 81-84 us over three runs and four splits 81-108
+    (bench/results/moe-wgmma-lab-gpu-20261130-0107, -0122, -0129): maybe better, but the step runs of record
+    used four, so four it stays until a step run measures one."""
     tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
-    return dict(stages=WGMMA_STAGES, gate_up_splits=next(s for s in (4, 2, 1) if tiles % s == 0),
+    return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in (4, 2, 1) if tiles % s == 0),
                 down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0))
 
 

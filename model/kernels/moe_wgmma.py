@@ -1,22 +1,29 @@
 """Fused routed experts for decode and verify with TMA-pipelined INT4 tiles: Pallas Mosaic GPU (Hopper).
 
-Plain reference: `model.moe.experts_gather`. Same slots as moe_gemv.py's "pairs" (one slot per (token, choice):
-gate_up over (slot, block of 64 F rows), then down over (block of 64 H rows, token, split of its choices)).
+Plain reference: `model.moe.experts_gather`. Same slots as moe_gemv.py's "pairs" (one slot per (token, choice)):
+gate_up over (slot, block of 64 F rows, split of H), then down over (block of 64 H rows, token, split of its
+choices); XLA adds the splits' partial sums.
 Why another kernel: the Triton gemv kernels dequantize in registers while their own loads are in flight, so
 the registers of the dequantization cap the loads in flight (Nsight Compute, run 10: 96-128 registers a
 thread, 23-30% occupancy, 3.0-3.1 TB/s). Here the TMA engine streams the weight tiles into shared memory
-`STAGES` steps ahead, which costs no registers, and the warpgroup dequantizes the landed tile.
+`stages` steps ahead, which costs no registers, and the warpgroup dequantizes the landed tile.
 
-The products run on tensor cores as one wgmma per tile with the weights as the register operand A (int4 from
-shared memory, bit 3 flipped to two's complement, converted to bf16 by Mosaic's int4 upcast) and a
+The products run on tensor cores as one wgmma per tile with the weights as the register operand A and a
 block-diagonal B: B[g, k] = x[k] if k lies in group g of the tile (`block_diagonal_GK`, built by XLA), so the
 wgmma's N = 8 columns are the tile's eight per-group partial dot products P[r, g]. The group scales are
 then one [64, 8] tile in the accumulator's own layout: acc += P * s, summed over g once at the end.
 With one token per slot the tensor cores do 8x the needed multiplies, which they have to spare; the
 bytes of B (4 KB a step, shared by every program of the token) come from L2.
 
+The int4 -> bf16 conversion is what bounds the kernel (Nsight Compute: the ALU pipe the busiest, 67% with
+Mosaic's own conversion). `convert="pairs"` (the default, `_nibble_pairs`) leaves each lane its own 32-bit
+words and turns nibbles (p, p + 4) of a word into one bf16 pair with a shift and a LOP3, so the wgmma sees the
+tile's columns in a fixed permuted order (`permute_K`), which XLA applies to B as well. `convert="mosaic"`
+(flip bit 3, relayout to WGMMA, Mosaic's signed upcast) is the in-order baseline: T=4 267 vs 252 us.
+
 Interpret mode (CPU, `interpret=True`) runs the same kernels under Pallas' GPU interpreter; its wgmma takes
-no register operand, so there the product is a dot_general and the shared-memory tiles carry no swizzle.
+no register operand, so there the product is a dot_general on the permuted tile and the shared-memory tiles
+carry no swizzle.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from model.quant import Int4Weight
 ROWS = 64  # wgmma M: weight rows per program
 TILE_K = 256  # int4 elements per pipeline step: 128 bytes a row, one 128-byte swizzle span
 GROUPS = 8  # scale groups per step at group size 32: the wgmma N
-STAGES = 4  # pipeline steps in flight (shared memory: 22 KB a step for gate_up)
+STAGES = 2  # pipeline steps in flight; more (3, 4, 6) measured slower: shared memory limits programs per SM
 
 
 def supports(experts) -> bool:
