@@ -44,8 +44,9 @@ def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
 
 # INT4 decode / verify on Hopper through moe_wgmma.py. One K2.5 layer on the H200 (`python -m bench.moe_wgmma_lab`,
 # bench/results/moe-wgmma-lab-gpu-20261130-0107.json, -0114, -0129), against the Triton gemv in the same run:
-# T=1 81-95 vs 88-105 us (floor 46), T=2 149 vs 151 (92), T=4 235 vs 269-270 (179), T=8 430 vs 494 (340),
-# T=16 852 vs 973 (640). Above 16 tokens it has not been measured, so the Triton kernels keep those.
+# T=2 149 vs 151 us (floor 92), T=4 235 vs 269-270 (179), T=8 430 vs 494 (340), T=16 852 vs 973 (640); at T=1
+# within the runs' spread, 81-108 vs 87-105 (46). Above 16 tokens it has not been measured, so the Triton kernels
+# keep those.
 WGMMA_MAX_TOKENS = 16
 
 
