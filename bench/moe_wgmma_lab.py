@@ -2,10 +2,12 @@
 Triton kernel, on one Kimi-K2.5 INT4 MoE layer.
 
 Per token count: the plain reference's output, the engine's Triton kernel (model.kernels.kernel_config_for) and
-each wgmma variant (pipeline stages, down splits): error against the reference, median time over chained calls
-(bench.moe_layer.time_moe), the byte floor of the unique experts read. Also records whether XLA copies the
-weights when it reinterprets the uint32 words as int4 (any s4 fusion over all experts in the optimized HLO).
-Writes moe-wgmma-lab-<device>-<date>.json to --out.
+each wgmma variant (pipeline stages, gate_up splits of H, down splits of the choices, overlapped wgmmas, int4
+conversion): error against the reference, median time over chained calls (bench.moe_layer.time_moe), the byte
+floor of the unique experts read, and the kernels one call launches (the optimized HLO's fusions and custom
+calls). `--gate-up-alone` also times the first kernel by itself against its own floor. Records whether XLA copies
+the weights when it reinterprets the uint32 words as int4 (an s4 write in the optimized HLO). `--profile` runs
+one variant for Nsight Compute (bench/h200_profile_wgmma.sh). Writes moe-wgmma-lab-<device>-<date>.json to --out.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def parse_args(argv):
                    help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT (p pairs, m mosaic) of the wgmma kernel")
     p.add_argument("--gate-up-alone", action="store_true", help="also time each variant's gate_up kernel alone")
     p.add_argument("--budget-s", type=float, default=400.0)
-    p.add_argument("--profile", help="VARIANT:T (e.g. 2:2:4:0:p:4): run that variant at T tokens 3 times (for ncu) and exit")
+    p.add_argument("--profile",
+                   help="VARIANT:T (e.g. 2:4:8:0:p:4): run that variant at T tokens 3 times (for ncu) and exit")
     return p.parse_args(argv)
 
 

@@ -102,8 +102,9 @@ def test_int4_nibbles_are_q_plus_8(experts):
 
 
 def test_unsupported_shapes_are_refused(experts):
-    bf16 = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in (experts.gate, experts.up, experts.down)))
-    group64 = ExpertWeights(*(Int4Weight(m.packed, m.scale[..., ::2]) for m in (experts.gate, experts.up, experts.down)))
+    mats = (experts.gate, experts.up, experts.down)
+    bf16 = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in mats))
+    group64 = ExpertWeights(*(Int4Weight(m.packed, m.scale[..., ::2]) for m in mats))
     x = jnp.zeros((1, H), jnp.bfloat16)
     ids, w = _routing(1, 0)
     for bad in (bf16, group64):
@@ -112,6 +113,10 @@ def test_unsupported_shapes_are_refused(experts):
             moe_wgmma.routed_experts_wgmma(x, bad, ids, w, interpret=True)
     with pytest.raises(ValueError, match="down_splits=3"):
         moe_wgmma.routed_experts_wgmma(x, experts, ids, w, down_splits=3, interpret=True)
+    with pytest.raises(ValueError, match="gate_up_splits=3"):
+        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, gate_up_splits=3, interpret=True)
+    with pytest.raises(ValueError, match="convert must be"):
+        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, convert="f16", interpret=True)
 
 
 def test_engine_picks_it_only_on_hopper(experts):

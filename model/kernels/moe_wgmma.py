@@ -151,8 +151,9 @@ def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str):
 def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: bool = False, convert: str = "pairs"):
     """`_tile_product` for each (weight, scales) tile of `tiles` with the same input b. One after another by
     default: each tile's operand (64 registers a thread) is converted after the previous wgmma completed, so
-    two operands are never live at once (168 -> ~95 registers, 3 -> 5 programs an SM). With `overlap` every
-    tile is converted first and one wait covers all the wgmmas."""
+    two operands are never live at once (gate_up: 168 -> 128 registers, 3 -> 4 programs an SM; T=4 251 -> 236 us,
+    bench/results/moe-wgmma-lab-gpu-20261130-0104 / -0107). With `overlap` every tile is converted first and
+    one wait covers all the wgmmas."""
     if interpret or not overlap:
         return tuple(_tile_product(w, s, b_smem, acc, interpret, convert) for (w, s), acc in zip(tiles, accs))
     ws = [_operand_A(w_smem, interpret, convert) for w_smem, _ in tiles]
@@ -185,10 +186,12 @@ def _store_rows(v_R, out_gmem):
     pl.run_scoped(store, plgpu.SMEM((ROWS,), jnp.float32))
 
 
-def _specs(interpret: bool, rows_block, step_block, expert=None):
+def _specs(interpret: bool, rows_block, step_block):
     """BlockSpecs of (block-diagonal input, weight, scales) for one pipeline step."""
-    b = plgpu.BlockSpec((GROUPS, TILE_K), lambda *i: (0, step_block(*i)), transforms=_transforms(16, TILE_K, interpret))
-    w = plgpu.BlockSpec((ROWS, TILE_K), lambda *i: (rows_block, step_block(*i)), transforms=_transforms(4, TILE_K, interpret))
+    b = plgpu.BlockSpec((GROUPS, TILE_K), lambda *i: (0, step_block(*i)),
+                        transforms=_transforms(16, TILE_K, interpret))
+    w = plgpu.BlockSpec((ROWS, TILE_K), lambda *i: (rows_block, step_block(*i)),
+                        transforms=_transforms(4, TILE_K, interpret))
     s = plgpu.BlockSpec((ROWS, GROUPS), lambda *i: (rows_block, step_block(*i)))
     return b, w, s
 
@@ -201,7 +204,8 @@ def _gate_up_kernel(expert_ref, token_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_r
     b, w, s = _specs(interpret, rb, lambda k: split * n_k + k)
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
-        return _tile_products(((gq_smem, gs_smem), (uq_smem, us_smem)), xbd_smem, carry, interpret, overlap, convert)
+        tiles = ((gq_smem, gs_smem), (uq_smem, us_smem))
+        return _tile_products(tiles, xbd_smem, carry, interpret, overlap, convert)
 
     acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
                                        init_carry=(_zeros(interpret), _zeros(interpret)))(
@@ -232,8 +236,10 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
 
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, token_U, *, stages: int = STAGES,
-                 splits: int = 1, overlap: bool = False, convert: str = "pairs", interpret: bool = False) -> jax.Array:
+                 splits: int = 1, overlap: bool = False, convert: str = "pairs",
+                 interpret: bool = False) -> jax.Array:
     """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token token_U[u]) over split s of H."""
+    _check_convert(convert)
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
         raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
@@ -250,6 +256,7 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, token_U, *, s
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
               convert: str = "pairs", interpret: bool = False) -> jax.Array:
     """[splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h)."""
+    _check_convert(convert)
     slots, f = h_UF.shape
     if choices % splits:
         raise ValueError(f"down_splits={splits} must divide the {choices} choices per token")
@@ -293,6 +300,11 @@ def _sum_leading(v: jax.Array) -> jax.Array:
     for i in range(1, v.shape[0]):
         out = out + v[i]
     return out
+
+
+def _check_convert(convert: str) -> None:
+    if convert not in ("pairs", "mosaic"):
+        raise ValueError(f"moe_wgmma convert must be 'pairs' or 'mosaic', not {convert!r}")
 
 
 def _operands(w: Int4Weight):
