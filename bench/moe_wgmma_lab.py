@@ -7,7 +7,7 @@ conversion): error against the reference, median time over chained calls (bench.
 floor of the unique experts read, and the kernels one call launches (the optimized HLO's fusions and custom
 calls). `--gate-up-alone` also times the first kernel by itself against its own floor. Records whether XLA copies
 the weights when it reinterprets the uint32 words as int4 (an s4 write in the optimized HLO). `--profile` runs
-one variant for Nsight Compute (bench/h200_profile_wgmma.sh). Writes moe-wgmma-lab-<device>-<date>.json to --out.
+one variant for Nsight Compute (`LAB=moe_wgmma_lab bash bench/h200_profile.sh`). Writes moe-wgmma-lab-<device>-<date>.json to --out.
 """
 
 from __future__ import annotations
