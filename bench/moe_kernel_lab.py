@@ -83,6 +83,15 @@ def inputs(cfg, router, bias, t, key):
     return x_TH, ids_TK, weights_TK
 
 
+def run_for_profiler(fn, cfg, router, bias, experts, t: int, label: str, log=print) -> None:
+    """`fn` (a layer's routed experts) at T tokens, three times, for Nsight Compute (bench/h200_profile.sh)."""
+    fn = jax.jit(fn)
+    x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
+    for _ in range(3):
+        jax.block_until_ready(fn(x_TH, experts, ids_TK, weights_TK))
+    log(f"profiled {label} at T={t}: {int(np.unique(np.asarray(ids_TK)).size)} unique experts")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results")
@@ -120,11 +129,8 @@ def main(argv=None):
     per_expert = nbytes(experts) // experts.num_experts
     if args.profile:
         name, t = args.profile.split(":")
-        fn = jax.jit(functools.partial(kernel, cfg=CANDIDATES[name][0]))
-        x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, int(t), jax.random.PRNGKey(int(t)))
-        for _ in range(3):
-            jax.block_until_ready(fn(x_TH, experts, ids_TK, weights_TK))
-        log(f"profiled {name} at T={t}: {int(np.unique(np.asarray(ids_TK)).size)} unique experts")
+        run_for_profiler(functools.partial(kernel, cfg=CANDIDATES[name][0]), cfg, router, bias, experts, int(t), name,
+                         log)
         return
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)

@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
-from bench.moe_kernel_lab import inputs, moe_layer  # noqa: E402
+from bench.moe_kernel_lab import inputs, moe_layer, run_for_profiler  # noqa: E402
 from bench.moe_layer import _rel_err, time_moe  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
@@ -89,12 +89,8 @@ def main(argv=None):
     per_expert = nbytes(experts) // experts.num_experts
     if args.profile:
         v, t = args.profile.rsplit(":", 1)
-        t = int(t)
-        x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
-        fn = jax.jit(functools.partial(routed_experts_wgmma, **_variant(v)))
-        for _ in range(3):
-            jax.block_until_ready(fn(x_TH, experts, ids_TK, weights_TK))
-        log(f"profiled wgmma {args.profile}")
+        run_for_profiler(functools.partial(routed_experts_wgmma, **_variant(v)), cfg, router, bias, experts, int(t),
+                         f"wgmma {v}", log)
         return
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
