@@ -70,7 +70,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                     candidates=CANDIDATES, log=print) -> dict:
     experts = layer.experts
     per_expert = nbytes(experts) // experts.num_experts
-    rows, sweep = [], {}
+    rows, sweep, step_inputs = [], {}, {}
     engine_configs = dict.fromkeys(kernel_config_for(t, experts) for t in tokens_list)  # ordered: stable cfg numbers
     candidates = tuple(candidates) + tuple(c for c in engine_configs if c not in candidates)
     for t in tokens_list:
@@ -79,6 +79,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         weights_TK, ids_TK = route(x_TH, layer.router, layer.router_bias, cfg)
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor_bytes = unique * per_expert + 2 * x_TH.nbytes
+        step_inputs[t] = (x_TH, ids_TK, weights_TK)
         ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
         ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK)
         row = dict(tokens=t, unique_experts=unique, bytes=floor_bytes, floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS),
@@ -101,12 +102,9 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
     # the row's kernel figures are those of the engine's own dispatch (model.kernels.fused_routed_experts): the
     # Mosaic GPU kernel where it applies (its Triton counterpart stays in the sweep), else a Triton config
     engine_ok = True
-    key = jax.random.PRNGKey(7)
     for row in rows:
         t = row["tokens"]
-        key, kx = jax.random.split(key)  # the same inputs as the sweep's row
-        x_TH = jax.random.normal(kx, (t, cfg.hidden_size), jnp.float32).astype(jnp.bfloat16)
-        weights_TK, ids_TK = route(x_TH, layer.router, layer.router_bias, cfg)
+        x_TH, ids_TK, weights_TK = step_inputs[t]  # the same inputs as the sweep's row
         variant = moe_kernel_for(t, experts)
         triton = kernel_config_for(t, experts)
         row.update(kernel_variant=variant, kernel_slots=triton.slots if variant == "gemv" else None,
