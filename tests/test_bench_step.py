@@ -38,3 +38,20 @@ def test_step_profile_tiny(tmp_path):
     assert 0 < row["busy_ms_per_step"] <= row["span_ms_per_step"] * (1 + 1e-9)
     assert row["busy_ms_per_step"] <= row["kernel_ms_per_step"] * (1 + 1e-9)  # the union never exceeds the sum
     assert "## T = 1" in next(tmp_path.glob("step-profile-*.md")).read_text()
+
+
+def test_kernel_record_names_the_dispatched_kernel():
+    """What the step report says about the MoE kernel of each token count (the Mosaic GPU one only on Hopper)."""
+    import jax.numpy as jnp
+
+    from bench.report import _short
+    from bench.step import _kernel_record
+    from model.configs import known_config
+    from model.moe import ExpertWeights
+    from model.quant import Int4Weight
+
+    w = Int4Weight(jnp.zeros((2, 256, 64), jnp.uint32), jnp.ones((2, 256, 16), jnp.bfloat16))
+    record = _kernel_record(1, ExpertWeights(w, w, w), known_config("kimi-k2.5"))
+    assert record["variant"] == "gemv" and record["slots"] == "pairs"  # CPU: the Triton config
+    assert _short({"variant": "wgmma", "stages": 2, "gate_up_splits": 4, "down_splits": 8}) == \
+        "wgmma st2 gate_up/4 down/8"
