@@ -7,7 +7,8 @@ conversion): error against the reference, median time over chained calls (bench.
 floor of the unique experts read, and the kernels one call launches (the optimized HLO's fusions and custom
 calls). `--gate-up-alone` also times the first kernel by itself against its own floor. Records whether XLA copies
 the weights when it reinterprets the uint32 words as int4 (an s4 write in the optimized HLO). `--profile` runs
-one variant for Nsight Compute (`LAB=moe_wgmma_lab bash bench/h200_profile.sh`). Writes moe-wgmma-lab-<device>-<date>.json to --out.
+one variant for Nsight Compute (`LAB=moe_wgmma_lab bash bench/h200_profile.sh`).
+Writes moe-wgmma-lab-<device>-<date>.json to --out.
 """
 
 from __future__ import annotations
@@ -66,17 +67,19 @@ def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits,
     return jnp.broadcast_to(jnp.sum(gu[:, :, :, :1]), x_TH.shape).astype(x_TH.dtype)
 
 
-def launches(fn, *args) -> list[str]:
+def optimized_hlo(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def launches(hlo: str) -> list[str]:
     """The kernels one call launches: the entry computation's fusions and custom calls in the optimized HLO."""
-    hlo = jax.jit(fn).lower(*args).compile().as_text()
     entry = hlo[hlo.index("ENTRY"):]
     entry = entry[:entry.index("\n}")]
     return [f"{m.group(1)} {m.group(2)}" for m in re.finditer(r"%(\S+) = (\S+) (?:fusion|custom-call)\(", entry)]
 
 
-def weight_copies(fn, *args) -> list[str]:
+def weight_copies(hlo: str) -> list[str]:
     """Lines of the optimized HLO that write an s4 array (a copy of the reinterpreted weights would show here)."""
-    hlo = jax.jit(fn).lower(*args).compile().as_text()
     return [ln.strip()[:200] for ln in hlo.splitlines() if re.search(r"=\s*s4\[", ln) and "bitcast" not in ln]
 
 
@@ -117,12 +120,13 @@ def main(argv=None):
                     row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)
                 row["ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
                 row["ratio"] = row["ms"] / fl
-                if name.startswith("wgmma"):
-                    row["launches"] = launches(fn, x_TH, experts, ids_TK, weights_TK)
+                if name.startswith("wgmma"):  # one compile gives both
+                    hlo = optimized_hlo(fn, x_TH, experts, ids_TK, weights_TK)
+                    row["launches"] = launches(hlo)
                     log(f"{name}: {len(row['launches'])} launches: {row['launches']}")
-                if name.startswith("wgmma") and "weight_copies" not in result:
-                    result["weight_copies"] = weight_copies(fn, x_TH, experts, ids_TK, weights_TK)
-                    log(f"s4 writes in the optimized HLO: {result['weight_copies'] or 'none'}")
+                    if "weight_copies" not in result:
+                        result["weight_copies"] = weight_copies(hlo)
+                        log(f"s4 writes in the optimized HLO: {result['weight_copies'] or 'none'}")
                 log(f"T={t} {name:18s} {row['ms'] * 1e3:8.1f} us  floor {fl * 1e3:6.1f} us  x{row['ratio']:.2f}"
                     f"  rel_err {row.get('rel_err', float('nan')):.1e}")
             except Exception as e:  # a variant that fails to compile must not end the run

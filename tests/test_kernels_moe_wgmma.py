@@ -105,9 +105,10 @@ def test_unsupported_shapes_are_refused(experts):
     mats = (experts.gate, experts.up, experts.down)
     bf16 = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in mats))
     group64 = ExpertWeights(*(Int4Weight(m.packed, m.scale[..., ::2]) for m in mats))
+    f32_scales = ExpertWeights(*(Int4Weight(m.packed, m.scale.astype(jnp.float32)) for m in mats))
     x = jnp.zeros((1, H), jnp.bfloat16)
     ids, w = _routing(1, 0)
-    for bad in (bf16, group64):
+    for bad in (bf16, group64, f32_scales):
         assert not moe_wgmma.supports(bad)
         with pytest.raises(ValueError, match="group size 32"):
             moe_wgmma.routed_experts_wgmma(x, bad, ids, w, interpret=True)

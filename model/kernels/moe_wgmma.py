@@ -45,12 +45,14 @@ STAGES = 2  # pipeline steps in flight; more (3, 4, 6) measured slower: shared m
 
 
 def supports(experts) -> bool:
-    """Shapes this kernel takes: INT4 experts with group size TILE_K / GROUPS and rows, columns in whole tiles."""
+    """Shapes this kernel takes: INT4 experts with bf16 scales of group size TILE_K / GROUPS (the scale tiles are
+    streamed as they are stored) and rows, columns in whole TILE_K tiles (so in whole ROWS blocks too)."""
     if not isinstance(experts.gate, Int4Weight):
         return False
     _, f, h = experts.gate.shape
-    return (experts.gate.group_size == TILE_K // GROUPS and experts.down.group_size == TILE_K // GROUPS
-            and f % ROWS == 0 and h % ROWS == 0 and f % TILE_K == 0 and h % TILE_K == 0)
+    mats = (experts.gate, experts.up, experts.down)
+    return (all(m.group_size == TILE_K // GROUPS and m.scale.dtype == jnp.bfloat16 for m in mats)
+            and f % TILE_K == 0 and h % TILE_K == 0)
 
 
 def int4_nibbles(w: Int4Weight) -> jax.Array:
@@ -186,13 +188,12 @@ def _store_rows(v_R, out_gmem):
     pl.run_scoped(store, plgpu.SMEM((ROWS,), jnp.float32))
 
 
-def _specs(interpret: bool, rows_block, step_block):
-    """BlockSpecs of (block-diagonal input, weight, scales) for one pipeline step."""
-    b = plgpu.BlockSpec((GROUPS, TILE_K), lambda *i: (0, step_block(*i)),
-                        transforms=_transforms(16, TILE_K, interpret))
-    w = plgpu.BlockSpec((ROWS, TILE_K), lambda *i: (rows_block, step_block(*i)),
-                        transforms=_transforms(4, TILE_K, interpret))
-    s = plgpu.BlockSpec((ROWS, GROUPS), lambda *i: (rows_block, step_block(*i)))
+def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
+    """BlockSpecs of (block-diagonal input, weight, scales) for one pipeline step; `lead` squeezes leading axes
+    (the down kernel indexes slot and expert there)."""
+    b = plgpu.BlockSpec((*lead, GROUPS, TILE_K), b_index, transforms=_transforms(16, TILE_K, interpret))
+    w = plgpu.BlockSpec((*lead, ROWS, TILE_K), ws_index, transforms=_transforms(4, TILE_K, interpret))
+    s = plgpu.BlockSpec((*lead, ROWS, GROUPS), ws_index)
     return b, w, s
 
 
@@ -201,7 +202,7 @@ def _gate_up_kernel(expert_ref, token_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_r
     """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
     e, t = expert_ref[slot], token_ref[slot]
-    b, w, s = _specs(interpret, rb, lambda k: split * n_k + k)
+    b, w, s = _specs(interpret, lambda k: (0, split * n_k + k), lambda k: (rb, split * n_k + k))
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
         tiles = ((gq_smem, gs_smem), (uq_smem, us_smem))
@@ -224,12 +225,8 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
         return _tile_products(((dq_smem, ds_smem),), hbd_smem, (carry,), interpret, convert=convert)[0]
 
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
-    expert = lambda c: expert_ref[first + c]  # noqa: E731
-    b = plgpu.BlockSpec((None, GROUPS, TILE_K), lambda c, kk: (first + c, 0, kk),
-                        transforms=_transforms(16, TILE_K, interpret))
-    w = plgpu.BlockSpec((None, ROWS, TILE_K), lambda c, kk: (expert(c), rb, kk),
-                        transforms=_transforms(4, TILE_K, interpret))
-    s = plgpu.BlockSpec((None, ROWS, GROUPS), lambda c, kk: (expert(c), rb, kk))
+    b, w, s = _specs(interpret, lambda c, kk: (first + c, 0, kk), lambda c, kk: (expert_ref[first + c], rb, kk),
+                     lead=(None,))
     acc = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
                               init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
     _store_rows(jnp.sum(acc, axis=1), y_ref.at[split, t, pl.ds(rb * ROWS, ROWS)])
@@ -250,7 +247,7 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, token_U, *, s
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
         grid=(slots, f // ROWS, splits), grid_names=("slot", "rows", "split"),
         **_interpret_kw(interpret),
-    )(expert_U, token_U, block_diagonal_GK(input_order(x_TH, convert)), *_operands(gate), *_operands(up))
+    )(expert_U, token_U, _wgmma_input(x_TH, convert), *_operands(gate), *_operands(up))
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
@@ -267,7 +264,7 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
         out_type=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
         grid=(hidden // ROWS, t * splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
-    )(expert_U, block_diagonal_GK(input_order(h_UF, convert)), *_operands(down))
+    )(expert_U, _wgmma_input(h_UF, convert), *_operands(down))
 
 
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
@@ -279,8 +276,8 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
     choices across programs (partial sums added by XLA)."""
     if not supports(experts):
-        raise ValueError(f"moe_wgmma takes INT4 experts with group size {TILE_K // GROUPS} and dims in whole "
-                         f"{ROWS}-row / {TILE_K}-column tiles, got gate {experts.gate.shape}")
+        raise ValueError(f"moe_wgmma takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and dims "
+                         f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     token_U = jnp.arange(t * k, dtype=jnp.int32) // k
@@ -307,8 +304,13 @@ def _check_convert(convert: str) -> None:
         raise ValueError(f"moe_wgmma convert must be 'pairs' or 'mosaic', not {convert!r}")
 
 
+def _wgmma_input(v_SK: jax.Array, convert: str) -> jax.Array:
+    """The B operand of every step: v in the operand's column order, block-diagonal over the scale groups."""
+    return block_diagonal_GK(input_order(v_SK, convert))
+
+
 def _operands(w: Int4Weight):
-    return int4_nibbles(w), w.scale.astype(jnp.bfloat16)
+    return int4_nibbles(w), w.scale  # bf16 (`supports`): streamed as stored, no converted copy per call
 
 
 def _interpret_kw(interpret: bool) -> dict:
