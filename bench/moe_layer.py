@@ -30,8 +30,13 @@ CANDIDATES = (  # the engine's configs first (model.kernels.kernel_config_for), 
 REPS = 20  # layer calls chained inside one jit, so per-call host dispatch does not count
 
 
-def _chained(fn, reps: int, unrolled: bool = False):
+def _chained(fn, reps: int, unrolled: bool = False, chain_ids: bool = False):
     """Run fn `reps` times on device, each call fed by the previous output (no hoisting, no host gaps).
+
+    `chain_ids` makes the router ids depend on the previous output too: the plain reference gathers weights by
+    ids alone, which XLA would otherwise hoist out of the chain. The kernels read x before any weight, so they
+    need no such chain, and it would cost them one extra launch per call (a select on the ids) that a model
+    layer does not have (bench/results/README.md, run 12).
 
     By default the calls run in a device loop; `unrolled=True` writes them out one after another in one program
     instead. Run 9 (bench/results/README.md) timed both: 90.3 vs 95.3 us at one token, 278.5 vs 287.1 at four,
@@ -40,8 +45,8 @@ def _chained(fn, reps: int, unrolled: bool = False):
 
     def body(x, ids, experts, weights_TK):
         x = (x + 1e-3 * fn(x, experts, ids, weights_TK)).astype(x.dtype)
-        # ids depend on x (never actually change), so XLA cannot hoist or merge the reference's weight gathers
-        ids = jnp.where(x[0, 0] == 12345.0, (ids + 1) % experts.num_experts, ids)
+        if chain_ids:  # ids depend on x (never actually change), so XLA cannot hoist the reference's gathers
+            ids = jnp.where(x[0, 0] == 12345.0, (ids + 1) % experts.num_experts, ids)
         return x, ids
 
     def run(x_TH, experts, ids_TK, weights_TK):
@@ -60,8 +65,9 @@ def _rel_err(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = False) -> dict:
-    chained = _chained(fn, REPS, unrolled)
+def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = False, chain_ids: bool = False) -> dict:
+    """Per-call ms of `fn` over REPS chained calls; `chain_ids=True` for the plain reference (see `_chained`)."""
+    chained = _chained(fn, REPS, unrolled, chain_ids)
     stats = median_ms(lambda: chained(x_TH, experts, ids_TK, weights_TK), warmup=2, iters=10)
     return {"ms": stats["median_ms"] / REPS, "spread_ms": (stats["max_ms"] - stats["min_ms"]) / REPS}
 
@@ -81,7 +87,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         floor_bytes = unique * per_expert + 2 * x_TH.nbytes
         step_inputs[t] = (x_TH, ids_TK, weights_TK)
         ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
-        ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK)
+        ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK, chain_ids=True)
         row = dict(tokens=t, unique_experts=unique, bytes=floor_bytes, floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS),
                    reference_ms=ref["ms"])
         if copy_tbs:
@@ -150,7 +156,7 @@ def bench_bf16_kernel(layer: MoEWeights, cfg, num_experts: int = 64,
                    floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS))
         try:
             ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
-            row["reference_ms"] = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK)["ms"]
+            row["reference_ms"] = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK, chain_ids=True)["ms"]
             row["kernel_rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref_out)
             row["kernel_ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
             row["kernel_ratio_4p3"] = row["kernel_ms"] / row["floor_ms_4p3"]

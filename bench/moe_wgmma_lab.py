@@ -3,7 +3,8 @@ Triton kernel, on one Kimi-K2.5 INT4 MoE layer.
 
 Per token count: the plain reference's output, the engine's Triton kernel (model.kernels.kernel_config_for) and
 each wgmma variant (pipeline stages, gate_up splits of H, down splits of the choices, overlapped wgmmas, int4
-conversion): error against the reference, median time over chained calls (bench.moe_layer.time_moe), the byte
+conversion): error against the reference, median time over chained calls (bench.moe_layer._chained; with
+`--rounds`, the median of round-robin rounds), the byte
 floor of the unique experts read, and the kernels one call launches (the optimized HLO's fusions and custom
 calls). `--gate-up-alone` also times the first kernel by itself against its own floor. Records whether XLA copies
 the weights when it reinterprets the uint32 words as int4 (an s4 write in the optimized HLO). `--profile` runs
@@ -31,8 +32,9 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
 from bench.moe_kernel_lab import inputs, moe_layer, run_for_profiler  # noqa: E402
-from bench.moe_layer import _rel_err, time_moe  # noqa: E402
+from bench.moe_layer import REPS, _chained, _rel_err  # noqa: E402
 from bench.report import write_json  # noqa: E402
+from bench.timing import median_ms  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
 from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
@@ -46,6 +48,9 @@ def parse_args(argv):
     p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
                    help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT (p pairs, m mosaic) of the wgmma kernel")
     p.add_argument("--gate-up-alone", action="store_true", help="also time each variant's gate_up kernel alone")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every candidate this many times, round-robin (machines drift within a call); the row "
+                        "keeps each round's time and reports their median")
     p.add_argument("--budget-s", type=float, default=400.0)
     p.add_argument("--profile",
                    help="VARIANT:T (e.g. 2:4:8:0:p:4): run that variant at T tokens 3 times (for ncu) and exit")
@@ -110,6 +115,7 @@ def main(argv=None):
             candidates.append((f"wgmma_{v}", functools.partial(routed_experts_wgmma, **kw)))
             if args.gate_up_alone:
                 candidates.append((f"gate_up_{v}", functools.partial(_gate_up_alone, **kw)))
+        rows, chains = [], {}
         for name, fn in candidates:
             if time.time() - t_start > args.budget_s:
                 break
@@ -118,8 +124,6 @@ def main(argv=None):
             try:
                 if not name.startswith("gate_up"):
                     row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)
-                row["ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
-                row["ratio"] = row["ms"] / fl
                 if name.startswith("wgmma"):  # one compile gives both
                     hlo = optimized_hlo(fn, x_TH, experts, ids_TK, weights_TK)
                     row["launches"] = launches(hlo)
@@ -127,12 +131,33 @@ def main(argv=None):
                     if "weight_copies" not in result:
                         result["weight_copies"] = weight_copies(hlo)
                         log(f"s4 writes in the optimized HLO: {result['weight_copies'] or 'none'}")
-                log(f"T={t} {name:18s} {row['ms'] * 1e3:8.1f} us  floor {fl * 1e3:6.1f} us  x{row['ratio']:.2f}"
-                    f"  rel_err {row.get('rel_err', float('nan')):.1e}")
+                chains[name] = _chained(fn, REPS)
             except Exception as e:  # a variant that fails to compile must not end the run
                 row["error"] = f"{type(e).__name__}: {e}"[:1500]
                 log(f"T={t} {name:18s} failed: {row['error'][:1500]}")
-            result["rows"].append(row)
+            rows.append(row)
+        for r in range(args.rounds):  # round-robin, so a drift of the machine touches every candidate alike
+            for row in rows:
+                if row["name"] not in chains or time.time() - t_start > args.budget_s:
+                    continue
+                try:
+                    stats = median_ms(lambda: chains[row["name"]](x_TH, experts, ids_TK, weights_TK), warmup=2,
+                                      iters=10)
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {e}"[:1500]
+                    chains.pop(row["name"])
+                    log(f"T={t} {row['name']:18s} failed: {row['error'][:1500]}")
+                    continue
+                row.setdefault("round_ms", []).append(stats["median_ms"] / REPS)
+                log(f"T={t} round {r} {row['name']:18s} {row['round_ms'][-1] * 1e3:8.1f} us")
+        for row in rows:
+            if row.get("round_ms"):
+                row["ms"] = float(np.median(row["round_ms"]))
+                row["ratio"] = row["ms"] / row["floor_ms"]
+                log(f"T={t} {row['name']:18s} {row['ms'] * 1e3:8.1f} us  floor {row['floor_ms'] * 1e3:6.1f} us  "
+                    f"x{row['ratio']:.2f}  rel_err {row.get('rel_err', float('nan')):.1e}  rounds "
+                    + " ".join(f"{m * 1e3:.1f}" for m in row["round_ms"]))
+        result["rows"] += rows
     path = write_json(result, Path(args.out), f"moe-wgmma-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
     log(f"wrote {path}")
 

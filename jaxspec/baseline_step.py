@@ -31,6 +31,6 @@ def baseline_step(w: SpecWeights, state: BaselineState, sp: dict, *, cfg: SpecCo
         done=done,
         generated=generated,
         out_tokens=state.out_tokens.at[jnp.arange(b), col_B].set(tok_B, mode="drop"),
-        steps=state.steps + 1,
+        steps=state.steps + jnp.any(live_B).astype(state.steps.dtype),  # none live: a no-op step
         key=key,
     )

@@ -63,6 +63,21 @@ def _pad_prompts(prompts: list[list[int]], bucket: int, pad_id: int):
     return tokens, np.array([len(p) for p in prompts], np.int32)
 
 
+def _progress(state) -> tuple:
+    """What streaming reads after a cycle: tokens emitted so far, the token buffer, which rows finished."""
+    return state.generated, state.out_tokens, state.done
+
+
+def _with_progress(step):
+    """`step` that also returns its progress as separate arrays: the state is donated to the next cycle, queued
+    before the host reads these."""
+    def cycle(w, state, sp):
+        state = step(w, state, sp)
+        return state, jax.tree.map(jnp.copy, _progress(state))
+
+    return cycle
+
+
 # Compiled programs shared by every Engine: the key holds everything a program bakes in (configs, K, the
 # drafter, greedy, max_new_tokens, mesh) and its arguments' shapes, dtypes and shardings.
 _PROGRAMS: dict[tuple, Callable] = {}
@@ -132,29 +147,45 @@ class Engine:
 
     # --- streaming ----------------------------------------------------------------------------------
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-               seed: int = 0, speculative: bool | None = None) -> Iterator[list[list[int]] | GenerationResult]:
-        """Yield the tokens each cycle accepted (one list per sequence), then the final GenerationResult."""
+               seed: int = 0, speculative: bool | None = None,
+               pipelined: bool = True) -> Iterator[list[list[int]] | GenerationResult]:
+        """Yield the tokens each cycle accepted (one list per sequence), then the final GenerationResult.
+
+        `pipelined` (the default) keeps one cycle queued on the device behind the one the host waits for, so the
+        host's round trip (copying the tokens back, the consumer's work, dispatching) overlaps the device's next
+        cycle instead of adding to every cycle. The device then runs one cycle past the last one needed; on a
+        finished batch a cycle changes no token, count or log (`commit`, `baseline_step`). `pipelined=False`
+        runs one cycle per round trip (what bench/stream.py compares). `decode_s` is the decode phase's wall
+        time, less the time the consumer held the generator between yields."""
         speculative = self.k > 0 if speculative is None else speculative
         state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
         sp = sampling.validate().as_arrays()
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
-        compiled, c = self._compile("cycle_spec" if speculative else "cycle_base", step, {}, (self.weights, state, sp), (1,),
-                                    baked=(sampling.greedy, max_new_tokens))
+        compiled, c = self._compile("cycle_spec" if speculative else "cycle_base", _with_progress(step), {},
+                                    (self.weights, state, sp), (1,), baked=(sampling.greedy, max_new_tokens))
         compile_s += c
         shown = np.zeros(len(prompts), np.int64)
-        decode_s = 0.0
+        progress = jax.device_get(_progress(state))  # the prefill's first tokens
+        decode_s, t0 = 0.0, time.perf_counter()
+        if pipelined and not progress[2].all():
+            state, in_flight = compiled(self.weights, state, sp)
         while True:
-            generated, out_tokens, done = jax.device_get((state.generated, state.out_tokens, state.done))
+            generated, out_tokens, done = progress
             new = [out_tokens[i, shown[i] : generated[i]].tolist() for i in range(len(prompts))]
             shown[:] = generated
             if any(new):
+                decode_s += time.perf_counter() - t0
                 yield new
+                t0 = time.perf_counter()
             if done.all():
                 break
-            t0 = time.perf_counter()
-            state = compiled(self.weights, state, sp)
-            jax.block_until_ready(state.generated)
-            decode_s += time.perf_counter() - t0
+            state, queued = compiled(self.weights, state, sp)  # pipelined: queued behind the cycle waited for
+            if pipelined:
+                progress, in_flight = jax.device_get(in_flight), queued
+            else:
+                progress = jax.device_get(queued)
+        jax.block_until_ready(state)  # pipelined: the one cycle past the end
+        decode_s += time.perf_counter() - t0
         yield self._result(state, lengths, prefill_s, decode_s, compile_s, speculative)
 
     # --- pieces -------------------------------------------------------------------------------------

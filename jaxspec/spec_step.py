@@ -96,7 +96,8 @@ def speculative_cycle(w: SpecWeights, state: SpecState, sp: dict, *, cfg: SpecCo
 
 def commit(state: SpecState, cfg: SpecConfig, key, accepted_B, emitted_BK1, target_cache, draft_cache,
            next_logits_BVd, next_hidden_BH, max_new_tokens: int) -> SpecState:
-    """Write the emitted tokens (cut at EOS and max_new_tokens), advance lengths; freeze finished rows."""
+    """Write the emitted tokens (cut at EOS and max_new_tokens), advance lengths; freeze finished rows (a cycle
+    on a finished batch changes no token, count or log: streaming queues one past the end)."""
     b, k1 = emitted_BK1.shape
     idx_K1 = jnp.arange(k1)[None]
     count_B = accepted_B + 1
@@ -131,6 +132,6 @@ def commit(state: SpecState, cfg: SpecConfig, key, accepted_B, emitted_BK1, targ
         generated=generated,
         out_tokens=out_tokens,
         accepted_log=accepted_log,
-        cycles=state.cycles + 1,
+        cycles=state.cycles + jnp.any(live_B).astype(state.cycles.dtype),  # none live: a no-op cycle
         key=key,
     )

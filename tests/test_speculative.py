@@ -40,3 +40,20 @@ def test_streaming_yields_the_same_tokens(pair, baseline_tokens):
     result = events[-1]
     streamed = [sum((ev[i] for ev in events[:-1]), []) for i in range(3)]
     assert streamed == baseline_tokens == result.tokens
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_pipelined_stream_reports_what_generate_reports(pair, speculative):
+    """Pipelined streaming queues one cycle past the end: that cycle must leave the tokens, the cycle count and
+    the acceptance log as the on-device loop (which stops exactly at the end) leaves them; the per-cycle
+    events are the same as one round trip per cycle gives."""
+    cfg, w = pair
+    eng = Engine(cfg, w, num_steps=3)
+    on_device = eng.generate(PROMPTS_3, MAX_NEW, speculative=speculative)
+    events = list(eng.stream(PROMPTS_3, MAX_NEW, speculative=speculative))
+    streamed = events[-1]
+    assert streamed.tokens == on_device.tokens
+    assert streamed.cycles == on_device.cycles > 1
+    assert streamed.accepted == on_device.accepted
+    one_by_one = list(eng.stream(PROMPTS_3, MAX_NEW, speculative=speculative, pipelined=False))
+    assert one_by_one[:-1] == events[:-1] and one_by_one[-1].cycles == streamed.cycles
