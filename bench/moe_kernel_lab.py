@@ -31,7 +31,7 @@ from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.init import _int4, _Keys  # noqa: E402
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas  # noqa: E402
-from model.moe import ExpertWeights, experts_gather  # noqa: E402
+from model.moe import ExpertWeights, experts_dense, experts_gather  # noqa: E402
 from model.quant import Int4Weight, dequantize  # noqa: E402
 from model.router import route  # noqa: E402
 
@@ -61,6 +61,9 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     "pairs_16_k32_s8": (MoEKernelConfig(block_f=16, block_h=16, block_k=32, num_warps=2, down_splits=8, **_P), (1, 4)),
     "mma_64_k64_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, down_splits=8,
                                       **_M), (4, 8, 16)),
+    # prefill buckets of 65-128 tokens: the two-stage tiles above ask for 286 KB of shared memory at 128 tokens
+    "mma_64_k64_s8_1stage": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=1,
+                                             down_splits=8, **_M), (64, 128)),
 }
 # bf16 experts (the HF-peer comparison): gemv tiles step over 256 elements, as model.kernels.kernel_config_for
 BF16_BLOCK_K = {"gemv": 256, "mma": 64}
@@ -102,6 +105,8 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, nargs="+", help="token counts to try (default: each candidate's own)")
     p.add_argument("--unrolled", action="store_true",
                    help="chain the 20 timed calls written out in one program instead of a device loop (run 9: 95 vs 90 us)")
+    p.add_argument("--with-reference", action="store_true",
+                   help="also time the plain XLA path the engine takes where no kernel applies (model.moe)")
     p.add_argument("--bf16", action="store_true", help="bf16 experts (dequantized), as in the HF-peer comparison")
     return p.parse_args(argv)
 
@@ -143,6 +148,12 @@ def main(argv=None):
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor = floor_ms(unique * per_expert + 2 * x_TH.nbytes, HBM_TBS)
         ref = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
+        if args.with_reference:
+            plain = experts_dense if ids_TK.size >= experts.num_experts else experts_gather
+            ms = time_moe(plain, x_TH, experts, ids_TK, weights_TK, chain_ids=True)["ms"]
+            result["rows"].append(dict(name=f"xla_{plain.__name__}", tokens=t, unique_experts=unique, floor_ms=floor,
+                                       ms=ms, ratio=ms / floor))
+            log(f"T={t} {'xla_' + plain.__name__:16s} {ms * 1e3:8.1f} us  floor {floor * 1e3:6.1f} us  x{ms / floor:.2f}")
         for name in names:
             kcfg, tokens = CANDIDATES[name]
             if (t not in tokens and not args.tokens) or time.time() - t_start > args.budget_s:

@@ -79,6 +79,7 @@ def time_modes(engine: Engine, prompts, max_new: int, speculative: bool, repeats
         ms = [1e3 * r.decode_s / r.cycles for r in runs]
         tps = [r.decode_tokens_per_s for r in runs]
         rows[mode] = dict(ms_per_cycle=statistics.median(ms), ms_per_cycle_runs=ms,
+                          prefill_ms=statistics.median(1e3 * r.prefill_s for r in runs),
                           tokens_per_s=statistics.median(tps), cycles=runs[0].cycles,
                           tokens=sum(len(t) for t in runs[0].tokens), same_tokens_as_generate=same)
         log(f"  {mode:18s} {rows[mode]['ms_per_cycle']:.3f} ms/cycle ({', '.join(f'{m:.3f}' for m in ms)}), "
