@@ -196,3 +196,18 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     assert text.count("triton") >= 2
     if fmt == "int4":  # the single-instruction dequantization and FMAs made it into the Triton IR
         assert "lop3.b32" in text and "fma.rn.f32" in text
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64, 65, 100, 128])
+def test_int4_prefill_buckets_take_the_pairs_kernel(tokens):
+    """Up to MAX_KERNEL_TOKENS (the 128-token prefill bucket) INT4 experts run the one-slot-per-pair kernel: the
+    mma tiles asked the H200 for 286720 bytes of shared memory at 128 tokens and did not compile
+    (bench/results/moe-lab-gpu-20261130-0312.json), and at 64 tokens took 12.7 ms against the pairs' 3.7."""
+    from model.kernels import MAX_KERNEL_TOKENS
+
+    sds = jax.ShapeDtypeStruct
+    mat = lambda o, i: Int4Weight(sds((384, o, i // 8), jnp.uint32), sds((384, o, i // 32), jnp.bfloat16))  # noqa: E731
+    experts = ExpertWeights(mat(2048, 7168), mat(2048, 7168), mat(7168, 2048))
+    assert tokens <= MAX_KERNEL_TOKENS
+    cfg = kernel_config_for(tokens, experts)
+    assert (cfg.variant, cfg.slots) == ("gemv", "pairs")

@@ -27,7 +27,11 @@ MAX_KERNEL_TOKENS = 128
 # INT4 pairs T=1 92 us (floor 46), T=2 167 (92), T=4 270 (179), T=8 502 (340), T=16 938 (640); the
 # unique-expert mma kernel 757 / 1347 / 2345 us at T=4 / 8 / 16, the unique-expert gemv 247 us at T=2.
 # bf16 pairs T=1 204 us (floor 164), T=4 709 (635); mma T=8 1294 vs pairs 1360.
-PAIRS_MAX_TOKENS = {"int4": 64, "bf16": 4}
+# INT4 prefill buckets of 64 / 128 tokens (moe-lab-gpu-20261130-0312): at 64 pairs 3.70 ms, mma 12.66 (one stage
+# 15.58), XLA's dense path 23.81 (floor 1.58); at 128 the mma tiles do not compile (286720 bytes of shared
+# memory asked for, 232448 there: x's 8 nibble parts of 128 tokens, two stages), XLA's dense path 24.42 ms
+# (floor 2.01). So INT4 takes pairs up to MAX_KERNEL_TOKENS.
+PAIRS_MAX_TOKENS = {"int4": 128, "bf16": 4}
 
 
 def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
