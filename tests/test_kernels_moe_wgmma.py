@@ -87,11 +87,11 @@ def test_column_order_is_a_permutation_within_groups():
 
 def test_block_diagonal_puts_each_group_in_its_row():
     v = (jnp.arange(512, dtype=jnp.float32) % 250 + 1).reshape(1, 512)  # nonzero integers, exact in bf16
-    bd = np.asarray(moe_wgmma.block_diagonal_GK(v), np.float32)[0]
-    assert bd.shape == (moe_wgmma.GROUPS, 512)
-    np.testing.assert_array_equal(bd.sum(0), np.asarray(v[0]))  # every value once
+    bd = np.asarray(moe_wgmma.block_diagonal_SNGK(v), np.float32)[0]
+    assert bd.shape == (2, moe_wgmma.GROUPS, 256)  # tiles, groups, columns of a tile
+    np.testing.assert_array_equal(bd.sum(1).reshape(512), np.asarray(v[0]))  # every value once, in its tile
     for k in (0, 31, 32, 255, 256, 300, 511):
-        assert bd[(k % 256) // 32, k] == v[0, k]
+        assert bd[k // 256, (k % 256) // 32, k % 256] == v[0, k]
 
 
 def test_int4_nibbles_are_q_plus_8(experts):

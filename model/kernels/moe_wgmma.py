@@ -9,7 +9,7 @@ thread, 23-30% occupancy, 3.0-3.1 TB/s). Here the TMA engine streams the weight 
 `stages` steps ahead, which costs no registers, and the warpgroup dequantizes the landed tile.
 
 The products run on tensor cores as one wgmma per tile with the weights as the register operand A and a
-block-diagonal B: B[g, k] = x[k] if k lies in group g of the tile (`block_diagonal_GK`, built by XLA), so the
+block-diagonal B: B[g, k] = x[k] if k lies in group g of the tile (`block_diagonal_SNGK`, built by XLA), so the
 wgmma's N = 8 columns are the tile's eight per-group partial dot products P[r, g]. The group scales are
 then one [64, 8] tile in the accumulator's own layout: acc += P * s, summed over g once at the end.
 With one token per slot the tensor cores do 8x the needed multiplies, which they have to spare; the
@@ -61,11 +61,22 @@ def int4_nibbles(w: Int4Weight) -> jax.Array:
     return q.reshape(*w.packed.shape[:-1], w.packed.shape[-1] * 8)
 
 
-def block_diagonal_GK(v_SK: jax.Array) -> jax.Array:
-    """[S, K] -> [S, GROUPS, K] bf16: row g holds v where k's group within its TILE_K tile is g, zeros elsewhere."""
-    group_K = (jnp.arange(v_SK.shape[-1]) % TILE_K) // (TILE_K // GROUPS)
-    keep_GK = group_K[None, :] == jnp.arange(GROUPS)[:, None]
-    return jnp.where(keep_GK[None], v_SK[:, None, :], 0).astype(jnp.bfloat16)
+def block_diagonal_SNGK(v_SK: jax.Array) -> jax.Array:
+    """[S, K] -> [S, K // TILE_K, GROUPS, TILE_K] bf16: tile n's row g holds v where k's group within the tile
+    is g, zeros elsewhere (each pipeline step's B is one [GROUPS, TILE_K] block).
+
+    Built by padding and reshapes, not by a mask over a broadcast (which would repeat SiLU's exp 8 times): each
+    output element reads at most one input element, so with one gate_up split XLA fuses the SiLU into this
+    layout (6 launches a layer call instead of 7 at four tokens). With the engine's four splits it still launches
+    the split sum + SiLU apart; there the two layouts time the same within the runs' spread (lab, A/B/A in one
+    call: bench/results/moe-wgmma-lab-gpu-20261130-0329, -0330 and run12-ab-old-layout.log). Each pipeline
+    step's B is one contiguous 4 KB block."""
+    s, k = v_SK.shape
+    width, tiles = TILE_K // GROUPS, k // TILE_K
+    v = v_SK.astype(jnp.bfloat16).reshape(s, tiles, GROUPS, width)
+    # flattened, a tile's [GROUPS, TILE_K] block holds group g at g * (width + TILE_K): each group, then TILE_K zeros
+    padded = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, TILE_K))).reshape(s, tiles, GROUPS * (width + TILE_K))
+    return padded[:, :, :GROUPS * TILE_K].reshape(s, tiles, GROUPS, TILE_K)
 
 
 def _transforms(bits: int, cols: int, interpret: bool):
@@ -191,7 +202,7 @@ def _store_rows(v_R, out_gmem):
 def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
     """BlockSpecs of (block-diagonal input, weight, scales) for one pipeline step; `lead` squeezes leading axes
     (the down kernel indexes slot and expert there)."""
-    b = plgpu.BlockSpec((*lead, GROUPS, TILE_K), b_index, transforms=_transforms(16, TILE_K, interpret))
+    b = plgpu.BlockSpec((*lead, None, GROUPS, TILE_K), b_index, transforms=_transforms(16, TILE_K, interpret))
     w = plgpu.BlockSpec((*lead, ROWS, TILE_K), ws_index, transforms=_transforms(4, TILE_K, interpret))
     s = plgpu.BlockSpec((*lead, ROWS, GROUPS), ws_index)
     return b, w, s
@@ -202,7 +213,7 @@ def _gate_up_kernel(expert_ref, token_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_r
     """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
     e, t = expert_ref[slot], token_ref[slot]
-    b, w, s = _specs(interpret, lambda k: (0, split * n_k + k), lambda k: (rb, split * n_k + k))
+    b, w, s = _specs(interpret, lambda k: (split * n_k + k, 0, 0), lambda k: (rb, split * n_k + k))
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
         tiles = ((gq_smem, gs_smem), (uq_smem, us_smem))
@@ -225,7 +236,7 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
         return _tile_products(((dq_smem, ds_smem),), hbd_smem, (carry,), interpret, convert=convert)[0]
 
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
-    b, w, s = _specs(interpret, lambda c, kk: (first + c, 0, kk), lambda c, kk: (expert_ref[first + c], rb, kk),
+    b, w, s = _specs(interpret, lambda c, kk: (first + c, kk, 0, 0), lambda c, kk: (expert_ref[first + c], rb, kk),
                      lead=(None,))
     acc = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
                               init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
@@ -306,7 +317,7 @@ def _check_convert(convert: str) -> None:
 
 def _wgmma_input(v_SK: jax.Array, convert: str) -> jax.Array:
     """The B operand of every step: v in the operand's column order, block-diagonal over the scale groups."""
-    return block_diagonal_GK(input_order(v_SK, convert))
+    return block_diagonal_SNGK(input_order(v_SK, convert))
 
 
 def _operands(w: Int4Weight):
