@@ -21,17 +21,15 @@ import argparse  # noqa: E402
 import collections  # noqa: E402
 import datetime  # noqa: E402
 import glob  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 
 from bench.moe_path import moe_path  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step import bench_config, init_weights, make_step, random_cache, step_inputs  # noqa: E402
+from bench.step import make_step, random_cache, random_model, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.kernels import routed_experts_for_backend  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
@@ -95,9 +93,7 @@ def main(argv=None):
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
-    cfg = bench_config(args.layers, args.tiny)
-    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
-    jax.block_until_ready(w)
+    cfg, w = random_model(args.layers, args.tiny)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
                   layers=args.layers, context=args.context, xla_flags=os.environ.get("XLA_FLAGS", ""), rows=[])
     step_fn = make_step(cfg, routed_experts_for_backend)

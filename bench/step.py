@@ -60,6 +60,14 @@ def bench_config(layers: int, tiny: bool):
 init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
 
 
+def random_model(layers: int, tiny: bool):
+    """`bench_config` and its random INT4-expert weights, drawn on device and waited for: (cfg, weights)."""
+    cfg = bench_config(layers, tiny)
+    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
+    jax.block_until_ready(w)
+    return cfg, w
+
+
 def _kernel_record(tokens: int, experts, cfg) -> dict:
     """The MoE kernel the engine dispatches to at this many tokens, and its settings."""
     variant = moe_kernel_for(tokens, experts)

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from bench.cycle import k25_draft_config  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step import bench_config, init_weights  # noqa: E402
+from bench.step import random_model  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits  # noqa: E402
 from model.init import init_draft_weights  # noqa: E402
@@ -105,13 +105,12 @@ def main(argv=None):
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
-    cfg = bench_config(args.layers, args.tiny)
     t0 = time.perf_counter()
-    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
+    cfg, w = random_model(args.layers, args.tiny)
     dcfg = k25_draft_config(cfg, args.tiny)
     spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
     dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
-    jax.block_until_ready((w, dw))
+    jax.block_until_ready(dw)
     log(f"device {dev.device_kind}, jax {jax.__version__}; weights: {args.layers} layers in "
         f"{time.perf_counter() - t0:.1f} s")
     rng = np.random.default_rng(0)
