@@ -109,6 +109,7 @@ def test_streaming_text_and_statistics(ckpt, library):
     assert r.stdout == text + "\n"
     for needle in ("prompt tokens:", "prefill:", "compile:", "tok/s", "mean acceptance length", "ms/cycle", "baseline"):
         assert needle in r.stderr
+    assert "baseline (no speculation, same target, streamed the same way)" in r.stderr  # like with like
 
 
 def test_batch_file_matches_single_prompts(ckpt, library, tmp_path):
