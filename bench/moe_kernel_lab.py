@@ -2,7 +2,7 @@
 
 For tuning model/kernels/__init__.py: each candidate (variant, tiles, scale loading, prefetch, down splits)
 at each token count, its median time over chained calls (bench.moe_layer.time_moe), its error against the
-plain reference `experts_gather`, and the byte floor of the unique experts it reads. `--profile CFG:T`
+plain reference path (`model.moe.plain_routed_experts`), and the byte floor of the unique experts it reads. `--profile CFG:T`
 instead runs one candidate a few times for Nsight Compute (`ncu --kernel-name regex:moe_ ...`).
 Writes moe-lab-<device>-<date>.json to --out.
 """
@@ -31,7 +31,7 @@ from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.init import _int4, _Keys  # noqa: E402
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas  # noqa: E402
-from model.moe import ExpertWeights, experts_dense, experts_gather  # noqa: E402
+from model.moe import ExpertWeights, plain_routed_experts  # noqa: E402
 from model.quant import Int4Weight, dequantize  # noqa: E402
 from model.router import route  # noqa: E402
 
@@ -148,14 +148,13 @@ def main(argv=None):
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor = floor_ms(unique * per_expert + 2 * x_TH.nbytes, HBM_TBS)
         # the plain path the engine takes without a kernel (experts_gather's per-pair weight copies are 84 GB at
-        # 128 tokens)
-        plain = experts_dense if ids_TK.size >= experts.num_experts else experts_gather
-        ref = jax.jit(plain)(x_TH, experts, ids_TK, weights_TK)
+        # 128 tokens, so past one pick per expert it is experts_dense)
+        ref = jax.jit(plain_routed_experts)(x_TH, experts, ids_TK, weights_TK)
         if args.with_reference:
-            ms = time_moe(plain, x_TH, experts, ids_TK, weights_TK, chain_ids=True)["ms"]
-            result["rows"].append(dict(name=f"xla_{plain.__name__}", tokens=t, unique_experts=unique, floor_ms=floor,
-                                       ms=ms, ratio=ms / floor))
-            log(f"T={t} {'xla_' + plain.__name__:16s} {ms * 1e3:8.1f} us  floor {floor * 1e3:6.1f} us  x{ms / floor:.2f}")
+            ms = time_moe(plain_routed_experts, x_TH, experts, ids_TK, weights_TK, chain_ids=True)["ms"]
+            result["rows"].append(dict(name="xla_plain", tokens=t, unique_experts=unique, floor_ms=floor, ms=ms,
+                                       ratio=ms / floor))
+            log(f"T={t} {'xla_plain':16s} {ms * 1e3:8.1f} us  floor {floor * 1e3:6.1f} us  x{ms / floor:.2f}")
         for name in names:
             kcfg, tokens = CANDIDATES[name]
             if (t not in tokens and not args.tokens) or time.time() - t_start > args.budget_s:

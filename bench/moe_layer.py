@@ -85,8 +85,8 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         weights_TK, ids_TK = route(x_TH, layer.router, layer.router_bias, cfg)
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor_bytes = unique * per_expert + 2 * x_TH.nbytes
-        step_inputs[t] = (x_TH, ids_TK, weights_TK)
         ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
+        step_inputs[t] = (x_TH, ids_TK, weights_TK, ref_out)
         ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK, chain_ids=True)
         row = dict(tokens=t, unique_experts=unique, bytes=floor_bytes, floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS),
                    reference_ms=ref["ms"])
@@ -110,14 +110,13 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
     engine_ok = True
     for row in rows:
         t = row["tokens"]
-        x_TH, ids_TK, weights_TK = step_inputs[t]  # the same inputs as the sweep's row
+        x_TH, ids_TK, weights_TK, ref_out = step_inputs[t]  # the same inputs (and reference) as the sweep's row
         variant = moe_kernel_for(t, experts)
         triton = kernel_config_for(t, experts)
         row.update(kernel_variant=variant, kernel_slots=triton.slots if variant == "gemv" else None,
                    triton_config=candidates.index(triton))
         try:
-            err = _rel_err(jax.jit(fused_routed_experts)(x_TH, experts, ids_TK, weights_TK),
-                           jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK))
+            err = _rel_err(jax.jit(fused_routed_experts)(x_TH, experts, ids_TK, weights_TK), ref_out)
             ms = time_moe(fused_routed_experts, x_TH, experts, ids_TK, weights_TK)["ms"]
         except Exception as e:
             row["kernel_error"] = f"{type(e).__name__}: {e}"[:800]

@@ -15,11 +15,9 @@ import model.moe as moe_module
 _NAMES = ("routed_experts", "routed_experts_for_backend")
 
 
-def PLAIN_ROUTED_EXPERTS(x_TH, experts, ids_TK, weights_TK):
-    """The plain XLA reference paths, chosen by model.moe's rule (not model.moe.routed_experts, which may
-    dispatch to the GPU kernel once the engine is wired)."""
-    plain = moe_module.experts_dense if ids_TK.size >= experts.num_experts else moe_module.experts_gather
-    return plain(x_TH, experts, ids_TK, weights_TK)
+# the plain XLA reference paths (not model.moe.routed_experts, which dispatches to the GPU kernel; moe_path
+# patches that name, not this one)
+PLAIN_ROUTED_EXPERTS = moe_module.plain_routed_experts
 
 
 @contextlib.contextmanager

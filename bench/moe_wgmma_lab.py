@@ -72,10 +72,6 @@ def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits,
     return jnp.broadcast_to(jnp.sum(gu[:, :, :, :1]), x_TH.shape).astype(x_TH.dtype)
 
 
-def optimized_hlo(fn, *args) -> str:
-    return jax.jit(fn).lower(*args).compile().as_text()
-
-
 def launches(hlo: str) -> list[str]:
     """The kernels one call launches: the entry computation's fusions and custom calls in the optimized HLO."""
     entry = hlo[hlo.index("ENTRY"):]
@@ -122,10 +118,11 @@ def main(argv=None):
             fl = floor_ms(unique * per_expert * 2 // 3 + x_TH.nbytes, HBM_TBS) if name.startswith("gate_up") else floor
             row = dict(name=name, tokens=t, unique_experts=unique, floor_ms=fl)  # gate_up alone: 2 of 3 matrices
             try:
+                compiled = jax.jit(fn).lower(x_TH, experts, ids_TK, weights_TK).compile()  # error and launches
                 if not name.startswith("gate_up"):
-                    row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)
-                if name.startswith("wgmma"):  # one compile gives both
-                    hlo = optimized_hlo(fn, x_TH, experts, ids_TK, weights_TK)
+                    row["rel_err"] = _rel_err(compiled(x_TH, experts, ids_TK, weights_TK), ref)
+                if name.startswith("wgmma"):
+                    hlo = compiled.as_text()
                     row["launches"] = launches(hlo)
                     log(f"{name}: {len(row['launches'])} launches: {row['launches']}")
                     if "weight_copies" not in result:

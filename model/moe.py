@@ -58,15 +58,20 @@ def experts_dense(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, we
     return jnp.einsum("te,tef,ehf->th", combine_TE.astype(dt), h_TEF, down_EHF)
 
 
+def plain_routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array,
+                         weights_TK: jax.Array) -> jax.Array:
+    """The plain XLA paths: every expert on every token once the picks reach one per expert, else a gather."""
+    plain = experts_dense if ids_TK.size >= experts.num_experts else experts_gather
+    return plain(x_TH, experts, ids_TK, weights_TK)
+
+
 def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
     """Per-device dispatch: the fused Pallas MoE on GPU when the shapes fit, else a plain reference path."""
     from model.kernels import fused_moe_applies, fused_routed_experts  # lazy: the kernels import this module
 
     if fused_moe_applies(x_TH, experts):
         return fused_routed_experts(x_TH, experts, ids_TK, weights_TK)
-    if ids_TK.size >= experts.num_experts:
-        return experts_dense(x_TH, experts, ids_TK, weights_TK)
-    return experts_gather(x_TH, experts, ids_TK, weights_TK)
+    return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 
 def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig) -> jax.Array:

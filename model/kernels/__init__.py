@@ -102,10 +102,9 @@ def routed_experts_for_backend(x_TH: jax.Array, experts, ids_TK: jax.Array, weig
     """Fused Pallas MoE on GPU, plain XLA reference elsewhere; [T, H] -> [T, H]."""
     if fused_moe_applies(x_TH, experts):
         return fused_routed_experts(x_TH, experts, ids_TK, weights_TK)
-    from model.moe import experts_dense, experts_gather  # lazy: model.moe calls into this module
+    from model.moe import plain_routed_experts  # lazy: model.moe calls into this module
 
-    plain = experts_dense if ids_TK.size >= experts.num_experts else experts_gather
-    return plain(x_TH, experts, ids_TK, weights_TK)
+    return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 
 __all__ = [
