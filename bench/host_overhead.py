@@ -56,7 +56,7 @@ def trace_steps(run, n: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp):
-            for i in range(n):
+            for _ in range(n):
                 with jax.profiler.TraceAnnotation(MARK):
                     jax.block_until_ready(run())
         [path] = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)

@@ -1,8 +1,5 @@
 """`python -m bench.stream` times the engine's three decode loops (device loop, pipelined stream, one round trip a
-cycle) from the engine's own results; `python -m bench.host_overhead` (a smoke run at tiny dims on CPU) takes a
-synchronised step's host time apart."""
-
-import json
+cycle) from the engine's own results."""
 
 import pytest
 
@@ -48,17 +45,3 @@ def test_bench_stream_refuses_bad_flags(argv, flag, capsys):
         main(argv)
     assert flag in capsys.readouterr().err
 
-
-def test_host_overhead_tiny(tmp_path):
-    """`python -m bench.host_overhead` on CPU: the step synchronised and queued, the empty program over the same
-    arguments, and the host events of a traced step (no device plane on a CPU, so no device columns)."""
-    from bench.host_overhead import main as host_overhead
-
-    result = host_overhead(["--tiny", "--layers", "3", "--tokens", "1", "--context", "16", "--iters", "2",
-                            "--traced", "2", "--out", str(tmp_path)])
-    [row] = result["rows"]
-    assert row["step_sync_ms"] > 0 and row["step_queued_ms"] > 0 and row["empty_program_sync_us"] > 0
-    assert row["arguments"] > 20  # the weights' leaves, tokens, positions and the cache
-    assert len(row["steps"]) == 2 and all(s["wall_us"] > 0 for s in row["steps"])
-    assert any("PjitFunction" in e["name"] for e in row["host_events"])
-    assert json.loads(next(tmp_path.glob("host-overhead-*.json")).read_text())["rows"][0]["tokens"] == 1
