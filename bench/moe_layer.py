@@ -28,9 +28,14 @@ CANDIDATES = (  # the engine's configs first (model.kernels.kernel_config_for), 
     MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8),
 )
 REPS = 20  # layer calls chained inside one jit, so per-call host dispatch does not count
+# A jitted chain also pays a fixed cost per run, before and after its loop's first iteration (~0.3 ms on the H200:
+# bench/moe_layer_profile.py's timeline, moe-layer-profile-gpu-20261130-0537), 15 us a call at REPS = 20 that a
+# layer inside a model never pays. So a call is timed as the difference of a chain of LONG_REPS calls and one of
+# REPS, divided by the extra calls.
+LONG_REPS = 3 * REPS
 
 
-def _chained(fn, reps: int, unrolled: bool = False, chain_ids: bool = False):
+def _chained(fn, reps: int, unrolled: bool = False, chain_ids: bool = False, calls_per_iteration: int = 1):
     """Run fn `reps` times on device, each call fed by the previous output (no hoisting, no host gaps).
 
     `chain_ids` makes the router ids depend on the previous output too: the plain reference gathers weights by
@@ -38,8 +43,9 @@ def _chained(fn, reps: int, unrolled: bool = False, chain_ids: bool = False):
     need no such chain, and it would cost them one extra launch per call (a select on the ids) that a model
     layer does not have (bench/results/README.md, run 12).
 
-    By default the calls run in a device loop; `unrolled=True` writes them out one after another in one program
-    instead. Run 9 (bench/results/README.md) timed both: 90.3 vs 95.3 us at one token, 278.5 vs 287.1 at four,
+    By default the calls run in a device loop, `calls_per_iteration` of them written out in each iteration (so
+    the loop's own per-iteration cost is shared; bench/moe_layer_profile.py measures it); `unrolled=True` writes
+    all of them out one after another in one program instead. Run 9 (bench/results/README.md) timed both: 90.3 vs 95.3 us at one token, 278.5 vs 287.1 at four,
     so the loop's per-iteration cost does not explain the gap to the two kernels' own time in a step's profile
     (44 + 24 us at one token); XLA's glue around them (nibble offsets of x and h, the sum over down splits) does."""
 
@@ -49,9 +55,19 @@ def _chained(fn, reps: int, unrolled: bool = False, chain_ids: bool = False):
             ids = jnp.where(x[0, 0] == 12345.0, (ids + 1) % experts.num_experts, ids)
         return x, ids
 
+    if reps % calls_per_iteration:
+        raise ValueError(f"calls_per_iteration={calls_per_iteration} must divide reps={reps}")
+
+    def iteration(_, carry, experts, weights_TK):
+        for _ in range(calls_per_iteration):
+            carry = body(*carry, experts, weights_TK)
+        return carry
+
     def run(x_TH, experts, ids_TK, weights_TK):
         if not unrolled:
-            return jax.lax.fori_loop(0, reps, lambda _, c: body(*c, experts, weights_TK), (x_TH, ids_TK))[0]
+            return jax.lax.fori_loop(0, reps // calls_per_iteration,
+                                     functools.partial(iteration, experts=experts, weights_TK=weights_TK),
+                                     (x_TH, ids_TK))[0]
         x, ids = x_TH, ids_TK
         for _ in range(reps):
             x, ids = body(x, ids, experts, weights_TK)
@@ -65,11 +81,23 @@ def _rel_err(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def chain_pair(fn, unrolled: bool = False, chain_ids: bool = False, calls_per_iteration: int = 1) -> tuple:
+    """The chains of REPS and LONG_REPS calls of `fn` whose difference times one call (`per_call_ms`)."""
+    return tuple(_chained(fn, n, unrolled, chain_ids, calls_per_iteration) for n in (REPS, LONG_REPS))
+
+
+def per_call_ms(chains: tuple, args: tuple, iters: int = 10) -> dict:
+    """ms of one call: (median of the long chain - median of the short one) / (LONG_REPS - REPS), each a median of
+    `iters` synchronised runs after warm-up. `chained_ms` is the short chain's median / REPS (the per-call figure of
+    runs 1-12, which includes the chain's fixed cost), `spread_ms` the short chain's max - min / REPS."""
+    short, long = (median_ms(lambda c=c: c(*args), warmup=2, iters=iters) for c in chains)
+    return {"ms": (long["median_ms"] - short["median_ms"]) / (LONG_REPS - REPS),
+            "chained_ms": short["median_ms"] / REPS, "spread_ms": (short["max_ms"] - short["min_ms"]) / REPS}
+
+
 def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = False, chain_ids: bool = False) -> dict:
-    """Per-call ms of `fn` over REPS chained calls; `chain_ids=True` for the plain reference (see `_chained`)."""
-    chained = _chained(fn, REPS, unrolled, chain_ids)
-    stats = median_ms(lambda: chained(x_TH, experts, ids_TK, weights_TK), warmup=2, iters=10)
-    return {"ms": stats["median_ms"] / REPS, "spread_ms": (stats["max_ms"] - stats["min_ms"]) / REPS}
+    """Per-call ms of `fn` (`per_call_ms`); `chain_ids=True` for the plain reference (see `_chained`)."""
+    return per_call_ms(chain_pair(fn, unrolled, chain_ids), (x_TH, experts, ids_TK, weights_TK))
 
 
 def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.PRNGKey(7), copy_tbs=None,

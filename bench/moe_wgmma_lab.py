@@ -3,8 +3,8 @@ Triton kernel, on one Kimi-K2.5 INT4 MoE layer.
 
 Per token count: the plain reference's output, the engine's Triton kernel (model.kernels.kernel_config_for) and
 each wgmma variant (pipeline stages, gate_up splits of H, down splits of the choices, overlapped wgmmas, int4
-conversion): error against the reference, median time over chained calls (bench.moe_layer._chained; with
-`--rounds`, the median of round-robin rounds), the byte
+conversion): error against the reference, time of one call (bench.moe_layer.per_call_ms: the difference of two
+chain lengths; with `--rounds`, the median of round-robin rounds), the byte
 floor of the unique experts read, and the kernels one call launches (the optimized HLO's fusions and custom
 calls). `--gate-up-alone` also times the first kernel by itself against its own floor. Records whether XLA copies
 the weights when it reinterprets the uint32 words as int4 (an s4 write in the optimized HLO). `--profile` runs
@@ -32,9 +32,8 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
 from bench.moe_kernel_lab import inputs, moe_layer, run_for_profiler  # noqa: E402
-from bench.moe_layer import REPS, _chained, _rel_err  # noqa: E402
+from bench.moe_layer import _rel_err, chain_pair, per_call_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.timing import median_ms  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
 from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
@@ -128,7 +127,7 @@ def main(argv=None):
                     if "weight_copies" not in result:
                         result["weight_copies"] = weight_copies(hlo)
                         log(f"s4 writes in the optimized HLO: {result['weight_copies'] or 'none'}")
-                chains[name] = _chained(fn, REPS)
+                chains[name] = chain_pair(fn)
             except Exception as e:  # a variant that fails to compile must not end the run
                 row["error"] = f"{type(e).__name__}: {e}"[:1500]
                 log(f"T={t} {name:18s} failed: {row['error'][:1500]}")
@@ -138,14 +137,14 @@ def main(argv=None):
                 if row["name"] not in chains or time.time() - t_start > args.budget_s:
                     continue
                 try:
-                    stats = median_ms(lambda: chains[row["name"]](x_TH, experts, ids_TK, weights_TK), warmup=2,
-                                      iters=10)
+                    stats = per_call_ms(chains[row["name"]], (x_TH, experts, ids_TK, weights_TK))
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {e}"[:1500]
                     chains.pop(row["name"])
                     log(f"T={t} {row['name']:18s} failed: {row['error'][:1500]}")
                     continue
-                row.setdefault("round_ms", []).append(stats["median_ms"] / REPS)
+                row.setdefault("round_ms", []).append(stats["ms"])
+                row.setdefault("round_chained_ms", []).append(stats["chained_ms"])
                 log(f"T={t} round {r} {row['name']:18s} {row['round_ms'][-1] * 1e3:8.1f} us")
         for row in rows:
             if row.get("round_ms"):

@@ -9,16 +9,16 @@ from bench.moe_layer import _chained
 from model.moe import ExpertWeights
 
 
-@pytest.mark.parametrize("unrolled", [True, False])
-def test_moe_layer_chain_feeds_each_call_the_last_output(unrolled):
+@pytest.mark.parametrize("unrolled,per_iteration", [(True, 1), (False, 1), (False, 2)])
+def test_moe_layer_chain_feeds_each_call_the_last_output(unrolled, per_iteration):
     fn = lambda x, experts, ids, w: x * w + ids[:, :1].astype(x.dtype)  # noqa: E731
 
     x = jnp.ones((2, 3), jnp.float32)
     ids = jnp.ones((2, 1), jnp.int32)
     experts = ExpertWeights(*(jnp.zeros((4, 2, 3), jnp.float32) for _ in range(3)))  # 4 experts
-    out = _chained(fn, 3, unrolled)(x, experts, ids, 2.0)
+    out = _chained(fn, 4, unrolled, calls_per_iteration=per_iteration)(x, experts, ids, 2.0)
     want = x
-    for _ in range(3):
+    for _ in range(4):
         want = want + 1e-3 * (want * 2.0 + 1.0)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6)
 
@@ -31,3 +31,47 @@ def test_moe_layer_chain_makes_ids_depend_on_the_output_only_when_asked(chain_id
     experts = ExpertWeights(*(jnp.zeros((4, 2, 3), jnp.float32) for _ in range(3)))
     jaxpr = str(jax.make_jaxpr(_chained(fn, 3, chain_ids=chain_ids))(x, experts, ids, 2.0))
     assert ("select_n" in jaxpr) == chain_ids
+
+
+def test_moe_layer_chain_rejects_a_grouping_that_does_not_divide_the_calls():
+    with pytest.raises(ValueError, match="calls_per_iteration=3 must divide reps=4"):
+        _chained(lambda x, *_: x, 4, calls_per_iteration=3)
+
+
+def test_moe_layer_profile_tiny(tmp_path):
+    """`python -m bench.moe_layer_profile` times the chain, the grouped chain and the harness alone, and reads one
+    call's kernels back from a real trace (XLA's thunks on CPU)."""
+    from bench.moe_layer_profile import main
+
+    result = main(["--tiny", "--tokens", "1", "--iters", "1", "--out", str(tmp_path)])
+    [row] = result["rows"]
+    assert row["chained_us"] > 0 and row["floor_us"] > 0
+    # differences of two chains' medians: on a noisy CPU a tiny layer's can even come out below zero
+    assert all(np.isfinite(row[k]) for k in ("call_us", "grouped_us", "harness_us"))
+    tr = row["trace"]
+    assert tr["one_call"] and tr["kernels_per_call"] > 0
+    assert 0 < tr["busy_us_per_call"] <= tr["span_us_per_call"] * (1 + 1e-9)
+    assert tr["busy_us_per_call"] <= tr["kernel_us_per_call"] * (1 + 1e-9)
+    assert 0 < tr["steady_span_us_per_call"] and len(tr["timeline"]) == round(tr["kernels_per_call"] * 20)
+    assert "## T = 1" in next(tmp_path.glob("moe-layer-profile-*.md")).read_text()
+    with pytest.raises(SystemExit, match="--calls-per-iteration must divide"):
+        main(["--tiny", "--calls-per-iteration", "3", "--out", str(tmp_path)])
+
+
+def test_per_call_ms_is_the_difference_of_the_two_chains(monkeypatch):
+    """A call's time excludes the chain's fixed cost: (long - short) / (LONG_REPS - REPS)."""
+    import bench.moe_layer as moe_layer
+
+    fixed, per_call = 0.3, 0.07  # ms
+    runs = {"short": moe_layer.REPS, "long": moe_layer.LONG_REPS}
+
+    def fake_median_ms(run, warmup, iters):
+        n = runs[run()]
+        return {"median_ms": fixed + n * per_call, "min_ms": fixed + n * per_call - 0.01,
+                "max_ms": fixed + n * per_call + 0.03}
+
+    monkeypatch.setattr(moe_layer, "median_ms", fake_median_ms)
+    timing = moe_layer.per_call_ms((lambda: "short", lambda: "long"), ())
+    assert timing["ms"] == pytest.approx(per_call)
+    assert timing["chained_ms"] == pytest.approx(per_call + fixed / moe_layer.REPS)
+    assert timing["spread_ms"] == pytest.approx(0.04 / moe_layer.REPS)

@@ -291,7 +291,7 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    token_U = jnp.arange(t * k, dtype=jnp.int32) // k
+    token_U = jnp.asarray(np.arange(t * k, dtype=np.int32) // k)  # a constant: jnp's arange // k is a kernel a call
     gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, token_U, stages=stages, splits=gate_up_splits,
                            overlap=overlap, convert=convert, interpret=interpret)
     g_UF, u_UF = _sum_leading(gu_S2UF)
