@@ -46,13 +46,13 @@ def _rel_err(out, ref):
     return np.linalg.norm(out - ref) / np.linalg.norm(ref)
 
 
-@pytest.mark.parametrize("t,gate_up_splits,down_splits,convert", [(1, 1, 4, "pairs"), (2, 2, 2, "pairs"),
-                                                                  (1, 2, 1, "mosaic")])
-def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, convert):
+@pytest.mark.parametrize("t,gate_up_splits,down_splits,convert,permute_h", [
+    (1, 1, 4, "pairs", "after"), (2, 2, 2, "pairs", "before"), (1, 2, 1, "mosaic", "after")])
+def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, convert, permute_h):
     x = jax.random.normal(jax.random.PRNGKey(t), (t, H)).astype(jnp.bfloat16)
     ids, w = _routing(t, t)
     fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=gate_up_splits,
-                                   down_splits=down_splits, convert=convert, interpret=True))
+                                   down_splits=down_splits, convert=convert, permute_h=permute_h, interpret=True))
     out = fn(x, experts, ids, w)
     ref = experts_gather(x.astype(jnp.float32), experts, ids, w)
     assert out.shape == (t, H) and out.dtype == jnp.bfloat16
@@ -118,6 +118,8 @@ def test_unsupported_shapes_are_refused(experts):
         moe_wgmma.routed_experts_wgmma(x, experts, ids, w, gate_up_splits=3, interpret=True)
     with pytest.raises(ValueError, match="convert must be"):
         moe_wgmma.routed_experts_wgmma(x, experts, ids, w, convert="f16", interpret=True)
+    with pytest.raises(ValueError, match="permute_h must be 'after' or 'before'"):
+        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, permute_h="never", interpret=True)
 
 
 def test_engine_picks_it_only_on_hopper(experts):
@@ -126,7 +128,8 @@ def test_engine_picks_it_only_on_hopper(experts):
     assert cfg["down_splits"] == 4 and cfg["gate_up_splits"] == 2  # H / 256 = 2 tiles
 
 
-@pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True})])
+@pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
+                                       (4, {"permute_h": "before"})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct

@@ -262,8 +262,9 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, token_U, *, s
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
-              convert: str = "pairs", interpret: bool = False) -> jax.Array:
-    """[splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h)."""
+              convert: str = "pairs", h_in_input_order: bool = False, interpret: bool = False) -> jax.Array:
+    """[splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h).
+    `h_in_input_order`: h's columns are already in `input_order(.., convert)`."""
     _check_convert(convert)
     slots, f = h_UF.shape
     if choices % splits:
@@ -275,17 +276,21 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
         out_type=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
         grid=(hidden // ROWS, t * splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
-    )(expert_U, _wgmma_input(h_UF, convert), *_operands(down))
+    )(expert_U, block_diagonal_SNGK(h_UF) if h_in_input_order else _wgmma_input(h_UF, convert), *_operands(down))
 
 
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
                          down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
-                         interpret: bool = False) -> jax.Array:
+                         permute_h: str = "after", interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
     the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
-    choices across programs (partial sums added by XLA)."""
+    choices across programs (partial sums added by XLA). `permute_h` puts h's columns in the down kernel's
+    input order "after" SiLU or "before" it (on gate_up's partial sums): the same numbers, a different fusion
+    for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart)."""
+    if permute_h not in ("after", "before"):
+        raise ValueError(f"moe_wgmma permute_h must be 'after' or 'before', not {permute_h!r}")
     if not supports(experts):
         raise ValueError(f"moe_wgmma takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and dims "
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
@@ -294,10 +299,12 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     token_U = jnp.asarray(np.arange(t * k, dtype=np.int32) // k)  # a constant: jnp's arange // k is a kernel a call
     gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, token_U, stages=stages, splits=gate_up_splits,
                            overlap=overlap, convert=convert, interpret=interpret)
+    if permute_h == "before":
+        gu_S2UF = input_order(gu_S2UF, convert)
     g_UF, u_UF = _sum_leading(gu_S2UF)
     h_UF = jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(t * k, 1).astype(jnp.float32)
     y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
-                      convert=convert, interpret=interpret)
+                      convert=convert, h_in_input_order=permute_h == "before", interpret=interpret)
     return _sum_leading(y_STH).astype(x_TH.dtype)
 
 
