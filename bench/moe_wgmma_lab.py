@@ -45,8 +45,9 @@ def parse_args(argv):
     p.add_argument("--out", default="bench/results")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
-                   help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT[:PERMUTE_H] (CONVERT p pairs, m mosaic; PERMUTE_H "
-                        "a after SiLU (default), b before) of the wgmma kernel")
+                   help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT[:PERMUTE_H[:DOWN_STAGES]] (CONVERT p pairs, "
+                        "m mosaic; PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down kernel's, "
+                        "default STAGES) of the wgmma kernel")
     p.add_argument("--gate-up-alone", action="store_true", help="also time each variant's gate_up kernel alone")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every candidate this many times, round-robin (machines drift within a call); the row "
@@ -58,17 +59,19 @@ def parse_args(argv):
 
 
 def _variant(v: str) -> dict:
-    st, gus, ds, ov, conv, *perm = v.split(":")
+    st, gus, ds, ov, conv, *rest = v.split(":")
+    perm, down_st = [*rest, "a", st][0], [*rest, st, st][1]
     return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=bool(int(ov)),
-                convert={"p": "pairs", "m": "mosaic"}[conv], permute_h={"a": "after", "b": "before"}[(perm or ["a"])[0]])
+                convert={"p": "pairs", "m": "mosaic"}[conv], permute_h={"a": "after", "b": "before"}[perm],
+                down_stages=int(down_st))
 
 
 def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits, down_splits, overlap, convert,
-                   permute_h):
+                   permute_h, down_stages):
     """The gate_up kernel, its output summed to one number so the chained timing has an [T, H] result."""
-    del down_splits, permute_h
+    del down_splits, permute_h, down_stages
     t, k = ids_TK.shape
-    gu = gate_up_sums(x_TH, experts.gate, experts.up, ids_TK.reshape(t * k), jnp.arange(t * k) // k, stages=stages,
+    gu = gate_up_sums(x_TH, experts.gate, experts.up, ids_TK.reshape(t * k), choices=k, stages=stages,
                       splits=gate_up_splits, overlap=overlap, convert=convert)
     return jnp.broadcast_to(jnp.sum(gu[:, :, :, :1]), x_TH.shape).astype(x_TH.dtype)
 

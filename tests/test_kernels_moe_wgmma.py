@@ -64,7 +64,7 @@ def test_gate_up_sums_are_the_two_products(experts):
     """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H."""
     x = jax.random.normal(jax.random.PRNGKey(5), (2, H)).astype(jnp.bfloat16)
     expert_U, token_U = jnp.asarray([4, 0, 0, 5], jnp.int32), jnp.asarray([0, 0, 1, 1], jnp.int32)
-    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, token_U, splits=2, interpret=True)
+    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=2, splits=2, interpret=True)
     assert gu.shape == (2, 2, 4, F)
     xs = x.astype(jnp.float32)[token_U]
     for m, weight in enumerate((experts.gate, experts.up)):

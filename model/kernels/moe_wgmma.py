@@ -208,11 +208,11 @@ def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
     return b, w, s
 
 
-def _gate_up_kernel(expert_ref, token_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, stages,
+def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages,
                     overlap, convert, interpret):
     """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
-    e, t = expert_ref[slot], token_ref[slot]
+    e, t = expert_ref[slot], slot // choices  # slot t * choices + c holds token t's choice c
     b, w, s = _specs(interpret, lambda k: (split * n_k + k, 0, 0), lambda k: (rb, split * n_k + k))
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
@@ -243,22 +243,24 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
     _store_rows(jnp.sum(acc, axis=1), y_ref.at[split, t, pl.ds(rb * ROWS, ROWS)])
 
 
-def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, token_U, *, stages: int = STAGES,
+def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
                  splits: int = 1, overlap: bool = False, convert: str = "pairs",
                  interpret: bool = False) -> jax.Array:
-    """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token token_U[u]) over split s of H."""
+    """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token u // choices) over split s of H."""
     _check_convert(convert)
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
         raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
     slots, f = expert_U.shape[0], gate.shape[1]
+    if slots % choices or slots // choices != x_TH.shape[0]:
+        raise ValueError(f"{slots} slots are not {choices} choices for each of {x_TH.shape[0]} tokens")
     return plgpu.kernel(
-        functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, stages=stages, overlap=overlap,
-                          convert=convert, interpret=interpret),
+        functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, choices=choices, stages=stages,
+                          overlap=overlap, convert=convert, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
         grid=(slots, f // ROWS, splits), grid_names=("slot", "rows", "split"),
         **_interpret_kw(interpret),
-    )(expert_U, token_U, _wgmma_input(x_TH, convert), *_operands(gate), *_operands(up))
+    )(expert_U, _wgmma_input(x_TH, convert), *_operands(gate), *_operands(up))
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
@@ -281,14 +283,16 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
 
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
                          down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
-                         permute_h: str = "after", interpret: bool = False) -> jax.Array:
+                         permute_h: str = "after", down_stages: int | None = None,
+                         interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
     the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
     choices across programs (partial sums added by XLA). `permute_h` puts h's columns in the down kernel's
     input order "after" SiLU or "before" it (on gate_up's partial sums): the same numbers, a different fusion
-    for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart)."""
+    for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart). `down_stages`
+    (default `stages`): the down kernel's pipeline depth, whose steps hold one weight tile to gate_up's two."""
     if permute_h not in ("after", "before"):
         raise ValueError(f"moe_wgmma permute_h must be 'after' or 'before', not {permute_h!r}")
     if not supports(experts):
@@ -296,14 +300,13 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    token_U = jnp.asarray(np.arange(t * k, dtype=np.int32) // k)  # a constant: jnp's arange // k is a kernel a call
-    gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, token_U, stages=stages, splits=gate_up_splits,
+    gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages, splits=gate_up_splits,
                            overlap=overlap, convert=convert, interpret=interpret)
     if permute_h == "before":
         gu_S2UF = input_order(gu_S2UF, convert)
     g_UF, u_UF = _sum_leading(gu_S2UF)
     h_UF = jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(t * k, 1).astype(jnp.float32)
-    y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
+    y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=down_stages or stages, splits=down_splits,
                       convert=convert, h_in_input_order=permute_h == "before", interpret=interpret)
     return _sum_leading(y_STH).astype(x_TH.dtype)
 
