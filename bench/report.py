@@ -22,7 +22,10 @@ def _decode_ms(steps, batch, context, path, key="median_ms"):
 
 def _short(c: dict) -> str:
     if c.get("variant") == "wgmma":
-        return f"wgmma st{c['stages']} gate_up/{c['gate_up_splits']} down/{c['down_splits']}"
+        down_st = c.get("down_stages") or c["stages"]
+        stages = f"st{c['stages']}" + (f"/{down_st}" if down_st != c["stages"] else "")
+        return (f"wgmma {stages} gate_up/{c['gate_up_splits']} down/{c['down_splits']}"
+                + (" h-before" if c.get("permute_h") == "before" else ""))
     slots = f"/{c['slots']}" if c.get("variant") == "gemv" else ""
     return f"{c.get('variant', 'mma')}{slots} {c['block_f']}/{c['block_h']}/{c['block_k']} w{c['num_warps']} s{c['down_splits']}"
 

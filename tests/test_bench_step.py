@@ -55,3 +55,5 @@ def test_kernel_record_names_the_dispatched_kernel():
     assert record["variant"] == "gemv" and record["slots"] == "pairs"  # CPU: the Triton config
     assert _short({"variant": "wgmma", "stages": 2, "gate_up_splits": 4, "down_splits": 8}) == \
         "wgmma st2 gate_up/4 down/8"
+    assert _short({"variant": "wgmma", "stages": 2, "gate_up_splits": 4, "down_splits": 8, "down_stages": 4,
+                   "permute_h": "before"}) == "wgmma st2/4 gate_up/4 down/8 h-before"

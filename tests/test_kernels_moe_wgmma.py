@@ -129,13 +129,13 @@ def test_engine_picks_it_only_on_hopper(experts):
 
 
 @pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
-                                       (4, {"permute_h": "before"})])
+                                       (4, {"permute_h": "after", "down_stages": 2})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct
     w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
     experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
-    fn = functools.partial(moe_wgmma.routed_experts_wgmma, **wgmma_config_for(experts, 8), **options)
+    fn = functools.partial(moe_wgmma.routed_experts_wgmma, **{**wgmma_config_for(experts, 8), **options})
     lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
                                 sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()

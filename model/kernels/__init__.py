@@ -52,6 +52,7 @@ def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
 # within the runs' spread, 81-108 vs 87-105 (46). Above 16 tokens it has not been measured, so the Triton kernels
 # keep those.
 WGMMA_MAX_TOKENS = 16
+DOWN_STAGES = 4  # a down step holds one weight tile (gate_up's two): four stages still leave 4 programs an SM
 
 
 def _is_hopper() -> bool:
@@ -60,13 +61,18 @@ def _is_hopper() -> bool:
 
 
 def wgmma_config_for(experts, choices: int) -> dict:
-    """moe_wgmma's splits for these shapes: as many as divide them, up to the measured 4 (gate_up) / 8 (down).
-    At one token, one gate_up split measured 81-84 us over three runs and four splits 81-108
-    (bench/results/moe-wgmma-lab-gpu-20261130-0107, -0122, -0129): maybe better, but the step runs of record
-    used four, so four it stays until a step run measures one."""
+    """moe_wgmma's splits for these shapes: as many as divide them, up to the measured 4 (gate_up) / 8 (down);
+    h laid out before SiLU (one launch fewer, the same time) and four pipeline stages in the down kernel.
+
+    One K2.5 layer, one call as the difference of two chain lengths, medians of 3 round-robin rounds
+    (bench/results/moe-wgmma-lab-gpu-20261130-0545, -0548; us): T=1 2:4:8 71.5, with h before SiLU 72.9 / 74.0,
+    and down stages 4 73.2, one gate_up split 70.1 / 74.4, two 71.8, every variant within the rounds' spread;
+    T=2 125.7 -> 123.2 with down stages 4; T=4 217.4 / 217.6 (after / before) in one call, 237.5 (rounds 226.8,
+    276.5, 237.5) -> 226.7 (226.7, 222.5, 227.1) with down stages 4 in the other."""
     tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
     return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in (4, 2, 1) if tiles % s == 0),
-                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0))
+                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0), permute_h="before",
+                down_stages=DOWN_STAGES)
 
 
 def moe_kernel_for(tokens: int, experts) -> str:
