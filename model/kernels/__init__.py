@@ -52,7 +52,6 @@ def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
 # within the runs' spread, 81-108 vs 87-105 (46). Above 16 tokens it has not been measured, so the Triton kernels
 # keep those.
 WGMMA_MAX_TOKENS = 16
-DOWN_STAGES = 4  # a down step holds one weight tile (gate_up's two): four stages still leave 4 programs an SM
 
 
 def _is_hopper() -> bool:
@@ -62,17 +61,17 @@ def _is_hopper() -> bool:
 
 def wgmma_config_for(experts, choices: int) -> dict:
     """moe_wgmma's splits for these shapes: as many as divide them, up to the measured 4 (gate_up) / 8 (down);
-    h laid out before SiLU (one launch fewer, the same time) and four pipeline stages in the down kernel.
+    h laid out before SiLU (one launch a layer fewer, the same device time).
 
     One K2.5 layer, one call as the difference of two chain lengths, medians of 3 round-robin rounds
-    (bench/results/moe-wgmma-lab-gpu-20261130-0545, -0548; us): T=1 2:4:8 71.5, with h before SiLU 72.9 / 74.0,
-    and down stages 4 73.2, one gate_up split 70.1 / 74.4, two 71.8, every variant within the rounds' spread;
-    T=2 125.7 -> 123.2 with down stages 4; T=4 217.4 / 217.6 (after / before) in one call, 237.5 (rounds 226.8,
-    276.5, 237.5) -> 226.7 (226.7, 222.5, 227.1) with down stages 4 in the other."""
+    (bench/results/moe-wgmma-lab-gpu-20261130-0545, -0548, -0553; us): h after / before SiLU T=1 71.5 / 72.9,
+    T=4 217.4 / 217.6. Four down stages instead of two: T=1 73.2 vs 74.0 and 73.6 vs 75.5, T=2 123.2 vs 125.7
+    and 120.8 vs 120.7, T=4 226.7 vs 237.5 and 224.1 vs 220.3, T=8 436.9 vs 431.6: no difference beyond the
+    rounds' spread, so the down kernel keeps the gate_up kernel's two. One gate_up split: T=1 70.1 / 74.4, T=4
+    218.9 / 242.0, within the spread too."""
     tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
     return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in (4, 2, 1) if tiles % s == 0),
-                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0), permute_h="before",
-                down_stages=DOWN_STAGES)
+                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0), permute_h="before")
 
 
 def moe_kernel_for(tokens: int, experts) -> str:
