@@ -50,7 +50,8 @@ def markdown(result: dict) -> str:
     ]
     moe = result.get("moe_layer")
     if moe:
-        lines += ["## MoE layer alone (routed experts of one layer, 20 calls chained in a device loop, each fed the last)", "",
+        lines += ["## MoE layer alone (routed experts of one layer; a call = (chain of 60 calls - chain of 20) / 40, "
+                  "each chain one device loop of calls fed the last output: bench.moe_layer.per_call_ms)", "",
                   "| T | unique experts | MB | floor 4.3 TB/s (us) | Pallas kernel (us) | variant | x floor | "
                   "XLA reference (us) | x floor | kernel rel. err |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
