@@ -44,10 +44,10 @@ def _chained(fn, reps: int, unrolled: bool = False, chain_ids: bool = False, cal
     layer does not have (bench/results/README.md, run 12).
 
     By default the calls run in a device loop, `calls_per_iteration` of them written out in each iteration (so
-    the loop's own per-iteration cost is shared; bench/moe_layer_profile.py measures it); `unrolled=True` writes
-    all of them out one after another in one program instead. Run 9 (bench/results/README.md) timed both: 90.3 vs 95.3 us at one token, 278.5 vs 287.1 at four,
-    so the loop's per-iteration cost does not explain the gap to the two kernels' own time in a step's profile
-    (44 + 24 us at one token); XLA's glue around them (nibble offsets of x and h, the sum over down splits) does."""
+    the loop's own per-iteration cost, ~1.4 us, is shared); `unrolled=True` writes all of them out one after
+    another in one program instead (run 9: 95.3 against the loop's 90.3 us at one token). Either way a run of the
+    chain pays a fixed start-up (run 13's trace: ~0.3 ms, most of it around the loop's first iteration), which
+    `per_call_ms` cancels by timing two chain lengths."""
 
     def body(x, ids, experts, weights_TK):
         x = (x + 1e-3 * fn(x, experts, ids, weights_TK)).astype(x.dtype)
@@ -95,13 +95,14 @@ def per_call_ms(chains: tuple, args: tuple, iters: int = 10) -> dict:
             "chained_ms": short["median_ms"] / REPS, "spread_ms": (short["max_ms"] - short["min_ms"]) / REPS}
 
 
-def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = False, chain_ids: bool = False) -> dict:
+def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = False, chain_ids: bool = False,
+             iters: int = 10) -> dict:
     """Per-call ms of `fn` (`per_call_ms`); `chain_ids=True` for the plain reference (see `_chained`)."""
-    return per_call_ms(chain_pair(fn, unrolled, chain_ids), (x_TH, experts, ids_TK, weights_TK))
+    return per_call_ms(chain_pair(fn, unrolled, chain_ids), (x_TH, experts, ids_TK, weights_TK), iters)
 
 
 def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.PRNGKey(7), copy_tbs=None,
-                    candidates=CANDIDATES, log=print) -> dict:
+                    candidates=CANDIDATES, log=print, iters: int = 10) -> dict:
     experts = layer.experts
     per_expert = nbytes(experts) // experts.num_experts
     rows, sweep, step_inputs = [], {}, {}
@@ -115,7 +116,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
         floor_bytes = unique * per_expert + 2 * x_TH.nbytes
         ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
         step_inputs[t] = (x_TH, ids_TK, weights_TK, ref_out)
-        ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK, chain_ids=True)
+        ref = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK, chain_ids=True, iters=iters)
         row = dict(tokens=t, unique_experts=unique, bytes=floor_bytes, floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS),
                    reference_ms=ref["ms"])
         if copy_tbs:
@@ -125,7 +126,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                 check_shapes(experts, c)
                 fn = functools.partial(routed_experts_pallas, cfg=c)
                 err = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref_out)
-                timing = time_moe(fn, x_TH, experts, ids_TK, weights_TK)
+                timing = time_moe(fn, x_TH, experts, ids_TK, weights_TK, iters=iters)
                 sweep.setdefault(i, {"config": c.__dict__})[f"T{t}"] = dict(ms=timing["ms"], rel_err=err)
                 log(f"  moe T={t} cfg{i} {c}: {timing['ms']:.4f} ms  rel_err {err:.2e}")
             except Exception as e:  # a config Triton rejects must not end the run
@@ -145,7 +146,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                    triton_config=candidates.index(triton))
         try:
             err = _rel_err(jax.jit(fused_routed_experts)(x_TH, experts, ids_TK, weights_TK), ref_out)
-            ms = time_moe(fused_routed_experts, x_TH, experts, ids_TK, weights_TK)["ms"]
+            ms = time_moe(fused_routed_experts, x_TH, experts, ids_TK, weights_TK, iters=iters)["ms"]
         except Exception as e:
             row["kernel_error"] = f"{type(e).__name__}: {e}"[:800]
             log(f"  moe T={t} engine kernel ({variant}) failed: {row['kernel_error'][:300]}")
@@ -165,7 +166,7 @@ def bf16_subset(experts: ExpertWeights, num: int) -> ExpertWeights:
 
 
 def bench_bf16_kernel(layer: MoEWeights, cfg, num_experts: int = 64,
-                      tokens_list=(1, 4), key=jax.random.PRNGKey(11), log=print) -> list[dict]:
+                      tokens_list=(1, 4), key=jax.random.PRNGKey(11), log=print, iters: int = 10) -> list[dict]:
     """The bf16 variant on a subset of experts (routing restricted to that subset)."""
     experts = bf16_subset(layer.experts, num_experts)
     small_cfg = cfg.replace(n_routed_experts=num_experts)
@@ -183,9 +184,10 @@ def bench_bf16_kernel(layer: MoEWeights, cfg, num_experts: int = 64,
                    floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS))
         try:
             ref_out = jax.jit(experts_gather)(x_TH, experts, ids_TK, weights_TK)
-            row["reference_ms"] = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK, chain_ids=True)["ms"]
+            row["reference_ms"] = time_moe(experts_gather, x_TH, experts, ids_TK, weights_TK, chain_ids=True,
+                                           iters=iters)["ms"]
             row["kernel_rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref_out)
-            row["kernel_ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK)["ms"]
+            row["kernel_ms"] = time_moe(fn, x_TH, experts, ids_TK, weights_TK, iters=iters)["ms"]
             row["kernel_ratio_4p3"] = row["kernel_ms"] / row["floor_ms_4p3"]
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:500]

@@ -27,9 +27,7 @@ import argparse  # noqa: E402
 import collections  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
-import glob  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -39,7 +37,7 @@ from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
 from bench.moe_kernel_lab import inputs, moe_layer  # noqa: E402
 from bench.moe_layer import LONG_REPS, REPS, chain_pair, per_call_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step_profile import busy_ns, kernel_events  # noqa: E402
+from bench.step_profile import busy_ns, traced_events  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import moe_kernel_for, routed_experts_for_backend  # noqa: E402
 
@@ -53,15 +51,7 @@ def _scale_layer(x_TH, experts, ids_TK, weights_TK):
 
 def trace_chain(chain, args) -> dict:
     """Trace one (warm) call of the chain: per-layer-call kernel table, busy / span / kernel sums."""
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            jax.block_until_ready(chain(*args))
-        paths = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)
-        if not paths:
-            raise RuntimeError(f"jax.profiler.trace wrote no .xplane.pb under {tmp}")
-        events = kernel_events(paths[0])
-    if not events:
-        raise RuntimeError("the trace holds no kernel events")
+    events, _ = traced_events(lambda: chain(*args))
     ordered = sorted(events, key=lambda e: e["start_ns"])
     by_kernel = collections.defaultdict(lambda: dict(ns=0.0, count=0))
     for e in events:

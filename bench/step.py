@@ -288,8 +288,9 @@ def main(argv=None) -> dict:
         from bench.moe_layer import bench_bf16_kernel, bench_moe_layer
 
         try:
-            result["moe_layer"], kernel_ok = bench_moe_layer(moe_layer, cfg, copy_tbs=copy_tbs, log=log)
-            result["moe_layer_bf16"] = bench_bf16_kernel(moe_layer, cfg, log=log)
+            result["moe_layer"], kernel_ok = bench_moe_layer(moe_layer, cfg, copy_tbs=copy_tbs, log=log,
+                                                             iters=args.iters)
+            result["moe_layer_bf16"] = bench_bf16_kernel(moe_layer, cfg, log=log, iters=args.iters)
         except Exception as e:
             result["errors"].append(f"moe_layer: {type(e).__name__}: {e}"[:2000])
             traceback.print_exc()

@@ -66,8 +66,8 @@ def busy_ns(events: list[dict]) -> float:
     return total
 
 
-def profile_loop(run, steps: int) -> dict:
-    """Trace one call of `run()` (already warm); per-step kernel table and busy / wall times."""
+def traced_events(run) -> tuple[list[dict], float]:
+    """`run()` (already warm) once under jax.profiler.trace: its kernel events (`kernel_events`) and wall ms."""
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp):
             t0 = time.perf_counter()
@@ -79,6 +79,12 @@ def profile_loop(run, steps: int) -> dict:
         events = kernel_events(paths[0])
     if not events:
         raise RuntimeError("the trace holds no kernel events")
+    return events, wall_ms
+
+
+def profile_loop(run, steps: int) -> dict:
+    """Trace one call of `run()` (already warm); per-step kernel table and busy / wall times."""
+    events, wall_ms = traced_events(run)
     # by kernel name: on a GPU the HLO op of every kernel is the command buffer (CUDA graph) that launched it
     by_kernel = collections.defaultdict(lambda: dict(ns=0.0, count=0, hlo_op="", max_ns=0.0))
     for e in events:
