@@ -1,7 +1,7 @@
 """`python -m bench.moe_kernel_lab`: the routed-experts kernel variants of one Kimi-K2.5 INT4 MoE layer, side by side.
 
 For tuning model/kernels/__init__.py: each candidate (variant, tiles, scale loading, prefetch, down splits)
-at each token count, its median time over chained calls (bench.moe_layer.time_moe), its error against the
+at each token count, the time of one call in a chain (bench.moe_layer.time_moe), its error against the
 plain reference path (`model.moe.plain_routed_experts`), and the byte floor of the unique experts it reads. `--profile CFG:T`
 instead runs one candidate a few times for Nsight Compute (`ncu --kernel-name regex:moe_ ...`).
 Writes moe-lab-<device>-<date>.json to --out.
