@@ -69,6 +69,17 @@ def initial_state(cfg, dcfg, batch: int, context: int, capacity: int, key, dtype
     )
 
 
+def spec_pair(w, cfg, tiny: bool):
+    """The target weights `w` with a random K2.5-shaped one-layer draft: (SpecConfig, DraftConfig, SpecWeights)."""
+    from jaxspec.models import check_draft_fits
+    from model.init import init_draft_weights
+
+    dcfg = k25_draft_config(cfg, tiny)
+    spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
+    dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
+    return spec_cfg, dcfg, SpecWeights(target=w, draft=dw)
+
+
 def _greedy_cycle(spec_cfg: SpecConfig, k: int):
     """(weights, state) -> state after one greedy cycle."""
     return lambda w, state: speculative_cycle(w, state, {}, cfg=spec_cfg, k=k, greedy=True,
@@ -129,15 +140,10 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
     draft replicated and the state laid out as the engine lays it out."""
     from bench.bytes_floor import HBM_TBS, floor_ms
     from bench.timing import LOOP_WARMUP, device_loop_ms, loop_iters, median_ms
-    from jaxspec.models import check_draft_fits
-    from model.init import init_draft_weights
 
-    dcfg = k25_draft_config(cfg, tiny)
-    spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
-    dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
-    sw = SpecWeights(target=w, draft=dw)
+    spec_cfg, dcfg, sw = spec_pair(w, cfg, tiny)
     if mesh is not None:
-        sw = SpecWeights(target=w, draft=jax.device_put(dw, replicated(dw, mesh)))
+        sw = SpecWeights(target=w, draft=jax.device_put(sw.draft, replicated(sw.draft, mesh)))
     rows = []
     key = jax.random.PRNGKey(9)
     for b, c in batch_contexts:

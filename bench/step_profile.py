@@ -3,8 +3,11 @@
 Runs `--steps` target steps inside one jitted loop (as `Engine.generate` does) under `jax.profiler.trace`, then
 reads the device's kernel events from the trace (jax.profiler.ProfileData): per step, the time of each kernel
 (grouped by kernel name), each kernel of one step in launch order, the sum of kernel time, and the span and wall
-time of the loop; what the kernels do not cover is launch gaps and idle time. On a CPU the XLA thunks of the host trace stand in for kernels (smoke check only).
-Writes step-profile-<platform>-<date>.json and .md to --out.
+time of the loop; what the kernels do not cover is launch gaps and idle time. With `--cycle-k K` it also traces
+speculative cycles (a K2.5-shaped one-layer draft) two ways, one dispatch per cycle (as `Engine.stream` runs them)
+and in one device loop (as `Engine.generate` does): run 13 measured synchronised B=8 32k cycles ~9.7 ms slower
+than the loop's, which these two rows can take apart. On a CPU the XLA thunks of the host trace stand in for
+kernels (smoke check only). Writes step-profile-<platform>-<date>.json and .md to --out.
 """
 
 from __future__ import annotations
@@ -109,6 +112,49 @@ def profile_loop(run, steps: int) -> dict:
     )
 
 
+def _log_top_ops(row: dict, log, n: int = 8) -> None:
+    for op in row["ops"][:n]:
+        log(f"    {op['us_per_step']:8.1f} us  {op['calls_per_step']:4.1f}x  max {op['longest_us']:7.1f}  "
+            f"{op['kernel'][:70]}")
+
+
+def profile_cycles(w, cfg, args, k: int, log) -> list[dict]:
+    """Two rows for speculative cycles of K drafts: `--steps` cycles each its own dispatch (queued, one wait at the
+    end: what `Engine.stream` dispatches) and `--steps` cycles in one jitted loop (what `Engine.generate` runs)."""
+    from bench.cycle import cycle_floor, initial_state, make_cycle, make_cycle_loop, spec_pair
+
+    spec_cfg, dcfg, sw = spec_pair(w, cfg, args.tiny)
+    capacity = round_capacity(args.context + 16 + (6 + 4 * args.steps) * (k + 1))  # warm-ups + both profiles
+    holder = {"state": initial_state(spec_cfg.target, dcfg, args.batch, args.context, capacity,
+                                     jax.random.PRNGKey(100 + k))}
+    cycle, loop = make_cycle(spec_cfg, k, routed_experts_for_backend), make_cycle_loop(
+        spec_cfg, k, routed_experts_for_backend, args.steps)
+
+    def one_per_dispatch():
+        ids = None
+        for _ in range(args.steps):
+            holder["state"], ids = cycle(sw, holder["state"])
+        return ids
+
+    def in_a_loop():
+        holder["state"] = loop(sw, holder["state"])
+        return holder["state"].generated
+
+    ids = np.asarray(one_per_dispatch())  # warm-up (compiles), and the router ids for the byte floor
+    floor = floor_ms(cycle_floor(sw, spec_cfg, args.batch, args.context, k, ids)["total"], HBM_TBS)
+    rows = []
+    for label, run in ((f"cycle K = {k}, one dispatch per cycle", one_per_dispatch),
+                       (f"cycle K = {k}, cycles in one device loop", in_a_loop)):
+        jax.block_until_ready(run())
+        row = profile_loop(run, args.steps)
+        row.update(tokens=k + 1, label=label, floor_ms_4p3=floor)
+        rows.append(row)
+        log(f"{label}: busy {row['busy_ms_per_step']:.3f} ms/cycle, span {row['span_ms_per_step']:.3f}, "
+            f"{row['kernels_per_step']:.0f} kernels/cycle, floor {floor:.3f}")
+        _log_top_ops(row, log)
+    return rows
+
+
 def markdown(result: dict, top: int) -> str:
     lines = [f"# Step profile: {result['device']}, jax {result['jax']}, {result['date']}", "",
              f"{result['layers']} layers, batch {result['batch']}, context {result['context']}, {result['steps']} steps "
@@ -116,7 +162,7 @@ def markdown(result: dict, top: int) -> str:
              "'busy' is the union of kernel intervals, so wall - busy is launch gaps and idle time.", ""]
     for row in result["rows"]:
         small = [k for k in row["sequence"] if k["us"] < 6.0]
-        lines += [f"## T = {row['tokens']}", "",
+        lines += [f"## {row.get('label') or 'T = %d' % row['tokens']}", "",
                   f"One step in launch order (the JSON's `sequence`): {len(row['sequence'])} kernels, {len(small)} of "
                   f"them under 6 us ({sum(k['us'] for k in small):.0f} us together).", "",
                   f"wall {row['wall_ms_per_step']:.3f} ms/step (traced; tracing adds overhead), kernels span "
@@ -137,10 +183,15 @@ def markdown(result: dict, top: int) -> str:
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--tokens", type=int, nargs="*", default=[1, 4],
+                   help="target steps of these many tokens (none: only the --cycle-k rows)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--cycle-k", type=int, nargs="*", default=[],
+                   help="also profile speculative cycles of these K (a K2.5-shaped one-layer draft), --steps of them "
+                        "called one per dispatch and --steps in one device loop, so the two can be compared kernel "
+                        "by kernel")
     p.add_argument("--top", type=int, default=25, help="ops listed in the markdown table")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -152,9 +203,13 @@ def parse_args(argv):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    for flag, v in (("--steps", args.steps), ("--layers", args.layers), ("--batch", args.batch)):
+    checks = [("--steps", args.steps), ("--layers", args.layers), ("--batch", args.batch)]
+    checks += [("--tokens", t) for t in args.tokens] + [("--cycle-k", k) for k in args.cycle_k]
+    for flag, v in checks:
         if v < 1:
             raise SystemExit(f"{flag} must be >= 1, not {v}")
+    if not args.tokens and not args.cycle_k:
+        raise SystemExit("nothing to profile: give --tokens or --cycle-k")
     log = functools.partial(print, flush=True)
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -190,8 +245,9 @@ def main(argv=None) -> dict:
         result["rows"].append(row)
         log(f"T={t}: busy {row['busy_ms_per_step']:.3f} ms/step, span {row['span_ms_per_step']:.3f}, "
             f"{row['kernels_per_step']:.0f} kernels/step, floor {row['floor_ms_4p3']:.3f}")
-        for op in row["ops"][:8]:
-            log(f"    {op['us_per_step']:8.1f} us  {op['calls_per_step']:4.1f}x  max {op['longest_us']:7.1f}  {op['kernel'][:70]}")
+        _log_top_ops(row, log)
+    for k in args.cycle_k:
+        result["rows"] += profile_cycles(w, cfg, args, k, log)
     stem = f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
     path = write_json(result, Path(args.out), stem)
     path.with_suffix(".md").write_text(markdown(result, args.top))
