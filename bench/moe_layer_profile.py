@@ -24,7 +24,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import collections  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
@@ -37,7 +36,7 @@ from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
 from bench.moe_kernel_lab import inputs, moe_layer  # noqa: E402
 from bench.moe_layer import LONG_REPS, REPS, chain_pair, per_call_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step_profile import busy_ns, traced_events  # noqa: E402
+from bench.step_profile import busy_ns, by_kernel, traced_events  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import moe_kernel_for, routed_experts_for_backend  # noqa: E402
 
@@ -53,29 +52,25 @@ def trace_chain(chain, args) -> dict:
     """Trace one (warm) call of the chain: per-layer-call kernel table, busy / span / kernel sums."""
     events, _ = traced_events(lambda: chain(*args))
     ordered = sorted(events, key=lambda e: e["start_ns"])
-    by_kernel = collections.defaultdict(lambda: dict(ns=0.0, count=0))
-    for e in events:
-        by_kernel[e["name"]]["ns"] += e["duration_ns"]
-        by_kernel[e["name"]]["count"] += 1
     per_call = round(len(events) / REPS)
-    middle = ordered[(REPS // 2) * per_call:(REPS // 2 + 1) * per_call]  # one call away from the loop's ends
+    half = (REPS // 2) * per_call  # the first kernel of the chain's second half, past its start-up
+    middle = ordered[half:half + per_call]  # one call away from the loop's ends
     end_ns = ordered[-1]["start_ns"] + ordered[-1]["duration_ns"]
     span_ns = end_ns - ordered[0]["start_ns"]
-    second_half = ordered[(REPS // 2) * per_call]["start_ns"]  # past the chain's start-up
     return dict(
         kernels_per_call=len(events) / REPS,
         kernel_us_per_call=sum(e["duration_ns"] for e in events) / 1e3 / REPS,
         busy_us_per_call=busy_ns(events) / 1e3 / REPS,
         span_us_per_call=span_ns / 1e3 / REPS,
-        steady_span_us_per_call=(end_ns - second_half) / 1e3 / (REPS - REPS // 2),
+        steady_span_us_per_call=(end_ns - ordered[half]["start_ns"]) / 1e3 / (REPS - REPS // 2),
         one_call=[dict(kernel=e["name"], us=e["duration_ns"] / 1e3,
                        gap_before_us=(e["start_ns"] - p["start_ns"] - p["duration_ns"]) / 1e3 if p else None)
                   for p, e in zip([None, *middle[:-1]], middle)],
         # every kernel of the traced run in launch order: start (us from the first) and duration
         timeline=[(e["name"][:60], round((e["start_ns"] - ordered[0]["start_ns"]) / 1e3, 2),
                    round(e["duration_ns"] / 1e3, 2)) for e in ordered],
-        kernels=sorted((dict(kernel=k, us_per_call=v["ns"] / 1e3 / REPS, calls_per_call=v["count"] / REPS)
-                        for k, v in by_kernel.items()), key=lambda r: -r["us_per_call"]),
+        kernels=[dict(kernel=g["kernel"], us_per_call=g["ns"] / 1e3 / REPS, calls_per_call=g["count"] / REPS)
+                 for g in by_kernel(events)],
     )
 
 

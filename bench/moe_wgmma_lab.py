@@ -60,7 +60,8 @@ def parse_args(argv):
 
 def _variant(v: str) -> dict:
     st, gus, ds, ov, conv, *rest = v.split(":")
-    perm, down_st = [*rest, "a", st][0], [*rest, st, st][1]
+    perm = rest[0] if rest else "a"
+    down_st = rest[1] if len(rest) > 1 else st
     return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=bool(int(ov)),
                 convert={"p": "pairs", "m": "mosaic"}[conv], permute_h={"a": "after", "b": "before"}[perm],
                 down_stages=int(down_st))

@@ -85,18 +85,23 @@ def traced_events(run) -> tuple[list[dict], float]:
     return events, wall_ms
 
 
-def profile_loop(run, steps: int) -> dict:
-    """Trace one call of `run()` (already warm); per-step kernel table and busy / wall times."""
-    events, wall_ms = traced_events(run)
-    # by kernel name: on a GPU the HLO op of every kernel is the command buffer (CUDA graph) that launched it
-    by_kernel = collections.defaultdict(lambda: dict(ns=0.0, count=0, hlo_op="", max_ns=0.0))
+def by_kernel(events: list[dict]) -> list[dict]:
+    """The events grouped by kernel name, most device time first: kernel, ns, count, max_ns, hlo_op (on a GPU the
+    HLO op of every kernel is the command buffer, the CUDA graph, that launched it)."""
+    groups = collections.defaultdict(lambda: dict(ns=0.0, count=0, hlo_op="", max_ns=0.0))
     for e in events:
-        row = by_kernel[e["name"]]
+        row = groups[e["name"]]
         row["ns"] += e["duration_ns"]
         row["max_ns"] = max(row["max_ns"], e["duration_ns"])
         row["count"] += 1
         row["hlo_op"] = row["hlo_op"] or e["hlo_op"]
-    ops = sorted(({"kernel": k, **v} for k, v in by_kernel.items()), key=lambda r: -r["ns"])
+    return sorted(({"kernel": k, **v} for k, v in groups.items()), key=lambda r: -r["ns"])
+
+
+def profile_loop(run, steps: int) -> dict:
+    """Trace one call of `run()` (already warm); per-step kernel table and busy / wall times."""
+    events, wall_ms = traced_events(run)
+    ops = by_kernel(events)
     span_ns = max(e["start_ns"] + e["duration_ns"] for e in events) - min(e["start_ns"] for e in events)
     ordered = sorted(events, key=lambda e: e["start_ns"])
     first_step = ordered[:round(len(events) / steps)]  # the kernels of one step, in launch order

@@ -29,12 +29,10 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.cycle import k25_draft_config  # noqa: E402
+from bench.cycle import spec_pair  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import random_model  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
-from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits  # noqa: E402
-from model.init import init_draft_weights  # noqa: E402
 
 MODES = ("generate", "stream", "stream_one_by_one")
 
@@ -107,10 +105,8 @@ def main(argv=None):
     now = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     cfg, w = random_model(args.layers, args.tiny)
-    dcfg = k25_draft_config(cfg, args.tiny)
-    spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
-    dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
-    jax.block_until_ready(dw)
+    spec_cfg, _, sw = spec_pair(w, cfg, args.tiny)
+    jax.block_until_ready(sw.draft)
     log(f"device {dev.device_kind}, jax {jax.__version__}; weights: {args.layers} layers in "
         f"{time.perf_counter() - t0:.1f} s")
     rng = np.random.default_rng(0)
@@ -119,13 +115,13 @@ def main(argv=None):
                   layers=args.layers, tiny=args.tiny, batch=args.batch, prompt_tokens=args.prompt_tokens,
                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, runs={})
     for k in sorted(set(args.k)):
-        engine = Engine(spec_cfg, SpecWeights(w, dw), num_steps=k)
+        engine = Engine(spec_cfg, sw, num_steps=k)
         name = f"speculative K={k}" if k else "baseline (no speculation)"
         log(name)
         result["runs"][name] = time_modes(engine, prompts, args.max_new_tokens, k > 0, args.repeats, log)
     if 0 not in args.k:  # the baseline beside every run
         log("baseline (no speculation)")
-        engine = Engine(spec_cfg, SpecWeights(w, dw), num_steps=0)
+        engine = Engine(spec_cfg, sw, num_steps=0)
         result["runs"]["baseline (no speculation)"] = time_modes(engine, prompts, args.max_new_tokens, False,
                                                                  args.repeats, log)
     out = Path(args.out)
