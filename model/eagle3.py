@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from model.config import ConfigError
-from model.kv_cache import visible_slots, write_slots
+from model.kv_cache import visible_slots
 from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
 from model.quant import linear
@@ -113,16 +113,20 @@ class DraftWeights:
 
 @struct.dataclass
 class DraftCache:
-    k: jax.Array  # [B, S, Nkv, D]
-    v: jax.Array  # [B, S, Nkv, D]
+    # Head-major: the attention's dots batch over (b, kv head), and with a [B, S, Nkv, D] cache XLA's GPU layout
+    # put a transpose of the whole cache in and out of every dispatch (B=8, 32k: 4.3 GB each for K and V, four
+    # transposes of 2.2-2.6 ms a cycle on the H200; bench/results/step-profile-gpu-20261130-0754). A device loop
+    # paid them once per loop, so only the synchronised and streamed cycles showed it.
+    k: jax.Array  # [B, Nkv, S, D]
+    v: jax.Array  # [B, Nkv, S, D]
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2]
 
 
 def init_draft_cache(cfg: DraftConfig, batch: int, capacity: int, dtype=jnp.bfloat16) -> DraftCache:
-    shape = (batch, capacity, cfg.num_key_value_heads, cfg.head_dim)
+    shape = (batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
     return DraftCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
@@ -138,6 +142,13 @@ def draft_to_target_ids(w: DraftWeights, draft_ids: jax.Array) -> jax.Array:
     return draft_ids + w.d2t[draft_ids]
 
 
+def write_head_slots(cache_BKSD: jax.Array, new_BTKD: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    """Store token t of sequence b at slot positions[b, t] of every head (slots past the capacity are dropped)."""
+    batch_B1 = jnp.arange(cache_BKSD.shape[0])[:, None]
+    # advanced indices split by a slice: the indexed shape is [B, T, Nkv, D], the new values' own
+    return cache_BKSD.at[batch_B1, :, positions_BT].set(new_BTKD.astype(cache_BKSD.dtype), mode="drop")
+
+
 def _attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: DraftCache):
     b, t, _ = x_BT2H.shape
     n, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -145,13 +156,13 @@ def _attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: D
     q_BTND = apply_neox(linear(x_BT2H, w.q_proj).reshape(b, t, n, d), cos, sin)
     k_BTKD = apply_neox(linear(x_BT2H, w.k_proj).reshape(b, t, nkv, d), cos, sin)
     v_BTKD = linear(x_BT2H, w.v_proj).reshape(b, t, nkv, d)
-    k_cache = write_slots(cache.k, k_BTKD, positions_BT)
-    v_cache = write_slots(cache.v, v_BTKD, positions_BT)
+    k_cache = write_head_slots(cache.k, k_BTKD, positions_BT)
+    v_cache = write_head_slots(cache.v, v_BTKD, positions_BT)
     q_BTKGD = q_BTND.reshape(b, t, nkv, n // nkv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k_cache.astype(q_BTND.dtype), preferred_element_type=jnp.float32)
-    mask = visible_slots(positions_BT, k_cache.shape[1])[:, None, None]
+    scores = jnp.einsum("btkgd,bksd->bkgts", q_BTKGD, k_cache.astype(q_BTND.dtype), preferred_element_type=jnp.float32)
+    mask = visible_slots(positions_BT, k_cache.shape[2])[:, None, None]
     probs = jax.nn.softmax(jnp.where(mask, scores * d**-0.5, -jnp.inf), axis=-1).astype(q_BTND.dtype)
-    out_BTKGD = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache.astype(q_BTND.dtype))
+    out_BTKGD = jnp.einsum("bkgts,bksd->btkgd", probs, v_cache.astype(q_BTND.dtype))
     return linear(out_BTKGD.reshape(b, t, n * d), w.o_proj), DraftCache(k_cache, v_cache)
 
 

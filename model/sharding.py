@@ -45,7 +45,7 @@ DRAFT_RULES: tuple[tuple[str, tuple], ...] = ()
 # Caches alone (a LatentCache / DraftCache) or inside the engine's state (`target_cache.latent.3`, ...).
 CACHE_RULES: tuple[tuple[str, tuple], ...] = (
     (r"(^|\.)(latent|k_rope)\.\d+$", ("batch", None, None)),  # target MLA latent cache [B, S, C|R]
-    (r"(^|draft_cache\.)(k|v)$", ("batch", None, None, None)),  # draft KV cache [B, S, Nkv, D]
+    (r"(^|draft_cache\.)(k|v)$", ("batch", None, None, None)),  # draft KV cache [B, Nkv, S, D]
     (r"(^|\.)lengths$", ("batch",)),
 )
 
