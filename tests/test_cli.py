@@ -30,7 +30,7 @@ BATCH = ["def the thing is", "and", "return the answer and the thing in the end"
 
 
 def cli(*args, stdin=None, timeout=240):
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # conftest's XLA_FLAGS: 8 CPU devices, the tests' compile options
     return subprocess.run([sys.executable, "-m", "jaxspec.generate", *map(str, args)], capture_output=True, text=True,
                           input=stdin, env=env, cwd=REPO, timeout=timeout)
 

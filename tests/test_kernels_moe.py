@@ -101,7 +101,10 @@ def test_gemv_variant_matches_reference(int4_experts):
     """The CUDA-core variant (1-4 tokens): INT4 exact in float32, and its bf16-weight path within rounding."""
     ids, w = _routing(3, seed=11)
     x = jax.random.normal(jax.random.PRNGKey(5), (3, H), jnp.float32)
-    assert _rel_err(interpret_gemv(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
+    # The gemv multiplies the nibbles as 256 + n / 16 + n and takes 264 / 24 times the sum of x back out per word:
+    # that cancellation costs ~5 of float32's 24 bits (1.05e-5 here with the tests' -O0 CPU code, which fuses no
+    # multiply-add; the GPU's PTX fma rounds once)
+    assert _rel_err(interpret_gemv(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 3e-5
     experts = ExpertWeights(*(dequantize(m, jnp.bfloat16) for m in (int4_experts.gate, int4_experts.up, int4_experts.down)))
     xb = x[:2].astype(jnp.bfloat16)
     out = interpret_gemv(xb, experts, ids[:2], w[:2])
