@@ -96,16 +96,19 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
                    "absorbed_kernel": attend_absorbed_kernel}
-# On one GPU, decode / verify steps with batch x tokens <= 8 over caches of up to 4096 slots run the kernels
-# (JAXSPEC_MLA_KERNEL=0 turns them off, =1 forces them for any batch and capacity at T <= 16); the plain XLA path
-# runs everywhere else (CPU, sharded programs, prefill, long caches, large batches) and is what tests hold the
-# kernels to. Measured on the H200 (bench/results/README.md): at 1k the kernels save 65 us per 4-layer step at
-# T=1 and 13 at T=4 (run 8); the attention alone (run 9 lab, us per layer, kernel vs XLA, tiles of
-# model.kernels.mla_decode.config_for) at 1k: B=1 T=1 23 vs 32, B=1 T=4 28 vs 39, B=8 T=1 46 vs 73, but B=8 T=4
-# 101-124 vs 77; at 4k B=8 T=4 172-185 vs 167; at 32k B=1 T=1 74-118 vs 72 (the 4096-slot limit).
+# On one GPU, decode / verify steps with batch x tokens <= 8 over caches of up to 4096 slots run the kernels, and
+# decode at batch 8 over longer caches (below); JAXSPEC_MLA_KERNEL=0 turns them off, =1 forces them for any batch
+# and capacity at T <= 16. The plain XLA path runs everywhere else (CPU, sharded programs, prefill, long caches,
+# large batches) and is what tests hold the kernels to. Measured on the H200 (bench/results/README.md): at 1k the
+# kernels save 65 us per 4-layer step at T=1 and 13 at T=4 (run 8); the attention alone (run 9 lab, us per layer,
+# kernel vs XLA, tiles of model.kernels.mla_decode.config_for) at 1k: B=1 T=1 23 vs 32, B=1 T=4 28 vs 39, B=8 T=1
+# 46 vs 73, but B=8 T=4 101-124 vs 77; at 4k B=8 T=4 172-185 vs 167; at 32k B=1 T=1 74-118 vs 72.
 MLA_KERNEL_MAX_QUERY_TOKENS = 8  # batch x tokens: 1, 4 and 8 measured faster than XLA, 32 slower
 MLA_KERNEL_MAX_TOKENS = 16  # the ceiling even when forced: prefill never takes the kernels
-MLA_KERNEL_MAX_CAPACITY = 4096
+# Beyond 4096 slots (model.kernels.mla_decode.LONG_CACHE), decode (T = 1) at batch 8 still takes them, with 32-row
+# blocks (config_for): the attention lab at B=8, 32k measured 219.6 us a layer against XLA's 330.2
+# (attention-lab-gpu-20261129-1743); at B=1 and at T > 1 XLA's path measured as fast or faster there.
+MLA_KERNEL_LONG_CACHE_BATCH = 8
 
 
 def _use_kernel(path: str, batch: int, tokens: int, capacity: int, cfg: TextConfig, backend: str | None = None) -> bool:
@@ -114,12 +117,14 @@ def _use_kernel(path: str, batch: int, tokens: int, capacity: int, cfg: TextConf
         return False
     if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
         return False
-    if setting != "1" and (capacity > MLA_KERNEL_MAX_CAPACITY or batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS):
-        return False
-    from model.kernels.mla_decode import check_config, config_for
+    from model.kernels.mla_decode import LONG_CACHE, check_config, config_for
 
+    long_cache_decode = tokens == 1 and batch >= MLA_KERNEL_LONG_CACHE_BATCH
+    if setting != "1" and (batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS
+                           or (capacity > LONG_CACHE and not long_cache_decode)):
+        return False
     try:
-        check_config(config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads), capacity,
+        check_config(config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads, batch), capacity,
                      cfg.kv_lora_rank)
     except ValueError:
         return False

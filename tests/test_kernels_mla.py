@@ -37,16 +37,17 @@ def _inputs(t, positions, dtype, seed=0):
     return q_lat, q_rope, latent, k_rope, jnp.asarray(positions, jnp.int32)
 
 
-@pytest.mark.parametrize("t, positions, splits", [
-    (1, [[40], [95]], 4),
-    (3, [[5, 6, 7], [70, 71, 72]], 2),  # the rows of a block see different slot counts; some splits run empty
-    (2, [[0, 1], [16, 17]], 8),  # more splits than visible blocks
+@pytest.mark.parametrize("t, positions, splits, block_q", [
+    (1, [[40], [95]], 4, 16),
+    (3, [[5, 6, 7], [70, 71, 72]], 2, 16),  # the rows of a block see different slot counts; some splits run empty
+    (2, [[0, 1], [16, 17]], 8, 16),  # more splits than visible blocks
+    (1, [[40], [95]], 4, 32),  # 32-row blocks (long caches at batch 8): rows padded past T x N
 ])
-def test_both_kernels_match_attention_with_w_uv_float32(t, positions, splits):
+def test_both_kernels_match_attention_with_w_uv_float32(t, positions, splits, block_q):
     """Kernel 1 + kernel 2 (combine, normalise) + w_uv == softmax . latent . w_uv^T."""
     q_lat, q_rope, latent, k_rope, pos = _inputs(t, positions, jnp.float32)
     w_uv = jax.random.normal(jax.random.PRNGKey(9), (N, V, C), jnp.float32)
-    cfg = dataclasses.replace(SMALL, splits=splits)
+    cfg = dataclasses.replace(SMALL, splits=splits, block_q=block_q)
     out = jax.jit(functools.partial(mla_decode_attention, scale=0.2, cfg=cfg, interpret=True))(
         q_lat, q_rope, latent, k_rope, pos, w_uv)
     ref = jnp.einsum("btnc,nvc->btnv", _reference_context(q_lat, q_rope, latent, k_rope, pos, 0.2), w_uv)
@@ -133,8 +134,8 @@ def test_lowers_to_triton_at_k25_shapes(t):
 
 
 def test_kernel_dispatch_rule(monkeypatch):
-    """GPU only, batch x tokens <= 8, capacity <= 4096 unless JAXSPEC_MLA_KERNEL=1 forces it (T <= 16); =0 turns
-    it off."""
+    """GPU only, batch x tokens <= 8, capacity <= 4096 (beyond: decode at batch 8 only) unless JAXSPEC_MLA_KERNEL=1
+    forces it (T <= 16); =0 turns it off."""
     from model.attention_mla import _use_kernel
     from model.configs import known_config
 
@@ -146,6 +147,8 @@ def test_kernel_dispatch_rule(monkeypatch):
     assert not _use_kernel("absorbed", 1, 4, 1088, cfg, backend="cpu")
     assert not _use_kernel("absorbed", 1, 32, 1088, cfg, backend="gpu")  # prefill
     assert not _use_kernel("absorbed", 1, 1, 32832, cfg, backend="gpu")  # long cache: XLA measured as good or better
+    assert _use_kernel("absorbed", 8, 1, 32832, cfg, backend="gpu")  # ... but at batch 8 the 32-row tiles win
+    assert not _use_kernel("absorbed", 4, 2, 32832, cfg, backend="gpu")  # verify over a long cache: XLA
     assert not _use_kernel("absorbed", 1, 1, 1000, cfg, backend="gpu")  # not a multiple of the kernel's blocks
     assert not _use_kernel("decompressed", 1, 1, 1088, cfg, backend="gpu")
     monkeypatch.setenv("JAXSPEC_MLA_KERNEL", "1")
@@ -161,6 +164,10 @@ def test_tiles_by_shape():
     from model.kernels.mla_decode import MLAKernelConfig, config_for
 
     assert config_for(1088, 512, 64) == MLAKernelConfig()
+    assert config_for(32832, 512, 64) == MLAKernelConfig()
+    assert config_for(1088, 512, 64, batch=8) == MLAKernelConfig()
+    long_b8 = config_for(32832, 512, 64, batch=8)  # decode at batch 8 over a long cache: 32-row blocks
+    assert (long_b8.block_q, long_b8.splits) == (32, 16)
     verify_1k = config_for(1088, 512, 4 * 64)
     assert (verify_1k.block_q, verify_1k.splits) == (16, 8)
     verify_4k = config_for(4160, 512, 4 * 64)

@@ -19,7 +19,8 @@ every slot of the cache's capacity, not only the visible ones (bench/results/ste
 
 Measured on the H200 (bench/results/README.md, run 8): at 1k context the step is 65 us faster at T=1 and 13 us
 at T=4 (4 layers); at 32k kernel 1 reads each cache block once per 16 rows and walks its share block by block,
-and loses at B=1 T=1 and B=8 T=4, so the engine uses these kernels for caches of up to 4096 slots; at 1k and 4k
+and loses at B=1 T=1 and B=8 T=4, so the engine uses these kernels for caches of up to 4096 slots (longer ones
+only for decode at batch 8, in 32-row blocks: `config_for`); at 1k and 4k
 they also lose to XLA's batched GEMMs at B=8, T=4 (run 9 lab), so only for batch x tokens <= 8
 (model/attention_mla.py). Tiles by shape: `config_for`.
 """
@@ -68,14 +69,23 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
-def config_for(capacity: int, latent_dim: int, rows: int = 1) -> MLAKernelConfig:
-    """The tiles for `rows` = tokens x heads query rows per sequence over a cache of `capacity` slots, shrunk to
-    powers of two that divide these shapes (small test models).
+# Caches longer than this take the kernels only for decode at batch >= 8 (model.attention_mla), with 32-row blocks
+LONG_CACHE = 4096
 
-    Decode (rows <= 64, K2.5's 64 heads at one token) keeps the defaults. Verify steps change the split: the
-    attention alone at B=1, T=4 measured on the H200 (bench/results/README.md, run 9 lab, us per call) at 1k
-    16 rows x 8 splits 28.1 vs the defaults' 39.6 (XLA 38.8), at 4k 32 rows x 16 splits 38.4 vs 57.7 (XLA 48.4)."""
+
+def config_for(capacity: int, latent_dim: int, rows: int = 1, batch: int = 1) -> MLAKernelConfig:
+    """The tiles for `rows` = tokens x heads query rows per sequence over a cache of `capacity` slots at `batch`
+    sequences, shrunk to powers of two that divide these shapes (small test models).
+
+    Decode (rows <= 64, K2.5's 64 heads at one token) keeps the defaults, but for long caches at batch >= 8
+    takes 32-row blocks, which read the cache half as often (attention alone at B=8, 32k: 219.6 us against the
+    defaults' 294.1 and XLA's 330.2; bench/results/attention-lab-gpu-20261129-1743). Verify steps change the
+    split: the attention alone at B=1, T=4 measured on the H200 (bench/results/README.md, run 9 lab, us per call)
+    at 1k 16 rows x 8 splits 28.1 vs the defaults' 39.6 (XLA 38.8), at 4k 32 rows x 16 splits 38.4 vs 57.7 (XLA
+    48.4)."""
     base = MLAKernelConfig()
+    if rows <= 64 and batch >= 8 and capacity > LONG_CACHE:
+        base = dataclasses.replace(base, block_q=32)
     if rows > 64:
         base = dataclasses.replace(base, splits=8) if capacity <= 2048 else dataclasses.replace(base, block_q=32)
     return dataclasses.replace(base, block_s=max(16, _pow2_divisor(capacity, base.block_s)),
@@ -194,7 +204,7 @@ def mla_decode_attention(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positi
                          cfg: MLAKernelConfig | None = None, interpret: bool = False) -> jax.Array:
     """softmax(q_lat . latent + q_rope . k_rope) . latent . w_uv^T over the visible slots -> [B, T, N, V]."""
     b, t, n, c = q_lat_BTNC.shape
-    cfg = cfg or config_for(latent_BSC.shape[1], c, t * n)
+    cfg = cfg or config_for(latent_BSC.shape[1], c, t * n, b)
     check_config(cfg, latent_BSC.shape[1], c)
     dt = q_lat_BTNC.dtype
     o, m, l = mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale, cfg=cfg,
