@@ -29,7 +29,7 @@ from model.configs import KNOWN, known_config
 from model.configs.drafts import KNOWN_DRAFTS, known_draft_config
 from model.eagle3 import DraftConfig, init_draft_cache
 from model.init import init_draft_weights, init_kimi_weights
-from model.kv_cache import init_latent_cache
+from model.kv_cache import init_latent_cache, round_capacity
 from model.quant import Fp8Weight
 from model.sharding import (CACHE_RULES, DRAFT_RULES, MESH_AXES, TARGET_RULES, LOGICAL_TO_MESH, path_str,
                             shard_shape, specs_for)
@@ -246,20 +246,21 @@ def make_plan(config: str, devices: int, device_memory: int, context: int, batch
 
     target = bytes_by_category(abstract_target(cfg, experts), mesh, TARGET_RULES)
     draft_w = {} if dcfg is None else bytes_by_category(abstract_draft(dcfg), mesh, DRAFT_RULES)
-    target_cache, draft_cache = abstract_caches(cfg, dcfg, batch, context)
+    capacity = round_capacity(context)  # what the engine allocates for a context this long
+    target_cache, draft_cache = abstract_caches(cfg, dcfg, batch, capacity)
     kv = {
         "target latent (MLA, 512/token/layer)": bytes_per_device(target_cache.latent, mesh, CACHE_RULES),
         "target rope key (64/token/layer)": bytes_per_device(target_cache.k_rope, mesh, CACHE_RULES),
     }
     if draft_cache is not None:
         kv["draft KV cache"] = bytes_per_device(draft_cache, mesh, CACHE_RULES)
-    working = cycle_working_bytes(cfg, dcfg, mesh, batch, context, num_steps)
+    working = cycle_working_bytes(cfg, dcfg, mesh, batch, capacity, num_steps)
 
     fixed = sum(target.values()) + sum(draft_w.values()) + sum(kv.values())
     experts_local = cfg.n_routed_experts // _size(mesh, "experts", cfg.n_routed_experts) if cfg.n_routed_experts else 0
     prompt, best = 16, 0
     while prompt <= context:
-        need = fixed + sum(prefill_working_bytes(cfg, dcfg, mesh, batch, prompt, context, experts_local).values())
+        need = fixed + sum(prefill_working_bytes(cfg, dcfg, mesh, batch, prompt, capacity, experts_local).values())
         if need > device_memory:
             break
         best, prompt = prompt, prompt * 2
@@ -349,7 +350,8 @@ def main(argv=None) -> int:
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--mesh", type=parse_mesh, default=None, help="data x model, e.g. 1x8 (default 1xDEVICES)")
     p.add_argument("--device-memory", type=parse_bytes, default=parse_bytes("141GB"))
-    p.add_argument("--context", type=int, default=131072, help="cache capacity in tokens")
+    p.add_argument("--context", type=int, default=131072,
+                   help="tokens per sequence (prompt + new); caches are sized as the engine rounds them")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--num-steps", type=int, default=3, help="draft tokens per cycle K")
     a = p.parse_args(argv)
