@@ -105,10 +105,9 @@ ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompres
 # 46 vs 73, but B=8 T=4 101-124 vs 77; at 4k B=8 T=4 172-185 vs 167; at 32k B=1 T=1 74-118 vs 72.
 MLA_KERNEL_MAX_QUERY_TOKENS = 8  # batch x tokens: 1, 4 and 8 measured faster than XLA, 32 slower
 MLA_KERNEL_MAX_TOKENS = 16  # the ceiling even when forced: prefill never takes the kernels
-# Beyond 4096 slots (model.kv_cache.LONG_CAPACITY), decode (T = 1) at batch 8 still takes them, with 32-row
-# blocks (config_for): the attention lab at B=8, 32k measured 219.6 us a layer against XLA's 330.2
-# (attention-lab-gpu-20261129-1743); at B=1 and at T > 1 XLA's path measured as fast or faster there.
-MLA_KERNEL_LONG_CACHE_BATCH = 8
+# Beyond 4096 slots (model.kv_cache.LONG_CAPACITY), decode (T = 1) at batch 8 (mla_decode.LONG_CACHE_MIN_BATCH)
+# still takes them, with 32-row blocks (config_for): the attention lab at B=8, 32k measured 219.6 us a layer
+# against XLA's 330.2 (attention-lab-gpu-20261129-1743); at B=1 and at T > 1 XLA's path measured as fast or faster.
 
 
 def _use_kernel(path: str, batch: int, tokens: int, capacity: int, cfg: TextConfig, backend: str | None = None) -> bool:
@@ -117,9 +116,9 @@ def _use_kernel(path: str, batch: int, tokens: int, capacity: int, cfg: TextConf
         return False
     if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
         return False
-    from model.kernels.mla_decode import check_config, config_for
+    from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, config_for
 
-    long_cache_decode = tokens == 1 and batch >= MLA_KERNEL_LONG_CACHE_BATCH
+    long_cache_decode = tokens == 1 and batch >= LONG_CACHE_MIN_BATCH
     if setting != "1" and (batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS
                            or (capacity > LONG_CAPACITY and not long_cache_decode)):
         return False

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from model.config import ConfigError
-from model.kv_cache import visible_slots
+from model.kv_cache import visible_slots, write_slots
 from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
 from model.quant import linear
@@ -142,13 +142,6 @@ def draft_to_target_ids(w: DraftWeights, draft_ids: jax.Array) -> jax.Array:
     return draft_ids + w.d2t[draft_ids]
 
 
-def write_head_slots(cache_BKSD: jax.Array, new_BTKD: jax.Array, positions_BT: jax.Array) -> jax.Array:
-    """Store token t of sequence b at slot positions[b, t] of every head (slots past the capacity are dropped)."""
-    batch_B1 = jnp.arange(cache_BKSD.shape[0])[:, None]
-    # advanced indices split by a slice: the indexed shape is [B, T, Nkv, D], the new values' own
-    return cache_BKSD.at[batch_B1, :, positions_BT].set(new_BTKD.astype(cache_BKSD.dtype), mode="drop")
-
-
 def _attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: DraftCache):
     b, t, _ = x_BT2H.shape
     n, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -156,8 +149,8 @@ def _attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: D
     q_BTND = apply_neox(linear(x_BT2H, w.q_proj).reshape(b, t, n, d), cos, sin)
     k_BTKD = apply_neox(linear(x_BT2H, w.k_proj).reshape(b, t, nkv, d), cos, sin)
     v_BTKD = linear(x_BT2H, w.v_proj).reshape(b, t, nkv, d)
-    k_cache = write_head_slots(cache.k, k_BTKD, positions_BT)
-    v_cache = write_head_slots(cache.v, v_BTKD, positions_BT)
+    k_cache = write_slots(cache.k, k_BTKD, positions_BT, slot_axis=2)
+    v_cache = write_slots(cache.v, v_BTKD, positions_BT, slot_axis=2)
     q_BTKGD = q_BTND.reshape(b, t, nkv, n // nkv, d)
     scores = jnp.einsum("btkgd,bksd->bkgts", q_BTKGD, k_cache.astype(q_BTND.dtype), preferred_element_type=jnp.float32)
     mask = visible_slots(positions_BT, k_cache.shape[2])[:, None, None]

@@ -54,10 +54,13 @@ def init_latent_cache(cfg: TextConfig, batch: int, capacity: int, dtype=jnp.bflo
     )
 
 
-def write_slots(cache_BSX: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array) -> jax.Array:
-    """Store token t of sequence b at slot positions[b, t]."""
-    batch_B1 = jnp.arange(cache_BSX.shape[0])[:, None]
-    return cache_BSX.at[batch_B1, positions_BT].set(new_BTX.astype(cache_BSX.dtype), mode="drop")
+def write_slots(cache: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array, slot_axis: int = 1) -> jax.Array:
+    """Store token t of sequence b at slot positions[b, t] of `cache` ([B, S, X..] or, with `slot_axis` = 2, the
+    draft's head-major [B, Nkv, S, D]); `new_BTX` is [B, T, X..] either way (slots past the capacity are dropped)."""
+    batch_B1 = jnp.arange(cache.shape[0])[:, None]
+    # with axes between them the two advanced indices still lead the indexed shape: [B, T, Nkv, D]
+    index = (batch_B1, *[slice(None)] * (slot_axis - 1), positions_BT)
+    return cache.at[index].set(new_BTX.astype(cache.dtype), mode="drop")
 
 
 def visible_slots(positions_BT: jax.Array, capacity: int) -> jax.Array:

@@ -70,6 +70,9 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
+LONG_CACHE_MIN_BATCH = 8  # beyond LONG_CAPACITY slots, decode takes the kernels (32-row blocks) from this batch on
+
+
 def config_for(capacity: int, latent_dim: int, rows: int = 1, batch: int = 1) -> MLAKernelConfig:
     """The tiles for `rows` = tokens x heads query rows per sequence over a cache of `capacity` slots at `batch`
     sequences, shrunk to powers of two that divide these shapes (small test models).
@@ -81,7 +84,7 @@ def config_for(capacity: int, latent_dim: int, rows: int = 1, batch: int = 1) ->
     at 1k 16 rows x 8 splits 28.1 vs the defaults' 39.6 (XLA 38.8), at 4k 32 rows x 16 splits 38.4 vs 57.7 (XLA
     48.4)."""
     base = MLAKernelConfig()
-    if rows <= 64 and batch >= 8 and capacity > LONG_CAPACITY:
+    if rows <= 64 and batch >= LONG_CACHE_MIN_BATCH and capacity > LONG_CAPACITY:
         base = dataclasses.replace(base, block_q=32)
     if rows > 64:
         base = dataclasses.replace(base, splits=8) if capacity <= 2048 else dataclasses.replace(base, block_q=32)
