@@ -75,7 +75,7 @@ def hf_tensors(w, cfg) -> dict:
             p + "self_attn.kv_a_proj_with_mqa.weight": t(a.kv_a_proj),
             p + "self_attn.kv_a_layernorm.weight": t(a.kv_a_norm),
             # per head: k_nope rows then v rows
-            p + "self_attn.kv_b_proj.weight": torch.cat([t(a.w_uk), t(a.w_uv)], dim=1).reshape(n * (dn + dv), -1),
+            p + "self_attn.kv_b_proj.weight": torch.cat([t(a.w_uk).transpose(1, 2), t(a.w_uv)], dim=1).reshape(n * (dn + dv), -1),
             p + "self_attn.o_proj.weight": t(a.o_proj).reshape(a.o_proj.shape[0], -1),
         })
         if isinstance(lw.mlp, MoEWeights):

@@ -37,7 +37,7 @@ def layer_views(cfg: TextConfig, layer: int, lw: LayerWeights) -> dict[str, obje
         p + "post_attention_layernorm.weight": lw.post_attention_norm,
         a + "kv_a_proj_with_mqa": att.kv_a_proj,
         a + "kv_a_layernorm.weight": att.kv_a_norm,
-        a + "kv_b_proj": np.concatenate([att.w_uk, att.w_uv], axis=1).reshape(-1, att.w_uk.shape[-1]),
+        a + "kv_b_proj": np.concatenate([np.swapaxes(att.w_uk, 1, 2), att.w_uv], axis=1).reshape(-1, att.w_uv.shape[-1]),
         a + "o_proj": att.o_proj.reshape(att.o_proj.shape[0], -1),
     }
     if att.q_a_proj is None:

@@ -40,7 +40,10 @@ from model.quant import Fp8Weight, Int4Weight
 from model.sharding import TARGET_RULES, path_str, shardings_for
 
 FORMAT = "jaxspec-checkpoint"
-FORMAT_VERSION = 1
+# v2: each MLA layer's `attn.w_uk` is stored [N, C, Dn] (v1: [N, Dn, C], kv_b_proj's order, which XLA transposed
+# at every dispatch of a step). v1 checkpoints still load: `w_uk` is transposed once, on load.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 METADATA_FILE = "jaxspec_checkpoint.json"
 COMPLETE_MARKER = "CONVERSION_COMPLETE"
 OPTIONS_FILE = "convert_options.json"  # in DST.partial only: what the unfinished conversion was started with
@@ -70,6 +73,7 @@ class CheckpointWriter:
         self.dst = Path(dst).absolute()  # orbax refuses relative paths
         self.work = partial_dir(self.dst)
         self.overwrite = overwrite
+        options = {**options, "format_version": FORMAT_VERSION}  # never resume a partial of another layout
         if self.dst.exists() and not overwrite:
             raise CheckpointError(f"{self.dst}: already exists (pass --overwrite to replace it)")
         if self.work.exists() and restart:
@@ -202,10 +206,10 @@ def read_metadata(path: str | Path, kind: str | None = None) -> dict:
         hint = " (an interrupted conversion? rerun `python -m convert` to resume it)" if partial_dir(path).exists() else ""
         raise CheckpointError(f"{path}: not a complete jaxspec checkpoint: {COMPLETE_MARKER} is missing{hint}")
     meta = json.loads((path / METADATA_FILE).read_text())
-    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format") != FORMAT or meta.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(
             f"{path / METADATA_FILE}: format {meta.get('format')!r} v{meta.get('format_version')} is not "
-            f"{FORMAT!r} v{FORMAT_VERSION}"
+            f"{FORMAT!r} v{' / v'.join(map(str, READABLE_VERSIONS))}"
         )
     if kind is not None and meta.get("kind") != kind:
         raise CheckpointError(f"{path}: holds a {meta.get('kind')} checkpoint, not a {kind}")
@@ -252,6 +256,15 @@ def _restore_item(path: Path, item: str, abstract_item, shardings_item):
     return tree_schema.unflatten(targets, restored)
 
 
+def _upgrade_layer_v1(layer, swap):
+    """A layer item saved by format v1 -> the current layout (`attn.w_uk` [N, Dn, C] -> [N, C, Dn])."""
+    return layer.replace(attn=layer.attn.replace(w_uk=swap(layer.attn.w_uk)))
+
+
+def _swap_last_axes_on_device(a: jax.Array) -> jax.Array:
+    return jax.jit(lambda x: jnp.swapaxes(x, 1, 2), out_shardings=a.sharding)(a)
+
+
 def _default_shardings(tree):
     device = jax.devices()[0]
     return jax.tree_util.tree_map(lambda _: SingleDeviceSharding(device), tree)
@@ -270,6 +283,9 @@ def load_target(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple
     shardings = shardings_for(abstract_w, mesh, TARGET_RULES) if mesh is not None else _default_shardings(abstract_w)
     abstract_items, sharding_items = split_kimi_weights(abstract_w), split_kimi_weights(shardings)
     restored = {k: _restore_item(path, k, abstract_items[k], sharding_items[k]) for k in items}
+    if meta["format_version"] == 1:
+        restored = {k: _upgrade_layer_v1(v, _swap_last_axes_on_device) if k.startswith("layer_") else v
+                    for k, v in restored.items()}
     return cfg, assemble_kimi_weights(restored)
 
 
@@ -294,4 +310,7 @@ def load_item_numpy(path: str | Path, item: str):
     keys = tree_schema.flat_arrays(like)
     args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in keys}
     flat = ocp.PyTreeCheckpointer().restore(path / WEIGHTS_DIR / item, args=ocp.args.PyTreeRestore(restore_args=args))
-    return tree_schema.unflatten(like, flat)
+    tree = tree_schema.unflatten(like, flat)
+    if item.startswith("layer_") and read_metadata(path)["format_version"] == 1:
+        tree = _upgrade_layer_v1(tree, lambda a: np.ascontiguousarray(np.swapaxes(a, 1, 2)))
+    return tree

@@ -1,7 +1,8 @@
 """Hugging Face DeepseekV3 / Kimi tensor names -> jaxspec weight pytrees, one layer at a time.
 
 Layouts: linear weights keep HF's [out, in]; q_b_proj, kv_b_proj and o_proj are split per head
-([N, .., ..]) so heads can be sharded; routed experts are stacked to [E, ..]. INT4 experts stay packed,
+([N, .., ..]) so heads can be sharded, kv_b_proj's k_nope rows stored [N, C, Dn] (`w_uk`: the absorbed
+query contracts Dn along the minor axis); routed experts are stacked to [E, ..]. INT4 experts stay packed,
 FP8 experts stay FP8 unless `dequantize_experts`; every other quantized tensor becomes `dtype`.
 Everything is numpy on the host (no device memory is touched while converting).
 """
@@ -119,7 +120,7 @@ class WeightBuilder:
             q_a_proj=q_a, q_a_norm=q_norm, q_b_proj=q_b,
             kv_a_proj=self.dense(p + "kv_a_proj_with_mqa", kc + r, h),
             kv_a_norm=self.vector(p + "kv_a_layernorm.weight", kc),
-            w_uk=np.ascontiguousarray(kv_b[:, :dn]), w_uv=np.ascontiguousarray(kv_b[:, dn:]),
+            w_uk=np.ascontiguousarray(kv_b[:, :dn].transpose(0, 2, 1)), w_uv=np.ascontiguousarray(kv_b[:, dn:]),
             o_proj=self.dense(p + "o_proj", h, n * dv).reshape(h, n, dv),
         )
 

@@ -33,7 +33,9 @@ class MLAWeights:
     q_b_proj: jax.Array  # [N, Dn+R, Q], or [N, Dn+R, H] as q_proj without q-LoRA
     kv_a_proj: Weight  # [C+R, H]
     kv_a_norm: jax.Array  # [C]
-    w_uk: jax.Array  # [N, Dn, C]  k_nope rows of kv_b_proj
+    # [N, C, Dn]: k_nope rows of kv_b_proj, transposed so the absorbed query contracts Dn along the minor axis
+    # (stored [N, Dn, C], XLA transposed it at every dispatch of a step: bench/results/README.md, run 15)
+    w_uk: jax.Array
     w_uv: jax.Array  # [N, Dv, C]  v rows of kv_b_proj
     o_proj: jax.Array  # [H, N, Dv]
 
@@ -62,7 +64,7 @@ def _softmax_masked(scores_BNTS, positions_BT, scale):
 
 def attend_absorbed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
     dt = q_nope.dtype
-    q_lat_BTNC = jnp.einsum("btnd,ndc->btnc", q_nope, w.w_uk.astype(dt))
+    q_lat_BTNC = jnp.einsum("btnd,ncd->btnc", q_nope, w.w_uk.astype(dt))
     scores_BNTS = jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, latent_BSC, preferred_element_type=jnp.float32)
     scores_BNTS += jnp.einsum("btnr,bsr->bnts", q_rope, k_rope_BSR, preferred_element_type=jnp.float32)
     probs_BNTS = _softmax_masked(scores_BNTS, positions_BT, cfg.softmax_scale).astype(dt)
@@ -72,7 +74,7 @@ def attend_absorbed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLA
 
 def attend_decompressed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
     dt = q_nope.dtype
-    k_nope_BSND = jnp.einsum("bsc,ndc->bsnd", latent_BSC.astype(dt), w.w_uk.astype(dt))
+    k_nope_BSND = jnp.einsum("bsc,ncd->bsnd", latent_BSC.astype(dt), w.w_uk.astype(dt))
     v_BSNV = jnp.einsum("bsc,nvc->bsnv", latent_BSC.astype(dt), w.w_uv.astype(dt))
     n = k_nope_BSND.shape[2]
     k_rope_BSNR = jnp.broadcast_to(k_rope_BSR[:, :, None, :].astype(dt), (*k_rope_BSR.shape[:2], n, k_rope_BSR.shape[-1]))
@@ -89,7 +91,7 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
     from model.kernels.mla_decode import mla_decode_attention
 
     dt = q_nope.dtype
-    q_lat_BTNC = jnp.einsum("btnd,ndc->btnc", q_nope, w.w_uk.astype(dt))
+    q_lat_BTNC = jnp.einsum("btnd,ncd->btnc", q_nope, w.w_uk.astype(dt))
     return mla_decode_attention(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv,
                                 cfg.softmax_scale, interpret=jax.default_backend() != "gpu")
 

@@ -63,7 +63,7 @@ def init_kimi_weights(cfg: TextConfig, key, dtype=jnp.bfloat16, experts: str = "
             q_b_proj=_normal(keys, (n, dn + r, q_in), dtype, q_in),
             kv_a_proj=_normal(keys, (c + r, h), dtype, h),
             kv_a_norm=_norm_weight(keys, c, dtype),
-            w_uk=_normal(keys, (n, dn, c), dtype, c),
+            w_uk=_normal(keys, (n, c, dn), dtype, c),
             w_uv=_normal(keys, (n, dv, c), dtype, c),
             o_proj=_normal(keys, (h, n, dv), dtype, n * dv),
         )

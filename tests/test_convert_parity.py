@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from convert.check import check_conversion
 from convert.hf_draft_weights import load_hf_draft
-from convert.checkpoint import COMPLETE_MARKER, METADATA_FILE, load_draft, load_target
+from convert.checkpoint import COMPLETE_MARKER, FORMAT_VERSION, METADATA_FILE, load_draft, load_target
 from convert.stream import ConvertOptions, convert_checkpoint
 from model.decoder import forward
 from model.eagle3 import draft_forward, init_draft_cache
@@ -97,7 +97,7 @@ def test_layout_metadata_and_tokenizer_files(converted):
     assert (dst / COMPLETE_MARKER).exists() and not dst.with_name(dst.name + ".partial").exists()
     assert (dst / "config.json").read_bytes() == (src / "config.json").read_bytes()
     meta = json.loads((dst / METADATA_FILE).read_text())
-    assert meta["kind"] == "target" and meta["dtype"] == "float32" and meta["format_version"] == 1
+    assert meta["kind"] == "target" and meta["dtype"] == "float32" and meta["format_version"] == FORMAT_VERSION == 2
     assert meta["experts"] == {"bf16": "float32", "fp8": "fp8", "int4": "int4", "k25": "int4"}[kind]
     assert meta["items"] == ["embed", "layer_000", "layer_001", "layer_002", "head"]
     for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):

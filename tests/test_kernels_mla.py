@@ -89,7 +89,7 @@ def test_attention_path_with_kernel_matches_absorbed():
     cfg = known_config("kimi-k2.5").replace(num_attention_heads=N, kv_lora_rank=C, qk_rope_head_dim=R,
                                             qk_nope_head_dim=dn, v_head_dim=dv)
     ks = jax.random.split(jax.random.PRNGKey(5), 4)
-    w = MLAWeights(None, None, None, None, None, jax.random.normal(ks[0], (N, dn, C)),
+    w = MLAWeights(None, None, None, None, None, jax.random.normal(ks[0], (N, C, dn)),
                    jax.random.normal(ks[1], (N, dv, C)), None)
     q_nope = jax.random.normal(ks[2], (B, t, N, dn))
     _, q_rope, latent, k_rope, positions = _inputs(t, [[20, 21, 22], [60, 61, 62]], jnp.float32)
