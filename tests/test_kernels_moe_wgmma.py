@@ -60,11 +60,14 @@ def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, co
     assert _rel_err(out, ref) < 1e-2
 
 
-def test_gate_up_sums_are_the_two_products(experts):
-    """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H."""
+@pytest.mark.parametrize("slots_inner", [False, True])
+def test_gate_up_sums_are_the_two_products(experts, slots_inner):
+    """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H, in either grid
+    order (two slots share expert 0)."""
     x = jax.random.normal(jax.random.PRNGKey(5), (2, H)).astype(jnp.bfloat16)
     expert_U, token_U = jnp.asarray([4, 0, 0, 5], jnp.int32), jnp.asarray([0, 0, 1, 1], jnp.int32)
-    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=2, splits=2, interpret=True)
+    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=2, splits=2, slots_inner=slots_inner,
+                                interpret=True)
     assert gu.shape == (2, 2, 4, F)
     xs = x.astype(jnp.float32)[token_U]
     for m, weight in enumerate((experts.gate, experts.up)):
@@ -129,7 +132,7 @@ def test_engine_picks_it_only_on_hopper(experts):
 
 
 @pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
-                                       (4, {"permute_h": "after", "down_stages": 2})])
+                                       (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct

@@ -49,9 +49,11 @@ def kernel_config_for(tokens: int, experts) -> MoEKernelConfig:
 # INT4 decode / verify on Hopper through moe_wgmma.py. One K2.5 layer on the H200 (`python -m bench.moe_wgmma_lab`,
 # bench/results/moe-wgmma-lab-gpu-20261130-0107.json, -0114, -0129), against the Triton gemv in the same run:
 # T=2 149 vs 151 us (floor 92), T=4 235 vs 269-270 (179), T=8 430 vs 494 (340), T=16 852 vs 973 (640); at T=1
-# within the runs' spread, 81-108 vs 87-105 (46). Above 16 tokens it has not been measured, so the Triton kernels
-# keep those.
-WGMMA_MAX_TOKENS = 16
+# within the runs' spread, 81-108 vs 87-105 (46). Batch 8 verifies 16-40 tokens (K = 1..4): -0945 and -0950
+# measured T=24 1232 vs 1418 us (floor 864), T=32 1638 / 1600 vs 1923 / 1873 (1078), T=40 2055 vs 2375 (1204);
+# -1000 T=64 (batch 8 verifying 8 tokens) 3229 vs 3802 (1579). Above 64 tokens it has not been measured, so the
+# Triton kernels keep those (prefill buckets of 65-128 tokens).
+WGMMA_MAX_TOKENS = 64
 
 
 def _is_hopper() -> bool:

@@ -244,9 +244,13 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
 
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
-                 splits: int = 1, overlap: bool = False, convert: str = "pairs",
+                 splits: int = 1, overlap: bool = False, convert: str = "pairs", slots_inner: bool = False,
                  interpret: bool = False) -> jax.Array:
-    """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token u // choices) over split s of H."""
+    """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token u // choices) over split s of H.
+
+    `slots_inner`: the slot is the fastest grid axis (CUDA's x), so the programs in flight together cover every
+    slot's same rows and the slots routed to one expert read each of its tiles at about the same time (the
+    repeats come from L2). Otherwise (slot slowest) each slot streams its whole expert before the next begins."""
     _check_convert(convert)
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
@@ -258,7 +262,8 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
         functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, choices=choices, stages=stages,
                           overlap=overlap, convert=convert, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
-        grid=(slots, f // ROWS, splits), grid_names=("slot", "rows", "split"),
+        grid=(f // ROWS, splits, slots) if slots_inner else (slots, f // ROWS, splits),
+        grid_names=("rows", "split", "slot") if slots_inner else ("slot", "rows", "split"),
         **_interpret_kw(interpret),
     )(expert_U, _wgmma_input(x_TH, convert), *_operands(gate), *_operands(up))
 
@@ -283,7 +288,7 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
 
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
                          down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
-                         permute_h: str = "after", down_stages: int | None = None,
+                         permute_h: str = "after", down_stages: int | None = None, slots_inner: bool = False,
                          interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
 
@@ -292,7 +297,9 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     choices across programs (partial sums added by XLA). `permute_h` puts h's columns in the down kernel's
     input order "after" SiLU or "before" it (on gate_up's partial sums): the same numbers, a different fusion
     for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart). `down_stages`
-    (default `stages`): the down kernel's pipeline depth, whose steps hold one weight tile to gate_up's two."""
+    (default `stages`): the down kernel's pipeline depth, whose steps hold one weight tile to gate_up's two.
+    `slots_inner`: gate_up's grid order (`gate_up_sums`); the down kernel's grid already has the row block
+    slowest, so slots sharing an expert read its row block together there."""
     if permute_h not in ("after", "before"):
         raise ValueError(f"moe_wgmma permute_h must be 'after' or 'before', not {permute_h!r}")
     if not supports(experts):
@@ -301,7 +308,7 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages, splits=gate_up_splits,
-                           overlap=overlap, convert=convert, interpret=interpret)
+                           overlap=overlap, convert=convert, slots_inner=slots_inner, interpret=interpret)
     if permute_h == "before":
         gu_S2UF = input_order(gu_S2UF, convert)
     g_UF, u_UF = _sum_leading(gu_S2UF)
