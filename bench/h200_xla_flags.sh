@@ -14,6 +14,10 @@ declare -A FLAGS=(
   # programmatic dependent launch (Hopper): a kernel may start while the previous one drains
   [pdl-off]="--xla_gpu_enable_pdl=false --xla_gpu_enable_pdl_launch=false"
   [pdl-on]="--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"
+  # the CUDA graph's scheduling: LHS (the default) orders the kernels as the latency-hiding scheduler did, CONCURRENT
+  # lets independent ones (a layer's shared expert beside its routed experts) run at the same time
+  [lhs]="--xla_gpu_command_buffer_scheduling_mode=LHS"
+  [concurrent]="--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
 )
 for name in ${CONFIGS:-default no-command-buffers while-in-command-buffers}; do
   XLA_FLAGS="${FLAGS[$name]}" timeout "${FLAG_TIMEOUT:-150}" python3 -m bench.step --layers 4 --skip-moe-layer \
