@@ -83,13 +83,14 @@ def run_one_mode(args) -> dict:
         def body(i, carry):
             toks_B1, c, out_S = carry
             positions = jnp.full_like(toks_B1, args.context) + i
-            logits = forward(w, cfg, toks_B1, positions, c)
-            nxt = jnp.argmax(logits.logits[:, -1], axis=-1).astype(toks_B1.dtype)[:, None]
-            return nxt, logits.cache, out_S.at[i].set(nxt[0, 0])
+            out = forward(w, cfg, toks_B1, positions, c)
+            nxt = jnp.argmax(out.logits[:, -1], axis=-1).astype(toks_B1.dtype)[:, None]
+            return nxt, out.cache, out_S.at[i].set(nxt[0, 0])
 
         with moe_path(routed_experts_for_backend):
-            out = jax.lax.fori_loop(0, args.steps, body, (first_B1, cache, jnp.zeros((args.steps,), jnp.int32)))
-        return out[2], out[1]
+            _, cache, tokens_S = jax.lax.fori_loop(0, args.steps, body,
+                                                   (first_B1, cache, jnp.zeros((args.steps,), jnp.int32)))
+        return tokens_S, cache
 
     greedy_jit = jax.jit(greedy, donate_argnums=(2,))
     first_B1, _ = step_inputs(cfg, 1, 1, args.context, key)
