@@ -18,8 +18,8 @@ from model.sharding import make_mesh
 from tests.tiny_models import tiny_target_config
 
 
-def _as_v1(path) -> None:
-    """Rewrite a fresh v2 checkpoint the way format v1 stored it: w_uk [N, Dn, C] and format_version 1."""
+def _mark_v1(path) -> None:
+    """Mark a checkpoint as format v1 (the caller saved its w_uk as v1 stored it, [N, Dn, C])."""
     meta_file = path / METADATA_FILE
     meta = json.loads(meta_file.read_text())
     meta["format_version"] = 1
@@ -34,7 +34,7 @@ def checkpoints(tmp_path_factory):
     save_target(root / "v2", w, cfg)
     v1_layers = tuple(lw.replace(attn=lw.attn.replace(w_uk=jnp.swapaxes(lw.attn.w_uk, 1, 2))) for lw in w.layers)
     save_target(root / "v1", w.replace(layers=v1_layers), cfg)
-    _as_v1(root / "v1")
+    _mark_v1(root / "v1")
     return root, cfg, w
 
 

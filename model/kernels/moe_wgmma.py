@@ -258,12 +258,13 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
     slots, f = expert_U.shape[0], gate.shape[1]
     if slots % choices or slots // choices != x_TH.shape[0]:
         raise ValueError(f"{slots} slots are not {choices} choices for each of {x_TH.shape[0]} tokens")
+    sizes = {"slot": slots, "rows": f // ROWS, "split": splits}
+    names = ("rows", "split", "slot") if slots_inner else ("slot", "rows", "split")  # the last is CUDA's x
     return plgpu.kernel(
         functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, choices=choices, stages=stages,
                           overlap=overlap, convert=convert, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
-        grid=(f // ROWS, splits, slots) if slots_inner else (slots, f // ROWS, splits),
-        grid_names=("rows", "split", "slot") if slots_inner else ("slot", "rows", "split"),
+        grid=tuple(sizes[n] for n in names), grid_names=names,
         **_interpret_kw(interpret),
     )(expert_U, _wgmma_input(x_TH, convert), *_operands(gate), *_operands(up))
 
