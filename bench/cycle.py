@@ -100,11 +100,12 @@ def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl, sharded: bool = False):
     return jax.jit(cycle, donate_argnums=(1,))
 
 
-def make_cycle_loop(spec_cfg: SpecConfig, k: int, moe_impl, cycles: int):
-    """`cycles` cycles inside one jitted loop (state donated), as `Engine.generate` runs them."""
+def make_cycle_loop(spec_cfg: SpecConfig, k: int, moe_impl):
+    """`cycles` (an argument: one program for every length) cycles inside one jitted loop (state donated), as
+    `Engine.generate` runs them."""
     one_cycle = _greedy_cycle(spec_cfg, k)
 
-    def loop(w: SpecWeights, state: SpecState):
+    def loop(w: SpecWeights, state: SpecState, cycles):
         with moe_path(moe_impl):
             return jax.lax.fori_loop(0, cycles, lambda _, s: one_cycle(w, s), state)
 
@@ -139,7 +140,7 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
     cycle when that many run inside one jitted loop ("device loop"). With `mesh` (call inside its context): the
     draft replicated and the state laid out as the engine lays it out."""
     from bench.bytes_floor import HBM_TBS, floor_ms
-    from bench.timing import LOOP_WARMUP, device_loop_ms, loop_iters, median_ms
+    from bench.timing import device_loop_ms, device_loop_steps_run, median_ms
 
     spec_cfg, dcfg, sw = spec_pair(w, cfg, tiny)
     if mesh is not None:
@@ -153,7 +154,7 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
                 continue
             key, sub = jax.random.split(key)
             try:
-                loop_timed = (LOOP_WARMUP + loop_iters(args.iters)) * loop_cycles  # cycles the device loops run
+                loop_timed = device_loop_steps_run(loop_cycles, args.iters) if loop_cycles else 0
                 capacity = round_capacity(c + 16 + (3 + 2 * args.iters + 2 + loop_timed) * (k + 1))
                 state = initial_state(spec_cfg.target, dcfg, b, c, capacity, sub)
                 if mesh is not None:
@@ -164,13 +165,13 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
                 run, holder = run_cycle(cycle_fn, sw, state)
                 stats = median_ms(run, warmup=2, iters=args.iters)
                 if loop_cycles:
-                    loop_fn = make_cycle_loop(spec_cfg, k, moe_impl, loop_cycles)
+                    loop_fn = make_cycle_loop(spec_cfg, k, moe_impl)
 
-                    def run_loop():
-                        holder["state"] = loop_fn(sw, holder["state"])
+                    def run_loop(cycles):
+                        holder["state"] = loop_fn(sw, holder["state"], jnp.int32(cycles))
                         return holder["state"].generated
 
-                    stats["device_loop_ms"] = device_loop_ms(run_loop, loop_cycles, args.iters)
+                    stats.update(device_loop_ms(run_loop, loop_cycles, args.iters))
                 floor = cycle_floor(sw, spec_cfg, b, c, k, ids)
                 row = dict(batch=b, context=c, k=k, **stats, bytes=floor,
                            floor_ms_4p3=floor_ms(floor["total"], HBM_TBS),
@@ -179,7 +180,8 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
                 loop_note = ""
                 if "device_loop_ms" in row:
                     row["device_loop_ratio_4p3"] = row["device_loop_ms"] / row["floor_ms_4p3"]
-                    loop_note = f" (device loop {row['device_loop_ms']:.3f} ms, ratio {row['device_loop_ratio_4p3']:.2f})"
+                    loop_note = (f" (device loop {row['device_loop_ms']:.3f} ms + {row['device_loop_fixed_ms']:.3f} a loop, "
+                                 f"ratio {row['device_loop_ratio_4p3']:.2f}; loop / N {row['device_loop_chained_ms']:.3f})")
                 rows.append(row)
                 log(f"cycle B={b} ctx={c} K={k}: {row['median_ms']:.3f} ms, floor {row['floor_ms_4p3']:.3f} ms, "
                     f"ratio {row['ratio_4p3']:.2f}{loop_note}")

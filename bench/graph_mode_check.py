@@ -1,5 +1,5 @@
 """`python -m bench.graph_mode_check`: does XLA's CONCURRENT scheduling of a step's CUDA graph give the same tokens
-as the default (LHS), and how much faster is it?
+as XLA's default (LHS), and how much faster is it? (The engine sets CONCURRENT: `jaxspec.xla_flags`.)
 
 `--xla_gpu_command_buffer_scheduling_mode` orders the kernels XLA records into a step's CUDA graph: LHS (the default)
 as the latency-hiding scheduler ordered them, CONCURRENT with edges only where kernels share buffers, so independent
@@ -12,6 +12,11 @@ model of --layers layers (INT4 experts, random weights from a fixed key, the sam
 - one verify step of --verify-tokens tokens: its logits are compared bit for bit (max |difference| reported);
 - timings as `bench.step` takes them: the decode and verify steps synchronised (median) and queued back to back
   (mean), and the greedy loop's time per step.
+Each process also runs the greedy loop a second time from a fresh cache (`tokens_repeat_equal`): a mode whose own
+repeats differ is nondeterministic within one executable. Across processes XLA's autotuner picks GEMM
+algorithms by timing them, so two processes of the same mode may compile different kernels (run 16: LHS against
+LHS differed from the tenth token); `--autotune-cache shared` points every process at one
+`--xla_gpu_per_fusion_autotune_cache_dir`, so all of them use the first one's choices.
 Writes graph-mode-check-<platform>-<date>.json to --out; exits 1 when a mode's tokens differ from the first mode's.
 On a CPU the flag changes nothing (there is no CUDA graph), which is what the tests run.
 """
@@ -31,8 +36,10 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from jaxspec.xla_flags import AUTOTUNE_CACHE_ENV, AUTOTUNE_CACHE_FLAG  # noqa: E402
+from jaxspec.xla_flags import SCHEDULING_FLAG as FLAG  # noqa: E402
+
 MODES = ("LHS", "CONCURRENT", "SERIALIZE")
-FLAG = "--xla_gpu_command_buffer_scheduling_mode"
 
 
 def parse_args(argv):
@@ -44,6 +51,9 @@ def parse_args(argv):
     p.add_argument("--verify-tokens", type=int, default=4)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
+    p.add_argument("--autotune-cache", choices=("own", "shared"), default="own",
+                   help="own: each process autotunes for itself (the engine's autotune cache off); shared: one "
+                        "fresh autotune cache directory for all")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per mode's process")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: the JSON path one mode's process writes
@@ -55,9 +65,12 @@ def parse_args(argv):
     return args
 
 
-def _with_mode(xla_flags: str, mode: str) -> str:
-    """XLA_FLAGS with the scheduling mode set to `mode` (an earlier setting of the flag removed)."""
-    kept = [f for f in xla_flags.split() if not f.startswith(FLAG + "=")]
+def _with_mode(xla_flags: str, mode: str, autotune_cache_dir: str | None = None) -> str:
+    """XLA_FLAGS with the scheduling mode set to `mode` and the autotune cache directory to `autotune_cache_dir` (or
+    none), earlier settings of either flag (the engine's, from importing bench) removed."""
+    kept = [f for f in xla_flags.split() if not f.startswith((FLAG + "=", AUTOTUNE_CACHE_FLAG + "="))]
+    if autotune_cache_dir is not None:
+        kept.append(f"{AUTOTUNE_CACHE_FLAG}={autotune_cache_dir}")
     return " ".join(kept + [f"{FLAG}={mode}"])
 
 
@@ -96,6 +109,8 @@ def run_one_mode(args) -> dict:
     first_B1, _ = step_inputs(cfg, 1, 1, args.context, key)
     tokens_S, _ = greedy_jit(w, first_B1, fresh_cache())
     tokens = [int(t) for t in np.asarray(tokens_S)]
+    repeat_S, _ = greedy_jit(w, first_B1, fresh_cache())  # same executable, same inputs
+    tokens_repeat = [int(t) for t in np.asarray(repeat_S)]
     holder = {"cache": fresh_cache()}
 
     def loop_call():
@@ -122,7 +137,8 @@ def run_one_mode(args) -> dict:
                        logits_sha256=hashlib.sha256(logits_np.tobytes()).hexdigest())
         np.save(Path(args.child).with_suffix(f".T{t}.npy"), logits_np)
     return dict(xla_flags=os.environ.get("XLA_FLAGS", ""), device=jax.devices()[0].device_kind, jax=jax.__version__,
-                tokens=tokens, loop_ms_per_step=loop["median_ms"] / args.steps, decode=rows[1],
+                tokens=tokens, tokens_repeat_equal=tokens_repeat == tokens,
+                loop_ms_per_step=loop["median_ms"] / args.steps, decode=rows[1],
                 verify=rows[args.verify_tokens])
 
 
@@ -145,12 +161,17 @@ def main(argv=None) -> dict:
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(date=now.isoformat(timespec="seconds"), layers=args.layers, context=args.context, steps=args.steps,
-                  verify_tokens=args.verify_tokens, tiny=args.tiny, runs=[])
+                  verify_tokens=args.verify_tokens, tiny=args.tiny, autotune_cache=args.autotune_cache, runs=[])
     with tempfile.TemporaryDirectory() as tmp:
         first = None
+        cache_dir = None
+        if args.autotune_cache == "shared":
+            cache_dir = Path(tmp) / "autotune"
+            cache_dir.mkdir()
         for i, mode in enumerate(args.modes):
             path = Path(tmp) / f"mode{i}.json"
-            env = {**os.environ, "XLA_FLAGS": _with_mode(os.environ.get("XLA_FLAGS", ""), mode)}
+            env = {**os.environ, AUTOTUNE_CACHE_ENV: "off",  # the child's flags are all set here
+                   "XLA_FLAGS": _with_mode(os.environ.get("XLA_FLAGS", ""), mode, cache_dir and str(cache_dir))}
             proc = subprocess.run(_child_argv(args, path), env=env, capture_output=True, text=True,
                                   timeout=args.timeout_s)
             if proc.returncode != 0 or not path.exists():
@@ -168,11 +189,12 @@ def main(argv=None) -> dict:
             log(f"{mode:10s} decode {run['decode']['sync_ms']:.3f} ms synchronised, {run['decode']['queued_ms']:.3f} "
                 f"queued; verify T={args.verify_tokens} {run['verify']['sync_ms']:.3f} / {run['verify']['queued_ms']:.3f}; "
                 f"greedy loop {run['loop_ms_per_step']:.3f} ms/step; tokens equal to {args.modes[0]}'s: "
-                f"{run['tokens_equal_first']}; logits max |diff| decode {run['decode']['logits_max_abs_diff_first']:.3g}, "
+                f"{run['tokens_equal_first']}, to its own repeat: {run['tokens_repeat_equal']}; logits max |diff| "
+                f"decode {run['decode']['logits_max_abs_diff_first']:.3g}, "
                 f"verify {run['verify']['logits_max_abs_diff_first']:.3g}")
     result["device"] = result["runs"][0]["device"]
     result["jax"] = result["runs"][0]["jax"]
-    result["all_tokens_equal"] = all(r["tokens_equal_first"] for r in result["runs"])
+    result["all_tokens_equal"] = all(r["tokens_equal_first"] and r["tokens_repeat_equal"] for r in result["runs"])
     platform = "cpu" if result["device"].lower().startswith("cpu") else "gpu"
     path = write_json(result, Path(args.out), f"graph-mode-check-{platform}-{now.strftime('%Y%m%d-%H%M')}")
     log(f"wrote {path}")

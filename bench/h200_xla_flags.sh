@@ -8,14 +8,14 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
 declare -A FLAGS=(
-  [default]=""
+  [default]=""  # the engine's own (jaxspec.xla_flags, applied on import of bench): CONCURRENT, autotune cache
   [no-command-buffers]="--xla_gpu_enable_command_buffer="
   [while-in-command-buffers]="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
   # programmatic dependent launch (Hopper): a kernel may start while the previous one drains
   [pdl-off]="--xla_gpu_enable_pdl=false --xla_gpu_enable_pdl_launch=false"
   [pdl-on]="--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true"
-  # the CUDA graph's scheduling: LHS (the default) orders the kernels as the latency-hiding scheduler did, CONCURRENT
-  # lets independent ones (a layer's shared expert beside its routed experts) run at the same time
+  # the CUDA graph's scheduling: LHS (XLA's default) orders the kernels as the latency-hiding scheduler did, CONCURRENT
+  # (the engine's since run 16) lets independent ones (a layer's shared expert beside its routed experts) overlap
   [lhs]="--xla_gpu_command_buffer_scheduling_mode=LHS"
   [concurrent]="--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
 )

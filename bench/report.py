@@ -38,6 +38,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Step benchmark: {result['device']}, jax {result['jax']}, {result['date']}",
         "",
+        f"XLA_FLAGS: `{result.get('xla_flags') or '(none)'}`",
+        "",
         f"Kimi-K2.5 dims, {result['layers']} layers (layer 0 dense, the rest MoE with INT4 g32 experts; bf16 elsewhere), "
         f"lm_head {'tiny' if result['tiny'] else '163840'} rows, random weights. MoE path: {result.get('moe_path')}"
         f"{_kernel_configs(result.get('kernel_config') or {})}.",
@@ -45,7 +47,9 @@ def markdown(result: dict) -> str:
         f"read bandwidth (XLA reduction, reads only): {fmt(result.get('read_tbs'), 2)} TB/s. "
         "Floors: bytes that must be moved / 4.3 TB/s and / the copy bandwidth. Times: median of device-synchronised "
         "steps after warm-up; 'queued' = mean per step with steps queued back to back; 'device loop' = per step "
-        "when that many steps run inside one jitted loop, each fed the previous step's argmax tokens.",
+        "inside one jitted loop, each step fed the previous step's argmax tokens, as the slope between loops of N and "
+        "3N steps ('loop fixed' = what one loop call costs beyond its steps; 'loop / N' = the N-step loop's time / N, "
+        "the device-loop figure of runs 1-15; bench.timing.device_loop_ms).",
         "",
     ]
     moe = result.get("moe_layer")
@@ -73,14 +77,16 @@ def markdown(result: dict) -> str:
     steps = result.get("steps") or []
     if steps:
         lines += ["## Target forward steps (decode T=1, verify T>1)", "",
-                  "| B | context | T | MoE path | median ms | queued ms | device loop ms | unique experts / layer | GB | "
-                  "floor 4.3 (ms) | x floor | loop x floor | floor copy (ms) | x copy floor | / decode |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| B | context | T | MoE path | median ms | queued ms | device loop ms | loop fixed ms | loop / N ms | "
+                  "unique experts / layer | GB | floor 4.3 (ms) | x floor | loop x floor | floor copy (ms) | x copy floor | "
+                  "/ decode |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in steps:
             dec = _decode_ms(steps, r["batch"], r["context"], r.get("moe_path"))
             lines.append(
                 f"| {r['batch']} | {r['context']} | {r['tokens']} | {r.get('moe_path')} | {r['median_ms']:.3f} | "
-                f"{r['queued_mean_ms']:.3f} | {fmt(r.get('device_loop_ms'))} | {np.mean(r['unique_experts']):.1f} | "
+                f"{r['queued_mean_ms']:.3f} | {fmt(r.get('device_loop_ms'))} | {fmt(r.get('device_loop_fixed_ms'))} | "
+                f"{fmt(r.get('device_loop_chained_ms'))} | {np.mean(r['unique_experts']):.1f} | "
                 f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
                 f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {r['floor_ms_copy']:.3f} | {r['ratio_copy']:.2f} | "
                 f"{fmt(dec and r['median_ms'] / dec, 2)} |")
@@ -104,9 +110,10 @@ def markdown(result: dict) -> str:
     cycles = result.get("cycles") or []
     if cycles:
         lines += ["## Speculative cycles (K drafts + verify K+1 + accept + draft extend, one jit)", "",
-                  "| B | context | K | median ms | queued ms | device loop ms | GB | floor 4.3 (ms) | x floor | loop x floor | "
-                  "cycle / decode = break-even tokens per cycle | same, device loops |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| B | context | K | median ms | queued ms | device loop ms | loop fixed ms | loop / N ms | GB | "
+                  "floor 4.3 (ms) | x floor | loop x floor | cycle / decode = break-even tokens per cycle | "
+                  "same, device loops |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in cycles:
             path = "kernel" if _decode_ms(steps, r["batch"], r["context"], "kernel") else "reference"
             dec = _decode_ms(steps, r["batch"], r["context"], path)
@@ -114,7 +121,8 @@ def markdown(result: dict) -> str:
             loop = r.get("device_loop_ms")
             lines.append(
                 f"| {r['batch']} | {r['context']} | {r['k']} | {r['median_ms']:.3f} | {r['queued_mean_ms']:.3f} | "
-                f"{fmt(loop)} | {r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
+                f"{fmt(loop)} | {fmt(r.get('device_loop_fixed_ms'))} | {fmt(r.get('device_loop_chained_ms'))} | "
+                f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
                 f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {fmt(dec and r['median_ms'] / dec, 2)} | "
                 f"{fmt(loop and dec_loop and loop / dec_loop, 2)} |")
         lines.append("")

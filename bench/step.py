@@ -90,18 +90,19 @@ def make_step(cfg, moe_impl, sharded: bool = False):
     return jax.jit(step, donate_argnums=(3,))
 
 
-def make_step_loop(cfg, moe_impl, reps: int):
-    """`reps` decode/verify steps in one jitted device loop, each fed the previous step's argmax tokens (as the
-    engine's on-device generation is): the per-step time without a host round trip per step."""
+def make_step_loop(cfg, moe_impl):
+    """`steps` (an argument: one program for every length) decode/verify steps in one jitted device loop, each fed
+    the previous step's argmax tokens (as the engine's on-device generation is): the per-step time without a host
+    round trip per step."""
 
-    def loop(w, tokens_BT, positions_BT, cache):
+    def loop(w, tokens_BT, positions_BT, cache, steps):
         def body(_, carry):
             toks, c = carry
             out = forward(w, cfg, toks, positions_BT, c)
             return jnp.argmax(out.logits, axis=-1).astype(toks.dtype), out.cache
 
         with moe_path(moe_impl):
-            return jax.lax.fori_loop(0, reps, body, (tokens_BT, cache))
+            return jax.lax.fori_loop(0, steps, body, (tokens_BT, cache))
 
     return jax.jit(loop, donate_argnums=(3,))
 
@@ -141,12 +142,12 @@ def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters
         return out
 
     stats = median_ms(run, warmup=3, iters=iters)
-    if loop_fn is not None:  # the same step, `loop_steps` at a time inside one jitted loop
-        def run_loop():
-            out, holder["cache"] = loop_fn(w, tokens_BT, positions_BT, holder["cache"])
+    if loop_fn is not None:  # the same step inside one jitted loop, `loop_steps` and 3 x `loop_steps` at a time
+        def run_loop(steps):
+            out, holder["cache"] = loop_fn(w, tokens_BT, positions_BT, holder["cache"], jnp.int32(steps))
             return out
 
-        stats["device_loop_ms"] = device_loop_ms(run_loop, loop_steps, iters)
+        stats.update(device_loop_ms(run_loop, loop_steps, iters))
     unique = unique_experts_per_layer(np.asarray(ids_LTK))
     parts = step_bytes(w, cfg, batch, tokens, context, unique)
     del holder
@@ -171,12 +172,13 @@ def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, lo
         key, sub = jax.random.split(key)
         loop = None
         if args.loop_steps and (b, c) == (args.batches[0], args.contexts[0]):  # the targets' configuration
-            loop = make_step_loop(cfg, loops[path], args.loop_steps)
+            loop = make_step_loop(cfg, loops[path])
         try:
             row = time_step(w, cfg, steps[path], b, t, c, sub, args.iters, copy_tbs, loop, args.loop_steps, mesh)
             row["moe_path"] = path
             result["steps"].append(row)
-            loop_note = f", device loop {row['device_loop_ms']:.3f}" if "device_loop_ms" in row else ""
+            loop_note = (f", device loop {row['device_loop_ms']:.3f} + {row['device_loop_fixed_ms']:.3f} a loop "
+                         f"(loop / N {row['device_loop_chained_ms']:.3f})") if "device_loop_ms" in row else ""
             log(f"step {path:9s} B={b} ctx={c:6d} T={t}: {row['median_ms']:.3f} ms "
                 f"(queued {row['queued_mean_ms']:.3f}{loop_note}), floor {row['floor_ms_4p3']:.3f} ms, ratio {row['ratio_4p3']:.2f}, "
                 f"unique experts {np.mean(row['unique_experts']):.1f}, compile {row['compile_s']:.1f} s")
@@ -234,7 +236,8 @@ def parse_args(argv):
     p.add_argument("--cycle-k", type=int, nargs="*", default=[1, 2, 3, 4])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--loop-steps", type=int, default=10,
-                   help="also time this many steps inside one jitted loop (first batch/context only; 0 = off)")
+                   help="also time steps inside one jitted loop, this many and 3x as many (the per-step time is "
+                        "the slope; first batch/context only; 0 = off)")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--mesh", type=mesh_shape, default=None,
@@ -254,7 +257,8 @@ def main(argv=None) -> dict:
     on_gpu = dev.platform == "gpu"
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  layers=args.layers, tiny=args.tiny, args=vars(args), skipped=[], errors=[])
+                  xla_flags=os.environ.get("XLA_FLAGS", ""), layers=args.layers, tiny=args.tiny, args=vars(args),
+                  skipped=[], errors=[])
     stem = f"step-{'tiny-' if args.tiny else ''}{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
     save = lambda: write_report(result, Path(args.out), stem)  # noqa: E731
 

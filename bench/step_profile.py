@@ -27,6 +27,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
@@ -133,7 +134,7 @@ def profile_cycles(w, cfg, args, k: int, log) -> list[dict]:
     holder = {"state": initial_state(spec_cfg.target, dcfg, args.batch, args.context, capacity,
                                      jax.random.PRNGKey(100 + k))}
     cycle, loop = make_cycle(spec_cfg, k, routed_experts_for_backend), make_cycle_loop(
-        spec_cfg, k, routed_experts_for_backend, args.steps)
+        spec_cfg, k, routed_experts_for_backend)
 
     def one_per_dispatch():
         ids = None
@@ -142,7 +143,7 @@ def profile_cycles(w, cfg, args, k: int, log) -> list[dict]:
         return ids
 
     def in_a_loop():
-        holder["state"] = loop(sw, holder["state"])
+        holder["state"] = loop(sw, holder["state"], jnp.int32(args.steps))
         return holder["state"].generated
 
     ids = np.asarray(one_per_dispatch())  # warm-up (compiles), and the router ids for the byte floor
@@ -220,7 +221,7 @@ def main(argv=None) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     cfg = bench_config(args.layers, args.tiny)
     w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
-    loop = make_step_loop(cfg, routed_experts_for_backend, args.steps)
+    loop = make_step_loop(cfg, routed_experts_for_backend)
     step = make_step(cfg, routed_experts_for_backend)
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
                   date=now.isoformat(timespec="seconds"), layers=args.layers, batch=args.batch, context=args.context,
@@ -232,7 +233,7 @@ def main(argv=None) -> dict:
         _, holder["cache"], ids_LTK = step(w, tokens_BT, positions_BT, holder["cache"])  # for the byte count
 
         def run():
-            out, holder["cache"] = loop(w, tokens_BT, positions_BT, holder["cache"])
+            out, holder["cache"] = loop(w, tokens_BT, positions_BT, holder["cache"], jnp.int32(args.steps))
             return out
 
         for _ in range(2):

@@ -45,9 +45,24 @@ def loop_iters(iters: int) -> int:
     return max(3, iters // 2)
 
 
-def device_loop_ms(run_loop, steps_per_call: int, iters: int) -> float:
-    """Per-step ms when each `run_loop()` call runs `steps_per_call` steps inside one jitted loop."""
-    return median_ms(run_loop, warmup=LOOP_WARMUP, iters=loop_iters(iters))["median_ms"] / steps_per_call
+def device_loop_ms(run_loop, steps: int, iters: int) -> dict:
+    """Per-step ms of steps inside one jitted loop: `run_loop(n)` runs n steps in one call.
+
+    A loop call also pays a fixed cost (its dispatch, the CUDA graph's launch, its first iteration's start-up)
+    that a long generation pays once. So the per-step time is the slope between loops of `steps` and 3 x `steps`
+    steps (`device_loop_ms`), and the fixed cost what the short loop took beyond its steps
+    (`device_loop_fixed_ms`); `device_loop_chained_ms` is the short loop's time / `steps` (the "device loop" figure
+    of runs 1-15, which charged each step 1 / `steps` of the fixed cost). Medians of synchronised calls."""
+    short, long = (median_ms(lambda n=n: run_loop(n), warmup=LOOP_WARMUP, iters=loop_iters(iters))["median_ms"]
+                   for n in (steps, 3 * steps))
+    per_step = (long - short) / (2 * steps)
+    return dict(device_loop_ms=per_step, device_loop_fixed_ms=short - steps * per_step,
+                device_loop_chained_ms=short / steps)
+
+
+def device_loop_steps_run(steps: int, iters: int) -> int:
+    """Steps (or cycles) that `device_loop_ms` runs in all, warm-up included: what a cache must have room for."""
+    return (LOOP_WARMUP + loop_iters(iters)) * 4 * steps
 
 
 def _stream_tbs(fn, gbytes: float, iters: int, passes: int) -> float:

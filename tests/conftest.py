@@ -11,6 +11,8 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
                                    "--xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# importing jaxspec would point XLA's GPU autotuner at ~/.cache (jaxspec.xla_flags); a CPU run has nothing to keep
+os.environ.setdefault("JAXSPEC_AUTOTUNE_CACHE", "off")
 
 
 def pytest_configure(config):
