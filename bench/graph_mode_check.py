@@ -36,15 +36,18 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from bench.xla_flag_sets import flags_of  # noqa: E402
 from jaxspec.xla_flags import AUTOTUNE_CACHE_ENV, AUTOTUNE_CACHE_FLAG  # noqa: E402
 from jaxspec.xla_flags import SCHEDULING_FLAG as FLAG  # noqa: E402
 
-MODES = ("LHS", "CONCURRENT", "SERIALIZE")
+MODES = ("LHS", "CONCURRENT", "SERIALIZE", "CONCURRENT_REGIONS")
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", nargs="+", default=["LHS", "CONCURRENT", "LHS"], choices=MODES)
+    p.add_argument("--modes", nargs="+", default=["LHS", "CONCURRENT", "LHS"], metavar="MODE[+SET...]",
+                   help=f"scheduling modes ({', '.join(MODES)}), each optionally with named XLA flag sets on top "
+                        "(bench/xla_flag_sets.py), e.g. CONCURRENT+va-never-update")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps in the device loop")
@@ -58,6 +61,11 @@ def parse_args(argv):
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: the JSON path one mode's process writes
     args = p.parse_args(argv)
+    for spec in args.modes:
+        try:
+            _mode_flags(spec)
+        except (KeyError, ValueError) as e:
+            p.error(f"--modes {spec}: {e.args[0]}")
     for flag, v in (("--layers", args.layers), ("--steps", args.steps), ("--verify-tokens", args.verify_tokens),
                     ("--iters", args.iters), ("--context", args.context)):
         if v < 1:
@@ -65,13 +73,21 @@ def parse_args(argv):
     return args
 
 
+def _mode_flags(spec: str) -> list[str]:
+    """"MODE" or "MODE+SET+..." -> the flag sets' flags, then the scheduling mode's flag."""
+    mode, *sets = spec.split("+")
+    if mode not in MODES:
+        raise ValueError(f"the scheduling mode must be one of {', '.join(MODES)}, not {mode!r}")
+    return flags_of(sets).split() + [f"{FLAG}={mode}"]
+
+
 def _with_mode(xla_flags: str, mode: str, autotune_cache_dir: str | None = None) -> str:
-    """XLA_FLAGS with the scheduling mode set to `mode` and the autotune cache directory to `autotune_cache_dir` (or
-    none), earlier settings of either flag (the engine's, from importing bench) removed."""
+    """XLA_FLAGS with the scheduling mode (and flag sets) of `mode` and the autotune cache directory
+    `autotune_cache_dir` (or none), earlier settings of either flag (the engine's, from importing bench) removed."""
     kept = [f for f in xla_flags.split() if not f.startswith((FLAG + "=", AUTOTUNE_CACHE_FLAG + "="))]
     if autotune_cache_dir is not None:
         kept.append(f"{AUTOTUNE_CACHE_FLAG}={autotune_cache_dir}")
-    return " ".join(kept + [f"{FLAG}={mode}"])
+    return " ".join(kept + _mode_flags(mode))
 
 
 def run_one_mode(args) -> dict:
@@ -186,7 +202,7 @@ def main(argv=None) -> dict:
                 run[name]["logits_max_abs_diff_first"] = float(np.max(np.abs(logits[t] - first[1][t])))
                 run[name]["logits_identical_first"] = run[name]["logits_sha256"] == first[0][name]["logits_sha256"]
             result["runs"].append(run)
-            log(f"{mode:10s} decode {run['decode']['sync_ms']:.3f} ms synchronised, {run['decode']['queued_ms']:.3f} "
+            log(f"{mode:24s} decode {run['decode']['sync_ms']:.3f} ms synchronised, {run['decode']['queued_ms']:.3f} "
                 f"queued; verify T={args.verify_tokens} {run['verify']['sync_ms']:.3f} / {run['verify']['queued_ms']:.3f}; "
                 f"greedy loop {run['loop_ms_per_step']:.3f} ms/step; tokens equal to {args.modes[0]}'s: "
                 f"{run['tokens_equal_first']}, to its own repeat: {run['tokens_repeat_equal']}; logits max |diff| "

@@ -32,6 +32,8 @@ def test_the_mode_flag_replaces_an_earlier_one():
     engine = f"{AUTOTUNE_CACHE_FLAG}=/engine {FLAG}=CONCURRENT"
     assert _with_mode(engine, "LHS", "/shared").split() == [f"{AUTOTUNE_CACHE_FLAG}=/shared", f"{FLAG}=LHS"]
     assert _with_mode(engine, "LHS").split() == [f"{FLAG}=LHS"]  # own: no cache directory at all
+    assert _with_mode("", "CONCURRENT+exclusive-lock").split() == ["--xla_gpu_require_exclusive_lock=true",
+                                                                   f"{FLAG}=CONCURRENT"]
 
 
 def test_bad_flags_are_refused():
@@ -39,3 +41,5 @@ def test_bad_flags_are_refused():
         graph_mode_check(["--modes", "FAST"])
     with pytest.raises(SystemExit):
         graph_mode_check(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        graph_mode_check(["--modes", "CONCURRENT+no-such-set"])

@@ -1,0 +1,54 @@
+"""Named sets of XLA flags that the H200 A/B runs compare, each on top of the engine's own (`jaxspec.xla_flags`):
+`bash bench/h200_xla_flags.sh` times `bench.step` under each, `python -m bench.graph_mode_check --modes MODE+SET`
+checks that a set gives the same tokens. `python -m bench.xla_flag_sets NAME` prints one set (for the shell).
+
+The command-buffer ones aim at the synchronised step's host round trip (~0.5 ms at B=1 1k, most of it the host's
+cuGraphLaunch of the step's CUDA graph: bench/results/README.md, host-overhead-gpu-20261130-0310). Not measured
+yet: concurrent-regions, exclusive-lock, va-*, trace-cache-64."""
+
+from __future__ import annotations
+
+import sys
+
+# flags that the XLA of jax 0.11 (the H200's) knows and that of jax 0.10 (CI's) does not
+NEWER_XLA_ONLY = ("--xla_gpu_enable_pdl_launch",)
+
+FLAG_SETS = {
+    "default": "",  # the engine's flags alone
+    "no-command-buffers": "--xla_gpu_enable_command_buffer=",
+    "while-in-command-buffers":
+        "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL",
+    # programmatic dependent launch (Hopper): a kernel may start while the previous one drains
+    "pdl-off": "--xla_gpu_enable_pdl=false --xla_gpu_enable_pdl_launch=false",  # *_launch: jax 0.11's XLA only
+    "pdl-on": "--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true",
+    # the CUDA graph's scheduling: LHS (XLA's default) in the latency-hiding scheduler's order, CONCURRENT (the
+    # engine's since run 16) with edges only where kernels share buffers, CONCURRENT_REGIONS a further XLA mode
+    "lhs": "--xla_gpu_command_buffer_scheduling_mode=LHS",
+    "concurrent": "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT",
+    "concurrent-regions": "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT_REGIONS",
+    # XLA: "running gpu executable will require exclusive lock on gpu ... can enable some optimizations that reduce
+    # the cost of resource management, e.g. command buffer update"
+    "exclusive-lock": "--xla_gpu_require_exclusive_lock=true",
+    # XLA: "the VA remapping update strategy for command buffer thunks" (ALWAYS_UPDATE, NEVER_UPDATE,
+    # CAPTURE_CMD_NEVER_UPDATE): buffers kept at fixed virtual addresses, so the recorded graph need not be updated
+    # when they move
+    "va-never-update": "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE",
+    "va-capture-never-update": "--xla_gpu_command_buffer_update_mode=CAPTURE_CMD_NEVER_UPDATE",
+    # custom calls (the Pallas kernels) enter the graph by stream capture; a larger cache re-captures less often
+    "trace-cache-64": "--xla_cmd_buffer_trace_cache_size=64",
+}
+
+
+def flags_of(names: list[str]) -> str:
+    """The flags of the named sets, in order; an unknown name is a KeyError that lists the known ones."""
+    unknown = [n for n in names if n not in FLAG_SETS]
+    if unknown:
+        raise KeyError(f"unknown XLA flag set(s) {unknown}; known: {sorted(FLAG_SETS)}")
+    return " ".join(f for f in (FLAG_SETS[n] for n in names) if f)
+
+
+if __name__ == "__main__":
+    try:
+        print(flags_of(sys.argv[1:]))
+    except KeyError as e:
+        raise SystemExit(f"error: {e.args[0]}") from None
