@@ -15,8 +15,8 @@ model of --layers layers (INT4 experts, random weights from a fixed key, the sam
 Each process also runs the greedy loop a second time from a fresh cache (`tokens_repeat_equal`): a mode whose own
 repeats differ is nondeterministic within one executable. Across processes XLA's autotuner picks GEMM
 algorithms by timing them, so two processes of the same mode may compile different kernels (run 16: LHS against
-LHS differed from the tenth token); `--autotune-cache shared` points every process at one
-`--xla_gpu_per_fusion_autotune_cache_dir`, so all of them use the first one's choices.
+LHS differed from the tenth token); so by default (`--autotune-cache shared`) every process points at one fresh
+`--xla_gpu_per_fusion_autotune_cache_dir` and uses the first one's choices.
 Writes graph-mode-check-<platform>-<date>.json to --out; exits 1 when a mode's tokens differ from the first mode's.
 On a CPU the flag changes nothing (there is no CUDA graph), which is what the tests run.
 """
@@ -54,9 +54,10 @@ def parse_args(argv):
     p.add_argument("--verify-tokens", type=int, default=4)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
-    p.add_argument("--autotune-cache", choices=("own", "shared"), default="own",
-                   help="own: each process autotunes for itself (the engine's autotune cache off); shared: one "
-                        "fresh autotune cache directory for all")
+    p.add_argument("--autotune-cache", choices=("own", "shared"), default="shared",
+                   help="shared (default): one fresh autotune cache directory for all processes, so only the modes "
+                        "differ; own: each process autotunes for itself (the engine's autotune cache off), which "
+                        "shows the autotuner's own run-to-run differences")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per mode's process")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: the JSON path one mode's process writes

@@ -11,11 +11,11 @@ from bench.graph_mode_check import main as graph_mode_check
 
 def test_modes_run_in_their_own_processes_and_agree(tmp_path):
     result = graph_mode_check(["--tiny", "--layers", "2", "--steps", "3", "--iters", "2", "--context", "32",
-                               "--modes", "LHS", "CONCURRENT", "--autotune-cache", "shared", "--out", str(tmp_path)])
+                               "--modes", "LHS", "CONCURRENT", "--out", str(tmp_path)])
     assert [r["mode"] for r in result["runs"]] == ["LHS", "CONCURRENT"]
     assert all(f"{FLAG}={r['mode']}" in r["xla_flags"].split() for r in result["runs"])
     cache_dirs = {f for r in result["runs"] for f in r["xla_flags"].split() if f.startswith(AUTOTUNE_CACHE_FLAG + "=")}
-    assert len(cache_dirs) == 1  # one directory, shared by both processes
+    assert len(cache_dirs) == 1 and result["autotune_cache"] == "shared"  # by default one directory for both
     lhs, concurrent = result["runs"]
     assert len(lhs["tokens"]) == 3 and concurrent["tokens"] == lhs["tokens"] and result["all_tokens_equal"]
     assert lhs["tokens_repeat_equal"] and concurrent["tokens_repeat_equal"]
