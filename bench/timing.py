@@ -51,8 +51,9 @@ def device_loop_ms(run_loop, steps: int, iters: int) -> dict:
     A loop call also pays a fixed cost (its dispatch, the CUDA graph's launch, its first iteration's start-up)
     that a long generation pays once. So the per-step time is the slope between loops of `steps` and 3 x `steps`
     steps (`device_loop_ms`), and the fixed cost what the short loop took beyond its steps
-    (`device_loop_fixed_ms`); `device_loop_chained_ms` is the short loop's time / `steps` (the "device loop" figure
-    of runs 1-15, which charged each step 1 / `steps` of the fixed cost). Medians of synchronised calls."""
+    (`device_loop_fixed_ms`); `device_loop_chained_ms` is the short loop's time / `steps`, computed as the "device
+    loop" figure of runs 1-15 was (which charged each step 1 / `steps` of the fixed cost; their loops had a static
+    length, whose fixed cost is smaller). Medians of synchronised calls."""
     short, long = (median_ms(lambda n=n: run_loop(n), warmup=LOOP_WARMUP, iters=loop_iters(iters))["median_ms"]
                    for n in (steps, 3 * steps))
     per_step = (long - short) / (2 * steps)
