@@ -10,7 +10,8 @@
   diverged between runs (run 16, from the tenth token on a random model). With the choices kept in DIR every run
   on the machine compiles the first run's kernels (and skips the autotuning). DIR is $JAXSPEC_AUTOTUNE_CACHE, by
   default ~/.cache/jaxspec/xla-autotune/jaxlib-<version> ($XDG_CACHE_HOME is honoured); JAXSPEC_AUTOTUNE_CACHE=off
-  leaves the autotuner to each process.
+  leaves the autotuner to each process, as does a directory that cannot be created or whose path holds whitespace
+  (XLA_FLAGS is split on it).
 
 A flag already in XLA_FLAGS is left as the user set it. On a CPU both flags change nothing. Importing `jaxspec` (or
 `bench`) applies them, so that must happen before the first JAX computation; otherwise `apply` warns that they
@@ -62,6 +63,8 @@ def apply(environ=os.environ) -> str:
     """Set the engine's flags in environ["XLA_FLAGS"] (creating the autotune cache directory; without one if it
     cannot be created) and return the new value."""
     cache_dir = default_autotune_cache_dir(environ)
+    if cache_dir is not None and any(c.isspace() for c in str(cache_dir)):
+        cache_dir = None  # XLA_FLAGS is split on whitespace: JAXSPEC_AUTOTUNE_CACHE can name another directory
     if cache_dir is not None and not _has_flag(environ.get("XLA_FLAGS", ""), AUTOTUNE_CACHE_FLAG):
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,11 @@ def test_unwritable_cache_directory_leaves_the_cache_off(tmp_path):
         assert xla_flags.apply(env) == f"{SCHEDULING_FLAG}=CONCURRENT"
 
 
+def test_a_cache_path_with_whitespace_is_not_passed_to_xla(tmp_path):
+    env = {AUTOTUNE_CACHE_ENV: str(tmp_path / "my cache"), "XLA_FLAGS": f"{SCHEDULING_FLAG}=LHS"}
+    assert xla_flags.apply(env) == f"{SCHEDULING_FLAG}=LHS" and not (tmp_path / "my cache").exists()
+
+
 def test_importing_jaxspec_sets_the_flags_before_jax_starts(tmp_path):
     code = ("import os, jaxspec, jax, jax.numpy as jnp; print(int(jnp.arange(4).sum())); "
             "print(os.environ['XLA_FLAGS'])")
