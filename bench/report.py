@@ -91,6 +91,21 @@ def markdown(result: dict) -> str:
                 f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {r['floor_ms_copy']:.3f} | {r['ratio_copy']:.2f} | "
                 f"{fmt(dec and r['median_ms'] / dec, 2)} |")
         lines.append("")
+    slopes = result.get("layer_slope") or []
+    if slopes:
+        lines += ["## One MoE layer inside the step ((N-layer step - M-layer prefix) / (N - M): same weights, tokens, "
+                  "cache; no lm_head)", "",
+                  "| B | context | T | layers M..N-1 | synchronised us | x floor | queued us | x floor | device loop us | "
+                  "x floor | floor 4.3 (us) | MB | unique experts / layer |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        us = lambda v: fmt(v and v * 1e3, 1)  # noqa: E731
+        for r in slopes:
+            lines.append(
+                f"| {r['batch']} | {r['context']} | {r['tokens']} | {r['prefix_layers']}..{r['layers'] - 1} | "
+                f"{us(r['median_ms'])} | {fmt(r['median_ratio_4p3'], 2)} | {us(r['queued_ms'])} | "
+                f"{fmt(r['queued_ratio_4p3'], 2)} | {us(r['device_loop_ms'])} | {fmt(r['device_loop_ratio_4p3'], 2)} | "
+                f"{r['floor_ms_4p3'] * 1e3:.1f} | {r['bytes'] / 1e6:.1f} | {np.mean(r['unique_experts']):.1f} |")
+        lines.append("")
     if result.get("mesh") and steps:
         mesh = " x ".join(f"{k} {v}" for k, v in result["mesh"].items())
         n_ar = result["allreduces_per_step"]

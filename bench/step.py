@@ -6,6 +6,10 @@ queued back to back), the bytes the step must move (the unique routed experts co
 router ids), the floor at 4.3 TB/s and at the copy bandwidth measured in this run, and the ratios.
 Writes bench/results/step-<device>-<date>.json and .md (or --out).
 
+`--prefix-layers M` also times the target configuration's kernel steps on the model's first M layers (the same
+weights, tokens and cache): the difference is the N - M MoE layers alone, inside a step, against their own bytes,
+without the lm_head that is half of a 4-layer step's bytes (`layer_slope` in the JSON).
+
 `--mesh 8` (or 2x4) runs the steps sharded as the engine shards them, for the full model on 8 GPUs (issue 9):
 `python -m bench.step --layers 61 --mesh 8 --batches 1 --tokens 1 2 3 4 5 --contexts 1024 32768`; it adds the
 all-reduce latency and per-device floors.
@@ -18,6 +22,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory to the PyTorch peer
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
@@ -163,7 +168,40 @@ def time_step(w, cfg, step_fn, batch: int, tokens: int, context: int, key, iters
                 ratio_copy=stats["median_ms"] / floor_ms(parts["total"], copy_tbs))
 
 
-def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh=None):
+def check_prefix_layers(cfg, layers: int) -> None:
+    """The layers a prefix leaves out must all be MoE layers, and at least one."""
+    if not cfg.first_k_dense_replace <= layers < cfg.num_hidden_layers:
+        raise SystemExit(f"--prefix-layers must be between {cfg.first_k_dense_replace} (the dense layers) and "
+                         f"{cfg.num_hidden_layers - 1} (--layers - 1), not {layers}")
+
+
+def prefix_model(w, cfg, layers: int, moe_impl):
+    """The first `layers` layers of `w` (the same arrays) with their config, step and device loop."""
+    check_prefix_layers(cfg, layers)
+    pcfg = cfg.replace(num_hidden_layers=layers,
+                       aux_layer_ids=tuple(i for i in cfg.eagle_aux_layers if i < layers) or (0,))
+    pw = dataclasses.replace(w, layers=w.layers[:layers])
+    return dict(w=pw, cfg=pcfg, step=make_step(pcfg, moe_impl), loop=make_step_loop(pcfg, moe_impl))
+
+
+def layer_slope(full: dict, prefix: dict, layers: int, prefix_layers: int) -> dict:
+    """Per MoE layer: (the N-layer step - its M-layer prefix) / (N - M), times and bytes (same tokens and cache)."""
+    n = layers - prefix_layers
+    per = lambda k: (full[k] - prefix[k]) / n if k in full and k in prefix else None  # noqa: E731
+    floor = (full["floor_ms_4p3"] - prefix["floor_ms_4p3"]) / n
+    row = dict(batch=full["batch"], context=full["context"], tokens=full["tokens"], layers=layers,
+               prefix_layers=prefix_layers, median_ms=per("median_ms"), queued_ms=per("queued_mean_ms"),
+               device_loop_ms=per("device_loop_ms"), floor_ms_4p3=floor,
+               bytes=(full["bytes"]["total"] - prefix["bytes"]["total"]) / n,
+               unique_experts=full["unique_experts"][len(prefix["unique_experts"]):], prefix_row=prefix)
+    for k in ("median_ms", "queued_ms", "device_loop_ms"):
+        row[f"{k[:-3]}_ratio_4p3"] = row[k] / floor if row[k] is not None else None
+    return row
+
+
+def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh=None, prefix=None):
+    """Times each (path, batch, context, tokens) of `plan`; with `prefix` (`prefix_model`), the kernel path's
+    rows at the first batch / context also on the prefix, with the same key (tokens, cache), into `layer_slope`."""
     key = jax.random.PRNGKey(len(result["steps"]) + 1)
     for path, b, c, t in plan:
         if over_budget():
@@ -182,6 +220,16 @@ def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, lo
             log(f"step {path:9s} B={b} ctx={c:6d} T={t}: {row['median_ms']:.3f} ms "
                 f"(queued {row['queued_mean_ms']:.3f}{loop_note}), floor {row['floor_ms_4p3']:.3f} ms, ratio {row['ratio_4p3']:.2f}, "
                 f"unique experts {np.mean(row['unique_experts']):.1f}, compile {row['compile_s']:.1f} s")
+            if prefix is not None and path == prefix["path"] and (b, c) == (args.batches[0], args.contexts[0]):
+                pre = time_step(prefix["w"], prefix["cfg"], prefix["step"], b, t, c, sub, args.iters, copy_tbs,
+                                loop and prefix["loop"], args.loop_steps)
+                slope = layer_slope(row, pre, cfg.num_hidden_layers, prefix["cfg"].num_hidden_layers)
+                result.setdefault("layer_slope", []).append(slope)
+                loop_part = (f", device loop {slope['device_loop_ms'] * 1e3:.1f} ({slope['device_loop_ratio_4p3']:.2f}x)"
+                             if slope["device_loop_ms"] is not None else "")
+                log(f"  one MoE layer in the step (layers {slope['prefix_layers']}..{slope['layers'] - 1}): "
+                    f"{slope['median_ms'] * 1e3:.1f} us synchronised ({slope['median_ratio_4p3']:.2f}x), queued "
+                    f"{slope['queued_ms'] * 1e3:.1f}{loop_part}, floor {slope['floor_ms_4p3'] * 1e3:.1f} us")
         except Exception as e:
             result["errors"].append(f"step {path} B={b} ctx={c} T={t}: {type(e).__name__}: {e}"[:2000])
             traceback.print_exc()
@@ -238,6 +286,9 @@ def parse_args(argv):
     p.add_argument("--loop-steps", type=int, default=10,
                    help="also time steps inside one jitted loop, this many and 3x as many (the per-step time is "
                         "the slope; first batch/context only; 0 = off)")
+    p.add_argument("--prefix-layers", type=int, default=0,
+                   help="also time the first batch/context's kernel steps on the first M layers: the difference is "
+                        "one MoE layer inside the step (0 = off)")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--mesh", type=mesh_shape, default=None,
@@ -268,6 +319,10 @@ def main(argv=None) -> dict:
         f"read bandwidth {result['read_tbs']:.2f} TB/s")
 
     cfg = bench_config(args.layers, args.tiny)
+    if args.prefix_layers:
+        check_prefix_layers(cfg, args.prefix_layers)
+        if args.mesh:
+            raise SystemExit("--prefix-layers runs on one device: leave out --mesh")
     mesh = make_mesh(args.mesh) if args.mesh else None
     t0 = time.perf_counter()
     if mesh is None:
@@ -318,6 +373,9 @@ def main(argv=None) -> dict:
     cycles = args.cycle_k and args.layers >= 3
     if cycles:
         from bench.cycle import bench_cycles
+    prefix = None
+    if args.prefix_layers:
+        prefix = dict(prefix_model(w, cfg, args.prefix_layers, moe_impl), path="kernel" if kernel_ok else "reference")
     if mesh is not None:  # traced inside the mesh (the MoE finds it there): every step, then every cycle
         with mesh_context(mesh):
             run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh)
@@ -328,7 +386,7 @@ def main(argv=None) -> dict:
     else:
         # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
         run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget,
-                  save, log, loops)
+                  save, log, loops, prefix=prefix)
         if cycles:
             result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first],
                                              tiny=args.tiny, loop_cycles=args.loop_steps)

@@ -6,6 +6,8 @@ import json
 import math
 import time
 
+import pytest
+
 from bench.step import main
 from bench.timing import device_loop_ms
 
@@ -31,6 +33,33 @@ def test_bench_step_tiny(tmp_path):
     assert saved["steps"][0]["bytes"]["total"] == parts["total"]
     report = next(tmp_path.glob("step-*.md")).read_text()
     assert "| 1 | 16 | 1 |" in report and "## Speculative cycles" in report
+
+
+def test_one_moe_layer_as_the_step_minus_its_prefix(tmp_path):
+    """`--prefix-layers 2` of 4: the same step on layers 0-1, and the difference per MoE layer (2 and 3) beside
+    its own bytes, which are those of one MoE layer (attention, router, shared and 4 routed experts, its cache)."""
+    result = main(["--tiny", "--layers", "4", "--batches", "1", "--contexts", "16", "--tokens", "1", "--cycle-k",
+                   "--iters", "1", "--loop-steps", "2", "--prefix-layers", "2", "--out", str(tmp_path)])
+    assert not result["errors"], result["errors"]
+    [full] = result["steps"]
+    [slope] = result["layer_slope"]
+    assert (slope["prefix_layers"], slope["layers"], slope["tokens"]) == (2, 4, 1)
+    assert slope["prefix_row"]["unique_experts"] == full["unique_experts"][:1]  # same tokens: layer 1 routes alike
+    assert slope["unique_experts"] == full["unique_experts"][1:] == [4, 4]
+    parts = full["bytes"]
+    attention_and_cache = (parts["attention"] + parts["kv_cache"]) / 4  # the same in each of the 4 layers
+    moe = (parts["router"] + parts["shared"] + parts["routed"]) / 3  # 3 MoE layers, 4 unique experts in each
+    assert abs(slope["bytes"] - (attention_and_cache + moe)) < 1e-6 * slope["bytes"]
+    assert all(math.isfinite(slope[k]) for k in ("median_ms", "queued_ms", "device_loop_ms", "median_ratio_4p3"))
+    assert "## One MoE layer inside the step" in next(tmp_path.glob("step-*.md")).read_text()
+
+
+def test_prefix_layers_must_leave_out_moe_layers_only(tmp_path):
+    for bad in ("4", "5"):  # a prefix of all 4 layers (or more) leaves nothing to difference
+        with pytest.raises(SystemExit, match="--prefix-layers"):
+            main(["--tiny", "--layers", "4", "--prefix-layers", bad, "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--prefix-layers"):
+        main(["--tiny", "--layers", "4", "--prefix-layers", "2", "--mesh", "8", "--out", str(tmp_path)])
 
 
 def test_device_loop_time_is_the_slope_between_two_loop_lengths():
