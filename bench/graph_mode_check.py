@@ -36,11 +36,10 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from bench.xla_flag_sets import SCHEDULING_MODES as MODES  # noqa: E402
 from bench.xla_flag_sets import flags_of  # noqa: E402
 from jaxspec.xla_flags import AUTOTUNE_CACHE_ENV, AUTOTUNE_CACHE_FLAG  # noqa: E402
 from jaxspec.xla_flags import SCHEDULING_FLAG as FLAG  # noqa: E402
-
-MODES = ("LHS", "CONCURRENT", "SERIALIZE", "CONCURRENT_REGIONS")
 
 
 def parse_args(argv):

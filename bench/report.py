@@ -13,6 +13,11 @@ def fmt(x, digits=3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _loop_cells(r: dict) -> str:
+    """A row's device-loop cells: per step (the slope), the loop call's fixed cost, the N-step loop / N."""
+    return " | ".join(fmt(r.get(k)) for k in ("device_loop_ms", "device_loop_fixed_ms", "device_loop_chained_ms"))
+
+
 def _decode_ms(steps, batch, context, path, key="median_ms"):
     for r in steps:
         if (r["batch"], r["context"], r["tokens"], r.get("moe_path")) == (batch, context, 1, path):
@@ -85,8 +90,7 @@ def markdown(result: dict) -> str:
             dec = _decode_ms(steps, r["batch"], r["context"], r.get("moe_path"))
             lines.append(
                 f"| {r['batch']} | {r['context']} | {r['tokens']} | {r.get('moe_path')} | {r['median_ms']:.3f} | "
-                f"{r['queued_mean_ms']:.3f} | {fmt(r.get('device_loop_ms'))} | {fmt(r.get('device_loop_fixed_ms'))} | "
-                f"{fmt(r.get('device_loop_chained_ms'))} | {np.mean(r['unique_experts']):.1f} | "
+                f"{r['queued_mean_ms']:.3f} | {_loop_cells(r)} | {np.mean(r['unique_experts']):.1f} | "
                 f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
                 f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {r['floor_ms_copy']:.3f} | {r['ratio_copy']:.2f} | "
                 f"{fmt(dec and r['median_ms'] / dec, 2)} |")
@@ -136,8 +140,7 @@ def markdown(result: dict) -> str:
             loop = r.get("device_loop_ms")
             lines.append(
                 f"| {r['batch']} | {r['context']} | {r['k']} | {r['median_ms']:.3f} | {r['queued_mean_ms']:.3f} | "
-                f"{fmt(loop)} | {fmt(r.get('device_loop_fixed_ms'))} | {fmt(r.get('device_loop_chained_ms'))} | "
-                f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
+                f"{_loop_cells(r)} | {r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
                 f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {fmt(dec and r['median_ms'] / dec, 2)} | "
                 f"{fmt(loop and dec_loop and loop / dec_loop, 2)} |")
         lines.append("")

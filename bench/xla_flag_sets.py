@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import sys
 
+from jaxspec.xla_flags import SCHEDULING_FLAG
+
+# XLA's orders for the kernels of a step's CUDA graph: LHS (XLA's default) as the latency-hiding scheduler ordered
+# them, CONCURRENT (the engine's since run 16) with edges only where kernels share buffers, SERIALIZE one after
+# another, CONCURRENT_REGIONS a further XLA mode; each is also a flag set named in lower case ("concurrent-regions")
+SCHEDULING_MODES = ("LHS", "CONCURRENT", "SERIALIZE", "CONCURRENT_REGIONS")
+
 # flags that the XLA of jax 0.11 (the H200's) knows and that of jax 0.10 (CI's) does not
 NEWER_XLA_ONLY = ("--xla_gpu_enable_pdl_launch",)
 
@@ -21,11 +28,7 @@ FLAG_SETS = {
     # programmatic dependent launch (Hopper): a kernel may start while the previous one drains
     "pdl-off": "--xla_gpu_enable_pdl=false --xla_gpu_enable_pdl_launch=false",  # *_launch: jax 0.11's XLA only
     "pdl-on": "--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true",
-    # the CUDA graph's scheduling: LHS (XLA's default) in the latency-hiding scheduler's order, CONCURRENT (the
-    # engine's since run 16) with edges only where kernels share buffers, CONCURRENT_REGIONS a further XLA mode
-    "lhs": "--xla_gpu_command_buffer_scheduling_mode=LHS",
-    "concurrent": "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT",
-    "concurrent-regions": "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT_REGIONS",
+    **{mode.lower().replace("_", "-"): f"{SCHEDULING_FLAG}={mode}" for mode in SCHEDULING_MODES},
     # XLA: "running gpu executable will require exclusive lock on gpu ... can enable some optimizations that reduce
     # the cost of resource management, e.g. command buffer update"
     "exclusive-lock": "--xla_gpu_require_exclusive_lock=true",
