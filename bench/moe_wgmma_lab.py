@@ -37,7 +37,9 @@ from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
 from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
+from model.kernels.moe_wgmma_grouped import routed_experts_grouped  # noqa: E402
 from model.moe import experts_gather  # noqa: E402
+from model.router import route  # noqa: E402
 
 
 def parse_args(argv):
@@ -48,7 +50,10 @@ def parse_args(argv):
                    help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT[:PERMUTE_H[:DOWN_STAGES[:ORDER]]] (CONVERT p "
                         "pairs, m mosaic; PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down kernel's, "
                         "default STAGES; ORDER gate_up's grid, o slot slowest (default), i slot fastest) of the "
-                        "wgmma kernel")
+                        "wgmma kernel; g:STAGES:GATE_UP_SPLITS the expert-grouped kernel (moe_wgmma_grouped.py)")
+    p.add_argument("--routing", choices=ROUTINGS, default="random",
+                   help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
+                        "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
     p.add_argument("--gate-up-alone", action="store_true", help="also time each variant's gate_up kernel alone")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every candidate this many times, round-robin (machines drift within a call); the row "
@@ -57,6 +62,29 @@ def parse_args(argv):
     p.add_argument("--profile",
                    help="VARIANT:T (e.g. 2:4:8:0:p:4): run that variant at T tokens 3 times (for ncu) and exit")
     return p.parse_args(argv)
+
+
+ROUTINGS = ("random", "near", "same")
+
+
+def routed_inputs(cfg, router, bias, t, key, routing: str):
+    """`inputs`, with the tokens' inputs drawn as `--routing` says (verify tokens of one sequence often share
+    experts; random inputs rarely do)."""
+    x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, key)
+    if routing == "random" or t == 1:
+        return x_TH, ids_TK, weights_TK
+    noise = 0.7 if routing == "near" else 0.0
+    x_TH = (x_TH[:1].astype(jnp.float32) + noise * x_TH.astype(jnp.float32)).astype(jnp.bfloat16)
+    weights_TK, ids_TK = route(x_TH, router, bias, cfg)
+    return x_TH, ids_TK, weights_TK
+
+
+def _candidate(v: str):
+    """(name, fn) of one --variants entry."""
+    if v.startswith("g:"):
+        _, st, gus = v.split(":")
+        return f"grouped_{v[2:]}", functools.partial(routed_experts_grouped, stages=int(st), gate_up_splits=int(gus))
+    return f"wgmma_{v}", functools.partial(routed_experts_wgmma, **_variant(v))
 
 
 def _variant(v: str) -> dict:
@@ -105,10 +133,11 @@ def main(argv=None):
         return
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"), rows=[])
+    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+                  routing=args.routing, rows=[])
     t_start = time.time()
     for t in args.tokens:
-        x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
+        x_TH, ids_TK, weights_TK = routed_inputs(cfg, router, bias, t, jax.random.PRNGKey(t), args.routing)
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor = floor_ms(unique * per_expert + 2 * x_TH.nbytes, HBM_TBS)
         try:
@@ -120,10 +149,9 @@ def main(argv=None):
             ref_name = "triton"
         candidates = [("triton", functools.partial(routed_experts_pallas, cfg=kernel_config_for(t, experts)))]
         for v in args.variants:
-            kw = _variant(v)
-            candidates.append((f"wgmma_{v}", functools.partial(routed_experts_wgmma, **kw)))
-            if args.gate_up_alone:
-                candidates.append((f"gate_up_{v}", functools.partial(_gate_up_alone, **kw)))
+            candidates.append(_candidate(v))
+            if args.gate_up_alone and not v.startswith("g:"):
+                candidates.append((f"gate_up_{v}", functools.partial(_gate_up_alone, **_variant(v))))
         rows, chains = [], {}
         for name, fn in candidates:
             if time.time() - t_start > args.budget_s:
@@ -137,7 +165,7 @@ def main(argv=None):
                 elif not name.startswith("gate_up"):
                     row["rel_err"] = _rel_err(compiled(x_TH, experts, ids_TK, weights_TK), ref)
                     row["rel_err_against"] = ref_name
-                if name.startswith("wgmma"):
+                if name.startswith(("wgmma", "grouped")):
                     hlo = compiled.as_text()
                     row["launches"] = launches(hlo)
                     log(f"{name}: {len(row['launches'])} launches: {row['launches']}")

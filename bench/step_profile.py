@@ -118,6 +118,105 @@ def profile_loop(run, steps: int) -> dict:
     )
 
 
+def host_events(xplane_path: str, min_us: float = 20.0) -> list[dict]:
+    """Host events of a trace (every /host: plane line: the Python thread, XLA's executor threads with their
+    thunks, the CUDA driver API calls) of at least `min_us`: name, line, start and duration (ns)."""
+    from jax.profiler import ProfileData
+
+    events = []
+    for plane in ProfileData.from_file(xplane_path).planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            for ev in line.events:  # the profiler's own Python frames span the whole trace: left out
+                if ev.duration_ns >= min_us * 1e3 and not ev.name.startswith(("$profiler.py", "$contextlib.py")):
+                    events.append(dict(name=ev.name, line=line.name, start_ns=ev.start_ns, duration_ns=ev.duration_ns))
+    return events
+
+
+def idle_gaps(events: list[dict], min_us: float = 20.0) -> list[dict]:
+    """Stretches of at least `min_us` in which no kernel ran, with the kernels on either side, in time order."""
+    ordered = sorted(events, key=lambda e: e["start_ns"])
+    gaps, end, before, index = [], None, None, 0
+    for e in ordered:
+        if end is not None and e["start_ns"] - end >= min_us * 1e3:
+            gaps.append(dict(us=(e["start_ns"] - end) / 1e3, before=before, after=e["name"], kernel_index=index))
+        if end is None or e["start_ns"] + e["duration_ns"] > end:
+            end, before = e["start_ns"] + e["duration_ns"], e["name"]
+        index += 1
+    return gaps
+
+
+def loop_call_profile(run_loop, steps: int) -> dict:
+    """One traced call of `run_loop(steps)` (already warm): where a device-loop call's time goes beyond its steps.
+
+    The device side: kernels, busy and span, the idle gaps of >= 20 us (where they fall: between which kernels),
+    and how long after the call's first host event the first kernel began and before its end the last one ended.
+    The host side: its events of >= 20 us grouped by name (the executor's thunks, the driver's graph launches and
+    waits). Comparing a call of N steps with one of 3N takes the per-step part out (`bench.timing` times the
+    same two lengths)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            jax.block_until_ready(run_loop(steps))
+            wall_ms = (time.perf_counter() - t0) * 1e3
+        path = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)[0]
+        kernels, host = kernel_events(path), host_events(path)
+    first_k = min(e["start_ns"] for e in kernels)
+    last_k = max(e["start_ns"] + e["duration_ns"] for e in kernels)
+    calls = [e for e in host if e["name"].startswith("PjitFunction")]
+    call = max(calls, key=lambda e: e["duration_ns"]) if calls else None
+    gaps = idle_gaps(kernels)
+    groups = collections.defaultdict(lambda: dict(ms=0.0, count=0, longest_us=0.0, line=""))
+    for e in host:
+        g = groups[e["name"]]
+        g["ms"] += e["duration_ns"] / 1e6
+        g["count"] += 1
+        g["longest_us"] = max(g["longest_us"], e["duration_ns"] / 1e3)
+        g["line"] = g["line"] or e["line"]
+    return dict(
+        steps=steps, wall_ms=wall_ms, kernels=len(kernels), busy_ms=busy_ns(kernels) / 1e6,
+        span_ms=(last_k - first_k) / 1e6,
+        call_ms=call["duration_ns"] / 1e6 if call else None,
+        first_kernel_after_call_ms=(first_k - call["start_ns"]) / 1e6 if call else None,
+        call_end_after_last_kernel_ms=(call["start_ns"] + call["duration_ns"] - last_k) / 1e6 if call else None,
+        gaps_over_20us=len(gaps), gaps_ms=sum(g["us"] for g in gaps) / 1e3,
+        longest_gaps=sorted(gaps, key=lambda g: -g["us"])[:8],
+        host=sorted(({"name": k, **v} for k, v in groups.items()), key=lambda r: -r["ms"])[:15],
+    )
+
+
+def profile_loop_fixed_cost(w, cfg, args, log) -> dict:
+    """`--loop-fixed`: one device-loop call of `--steps` decode steps and one of 3 x `--steps`, traced
+    (`loop_call_profile`); the difference is the steps, the rest the fixed cost of a call."""
+    loop = make_step_loop(cfg, routed_experts_for_backend)
+    key = jax.random.PRNGKey(1)
+    capacity = round_capacity(args.context + 16 + 20 * args.steps)
+    holder = {"cache": random_cache(cfg, args.batch, capacity, args.context, key)}
+    tokens_BT, positions_BT = step_inputs(cfg, args.batch, 1, args.context, key)
+
+    def run_loop(n):
+        out, holder["cache"] = loop(w, tokens_BT, positions_BT, holder["cache"], jnp.int32(n))
+        return out
+
+    for n in (args.steps, 3 * args.steps):  # compile (one program for both) and warm
+        jax.block_until_ready(run_loop(n))
+    short, long = (loop_call_profile(run_loop, n) for n in (args.steps, 3 * args.steps))
+    per_step = {k: (long[k] - short[k]) / (2 * args.steps) for k in ("wall_ms", "busy_ms", "span_ms", "kernels")}
+    fixed = {k: short[k] - args.steps * per_step[k] for k in per_step}
+    for label, r in (("short", short), ("long", long)):
+        log(f"loop of {r['steps']}: wall {r['wall_ms']:.3f} ms, span {r['span_ms']:.3f}, busy {r['busy_ms']:.3f}, "
+            f"{r['kernels']} kernels, first kernel {r['first_kernel_after_call_ms']} ms after the call began, "
+            f"{r['gaps_over_20us']} gaps >= 20 us ({r['gaps_ms']:.3f} ms)")
+        for g in r["longest_gaps"][:4]:
+            log(f"    gap {g['us']:8.1f} us  after {g['before'][:40]}  before {g['after'][:40]} (#{g['kernel_index']})")
+        for h in r["host"][:8]:
+            log(f"    host {h['ms']:8.3f} ms  {h['count']:4d}x  max {h['longest_us']:8.1f} us  {h['name'][:60]}")
+    log(f"per step: {per_step}; fixed per call: {fixed}")
+    return dict(label="device-loop call, fixed cost", tokens=1, short=short, long=long, per_step=per_step,
+                fixed=fixed)
+
+
 def _log_top_ops(row: dict, log, n: int = 8) -> None:
     for op in row["ops"][:n]:
         log(f"    {op['us_per_step']:8.1f} us  {op['calls_per_step']:4.1f}x  max {op['longest_us']:7.1f}  "
@@ -183,7 +282,34 @@ def markdown(result: dict, top: int) -> str:
         rest = sum(op["us_per_step"] for op in row["ops"][top:])
         lines += [f"| (the other {max(0, len(row['ops']) - top)} kernels) | | {rest:.1f} | | | {100 * rest / busy_us:.1f} |",
                   ""]
+    if "loop_fixed" in result:
+        lines += _loop_fixed_markdown(result["loop_fixed"])
     return "\n".join(lines) + "\n"
+
+
+def _loop_fixed_markdown(lf: dict) -> list[str]:
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    lines = ["## A device-loop call's fixed cost (decode, T = 1; `--loop-fixed`)", "",
+             "| | wall ms | kernel span | busy | kernels | first kernel after the call began | call end after the last "
+             "kernel | idle gaps >= 20 us (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for r in (lf["short"], lf["long"]):
+        lines.append(f"| loop of {r['steps']} | {r['wall_ms']:.3f} | {r['span_ms']:.3f} | {r['busy_ms']:.3f} | "
+                     f"{r['kernels']} | {fmt(r['first_kernel_after_call_ms'])} | "
+                     f"{fmt(r['call_end_after_last_kernel_ms'])} | {r['gaps_over_20us']} ({r['gaps_ms']:.3f}) |")
+    ps, fx = lf["per_step"], lf["fixed"]
+    lines += [f"| per step (slope) | {ps['wall_ms']:.3f} | {ps['span_ms']:.3f} | {ps['busy_ms']:.3f} | "
+              f"{ps['kernels']:.1f} | | | |",
+              f"| fixed per call | {fx['wall_ms']:.3f} | {fx['span_ms']:.3f} | {fx['busy_ms']:.3f} | {fx['kernels']:.1f} "
+              "| | | |", ""]
+    for r in (lf["short"], lf["long"]):
+        lines += [f"Loop of {r['steps']}: longest idle gaps (us, between kernels): "
+                  + "; ".join(f"{g['us']:.0f} after `{g['before'][:40]}` before `{g['after'][:40]}` (#{g['kernel_index']})"
+                              for g in r["longest_gaps"]) + ".", "",
+                  "| host event | line | ms | count | longest us |", "|---|---|---|---|---|"]
+        lines += [f"| {h['name'][:60]} | {h['line'][:30]} | {h['ms']:.3f} | {h['count']} | {h['longest_us']:.1f} |"
+                  for h in r["host"]]
+        lines.append("")
+    return lines
 
 
 def parse_args(argv):
@@ -199,6 +325,9 @@ def parse_args(argv):
                         "called one per dispatch and --steps in one device loop, so the two can be compared kernel "
                         "by kernel")
     p.add_argument("--top", type=int, default=25, help="ops listed in the markdown table")
+    p.add_argument("--loop-fixed", action="store_true",
+                   help="also trace a device-loop call of --steps decode steps and one of 3 x --steps: where a call's "
+                        "fixed cost (bench.timing's device_loop_fixed_ms) goes, device and host")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--hlo", action="store_true",
@@ -214,7 +343,7 @@ def main(argv=None) -> dict:
     for flag, v in checks:
         if v < 1:
             raise SystemExit(f"{flag} must be >= 1, not {v}")
-    if not args.tokens and not args.cycle_k:
+    if not args.tokens and not args.cycle_k and not args.loop_fixed:
         raise SystemExit("nothing to profile: give --tokens or --cycle-k")
     log = functools.partial(print, flush=True)
     dev = jax.devices()[0]
@@ -254,6 +383,8 @@ def main(argv=None) -> dict:
         _log_top_ops(row, log)
     for k in args.cycle_k:
         result["rows"] += profile_cycles(w, cfg, args, k, log)
+    if args.loop_fixed:
+        result["loop_fixed"] = profile_loop_fixed_cost(w, cfg, args, log)
     stem = f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
     path = write_json(result, Path(args.out), stem)
     path.with_suffix(".md").write_text(markdown(result, args.top))
