@@ -46,7 +46,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", nargs="+", default=["LHS", "CONCURRENT", "LHS"], metavar="MODE[+SET...]",
                    help=f"scheduling modes ({', '.join(MODES)}), each optionally with named XLA flag sets on top "
-                        "(bench/xla_flag_sets.py), e.g. CONCURRENT+va-never-update")
+                        "(bench/xla_flag_sets.py), e.g. CONCURRENT+exclusive-lock")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps in the device loop")

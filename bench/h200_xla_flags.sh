@@ -3,8 +3,8 @@
 # command-buffer settings, each in its own process (XLA reads XLA_FLAGS once). Logs go to $OUT/flags-<name>.log.
 #   bash bench/h200_xla_flags.sh
 #   CONFIGS="pdl-off pdl-on" bash bench/h200_xla_flags.sh     (only these settings)
-#   CONFIGS="default va-never-update va-capture-never-update exclusive-lock trace-cache-64 concurrent-regions" \
-#     bash bench/h200_xla_flags.sh                            (the synchronised step's graph launch; not run yet)
+#   CONFIGS="default exclusive-lock trace-cache-64 concurrent-regions" bash bench/h200_xla_flags.sh
+#                                                             (the synchronised step's graph launch; run 17: no gain)
 # The named sets are in bench/xla_flag_sets.py, each on top of the engine's own flags (jaxspec/xla_flags.py).
 set -u
 export PYTHONUNBUFFERED=1

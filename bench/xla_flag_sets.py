@@ -2,9 +2,10 @@
 `bash bench/h200_xla_flags.sh` times `bench.step` under each, `python -m bench.graph_mode_check --modes MODE+SET`
 checks that a set gives the same tokens. `python -m bench.xla_flag_sets NAME` prints one set (for the shell).
 
-The command-buffer ones aim at the synchronised step's host round trip (~0.5 ms at B=1 1k, most of it the host's
-cuGraphLaunch of the step's CUDA graph: bench/results/README.md, host-overhead-gpu-20261130-0310). Not measured
-yet: concurrent-regions, exclusive-lock, va-*, trace-cache-64."""
+The command-buffer ones aimed at the synchronised step's host round trip (~0.5 ms at B=1 1k: bench/results/README.md,
+host-overhead-gpu-20261130-0310). Run 17 measured concurrent-regions, exclusive-lock and trace-cache-64: none moved
+the synchronised steps beyond the spread (bench/results/run17/flags-*.log). `--xla_gpu_command_buffer_update_mode`
+(jax 0.10's XLA knows it) is refused by the H200's jax 0.11.2 XLA, which aborts the process, so it has no set here."""
 
 from __future__ import annotations
 
@@ -32,11 +33,6 @@ FLAG_SETS = {
     # XLA: "running gpu executable will require exclusive lock on gpu ... can enable some optimizations that reduce
     # the cost of resource management, e.g. command buffer update"
     "exclusive-lock": "--xla_gpu_require_exclusive_lock=true",
-    # XLA: "the VA remapping update strategy for command buffer thunks" (ALWAYS_UPDATE, NEVER_UPDATE,
-    # CAPTURE_CMD_NEVER_UPDATE): buffers kept at fixed virtual addresses, so the recorded graph need not be updated
-    # when they move
-    "va-never-update": "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE",
-    "va-capture-never-update": "--xla_gpu_command_buffer_update_mode=CAPTURE_CMD_NEVER_UPDATE",
     # custom calls (the Pallas kernels) enter the graph by stream capture; a larger cache re-captures less often
     "trace-cache-64": "--xla_cmd_buffer_trace_cache_size=64",
 }

@@ -16,7 +16,7 @@ def test_xla_accepts_every_flag_set():
 
     older_xla = jax.__version__.startswith("0.10.")
     flags = " ".join(f for f in flags_of(list(FLAG_SETS)).split() if not (older_xla and f.startswith(NEWER_XLA_ONLY)))
-    assert "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE" in flags.split()
+    assert "--xla_gpu_require_exclusive_lock=true" in flags.split()
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "JAXSPEC_AUTOTUNE_CACHE": "off"}
     out = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; print(int(jnp.ones(3).sum()))"], env=env,
                          capture_output=True, text=True, timeout=120)
