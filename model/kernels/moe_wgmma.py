@@ -183,20 +183,21 @@ def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: bool = False, 
                  for acc, p, (_, s_smem) in zip(accs, ps, tiles))
 
 
-def _zeros(interpret: bool):
-    z = jnp.zeros((ROWS, GROUPS), jnp.float32)
+def _zeros(interpret: bool, cols: int = GROUPS):
+    """A [ROWS, cols] float32 accumulator of zeros in the wgmma's layout."""
+    z = jnp.zeros((ROWS, cols), jnp.float32)
     return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
 
 
-def _store_rows(v_R, out_gmem):
-    """Registers -> shared memory -> TMA into a [ROWS] slice of the output."""
+def _store_rows(v, out_gmem):
+    """Registers -> shared memory -> TMA into a slice of the output of v's shape ([ROWS] or [ROWS, cols])."""
     def store(v_smem):
-        v_smem[...] = v_R
+        v_smem[...] = v
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(v_smem, out_gmem)
         plgpu.wait_smem_to_gmem(0)
 
-    pl.run_scoped(store, plgpu.SMEM((ROWS,), jnp.float32))
+    pl.run_scoped(store, plgpu.SMEM(v.shape, jnp.float32))
 
 
 def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):

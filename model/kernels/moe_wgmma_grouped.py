@@ -42,8 +42,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _check_convert, _interpret_kw, _operand_A,
-                                     _operands, _specs, _sum_leading, _tile_products, _wgmma_input, _zeros,
-                                     input_order, supports)
+                                     _operands, _specs, _store_rows, _sum_leading, _tile_products, _wgmma_input,
+                                     _zeros, input_order, supports)
 
 # B holds the tokens as the wgmma's N = 8 columns
 GROUPED_MAX_TOKENS = 8
@@ -115,22 +115,6 @@ def _b_spec(interpret: bool, index, lead: tuple = ()):
     return plgpu.BlockSpec((*lead, None, GROUPS, 8, GROUP_K), index, transforms=_transforms(16, GROUP_K, interpret))
 
 
-def _zeros_tokens(interpret: bool):
-    z = jnp.zeros((ROWS, 8), jnp.float32)
-    return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
-
-
-def _store_tile(v_R8, out_gmem):
-    """[ROWS, 8] registers -> shared memory -> TMA into the output."""
-    def store(v_smem):
-        v_smem[...] = v_R8
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(v_smem, out_gmem)
-        plgpu.wait_smem_to_gmem(0)
-
-    pl.run_scoped(store, plgpu.SMEM((ROWS, 8), jnp.float32))
-
-
 def _one_token_tile(acc_RG, token, interpret: bool):
     """moe_wgmma's per-group partial sums [ROWS, GROUPS] of one token -> a [ROWS, 8] tile holding their sum in
     column `token`, zeros elsewhere (the layout of the grouped path's tiles)."""
@@ -151,8 +135,8 @@ def _gate_up_kernel(expert_ref, token_ref, xt_ref, xbd_ref, gq_ref, gs_ref, uq_r
     weights = (gq_ref.at[e], gs_ref.at[e], uq_ref.at[e], us_ref.at[e])
 
     def store(acc_g, acc_u):
-        _store_tile(acc_g, gu_ref.at[split, 0, g, pl.ds(rb * ROWS, ROWS)])
-        _store_tile(acc_u, gu_ref.at[split, 1, g, pl.ds(rb * ROWS, ROWS)])
+        _store_rows(acc_g, gu_ref.at[split, 0, g, pl.ds(rb * ROWS, ROWS)])
+        _store_rows(acc_u, gu_ref.at[split, 1, g, pl.ds(rb * ROWS, ROWS)])
 
     @pl.when((e >= 0) & (tok >= 0))
     def _one_token():  # moe_wgmma's slot path: the one token's block-diagonal B, 8 scale groups as the N columns
@@ -176,7 +160,7 @@ def _gate_up_kernel(expert_ref, token_ref, xt_ref, xbd_ref, gq_ref, gs_ref, uq_r
             return acc_g, _tile_product(uq_smem, us_smem, xt_smem, acc_u, interpret, convert)
 
         store(*plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
-                                   init_carry=(_zeros_tokens(interpret), _zeros_tokens(interpret)))(xt_ref, *weights))
+                                   init_carry=(_zeros(interpret, 8), _zeros(interpret, 8)))(xt_ref, *weights))
 
 
 def _down_kernel(expert_ref, token_ref, ht_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, stages, convert, interpret):
@@ -195,7 +179,7 @@ def _down_kernel(expert_ref, token_ref, ht_ref, hbd_ref, dq_ref, ds_ref, y_ref, 
 
         acc = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s], max_concurrent_steps=stages,
                                   init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
-        _store_tile(_one_token_tile(acc, tok, interpret), y_ref.at[g, pl.ds(rb * ROWS, ROWS)])
+        _store_rows(_one_token_tile(acc, tok, interpret), y_ref.at[g, pl.ds(rb * ROWS, ROWS)])
 
     @pl.when((e >= 0) & (tok < 0))
     def _tokens():
@@ -205,8 +189,8 @@ def _down_kernel(expert_ref, token_ref, ht_ref, hbd_ref, dq_ref, ds_ref, y_ref, 
             return _tile_product(dq_smem, ds_smem, ht_smem, acc, interpret, convert)
 
         acc = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s], max_concurrent_steps=stages,
-                                  init_carry=_zeros_tokens(interpret))(ht_ref, dq_ref, ds_ref)
-        _store_tile(acc, y_ref.at[g, pl.ds(rb * ROWS, ROWS)])
+                                  init_carry=_zeros(interpret, 8))(ht_ref, dq_ref, ds_ref)
+        _store_rows(acc, y_ref.at[g, pl.ds(rb * ROWS, ROWS)])
 
 
 def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
