@@ -21,7 +21,7 @@ Tokens that did not choose the expert get products that nobody reads: their h is
 whose per-group sums XLA adds up over the groups.
 
 One K2.5 layer on the H200, us (`python -m bench.moe_wgmma_lab --routing R --variants 2:4:8:0:p:b g:2:4 [g:2:4:t]`,
-bench/results/run17/; the engine's moe_wgmma config first):
+bench/results/run17/ 1327-1329, the :t column 1323-1324; the engine's moe_wgmma config first):
 | routing (unique experts T=4 / T=8) | T=4 moe_wgmma | grouped | tokens path only (:t) | T=8 moe_wgmma | grouped | :t |
 | same (8 / 8) | 200.2 | 125.0 | 115.2 | 399.4 | 147.5 | 130.2 |
 | near (21 / 35) | 204.7 | 214.1 | | 388.0 | 327.7 | |
