@@ -50,8 +50,8 @@ def parse_args(argv):
                    help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT[:PERMUTE_H[:DOWN_STAGES[:ORDER]]] (CONVERT p "
                         "pairs, m mosaic; PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down kernel's, "
                         "default STAGES; ORDER gate_up's grid, o slot slowest (default), i slot fastest) of the "
-                        "wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t] the expert-grouped kernel (moe_wgmma_grouped.py; :t every "
-                        "group through the token tiles)")
+                        "wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel (moe_wgmma_grouped.py; :t "
+                        "every group through the token tiles, :s each path in a kernel of its own)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
@@ -83,9 +83,10 @@ def routed_inputs(cfg, router, bias, t, key, routing: str):
 def _candidate(v: str):
     """(name, fn) of one --variants entry."""
     if v.startswith("g:"):
-        _, st, gus, *paths = v.split(":")
+        _, st, gus, *layout = v.split(":")
+        paths = {(): "both", ("t",): "tokens", ("s",): "split"}[tuple(layout)]
         return f"grouped_{v[2:]}", functools.partial(routed_experts_grouped, stages=int(st), gate_up_splits=int(gus),
-                                                     one_member_path=paths != ["t"])
+                                                     paths=paths)
     return f"wgmma_{v}", functools.partial(routed_experts_wgmma, **_variant(v))
 
 

@@ -36,9 +36,10 @@ def test_token_tiles_put_each_groups_columns_per_token():
     assert not tiles[:, :, :, 3:].any()  # tokens 3..7 are padding
 
 
-@pytest.mark.parametrize("t,routing,splits,one_member_path", [(3, "random", 2, True), (4, "shared", 1, True),
-                                                              (1, "random", 1, True), (3, "random", 1, False)])
-def test_interpret_matches_reference(experts, t, routing, splits, one_member_path):
+@pytest.mark.parametrize("t,routing,splits,paths", [(3, "random", 2, "both"), (4, "shared", 1, "both"),
+                                                    (1, "random", 1, "both"), (3, "random", 1, "tokens"),
+                                                    (3, "random", 2, "split")])
+def test_interpret_matches_reference(experts, t, routing, splits, paths):
     rng = np.random.default_rng(t)
     if routing == "shared":  # every token the same experts: groups of t members only
         ids = np.tile(rng.permutation(E)[:K], (t, 1))
@@ -48,7 +49,7 @@ def test_interpret_matches_reference(experts, t, routing, splits, one_member_pat
     w = jnp.asarray(rng.uniform(0.1, 1.0, size=(t, K)).astype(np.float32))
     x = jax.random.normal(jax.random.PRNGKey(t), (t, H)).astype(jnp.bfloat16)
     fn = jax.jit(functools.partial(grouped.routed_experts_grouped, gate_up_splits=splits,
-                                   one_member_path=one_member_path, interpret=True))
+                                   paths=paths, interpret=True))
     out = fn(x, experts, ids, w)
     ref = experts_gather(x.astype(jnp.float32), experts, ids, w)
     assert out.shape == (t, H) and out.dtype == jnp.bfloat16
@@ -63,29 +64,31 @@ def test_bad_arguments_are_refused(experts):
         grouped.routed_experts_grouped(x, experts, ids, w, interpret=True)
     with pytest.raises(ValueError, match="gate_up_splits=3"):
         grouped.routed_experts_grouped(x[:2], experts, ids[:2], w[:2], gate_up_splits=3, interpret=True)
+    with pytest.raises(ValueError, match="paths must be one of"):
+        grouped.routed_experts_grouped(x[:2], experts, ids[:2], w[:2], paths="one", interpret=True)
     bf16 = ExpertWeights(*(jnp.zeros(m.packed.shape[:-1] + (m.packed.shape[-1] * 8,), jnp.bfloat16)
                            for m in (experts.gate, experts.up, experts.down)))
     with pytest.raises(ValueError, match="INT4 experts"):
         grouped.routed_experts_grouped(x[:2], bf16, ids[:2], w[:2], interpret=True)
 
 
-@pytest.mark.parametrize("t", [2, 8])
-def test_lowers_to_mosaic_gpu_at_kimi_shapes(t):
+@pytest.mark.parametrize("t,paths", [(2, "both"), (8, "both"), (4, "split")])
+def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, paths):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct
     w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
     experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
-    fn = functools.partial(grouped.routed_experts_grouped, gate_up_splits=4)
+    fn = functools.partial(grouped.routed_experts_grouped, gate_up_splits=4, paths=paths)
     lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
                                 sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
-    assert lowered.as_text().count("mosaic_gpu") >= 2
+    assert lowered.as_text().count("mosaic_gpu") >= (4 if paths == "split" else 2)  # a kernel per path, per stage
 
 
 def test_lab_names_the_grouped_variants():
     from bench.moe_wgmma_lab import _candidate
 
     name, fn = _candidate("g:2:4")
-    assert name == "grouped_2:4" and fn.keywords == dict(stages=2, gate_up_splits=4, one_member_path=True)
-    name, fn = _candidate("g:3:2:t")
-    assert name == "grouped_3:2:t" and fn.keywords["one_member_path"] is False
+    assert name == "grouped_2:4" and fn.keywords == dict(stages=2, gate_up_splits=4, paths="both")
+    assert _candidate("g:3:2:t")[1].keywords["paths"] == "tokens"
+    assert _candidate("g:2:4:s")[1].keywords["paths"] == "split"
     assert _candidate("2:4:8:0:p:b")[0] == "wgmma_2:4:8:0:p:b"

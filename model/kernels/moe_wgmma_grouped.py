@@ -28,7 +28,9 @@ bench/results/run17/ 1327-1329, the :t column 1323-1324; the engine's moe_wgmma 
 | random (31 / 59) | 224.9 | 268.4 | 300.5 | 408.5 | 494.8 | 552.2 |
 So it wins where the tokens share experts (down to a third at T=8) and loses ~20% where they do not, even with
 the one-member path: both paths' registers and shared memory are reserved for every program. The engine keeps
-moe_wgmma.py; run 17 in bench/results/README.md says what would make this one pay everywhere. A first version
+moe_wgmma.py; run 17 in bench/results/README.md says what would make this one pay everywhere. `paths="split"`
+(lab `g:2:4:s`) compiles each path into a kernel of its own, the first of those steps; written after run 17's
+device time ran out, held to the reference on CPU only. A first version
 (block-diagonal B of every token, T x 4 KB a step) lost at random routing 440 vs 235 us (git 39e7f65).
 """
 
@@ -125,10 +127,20 @@ def _one_token_tile(acc_RG, token, interpret: bool):
     return jax.lax.broadcast_in_dim(v, (ROWS, 8), (0,)) * (col == token).astype(jnp.float32)
 
 
+def _run_paths(paths, e, tok, one_token, tokens) -> None:
+    """Each path this kernel holds, for its groups: `one_token` where the group has one member, `tokens` where it
+    has several (`token_G` < 0); the groups beyond the step's count (e < 0) are skipped. A path left out is not
+    compiled, so its registers and shared memory are not reserved."""
+    if "one" in paths:
+        pl.when((e >= 0) & (tok >= 0))(one_token)
+    if "tokens" in paths:
+        pl.when((e >= 0) & (tok < 0))(tokens)
+
+
 def _gate_up_kernel(expert_ref, token_ref, xt_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, stages,
-                    convert, interpret):
+                    convert, paths, interpret):
     """gu[split, 0 / 1, group, rows, token]: the tokens' gate / up rows of the group's expert over the split's
-    share of H (only the groups' member tokens are read afterwards)."""
+    share of H (only the groups' member tokens are read afterwards), for the groups of the `paths` it holds."""
     g, rb, split = jax.lax.axis_index("group"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
     e, tok = expert_ref[g], token_ref[g]
     _, w, s = _specs(interpret, None, lambda k: (rb, split * n_k + k))
@@ -138,7 +150,6 @@ def _gate_up_kernel(expert_ref, token_ref, xt_ref, xbd_ref, gq_ref, gs_ref, uq_r
         _store_rows(acc_g, gu_ref.at[split, 0, g, pl.ds(rb * ROWS, ROWS)])
         _store_rows(acc_u, gu_ref.at[split, 1, g, pl.ds(rb * ROWS, ROWS)])
 
-    @pl.when((e >= 0) & (tok >= 0))
     def _one_token():  # moe_wgmma's slot path: the one token's block-diagonal B, 8 scale groups as the N columns
         b, _, _ = _specs(interpret, lambda k: (split * n_k + k, 0, 0), lambda k: (0, 0))
 
@@ -150,7 +161,6 @@ def _gate_up_kernel(expert_ref, token_ref, xt_ref, xbd_ref, gq_ref, gs_ref, uq_r
                                            init_carry=(_zeros(interpret), _zeros(interpret)))(xbd_ref.at[tok], *weights)
         store(_one_token_tile(acc_g, tok, interpret), _one_token_tile(acc_u, tok, interpret))
 
-    @pl.when((e >= 0) & (tok < 0))
     def _tokens():  # all tokens as the N columns, one wgmma per scale group
         b = _b_spec(interpret, lambda k: (split * n_k + k, 0, 0, 0))
 
@@ -162,15 +172,17 @@ def _gate_up_kernel(expert_ref, token_ref, xt_ref, xbd_ref, gq_ref, gs_ref, uq_r
         store(*plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
                                    init_carry=(_zeros(interpret, 8), _zeros(interpret, 8)))(xt_ref, *weights))
 
+    _run_paths(paths, e, tok, _one_token, _tokens)
 
-def _down_kernel(expert_ref, token_ref, ht_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, stages, convert, interpret):
+
+def _down_kernel(expert_ref, token_ref, ht_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, stages, convert, paths,
+                 interpret):
     """y[group, rows, token]: the group's expert's down rows applied to each token's (weighted, zero for
     non-members) h."""
     rb, g = jax.lax.axis_index("rows"), jax.lax.axis_index("group")
     e, tok = expert_ref[g], token_ref[g]
     _, w, s = _specs(interpret, None, lambda k: (e, rb, k), lead=(None,))
 
-    @pl.when((e >= 0) & (tok >= 0))
     def _one_token():
         b, _, _ = _specs(interpret, lambda k: (g, k, 0, 0), lambda k: (0, 0, 0), lead=(None,))
 
@@ -181,7 +193,6 @@ def _down_kernel(expert_ref, token_ref, ht_ref, hbd_ref, dq_ref, ds_ref, y_ref, 
                                   init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
         _store_rows(_one_token_tile(acc, tok, interpret), y_ref.at[g, pl.ds(rb * ROWS, ROWS)])
 
-    @pl.when((e >= 0) & (tok < 0))
     def _tokens():
         b = _b_spec(interpret, lambda k: (g, k, 0, 0, 0), lead=(None,))
 
@@ -192,15 +203,24 @@ def _down_kernel(expert_ref, token_ref, ht_ref, hbd_ref, dq_ref, ds_ref, y_ref, 
                                   init_carry=_zeros(interpret, 8))(ht_ref, dq_ref, ds_ref)
         _store_rows(acc, y_ref.at[g, pl.ds(rb * ROWS, ROWS)])
 
+    _run_paths(paths, e, tok, _one_token, _tokens)
+
+
+# How the two paths are compiled (`routed_experts_grouped(paths=...)`): both in each kernel (run 17's measured
+# version), the tokens path alone for every group (run 17's second version), or each path in a kernel of its own
+# (independent kernels, which CONCURRENT graph scheduling may overlap; not measured yet)
+PATH_LAYOUTS = ("both", "tokens", "split")
+
 
 def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
-                           convert: str = "pairs", one_member_path: bool = True, interpret: bool = False) -> jax.Array:
+                           convert: str = "pairs", paths: str = "both", interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`), T <= GROUPED_MAX_TOKENS.
 
     `gate_up_splits` splits H across gate_up programs (their partial sums meet in the XLA fusion that applies
-    SiLU); the down kernel's per-group sums are added by XLA. `one_member_path=False` sends every group through
-    the token tiles (run 17's second variant)."""
+    SiLU); the down kernel's per-group sums are added by XLA. `paths`: one of PATH_LAYOUTS."""
     _check_convert(convert)
+    if paths not in PATH_LAYOUTS:
+        raise ValueError(f"moe_wgmma_grouped paths must be one of {PATH_LAYOUTS}, not {paths!r}")
     if not supports(experts):
         raise ValueError(f"moe_wgmma_grouped takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and "
                          f"dims in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
@@ -213,26 +233,38 @@ def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, stages: int = S
     expert_G, weight_GT, member_GT = expert_groups(ids_TK, weights_TK)
     groups = expert_G.shape[0]
     # a group with one member token takes the slot path (its B one token's block-diagonal rows): at random routing
-    # most groups have one member, and the grouped path's per-group scale picking costs ALU time there
+    # most groups have one member, and the tokens path's per-group scale picking costs ALU time there
     token_G = jnp.where(jnp.sum(member_GT, axis=1) == 1, jnp.argmax(member_GT, axis=1), -1).astype(jnp.int32)
-    token_G = token_G if one_member_path else jnp.full_like(token_G, -1)
+    if paths == "tokens":
+        token_G = jnp.full_like(token_G, -1)
+    kernels = {"both": (("one", "tokens"),), "tokens": (("tokens",),), "split": (("one",), ("tokens",))}[paths]
+
+    def each_kernel(body, out_type, group_axis, grid, grid_names, *args):
+        """The kernel once per path set, the results merged by group (a group's rows come from the kernel that
+        holds its path; the other kernel never wrote them)."""
+        outs = [plgpu.kernel(functools.partial(body, stages=stages, convert=convert, paths=held, interpret=interpret),
+                             out_type=out_type, grid=grid, grid_names=grid_names, **_interpret_kw(interpret))(*args)
+                for held in kernels]
+        if len(outs) == 1:
+            return outs[0]
+        shape = [1] * out_type.ndim
+        shape[group_axis] = groups
+        return jnp.where((token_G >= 0).reshape(shape), outs[0], outs[1])
+
     n_k = hidden // TILE_K // gate_up_splits
-    gu = plgpu.kernel(
-        functools.partial(_gate_up_kernel, n_k=n_k, stages=stages, convert=convert, interpret=interpret),
-        out_type=jax.ShapeDtypeStruct((gate_up_splits, 2, groups, f, 8), jnp.float32),
-        grid=(groups, f // ROWS, gate_up_splits), grid_names=("group", "rows", "split"),
-        **_interpret_kw(interpret),
-    )(expert_G, token_G, token_tiles(x_TH[None], convert)[0], _wgmma_input(x_TH, convert),
-      *_operands(experts.gate), *_operands(experts.up))
+    gu = each_kernel(functools.partial(_gate_up_kernel, n_k=n_k),
+                     jax.ShapeDtypeStruct((gate_up_splits, 2, groups, f, 8), jnp.float32), 2,
+                     (groups, f // ROWS, gate_up_splits), ("group", "rows", "split"),
+                     expert_G, token_G, token_tiles(x_TH[None], convert)[0], _wgmma_input(x_TH, convert),
+                     *_operands(experts.gate), *_operands(experts.up))
     g_GTF, u_GTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
     # where, not a product: a skipped group's rows were never written
     h_GTF = jnp.where(member_GT[..., None], jax.nn.silu(g_GTF) * u_GTF * weight_GT[..., None], 0.0)
     h_GF = jnp.sum(h_GTF, axis=1)  # a one-member group's h (the other tokens' rows are zero)
-    y_GHT = plgpu.kernel(
-        functools.partial(_down_kernel, n_k=f // TILE_K, stages=stages, convert=convert, interpret=interpret),
-        out_type=jax.ShapeDtypeStruct((groups, hidden, 8), jnp.float32),
-        grid=(hidden // ROWS, groups), grid_names=("rows", "group"),
-        **_interpret_kw(interpret),
-    )(expert_G, token_G, token_tiles(h_GTF, convert), _wgmma_input(h_GF, convert), *_operands(experts.down))
+    y_GHT = each_kernel(functools.partial(_down_kernel, n_k=f // TILE_K),
+                        jax.ShapeDtypeStruct((groups, hidden, 8), jnp.float32), 0,
+                        (hidden // ROWS, groups), ("rows", "group"),
+                        expert_G, token_G, token_tiles(h_GTF, convert), _wgmma_input(h_GF, convert),
+                        *_operands(experts.down))
     y_HT = jnp.sum(jnp.where((expert_G >= 0)[:, None, None], y_GHT, 0.0), axis=0)
     return y_HT[:, :t].T.astype(x_TH.dtype)
