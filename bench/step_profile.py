@@ -70,8 +70,8 @@ def busy_ns(events: list[dict]) -> float:
     return total
 
 
-def traced_events(run) -> tuple[list[dict], float]:
-    """`run()` (already warm) once under jax.profiler.trace: its kernel events (`kernel_events`) and wall ms."""
+def _traced(run, read):
+    """`run()` (already warm) once under jax.profiler.trace -> (`read(path of the trace's .xplane.pb)`, wall ms)."""
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp):
             t0 = time.perf_counter()
@@ -80,22 +80,28 @@ def traced_events(run) -> tuple[list[dict], float]:
         paths = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)
         if not paths:
             raise RuntimeError(f"jax.profiler.trace wrote no .xplane.pb under {tmp}")
-        events = kernel_events(paths[0])
+        return read(paths[0]), wall_ms
+
+
+def traced_events(run) -> tuple[list[dict], float]:
+    """`run()` (already warm) once under jax.profiler.trace: its kernel events (`kernel_events`) and wall ms."""
+    events, wall_ms = _traced(run, kernel_events)
     if not events:
         raise RuntimeError("the trace holds no kernel events")
     return events, wall_ms
 
 
-def by_kernel(events: list[dict]) -> list[dict]:
-    """The events grouped by kernel name, most device time first: kernel, ns, count, max_ns, hlo_op (on a GPU the
-    HLO op of every kernel is the command buffer, the CUDA graph, that launched it)."""
-    groups = collections.defaultdict(lambda: dict(ns=0.0, count=0, hlo_op="", max_ns=0.0))
+def by_kernel(events: list[dict], tag: str = "hlo_op") -> list[dict]:
+    """The events grouped by name, most time first: kernel (the name), ns, count, max_ns and the first non-empty
+    `tag` of the group (for kernels the HLO op: on a GPU the command buffer, the CUDA graph, that launched them;
+    for host events their line, the thread)."""
+    groups = collections.defaultdict(lambda: {"ns": 0.0, "count": 0, tag: "", "max_ns": 0.0})
     for e in events:
         row = groups[e["name"]]
         row["ns"] += e["duration_ns"]
         row["max_ns"] = max(row["max_ns"], e["duration_ns"])
         row["count"] += 1
-        row["hlo_op"] = row["hlo_op"] or e["hlo_op"]
+        row[tag] = row[tag] or e[tag]
     return sorted(({"kernel": k, **v} for k, v in groups.items()), key=lambda r: -r["ns"])
 
 
@@ -155,25 +161,12 @@ def loop_call_profile(run_loop, steps: int) -> dict:
     The host side: its events of >= 20 us grouped by name (the executor's thunks, the driver's graph launches and
     waits). Comparing a call of N steps with one of 3N takes the per-step part out (`bench.timing` times the
     same two lengths)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            t0 = time.perf_counter()
-            jax.block_until_ready(run_loop(steps))
-            wall_ms = (time.perf_counter() - t0) * 1e3
-        path = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)[0]
-        kernels, host = kernel_events(path), host_events(path)
+    (kernels, host), wall_ms = _traced(lambda: run_loop(steps), lambda path: (kernel_events(path), host_events(path)))
     first_k = min(e["start_ns"] for e in kernels)
     last_k = max(e["start_ns"] + e["duration_ns"] for e in kernels)
     calls = [e for e in host if e["name"].startswith("PjitFunction")]
     call = max(calls, key=lambda e: e["duration_ns"]) if calls else None
     gaps = idle_gaps(kernels)
-    groups = collections.defaultdict(lambda: dict(ms=0.0, count=0, longest_us=0.0, line=""))
-    for e in host:
-        g = groups[e["name"]]
-        g["ms"] += e["duration_ns"] / 1e6
-        g["count"] += 1
-        g["longest_us"] = max(g["longest_us"], e["duration_ns"] / 1e3)
-        g["line"] = g["line"] or e["line"]
     return dict(
         steps=steps, wall_ms=wall_ms, kernels=len(kernels), busy_ms=busy_ns(kernels) / 1e6,
         span_ms=(last_k - first_k) / 1e6,
@@ -182,7 +175,8 @@ def loop_call_profile(run_loop, steps: int) -> dict:
         call_end_after_last_kernel_ms=(call["start_ns"] + call["duration_ns"] - last_k) / 1e6 if call else None,
         gaps_over_20us=len(gaps), gaps_ms=sum(g["us"] for g in gaps) / 1e3,
         longest_gaps=sorted(gaps, key=lambda g: -g["us"])[:8],
-        host=sorted(({"name": k, **v} for k, v in groups.items()), key=lambda r: -r["ms"])[:15],
+        host=[dict(name=g["kernel"], line=g["line"], ms=g["ns"] / 1e6, count=g["count"], longest_us=g["max_ns"] / 1e3)
+              for g in by_kernel(host, tag="line")[:15]],
     )
 
 

@@ -44,8 +44,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _check_convert, _interpret_kw, _operand_A,
-                                     _operands, _specs, _store_rows, _sum_leading, _tile_products, _wgmma_input,
-                                     _zeros, input_order, supports)
+                                     _operands, _specs, _store_rows, _sum_leading, _tile_products, _transforms,
+                                     _wgmma_input, _zeros, input_order, supports)
 
 # B holds the tokens as the wgmma's N = 8 columns
 GROUPED_MAX_TOKENS = 8
@@ -112,8 +112,6 @@ def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str):
 
 
 def _b_spec(interpret: bool, index, lead: tuple = ()):
-    from model.kernels.moe_wgmma import _transforms
-
     return plgpu.BlockSpec((*lead, None, GROUPS, 8, GROUP_K), index, transforms=_transforms(16, GROUP_K, interpret))
 
 
