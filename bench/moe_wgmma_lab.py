@@ -47,9 +47,10 @@ def parse_args(argv):
     p.add_argument("--out", default="bench/results")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
-                   help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT[:PERMUTE_H[:DOWN_STAGES[:ORDER]]] (CONVERT p "
-                        "pairs, m mosaic; PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down kernel's, "
-                        "default STAGES; ORDER gate_up's grid, o slot slowest (default), i slot fastest) of the "
+                   help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS]]]] "
+                        "(CONVERT p pairs, m mosaic; PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down "
+                        "kernel's, default STAGES; ORDER gate_up's grid, o slot slowest (default), i slot fastest; "
+                        "DOWN_K_SPLITS the down kernel's splits of F, default 1) of the "
                         "wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel (moe_wgmma_grouped.py; :t "
                         "every group through the token tiles, :s each path in a kernel of its own)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
@@ -95,15 +96,16 @@ def _variant(v: str) -> dict:
     perm = rest[0] if rest else "a"
     down_st = rest[1] if len(rest) > 1 else st
     order = rest[2] if len(rest) > 2 else "o"
+    down_ks = rest[3] if len(rest) > 3 else "1"
     return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=bool(int(ov)),
                 convert={"p": "pairs", "m": "mosaic"}[conv], permute_h={"a": "after", "b": "before"}[perm],
-                down_stages=int(down_st), slots_inner={"o": False, "i": True}[order])
+                down_stages=int(down_st), slots_inner={"o": False, "i": True}[order], down_k_splits=int(down_ks))
 
 
 def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits, down_splits, overlap, convert,
-                   permute_h, down_stages, slots_inner):
+                   permute_h, down_stages, slots_inner, down_k_splits):
     """The gate_up kernel, its output summed to one number so the chained timing has an [T, H] result."""
-    del down_splits, permute_h, down_stages
+    del down_splits, permute_h, down_stages, down_k_splits
     t, k = ids_TK.shape
     gu = gate_up_sums(x_TH, experts.gate, experts.up, ids_TK.reshape(t * k), choices=k, stages=stages,
                       splits=gate_up_splits, overlap=overlap, convert=convert, slots_inner=slots_inner)

@@ -76,6 +76,31 @@ def test_gate_up_sums_are_the_two_products(experts, slots_inner):
                                    rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("splits,k_splits", [(1, 2), (2, 2)])
+def test_down_sums_split_over_choices_and_F(splits, k_splits):
+    """The second kernel alone: row s * k_splits + ks holds token t's down(h) over split s of its choices and share
+    ks of F; all rows together are the token's whole sum."""
+    e, f, h, choices = 3, 512, 256, 2
+    down = _int4(jax.random.PRNGKey(8), e, h, f)
+    h_UF = jax.random.normal(jax.random.PRNGKey(9), (2 * choices, f)).astype(jnp.bfloat16)
+    expert_U = jnp.asarray([2, 0, 0, 1], jnp.int32)
+    y = moe_wgmma.down_sums(h_UF, down, expert_U, choices=choices, splits=splits, k_splits=k_splits, interpret=True)
+    assert y.shape == (splits * k_splits, 2, h)
+    dense = dequantize(down, jnp.float32)[expert_U]  # [U, H, F]
+    per_slot = np.einsum("uf,uhf->uh", np.asarray(h_UF, np.float32), np.asarray(dense))
+    share = f // k_splits
+    for s in range(splits):
+        for ks in range(k_splits):
+            want = np.einsum("uf,uhf->uh", np.asarray(h_UF, np.float32)[:, ks * share:(ks + 1) * share],
+                             np.asarray(dense)[:, :, ks * share:(ks + 1) * share]).reshape(2, choices, h)
+            np.testing.assert_allclose(np.asarray(y[s * k_splits + ks]),
+                                       want[:, s * choices // splits:(s + 1) * choices // splits].sum(1),
+                                       rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(y.sum(0)), per_slot.reshape(2, choices, h).sum(1), rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match="down_k_splits=3"):
+        moe_wgmma.down_sums(h_UF, down, expert_U, choices=choices, k_splits=3, interpret=True)
+
+
 def test_column_order_is_a_permutation_within_groups():
     v = jnp.arange(2 * 256).reshape(2, 256)
     p = np.asarray(moe_wgmma.permute_K(v))
@@ -132,7 +157,8 @@ def test_engine_picks_it_only_on_hopper(experts):
 
 
 @pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
-                                       (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True})])
+                                       (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True}),
+                                       (1, {"gate_up_splits": 7, "down_k_splits": 2})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct

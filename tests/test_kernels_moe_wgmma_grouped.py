@@ -84,7 +84,7 @@ def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, paths):
     assert lowered.as_text().count("mosaic_gpu") >= (4 if paths == "split" else 2)  # a kernel per path, per stage
 
 
-def test_lab_names_the_grouped_variants():
+def test_lab_names_its_variants():
     from bench.moe_wgmma_lab import _candidate
 
     name, fn = _candidate("g:2:4")
@@ -92,3 +92,7 @@ def test_lab_names_the_grouped_variants():
     assert _candidate("g:3:2:t")[1].keywords["paths"] == "tokens"
     assert _candidate("g:2:4:s")[1].keywords["paths"] == "split"
     assert _candidate("2:4:8:0:p:b")[0] == "wgmma_2:4:8:0:p:b"
+    assert _candidate("2:4:8:0:p:b")[1].keywords["down_k_splits"] == 1
+    assert _candidate("2:7:8:0:p:b:2:o:2")[1].keywords == dict(
+        stages=2, gate_up_splits=7, down_splits=8, overlap=False, convert="pairs", permute_h="before", down_stages=2,
+        slots_inner=False, down_k_splits=2)

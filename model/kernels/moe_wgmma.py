@@ -227,21 +227,24 @@ def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref,
     _store_rows(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)])
 
 
-def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, stages, convert, interpret):
+def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages, convert,
+                 interpret):
     rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
-    t, split = ts // splits, ts % splits
+    t, rest = ts // (splits * k_splits), ts % (splits * k_splits)
+    split, ks = rest // k_splits, rest % k_splits  # k_splits fastest: a row block's F shares run side by side
     per_split = choices // splits
     first = t * choices + split * per_split
+    k0 = ks * n_k
 
     def step(_, hbd_smem, dq_smem, ds_smem, carry):
         return _tile_products(((dq_smem, ds_smem),), hbd_smem, (carry,), interpret, convert=convert)[0]
 
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
-    b, w, s = _specs(interpret, lambda c, kk: (first + c, kk, 0, 0), lambda c, kk: (expert_ref[first + c], rb, kk),
-                     lead=(None,))
+    b, w, s = _specs(interpret, lambda c, kk: (first + c, k0 + kk, 0, 0),
+                     lambda c, kk: (expert_ref[first + c], rb, k0 + kk), lead=(None,))
     acc = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
                               init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
-    _store_rows(jnp.sum(acc, axis=1), y_ref.at[split, t, pl.ds(rb * ROWS, ROWS)])
+    _store_rows(jnp.sum(acc, axis=1), y_ref.at[split * k_splits + ks, t, pl.ds(rb * ROWS, ROWS)])
 
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
@@ -271,19 +274,23 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
-              convert: str = "pairs", h_in_input_order: bool = False, interpret: bool = False) -> jax.Array:
-    """[splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h).
-    `h_in_input_order`: h's columns are already in `input_order(.., convert)`."""
+              k_splits: int = 1, convert: str = "pairs", h_in_input_order: bool = False,
+              interpret: bool = False) -> jax.Array:
+    """[splits * k_splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h),
+    over share ks of F (row s * k_splits + ks). `h_in_input_order`: h's columns are already in
+    `input_order(.., convert)`."""
     _check_convert(convert)
     slots, f = h_UF.shape
     if choices % splits:
         raise ValueError(f"down_splits={splits} must divide the {choices} choices per token")
+    if (f // TILE_K) % k_splits:
+        raise ValueError(f"down_k_splits={k_splits} must divide the {f // TILE_K} tiles of F")
     t, hidden = slots // choices, down.shape[1]
     return plgpu.kernel(
-        functools.partial(_down_kernel, n_k=f // TILE_K, choices=choices, splits=splits, stages=stages,
-                          convert=convert, interpret=interpret),
-        out_type=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
-        grid=(hidden // ROWS, t * splits), grid_names=("rows", "token_split"),
+        functools.partial(_down_kernel, n_k=f // TILE_K // k_splits, choices=choices, splits=splits,
+                          k_splits=k_splits, stages=stages, convert=convert, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((splits * k_splits, t, hidden), jnp.float32),
+        grid=(hidden // ROWS, t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
     )(expert_U, block_diagonal_SNGK(h_UF) if h_in_input_order else _wgmma_input(h_UF, convert), *_operands(down))
 
@@ -291,13 +298,13 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
                          down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
                          permute_h: str = "after", down_stages: int | None = None, slots_inner: bool = False,
-                         interpret: bool = False) -> jax.Array:
+                         down_k_splits: int = 1, interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
     the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
-    choices across programs (partial sums added by XLA). `permute_h` puts h's columns in the down kernel's
-    input order "after" SiLU or "before" it (on gate_up's partial sums): the same numbers, a different fusion
+    choices across programs and `down_k_splits` its F (partial sums added by XLA). `permute_h` puts h's columns
+    in the down kernel's input order "after" SiLU or "before" it (on gate_up's partial sums): the same numbers, a different fusion
     for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart). `down_stages`
     (default `stages`): the down kernel's pipeline depth, whose steps hold one weight tile to gate_up's two.
     `slots_inner`: gate_up's grid order (`gate_up_sums`); the down kernel's grid already has the row block
@@ -316,7 +323,8 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     g_UF, u_UF = _sum_leading(gu_S2UF)
     h_UF = jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(t * k, 1).astype(jnp.float32)
     y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=down_stages or stages, splits=down_splits,
-                      convert=convert, h_in_input_order=permute_h == "before", interpret=interpret)
+                      k_splits=down_k_splits, convert=convert, h_in_input_order=permute_h == "before",
+                      interpret=interpret)
     return _sum_leading(y_STH).astype(x_TH.dtype)
 
 
