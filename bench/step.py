@@ -77,7 +77,7 @@ def _kernel_record(tokens: int, experts, cfg) -> dict:
     """The MoE kernel the engine dispatches to at this many tokens, and its settings."""
     variant = moe_kernel_for(tokens, experts)
     if variant == "wgmma":
-        return {"variant": "wgmma", **wgmma_config_for(experts, cfg.num_experts_per_tok)}
+        return {"variant": "wgmma", **wgmma_config_for(experts, cfg.num_experts_per_tok, tokens)}
     return kernel_config_for(tokens, experts).__dict__
 
 

@@ -156,6 +156,14 @@ def test_engine_picks_it_only_on_hopper(experts):
     assert cfg["down_splits"] == 4 and cfg["gate_up_splits"] == 2  # H / 256 = 2 tiles
 
 
+def test_gate_up_splits_follow_the_token_count():
+    sd = jax.ShapeDtypeStruct
+    w = lambda o, i: Int4Weight(sd((384, o, i // 8), jnp.uint32), sd((384, o, i // 32), jnp.bfloat16))  # noqa: E731
+    k2 = ExpertWeights(w(2048, 7168), w(2048, 7168), w(7168, 2048))  # 28 tiles of H
+    assert [wgmma_config_for(k2, 8, t)["gate_up_splits"] for t in (1, 4, 8, 9, 16, 64)] == [7, 7, 7, 4, 4, 4]
+    assert wgmma_config_for(k2, 8, 1)["down_splits"] == 8
+
+
 @pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
                                        (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True}),
                                        (1, {"gate_up_splits": 7, "down_k_splits": 2})])

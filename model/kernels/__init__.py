@@ -61,18 +61,27 @@ def _is_hopper() -> bool:
     return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9")
 
 
-def wgmma_config_for(experts, choices: int) -> dict:
-    """moe_wgmma's splits for these shapes: as many as divide them, up to the measured 4 (gate_up) / 8 (down);
-    h laid out before SiLU (one launch a layer fewer, the same device time).
+# gate_up splits of H: 7 (K2's 28 tiles in 4-tile shares) against the
+# earlier 4, one K2.5 layer, medians of round-robin rounds in one call (bench/results/moe-wgmma-lab-gpu-20261130-1438,
+# -1446, -1447; us): T=1 64.4 vs 71.0 and 69.0 vs 70.0, T=2 112.3 vs 121.7, T=4 213.6 vs 216.9, T=8 409.2 vs 429.7.
+# Above 8 tokens (batch-8 verify) 7 is unmeasured and 4 stays.
+SEVEN_SPLITS_MAX_TOKENS = 8
+
+
+def wgmma_config_for(experts, choices: int, tokens: int = 1) -> dict:
+    """moe_wgmma's splits for these shapes: gate_up the first of 7, 4, 2, 1 that divides H's tiles (7 only up to
+    SEVEN_SPLITS_MAX_TOKENS tokens), down as many as divide the choices up to the measured 8; h laid out before
+    SiLU (one launch a layer fewer, the same device time).
 
     One K2.5 layer, one call as the difference of two chain lengths, medians of 3 round-robin rounds
     (bench/results/moe-wgmma-lab-gpu-20261130-0545, -0548, -0553; us): h after / before SiLU T=1 71.5 / 72.9,
     T=4 217.4 / 217.6. Four down stages instead of two: T=1 73.2 vs 74.0 and 73.6 vs 75.5, T=2 123.2 vs 125.7
     and 120.8 vs 120.7, T=4 226.7 vs 237.5 and 224.1 vs 220.3, T=8 436.9 vs 431.6: no difference beyond the
-    rounds' spread, so the down kernel keeps the gate_up kernel's two. One gate_up split: T=1 70.1 / 74.4, T=4
-    218.9 / 242.0, within the spread too."""
+    rounds' spread, so the down kernel keeps the gate_up kernel's two. The down kernel split over F as well
+    (`down_k_splits` 2 or 4) at T=1: 67.1-67.5 against 69.0 (-1446), inside the rounds' spread: not taken."""
     tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
-    return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in (4, 2, 1) if tiles % s == 0),
+    candidates = (7, 4, 2, 1) if tokens <= SEVEN_SPLITS_MAX_TOKENS else (4, 2, 1)
+    return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in candidates if tiles % s == 0),
                 down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0), permute_h="before")
 
 
@@ -101,7 +110,7 @@ def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK
     """The Pallas kernel with the H200-tuned tiles for this token count (call when `fused_moe_applies`)."""
     if moe_kernel_for(x_TH.shape[0], experts) == "wgmma":
         return moe_wgmma.routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK,
-                                              **wgmma_config_for(experts, ids_TK.shape[1]))
+                                              **wgmma_config_for(experts, ids_TK.shape[1], x_TH.shape[0]))
     return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=kernel_config_for(x_TH.shape[0], experts))
 
 
