@@ -162,6 +162,7 @@ def test_gate_up_splits_follow_the_token_count():
     k2 = ExpertWeights(w(2048, 7168), w(2048, 7168), w(7168, 2048))  # 28 tiles of H
     assert [wgmma_config_for(k2, 8, t)["gate_up_splits"] for t in (1, 4, 8, 9, 16, 64)] == [7, 7, 7, 4, 4, 4]
     assert wgmma_config_for(k2, 8, 1)["down_splits"] == 8
+    assert [wgmma_config_for(k2, 8, t)["down_k_splits"] for t in (1, 2, 4)] == [2, 1, 1]
 
 
 @pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),

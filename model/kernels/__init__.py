@@ -64,7 +64,7 @@ def _is_hopper() -> bool:
 # gate_up splits of H: 7 (K2's 28 tiles in 4-tile shares) against the
 # earlier 4, one K2.5 layer, medians of round-robin rounds in one call (bench/results/moe-wgmma-lab-gpu-20261130-1438,
 # -1446, -1447; us): T=1 64.4 vs 71.0 and 69.0 vs 70.0, T=2 112.3 vs 121.7, T=4 213.6 vs 216.9, T=8 409.2 vs 429.7.
-# Above 8 tokens (batch-8 verify) 7 is unmeasured and 4 stays.
+# Above 8 tokens (batch-8 verify) 4 stays: T=16 879.2 vs 863.2, T=32 1755.6 vs 1709.4 (-1503).
 SEVEN_SPLITS_MAX_TOKENS = 8
 
 
@@ -77,12 +77,16 @@ def wgmma_config_for(experts, choices: int, tokens: int = 1) -> dict:
     (bench/results/moe-wgmma-lab-gpu-20261130-0545, -0548, -0553; us): h after / before SiLU T=1 71.5 / 72.9,
     T=4 217.4 / 217.6. Four down stages instead of two: T=1 73.2 vs 74.0 and 73.6 vs 75.5, T=2 123.2 vs 125.7
     and 120.8 vs 120.7, T=4 226.7 vs 237.5 and 224.1 vs 220.3, T=8 436.9 vs 431.6: no difference beyond the
-    rounds' spread, so the down kernel keeps the gate_up kernel's two. The down kernel split over F as well
-    (`down_k_splits` 2 or 4) at T=1: 67.1-67.5 against 69.0 (-1446), inside the rounds' spread: not taken."""
+    rounds' spread, so the down kernel keeps the gate_up kernel's two. At one token the down kernel also splits F
+    in two (`down_k_splits`): its 896 programs made 1.36 waves of 8 steps, 1792 make 2.72 of 4. Nsight Compute
+    (bench/results/ncu/ncu-1508-t1-splits.txt, -1509-t1-down-splits.txt): down 22.3 us against 24.9-25.1, gate_up split 7
+    39.3-40.6 against 42.1; the lab: 67.5 against 69.0 us a layer call (-1446, inside the rounds' spread). At 2 / 4 / 8
+    tokens the F split measured 114.2 / 214.3 / 412.6 against 112.3 / 213.6 / 409.2 (-1447): not taken there."""
     tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
     candidates = (7, 4, 2, 1) if tokens <= SEVEN_SPLITS_MAX_TOKENS else (4, 2, 1)
     return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in candidates if tiles % s == 0),
-                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0), permute_h="before")
+                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0), permute_h="before",
+                down_k_splits=2 if tokens == 1 and (experts.down.shape[-1] // moe_wgmma.TILE_K) % 2 == 0 else 1)
 
 
 def moe_kernel_for(tokens: int, experts) -> str:
