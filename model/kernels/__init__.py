@@ -79,9 +79,10 @@ def wgmma_config_for(experts, choices: int, tokens: int = 1) -> dict:
     and 120.8 vs 120.7, T=4 226.7 vs 237.5 and 224.1 vs 220.3, T=8 436.9 vs 431.6: no difference beyond the
     rounds' spread, so the down kernel keeps the gate_up kernel's two. At one token the down kernel also splits F
     in two (`down_k_splits`): its 896 programs made 1.36 waves of 8 steps, 1792 make 2.72 of 4. Nsight Compute
-    (bench/results/ncu/ncu-1508-t1-splits.txt, -1509-t1-down-splits.txt): down 22.3 us against 24.9-25.1, gate_up split 7
-    39.3-40.6 against 42.1; the lab: 67.5 against 69.0 us a layer call (-1446, inside the rounds' spread). At 2 / 4 / 8
-    tokens the F split measured 114.2 / 214.3 / 412.6 against 112.3 / 213.6 / 409.2 (-1447): not taken there."""
+    (bench/results/ncu/ncu-1505-t1-splits.txt, ncu-1507-t1-down-splits.txt): down 22.3 us against 24.9-25.1,
+    gate_up split 7 39.3-40.6 against 42.1; the lab: 67.5 against 69.0 us a layer call (-1446, inside the rounds'
+    spread); the step's MoE row 65.2 us (bench/results/step-gpu-20261130-1508). At 2 / 4 / 8 tokens the F split
+    measured 114.2 / 214.3 / 412.6 against 112.3 / 213.6 / 409.2 (-1447): not taken there."""
     tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
     candidates = (7, 4, 2, 1) if tokens <= SEVEN_SPLITS_MAX_TOKENS else (4, 2, 1)
     return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in candidates if tiles % s == 0),
