@@ -47,12 +47,13 @@ def parse_args(argv):
     p.add_argument("--out", default="bench/results")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
-                   help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS]]]] "
-                        "(CONVERT p pairs, m mosaic; PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down "
-                        "kernel's, default STAGES; ORDER gate_up's grid, o slot slowest (default), i slot fastest; "
-                        "DOWN_K_SPLITS the down kernel's splits of F, default 1) of the "
-                        "wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel (moe_wgmma_grouped.py; :t "
-                        "every group through the token tiles, :s each path in a kernel of its own)")
+                   help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT"
+                        "[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS]]]] (CONVERT p pairs, m mosaic; PERMUTE_H a "
+                        "after SiLU (default), b before; DOWN_STAGES the down kernel's, default STAGES; ORDER gate_up's "
+                        "grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down kernel's splits of F, "
+                        "default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel "
+                        "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
+                        "its own)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")

@@ -61,9 +61,8 @@ def _is_hopper() -> bool:
     return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9")
 
 
-# gate_up splits of H: 7 (K2's 28 tiles in 4-tile shares) against the
-# earlier 4, one K2.5 layer, medians of round-robin rounds in one call (bench/results/moe-wgmma-lab-gpu-20261130-1438,
-# -1446, -1447; us): T=1 64.4 vs 71.0 and 69.0 vs 70.0, T=2 112.3 vs 121.7, T=4 213.6 vs 216.9, T=8 409.2 vs 429.7.
+# gate_up splits of H: 7 (K2's 28 tiles in 4-tile shares) against the earlier 4, one K2.5 layer, medians of
+# round-robin rounds in one call (bench/results/moe-wgmma-lab-gpu-20261130-1438, -1446, -1447; us): T=1 64.4 vs 71.0 and 69.0 vs 70.0, T=2 112.3 vs 121.7, T=4 213.6 vs 216.9, T=8 409.2 vs 429.7.
 # Above 8 tokens (batch-8 verify) 4 stays: T=16 879.2 vs 863.2, T=32 1755.6 vs 1709.4 (-1503).
 SEVEN_SPLITS_MAX_TOKENS = 8
 

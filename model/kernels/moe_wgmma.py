@@ -2,7 +2,7 @@
 
 Plain reference: `model.moe.experts_gather`. Same slots as moe_gemv.py's "pairs" (one slot per (token, choice)):
 gate_up over (slot, block of 64 F rows, split of H), then down over (block of 64 H rows, token, split of its
-choices); XLA adds the splits' partial sums.
+choices, split of F); XLA adds the splits' partial sums.
 Why another kernel: the Triton gemv kernels dequantize in registers while their own loads are in flight, so
 the registers of the dequantization cap the loads in flight (Nsight Compute, run 10: 96-128 registers a
 thread, 23-30% occupancy, 3.0-3.1 TB/s). Here the TMA engine streams the weight tiles into shared memory
@@ -304,8 +304,8 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
     the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
     choices across programs and `down_k_splits` its F (partial sums added by XLA). `permute_h` puts h's columns
-    in the down kernel's input order "after" SiLU or "before" it (on gate_up's partial sums): the same numbers, a different fusion
-    for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart). `down_stages`
+    in the down kernel's input order "after" SiLU or "before" it (on gate_up's partial sums): the same numbers, a
+    different fusion for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart). `down_stages`
     (default `stages`): the down kernel's pipeline depth, whose steps hold one weight tile to gate_up's two.
     `slots_inner`: gate_up's grid order (`gate_up_sums`); the down kernel's grid already has the row block
     slowest, so slots sharing an expert read its row block together there."""
