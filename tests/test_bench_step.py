@@ -106,3 +106,5 @@ def test_kernel_record_names_the_dispatched_kernel():
         "wgmma st2 gate_up/4 down/8"
     assert _short({"variant": "wgmma", "stages": 2, "gate_up_splits": 4, "down_splits": 8, "down_stages": 4,
                    "permute_h": "before"}) == "wgmma st2/4 gate_up/4 down/8 h-before"
+    assert _short({"variant": "wgmma", "stages": 2, "gate_up_splits": 7, "down_splits": 8, "down_k_splits": 2,
+                   "permute_h": "before"}) == "wgmma st2 gate_up/7 down/8 F/2 h-before"
