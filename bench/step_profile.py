@@ -143,13 +143,12 @@ def host_events(xplane_path: str, min_us: float = 20.0) -> list[dict]:
 def idle_gaps(events: list[dict], min_us: float = 20.0) -> list[dict]:
     """Stretches of at least `min_us` in which no kernel ran, with the kernels on either side, in time order."""
     ordered = sorted(events, key=lambda e: e["start_ns"])
-    gaps, end, before, index = [], None, None, 0
-    for e in ordered:
+    gaps, end, before = [], None, None
+    for index, e in enumerate(ordered):
         if end is not None and e["start_ns"] - end >= min_us * 1e3:
             gaps.append(dict(us=(e["start_ns"] - end) / 1e3, before=before, after=e["name"], kernel_index=index))
         if end is None or e["start_ns"] + e["duration_ns"] > end:
             end, before = e["start_ns"] + e["duration_ns"], e["name"]
-        index += 1
     return gaps
 
 
