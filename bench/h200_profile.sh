@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/bench-out}
 LAB=${LAB:-moe_kernel_lab}
 mkdir -p "$OUT"
 # the Triton kernels are named moe_*, the Mosaic GPU ones *_mosaic_gpu
-if [ "$LAB" = moe_wgmma_lab ]; then KERNELS=regex:mosaic_gpu; else KERNELS=regex:moe_; fi
+if [ "$LAB" = moe_wgmma_lab ]; then KERNELS=${KERNELS:-regex:mosaic_gpu|fused}; else KERNELS=${KERNELS:-regex:moe_}; fi
 for c in "$@"; do
   echo "=== $c"
   timeout "${PROFILE_TIMEOUT:-200}" ncu --clock-control none --kernel-name "$KERNELS" --launch-count 2 \

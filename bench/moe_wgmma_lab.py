@@ -37,6 +37,7 @@ from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
 from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
+from model.kernels.moe_wgmma_fused import fused_down_layout, routed_experts_fused  # noqa: E402
 from model.kernels.moe_wgmma_grouped import routed_experts_grouped  # noqa: E402
 from model.moe import experts_gather  # noqa: E402
 from model.router import route  # noqa: E402
@@ -53,7 +54,8 @@ def parse_args(argv):
                         "grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down kernel's splits of F, "
                         "default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel "
                         "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
-                        "its own)")
+                        "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED]]]]] the one-kernel decode path (moe_wgmma_fused.py; down laid out once "
+                        "before the timings)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
@@ -82,8 +84,27 @@ def routed_inputs(cfg, router, bias, t, key, routing: str):
     return x_TH, ids_TK, weights_TK
 
 
+def _on_experts(fn):
+    """fn(x, experts, ..) as a candidate: candidates take (experts, fused down layout or None)."""
+    return lambda x_TH, pair, ids_TK, weights_TK: fn(x_TH, pair[0], ids_TK, weights_TK)
+
+
+def _fused(x_TH, pair, ids_TK, weights_TK, **stages):
+    experts, down_fused = pair
+    return routed_experts_fused(x_TH, experts, down_fused, ids_TK, weights_TK, **stages)
+
+
 def _candidate(v: str):
-    """(name, fn) of one --variants entry."""
+    """(name, fn) of one --variants entry; fn(x, (experts, fused down layout or None), ids, weights)."""
+    name, fn = _candidate_on_experts(v) if not v.startswith("f") else (None, None)
+    if fn is not None:
+        return name, _on_experts(fn)
+    _, *st = v.split(":")
+    stages = dict(zip(("stages", "down_stages", "overlap", "down_tiles", "biased"), map(int, st)))
+    return f"fused_{v}", functools.partial(_fused, **stages)
+
+
+def _candidate_on_experts(v: str):
     if v.startswith("g:"):
         _, st, gus, *layout = v.split(":")
         paths = {(): "both", ("t",): "tokens", ("s",): "split"}[tuple(layout)]
@@ -132,10 +153,12 @@ def main(argv=None):
     experts, router, bias = jax.jit(moe_layer, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     jax.block_until_ready(experts)
     per_expert = nbytes(experts) // experts.num_experts
+    wanted = [args.profile.rsplit(":", 1)[0]] if args.profile else args.variants
+    down_fused = jax.jit(fused_down_layout)(experts.down) if any(v.startswith("f") for v in wanted) else None
+    pair = (experts, jax.block_until_ready(down_fused))
     if args.profile:
         v, t = args.profile.rsplit(":", 1)
-        run_for_profiler(functools.partial(routed_experts_wgmma, **_variant(v)), cfg, router, bias, experts, int(t),
-                         f"wgmma {v}", log)
+        run_for_profiler(_candidate(v)[1], cfg, router, bias, pair, int(t), v, log)
         return
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -153,11 +176,12 @@ def main(argv=None):
             log(f"T={t} reference failed ({type(e).__name__}); rel_err is against the Triton kernel")
             ref = None
             ref_name = "triton"
-        candidates = [("triton", functools.partial(routed_experts_pallas, cfg=kernel_config_for(t, experts)))]
+        candidates = [("triton", _on_experts(functools.partial(routed_experts_pallas,
+                                                                 cfg=kernel_config_for(t, experts))))]
         for v in args.variants:
             candidates.append(_candidate(v))
-            if args.gate_up_alone and not v.startswith("g:"):
-                candidates.append((f"gate_up_{v}", functools.partial(_gate_up_alone, **_variant(v))))
+            if args.gate_up_alone and not v.startswith(("g:", "f")):
+                candidates.append((f"gate_up_{v}", _on_experts(functools.partial(_gate_up_alone, **_variant(v)))))
         rows, chains = [], {}
         for name, fn in candidates:
             if time.time() - t_start > args.budget_s:
@@ -165,13 +189,13 @@ def main(argv=None):
             fl = floor_ms(unique * per_expert * 2 // 3 + x_TH.nbytes, HBM_TBS) if name.startswith("gate_up") else floor
             row = dict(name=name, tokens=t, unique_experts=unique, floor_ms=fl)  # gate_up alone: 2 of 3 matrices
             try:
-                compiled = jax.jit(fn).lower(x_TH, experts, ids_TK, weights_TK).compile()  # error and launches
+                compiled = jax.jit(fn).lower(x_TH, pair, ids_TK, weights_TK).compile()  # error and launches
                 if ref is None and name == "triton":
-                    ref = compiled(x_TH, experts, ids_TK, weights_TK)
+                    ref = compiled(x_TH, pair, ids_TK, weights_TK)
                 elif not name.startswith("gate_up"):
-                    row["rel_err"] = _rel_err(compiled(x_TH, experts, ids_TK, weights_TK), ref)
+                    row["rel_err"] = _rel_err(compiled(x_TH, pair, ids_TK, weights_TK), ref)
                     row["rel_err_against"] = ref_name
-                if name.startswith(("wgmma", "grouped")):
+                if name.startswith(("wgmma", "grouped", "fused")):
                     hlo = compiled.as_text()
                     row["launches"] = launches(hlo)
                     log(f"{name}: {len(row['launches'])} launches: {row['launches']}")
@@ -188,7 +212,7 @@ def main(argv=None):
                 if row["name"] not in chains or time.time() - t_start > args.budget_s:
                     continue
                 try:
-                    stats = per_call_ms(chains[row["name"]], (x_TH, experts, ids_TK, weights_TK))
+                    stats = per_call_ms(chains[row["name"]], (x_TH, pair, ids_TK, weights_TK))
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {e}"[:1500]
                     chains.pop(row["name"])

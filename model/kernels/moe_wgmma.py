@@ -97,7 +97,12 @@ def permute_K(v: jax.Array) -> jax.Array:
     return jnp.moveaxis(v, -1, -3).reshape(*lead, n)  # -> (c, p, j, e)
 
 
-def _nibble_pairs(w):
+# `_nibble_pairs(biased=True)` leaves out the subtraction: each value enters the wgmma as q + BIAS (exact in bf16), and
+# the caller subtracts BIAS * (the sum of B over the group) from each group's product
+BIAS = 136
+
+
+def _nibble_pairs(w, biased: bool = False):
     """[ROWS, TILE_K] int4 words of q + 8 in WGMMA_UPCAST_4X -> bf16 q in the WGMMA layout, columns in `permute_K`
     order. Per 32-bit word (8 values): 3 shifts and 4 LOP3 put the nibble pairs (p, p + 4) under a bf16 exponent
     as 128 + n, 4 packed subtractions of 136 give q. No cross-lane shuffle: each lane keeps its own words (the
@@ -117,23 +122,25 @@ def _nibble_pairs(w):
             word = mgpu_utils.bitcast(reg, i32)
             for p in range(4):
                 src = word if p == 0 else arith.shrui(word, arith.constant(i32, 4 * p))
-                pair = llvm.inline_asm(
-                    i32, [src],
-                    "{ .reg .b32 t, b; lop3.b32 t, $1, 0x000F000F, 0x43004300, 0xEA; mov.b32 b, 0x43084308; "
-                    "sub.bf16x2 $0, t, b; }", "=r,r")
+                asm = ("lop3.b32 $0, $1, 0x000F000F, 0x43004300, 0xEA;" if biased else
+                       "{ .reg .b32 t, b; lop3.b32 t, $1, 0x000F000F, 0x43004300, 0xEA; mov.b32 b, 0x43084308; "
+                       "sub.bf16x2 $0, t, b; }")
+                pair = llvm.inline_asm(i32, [src], asm, "=r,r")
                 out[(0, 4 * idx[1] + p, 0, 0, idx[4], 0, 0, 0, 0)] = mgpu_utils.bitcast(pair, bf16x2)
         return mgpu.FragmentedArray(_registers=out, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
     return convert(w)
 
 
-def _operand_A(w_smem, interpret: bool, convert: str):
-    """The wgmma's register operand: bf16 q of a [ROWS, TILE_K] tile, columns in `permute_K` order."""
+def _operand_A(w_smem, interpret: bool, convert: str, biased: bool = False):
+    """The wgmma's register operand: bf16 q of a [ROWS, TILE_K] tile (q + BIAS if `biased`, "pairs" only), columns in
+    `permute_K` order."""
     if interpret:  # the interpreter takes the plain value path (no layouts): same numbers, same column order
-        return input_order((w_smem[...] ^ jnp.int4(-8)).astype(jnp.bfloat16), convert)
+        q = (w_smem[...] ^ jnp.int4(-8)).astype(jnp.float32) + (BIAS if biased else 0)
+        return input_order(q.astype(jnp.bfloat16), convert)
     w = plgpu.load(w_smem, (), layout=plgpu.Layout.WGMMA_UPCAST_4X)
     if convert == "pairs":
-        return _nibble_pairs(w)
+        return _nibble_pairs(w, biased)
     # "mosaic": flip bit 3 to two's complement, Mosaic's relayout to WGMMA and signed int4 -> bf16 upcast; in
     # order, so the caller lays the inputs out unpermuted (see `input_order`)
     w = w ^ jnp.int4(-8)
