@@ -7,6 +7,8 @@ Pallas MoE when the shapes fit, elsewhere the plain reference paths `model.moe.e
   tiles streamed into shared memory by TMA, products on tensor cores;
 - otherwise up to PAIRS_MAX_TOKENS: moe_gemv.py, Triton, one slot per (token, choice) on CUDA cores;
 - above: moe_gather.py, Triton, tensor-core dots over the unique experts.
+Not dispatched, measured: moe_wgmma_grouped.py (the experts' tiles read once per group of tokens sharing them) and
+moe_wgmma_fused.py (decode's gate_up through down in one kernel; slower at one token, bench/results/README.md run 19).
 """
 
 from __future__ import annotations

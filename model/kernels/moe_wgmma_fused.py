@@ -15,13 +15,21 @@ F block b's tile row R holds H rows 4R .. 4R + 3, 64 F values each. A tile's wgm
 the block's 64 F values, its N = 8 columns being (H row 4R + g // 2, half g % 2 of the 64): group g's scale is
 that H row's scale of that 32-wide half, and y gets the two halves' sum. The F values within a block are
 stored in the inverse of `permute_K`'s order, so after `_nibble_pairs` the wgmma's column order is h's own:
-B's rows are h itself, not a permutation of it. B = [256, 8]: rows 64j .. 64j + 63 hold h in column 2j (first
-32) and 2j + 1 (last 32), zeros elsewhere.
+B's rows are h itself, not a permutation of it. B = [256, 16] ([K, N]: Mosaic swizzles no 16-byte rows, so 8
+columns of zeros pad it): rows 64j .. 64j + 63 hold h in column 2j (first 32) and 2j + 1 (last 32), zeros elsewhere.
 
 y is [T, H / 256, 64, 8] f32, zeros before the kernel; every program adds each down tile's [64, 8] share by a TMA
 reduce-add as soon as the tile is done (float addition in the order the programs land: not bitwise deterministic
 across runs). Under the interpreter (no TMA reductions) each program stores its shares to its own row and XLA adds
 them.
+
+Measured on the H200 (bench/results/README.md, run 19): correct (rel_err 5.1e-3 against the reference, as the
+two kernels), but slower than moe_wgmma's two kernels at one token: 65.6-68 us for the kernel alone in Nsight
+Compute (2.9-3.06 TB/s) against 62.4 for the two, 74-79 us a layer call in the lab against 66-69. At one token
+there are only 256 programs (8 slots x 32 F blocks), about two warpgroups an SM, where the two kernels keep four
+(registers cap them there); the warps stall on their loads (long scoreboard) more than on issue: the biased
+conversion (one instruction fewer a pair) cut issued instructions by a fifth and did not shorten the kernel. The
+engine does not dispatch it (`model.kernels`); it stays as the measured one-kernel design.
 """
 
 from __future__ import annotations
@@ -238,7 +246,7 @@ def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_
 
 def routed_experts_fused(x_TH, experts, down_fused: Int4Weight, ids_TK, weights_TK, *, stages: int = STAGES,
                          down_stages: int = DOWN_STAGES, overlap: bool = True, down_tiles: int = 2,
-                         biased: bool = True, interpret: bool = False) -> jax.Array:
+                         biased: bool = False, interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`); `down_fused` is
     `fused_down_layout(experts.down)`, laid out once when the weights are loaded. `overlap`: gate_up converts both
     tiles of a step before one wait (moe_wgmma's `overlap`); `down_tiles`: fused-down tiles a down step streams."""
