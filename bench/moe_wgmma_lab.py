@@ -119,7 +119,7 @@ def _variant(v: str) -> dict:
     down_st = rest[1] if len(rest) > 1 else st
     order = rest[2] if len(rest) > 2 else "o"
     down_ks = rest[3] if len(rest) > 3 else "1"
-    return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=bool(int(ov)),
+    return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=int(ov),
                 convert={"p": "pairs", "m": "mosaic"}[conv], permute_h={"a": "after", "b": "before"}[perm],
                 down_stages=int(down_st), slots_inner={"o": False, "i": True}[order], down_k_splits=int(down_ks))
 

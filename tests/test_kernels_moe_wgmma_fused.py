@@ -44,8 +44,7 @@ def _nibbles(packed) -> np.ndarray:
     return ((p[..., None] >> (4 * np.arange(8, dtype=np.uint64))) & 0xF).reshape(*p.shape[:-1], -1)
 
 
-@pytest.mark.parametrize("t,options", [(1, {}), (2, {"biased": True, "down_tiles": 1}),
-                                       (1, {"biased": True, "stages": 3, "down_stages": 2})])
+@pytest.mark.parametrize("t,options", [(1, {}), (2, {"biased": True, "down_tiles": 1, "stages": 3, "down_stages": 2})])
 def test_interpret_matches_reference(experts, down_fused, t, options):
     x = jax.random.normal(jax.random.PRNGKey(t), (t, H)).astype(jnp.bfloat16)
     rng = np.random.default_rng(t)
@@ -97,7 +96,7 @@ def test_bad_layouts_are_refused(experts):
                                    interpret=True)
 
 
-@pytest.mark.parametrize("options", [{}, {"biased": True, "down_tiles": 1}])
+@pytest.mark.parametrize("options", [{}, {"biased": True, "down_tiles": 1}, {"overlap": 2}])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct

@@ -85,14 +85,20 @@ def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, paths):
 
 
 def test_lab_names_its_variants():
-    from bench.moe_wgmma_lab import _candidate
+    from bench.moe_wgmma_lab import _candidate, _candidate_on_experts
 
-    name, fn = _candidate("g:2:4")
+    name, fn = _candidate_on_experts("g:2:4")
     assert name == "grouped_2:4" and fn.keywords == dict(stages=2, gate_up_splits=4, paths="both")
-    assert _candidate("g:3:2:t")[1].keywords["paths"] == "tokens"
-    assert _candidate("g:2:4:s")[1].keywords["paths"] == "split"
+    assert _candidate("g:2:4")[0] == name  # the lab's candidates take (experts, fused down layout) as one argument
+    assert _candidate_on_experts("g:3:2:t")[1].keywords["paths"] == "tokens"
+    assert _candidate_on_experts("g:2:4:s")[1].keywords["paths"] == "split"
     assert _candidate("2:4:8:0:p:b")[0] == "wgmma_2:4:8:0:p:b"
-    assert _candidate("2:4:8:0:p:b")[1].keywords["down_k_splits"] == 1
-    assert _candidate("2:7:8:0:p:b:2:o:2")[1].keywords == dict(
+    assert _candidate_on_experts("2:4:8:0:p:b")[1].keywords["down_k_splits"] == 1
+    assert _candidate_on_experts("2:7:8:2:p:b")[1].keywords["overlap"] == 2
+    name, fn = _candidate("f:4:4:1:2:0")
+    assert name == "fused_f:4:4:1:2:0" and fn.keywords == dict(stages=4, down_stages=4, overlap=1, down_tiles=2,
+                                                                biased=0)
+    assert _candidate("f")[1].keywords == {}
+    assert _candidate_on_experts("2:7:8:0:p:b:2:o:2")[1].keywords == dict(
         stages=2, gate_up_splits=7, down_splits=8, overlap=False, convert="pairs", permute_h="before", down_stages=2,
         slots_inner=False, down_k_splits=2)

@@ -168,19 +168,22 @@ def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str):
     return acc + p * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
 
 
-def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: bool = False, convert: str = "pairs"):
+def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: int = 0, convert: str = "pairs"):
     """`_tile_product` for each (weight, scales) tile of `tiles` with the same input b. One after another by
     default: each tile's operand (64 registers a thread) is converted after the previous wgmma completed, so
     two operands are never live at once (gate_up: 168 -> 128 registers, 3 -> 4 programs an SM; T=4 251 -> 236 us,
     bench/results/moe-wgmma-lab-gpu-20261130-0104 / -0107). With `overlap` every tile is converted first and
-    one wait covers all the wgmmas."""
+    one wait covers all the wgmmas; with `overlap=2` each tile is converted while the previous tile's wgmma runs
+    (issued without a wait), one wait at the end."""
     if interpret or not overlap:
         return tuple(_tile_product(w, s, b_smem, acc, interpret, convert) for (w, s), acc in zip(tiles, accs))
-    ws = [_operand_A(w_smem, interpret, convert) for w_smem, _ in tiles]
+    interleave = overlap == 2
+    ws = [] if interleave else [_operand_A(w_smem, interpret, convert) for w_smem, _ in tiles]
     b = plgpu.transpose_ref(b_smem, (1, 0))
 
     def products(*acc_refs):
-        for w, acc_ref in zip(ws, acc_refs):
+        for i, acc_ref in enumerate(acc_refs):
+            w = _operand_A(tiles[i][0], interpret, convert) if interleave else ws[i]
             plgpu.wgmma(acc_ref, w, b)
         plgpu.wgmma_wait(0)
         return tuple(acc_ref[...] for acc_ref in acc_refs)

@@ -154,20 +154,21 @@ def _B_group_sums(b_smem, interpret: bool):
     return BIAS * pl.run_scoped(product, plgpu.ACC((ROWS, B_COLS), jnp.float32))[:, :GROUPS]
 
 
-def _down_tiles(w_smem, s_smem, b_smem, tiles: int, interpret: bool, c=None) -> list:
-    """[64, 8] f32 per fused-down tile of the step: s[R, g] * sum over k of group g of q[R, k] * B[k, g]. The
-    tiles' operands are all converted before one wait covers their wgmmas (registers are spare at ~2 programs an
-    SM, and the conversions of one tile overlap the other's product)."""
+def _down_tiles(w_smem, s_smem, b_smem, tiles: int, interpret: bool, c=None, interleave: bool = False) -> list:
+    """[64, 8] f32 per fused-down tile of the step: s[R, g] * sum over k of group g of q[R, k] * B[k, g] (minus c, the
+    biased operand's share, when given). The tiles' operands are all converted before their wgmmas (`interleave`:
+    each while the previous tile's wgmma runs); one wait covers them (registers are spare at ~2 programs an SM)."""
     rows = [pl.ds(i * ROWS, ROWS) for i in range(tiles)]
-    ws = [_operand_A(w_smem.at[r], interpret, "pairs", biased=c is not None) for r in rows]
+    convert = lambda r: _operand_A(w_smem.at[r], interpret, "pairs", biased=c is not None)  # noqa: E731
+    ws = [] if interleave and not interpret else [convert(r) for r in rows]
     if interpret:
         ps = [jnp.dot(w, b_smem[...], preferred_element_type=jnp.float32)[:, :GROUPS] for w in ws]
         ps = ps if c is None else [p - c for p in ps]
         return [p * s_smem[r].astype(jnp.float32) for p, r in zip(ps, rows)]
 
     def products(*acc_refs):
-        for w, acc_ref in zip(ws, acc_refs):
-            plgpu.wgmma(acc_ref, w, b_smem)
+        for i, acc_ref in enumerate(acc_refs):
+            plgpu.wgmma(acc_ref, convert(rows[i]) if interleave else ws[i], b_smem)
         plgpu.wgmma_wait(0)
         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
@@ -220,7 +221,7 @@ def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_
 
         def down_step(idx, dq_smem, ds_smem):
             n = idx[0]
-            ys = _down_tiles(dq_smem, ds_smem, b_smem, down_tiles, interpret, c_down)
+            ys = _down_tiles(dq_smem, ds_smem, b_smem, down_tiles, interpret, c_down, interleave=overlap == 2)
             tiles = pl.ds(n * down_tiles, down_tiles)
             if interpret:  # no TMA reductions there: the shares go to the program's own row
                 for i, y in enumerate(ys):
@@ -245,11 +246,14 @@ def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_
 
 
 def routed_experts_fused(x_TH, experts, down_fused: Int4Weight, ids_TK, weights_TK, *, stages: int = STAGES,
-                         down_stages: int = DOWN_STAGES, overlap: bool = True, down_tiles: int = 2,
+                         down_stages: int = DOWN_STAGES, overlap: int = 1, down_tiles: int = 2,
                          biased: bool = False, interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`); `down_fused` is
     `fused_down_layout(experts.down)`, laid out once when the weights are loaded. `overlap`: gate_up converts both
-    tiles of a step before one wait (moe_wgmma's `overlap`); `down_tiles`: fused-down tiles a down step streams."""
+    tiles of a step before one wait (moe_wgmma's `overlap`; 2: each tile converted while the previous tile's wgmma
+    runs, down's tiles too); `down_tiles`: fused-down tiles a down step streams; `biased`: the int4 operands enter
+    the wgmma as q + BIAS (one instruction fewer per pair of values) and each product subtracts BIAS * its input's
+    group sums (gate_up: from XLA, down: one wgmma of ones against h's B)."""
     if not supports(experts):
         raise ValueError(f"moe_wgmma_fused takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and "
                          f"dims in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
