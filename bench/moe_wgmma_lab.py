@@ -54,8 +54,10 @@ def parse_args(argv):
                         "grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down kernel's splits of F, "
                         "default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel "
                         "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
-                        "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED]]]]] the one-kernel decode path (moe_wgmma_fused.py; down laid out once "
-                        "before the timings)")
+                        "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED]]]]] the one-kernel decode "
+                        "path (moe_wgmma_fused.py; down laid out once before the timings). OVERLAP 0 converts each "
+                        "tile after the previous wgmma finished, 1 all of a step's tiles first, 2 each while the "
+                        "previous one's wgmma runs")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")

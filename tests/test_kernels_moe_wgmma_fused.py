@@ -17,21 +17,7 @@ from model.kernels import moe_wgmma_fused as fused
 from model.kernels.moe_wgmma import permute_K
 from model.moe import ExpertWeights, experts_gather
 from model.quant import Int4Weight
-
-E, F, H, K = 6, 256, 512, 4
-
-
-def _int4(key, e, out, inp, group=32):
-    kb, ks = jax.random.split(key)
-    packed = jax.random.bits(kb, (e, out, inp // 8), jnp.uint32)
-    scale = (0.01 + 0.05 * jax.random.uniform(ks, (e, out, inp // group))).astype(jnp.bfloat16)
-    return Int4Weight(packed, scale)
-
-
-@pytest.fixture(scope="module")
-def experts():
-    kg, ku, kd = jax.random.split(jax.random.PRNGKey(0), 3)
-    return ExpertWeights(_int4(kg, E, F, H), _int4(ku, E, F, H), _int4(kd, E, H, F))
+from tests.test_kernels_moe_wgmma import E, F, H, K, experts  # noqa: F401  (the same small INT4 experts: a fixture)
 
 
 @pytest.fixture(scope="module")

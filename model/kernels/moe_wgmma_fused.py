@@ -43,7 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from model.kernels.moe_wgmma import (BIAS, GROUPS, ROWS, STAGES, TILE_K, _interpret_kw, _operand_A, _specs,
-                                     _tile_products, _transforms, _wgmma_input, _zeros, input_order, int4_nibbles,
+                                     _tile_products, _transforms, _wgmma_input, _zeros, int4_nibbles,
                                      supports)
 from model.quant import Int4Weight
 
