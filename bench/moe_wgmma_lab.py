@@ -54,10 +54,11 @@ def parse_args(argv):
                         "grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down kernel's splits of F, "
                         "default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel "
                         "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
-                        "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED]]]]] the one-kernel decode "
+                        "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED[:CONVERT]]]]]] the one-kernel decode "
                         "path (moe_wgmma_fused.py; down laid out once before the timings). OVERLAP 0 converts each "
                         "tile after the previous wgmma finished, 1 all of a step's tiles first, 2 each while the "
-                        "previous one's wgmma runs")
+                        "previous one's wgmma runs; CONVERT n (either kernel): a diagnostic with wrong results, ones in place of "
+                        "each int4 tile (streamed, never converted)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
@@ -91,9 +92,9 @@ def _on_experts(fn):
     return lambda x_TH, pair, ids_TK, weights_TK: fn(x_TH, pair[0], ids_TK, weights_TK)
 
 
-def _fused(x_TH, pair, ids_TK, weights_TK, **stages):
+def _fused(x_TH, pair, ids_TK, weights_TK, **options):
     experts, down_fused = pair
-    return routed_experts_fused(x_TH, experts, down_fused, ids_TK, weights_TK, **stages)
+    return routed_experts_fused(x_TH, experts, down_fused, ids_TK, weights_TK, **options)
 
 
 def _candidate(v: str):
@@ -102,8 +103,10 @@ def _candidate(v: str):
     if fn is not None:
         return name, _on_experts(fn)
     _, *st = v.split(":")
-    stages = dict(zip(("stages", "down_stages", "overlap", "down_tiles", "biased"), map(int, st)))
-    return f"fused_{v}", functools.partial(_fused, **stages)
+    options = dict(zip(("stages", "down_stages", "overlap", "down_tiles", "biased"), map(int, st[:5])))
+    if len(st) > 5:
+        options["convert"] = {"p": "pairs", "n": "none"}[st[5]]
+    return f"fused_{v}", functools.partial(_fused, **options)
 
 
 def _candidate_on_experts(v: str):
@@ -122,7 +125,7 @@ def _variant(v: str) -> dict:
     order = rest[2] if len(rest) > 2 else "o"
     down_ks = rest[3] if len(rest) > 3 else "1"
     return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=int(ov),
-                convert={"p": "pairs", "m": "mosaic"}[conv], permute_h={"a": "after", "b": "before"}[perm],
+                convert={"p": "pairs", "m": "mosaic", "n": "none"}[conv], permute_h={"a": "after", "b": "before"}[perm],
                 down_stages=int(down_st), slots_inner={"o": False, "i": True}[order], down_k_splits=int(down_ks))
 
 

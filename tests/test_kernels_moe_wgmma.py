@@ -178,3 +178,15 @@ def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
                                 sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
     assert text.count("mosaic_gpu") >= 2  # both kernels became Mosaic GPU custom calls
+
+
+def test_diagnostic_without_conversion_computes_weights_of_ones(experts):
+    """convert="none" (bench's diagnostic) feeds the wgmma ones in place of each tile: the result of experts whose every
+    int4 value is 1 (nibble 9) under the same scales, so the streamed tiles' bytes never matter."""
+    ones = lambda w: Int4Weight(jnp.full_like(w.packed, 0x99999999), w.scale)  # noqa: E731
+    experts_1 = ExpertWeights(ones(experts.gate), ones(experts.up), ones(experts.down))
+    x = jax.random.normal(jax.random.PRNGKey(5), (1, H)).astype(jnp.bfloat16)
+    ids, w = _routing(1, 5)
+    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, convert="none", interpret=True))
+    out = fn(x, experts, ids, w)
+    assert _rel_err(out, experts_gather(x.astype(jnp.float32), experts_1, ids, w)) < 1e-2

@@ -93,3 +93,16 @@ def test_lowers_to_mosaic_gpu_at_kimi_shapes(options):
     lowered = jax.jit(fn).trace(sd((1, h), jnp.bfloat16), experts, down_fused, sd((1, 8), jnp.int32),
                                 sd((1, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
     assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_diagnostic_without_conversion_computes_weights_of_ones(experts, down_fused):
+    ones = lambda w: Int4Weight(jnp.full_like(w.packed, 0x99999999), w.scale)  # noqa: E731  (int4 value 1 everywhere)
+    experts_1 = ExpertWeights(ones(experts.gate), ones(experts.up), ones(experts.down))
+    x = jax.random.normal(jax.random.PRNGKey(6), (1, H)).astype(jnp.bfloat16)
+    ids, w = jnp.asarray([[0, 2, 3, 5]], jnp.int32), jnp.asarray([[0.4, 0.3, 0.2, 0.1]], jnp.float32)
+    out = jax.jit(functools.partial(fused.routed_experts_fused, convert="none", interpret=True))(x, experts, down_fused,
+                                                                                               ids, w)
+    ref = np.asarray(experts_gather(x.astype(jnp.float32), experts_1, ids, w), np.float64)
+    assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 1e-2
+    with pytest.raises(ValueError, match="convert must be"):
+        fused.routed_experts_fused(x, experts, down_fused, ids, w, convert="mosaic", interpret=True)

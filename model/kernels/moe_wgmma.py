@@ -135,6 +135,9 @@ def _nibble_pairs(w, biased: bool = False):
 def _operand_A(w_smem, interpret: bool, convert: str, biased: bool = False):
     """The wgmma's register operand: bf16 q of a [ROWS, TILE_K] tile (q + BIAS if `biased`, "pairs" only), columns in
     `permute_K` order."""
+    if convert == "none":  # diagnostic, wrong results: ones in place of the tile, which is streamed and never read
+        ones = jnp.ones((ROWS, TILE_K), jnp.bfloat16)
+        return ones if interpret else plgpu.layout_cast(ones, plgpu.Layout.WGMMA)
     if interpret:  # the interpreter takes the plain value path (no layouts): same numbers, same column order
         q = (w_smem[...] ^ jnp.int4(-8)).astype(jnp.float32) + (BIAS if biased else 0)
         return input_order(q.astype(jnp.bfloat16), convert)
@@ -348,8 +351,10 @@ def _sum_leading(v: jax.Array) -> jax.Array:
 
 
 def _check_convert(convert: str) -> None:
-    if convert not in ("pairs", "mosaic"):
-        raise ValueError(f"moe_wgmma convert must be 'pairs' or 'mosaic', not {convert!r}")
+    """"pairs" / "mosaic" (`_operand_A`); "none" is a diagnostic with wrong results (no int4 conversion: what the
+    kernel takes without it, bench/moe_wgmma_lab.py's CONVERT n)."""
+    if convert not in ("pairs", "mosaic", "none"):
+        raise ValueError(f"moe_wgmma convert must be 'pairs', 'mosaic' or 'none', not {convert!r}")
 
 
 def _wgmma_input(v_SK: jax.Array, convert: str) -> jax.Array:

@@ -28,8 +28,9 @@ two kernels), but slower than moe_wgmma's two kernels at one token: 65.6-68 us f
 Compute (2.9-3.06 TB/s) against 62.4 for the two, 74-79 us a layer call in the lab against 66-69. At one token
 there are only 256 programs (8 slots x 32 F blocks), about two warpgroups an SM, where the two kernels keep four
 (registers cap them there); the warps stall on their loads (long scoreboard) more than on issue: the biased
-conversion (one instruction fewer a pair) cut issued instructions by a fifth and did not shorten the kernel. The
-engine does not dispatch it (`model.kernels`); it stays as the measured one-kernel design.
+conversion (one instruction fewer a pair) cut issued instructions by a fifth and did not shorten the kernel, and
+with no conversion at all (`convert="none"`, a diagnostic) it still takes 64-66 us. The engine does not dispatch it
+(`model.kernels`); it stays as the measured one-kernel design.
 """
 
 from __future__ import annotations
@@ -117,10 +118,10 @@ def _broadcast_rows(c_smem, interpret: bool):
     return jax.lax.broadcast_in_dim(c, (ROWS, GROUPS), (1,))
 
 
-def _biased_products(tiles, b_smem, c, accs, interpret: bool):
+def _biased_products(tiles, b_smem, c, accs, interpret: bool, convert: str = "pairs"):
     """acc[r, g] += s[r, g] * (sum over k of group g of (q[r, k] + BIAS) * b[g, k] - c[r, g]) for each (weight, scales)
     tile, c = BIAS * the group sums of b: the operands skip the conversion's subtraction. Both converted, one wait."""
-    ws = [_operand_A(w_smem, interpret, "pairs", biased=True) for w_smem, _ in tiles]
+    ws = [_operand_A(w_smem, interpret, convert, biased=True) for w_smem, _ in tiles]
     if interpret:
         ps = [jax.lax.dot_general(w, b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
               for w in ws]
@@ -154,13 +155,14 @@ def _B_group_sums(b_smem, interpret: bool):
     return BIAS * pl.run_scoped(product, plgpu.ACC((ROWS, B_COLS), jnp.float32))[:, :GROUPS]
 
 
-def _down_tiles(w_smem, s_smem, b_smem, tiles: int, interpret: bool, c=None, interleave: bool = False) -> list:
+def _down_tiles(w_smem, s_smem, b_smem, tiles: int, interpret: bool, c=None, interleave: bool = False,
+                convert: str = "pairs") -> list:
     """[64, 8] f32 per fused-down tile of the step: s[R, g] * sum over k of group g of q[R, k] * B[k, g] (minus c, the
     biased operand's share, when given). The tiles' operands are all converted before their wgmmas (`interleave`:
     each while the previous tile's wgmma runs); one wait covers them (registers are spare at ~2 programs an SM)."""
     rows = [pl.ds(i * ROWS, ROWS) for i in range(tiles)]
-    convert = lambda r: _operand_A(w_smem.at[r], interpret, "pairs", biased=c is not None)  # noqa: E731
-    ws = [] if interleave and not interpret else [convert(r) for r in rows]
+    operand = lambda r: _operand_A(w_smem.at[r], interpret, convert, biased=c is not None)  # noqa: E731
+    ws = [] if interleave and not interpret else [operand(r) for r in rows]
     if interpret:
         ps = [jnp.dot(w, b_smem[...], preferred_element_type=jnp.float32)[:, :GROUPS] for w in ws]
         ps = ps if c is None else [p - c for p in ps]
@@ -168,7 +170,7 @@ def _down_tiles(w_smem, s_smem, b_smem, tiles: int, interpret: bool, c=None, int
 
     def products(*acc_refs):
         for i, acc_ref in enumerate(acc_refs):
-            plgpu.wgmma(acc_ref, convert(rows[i]) if interleave else ws[i], b_smem)
+            plgpu.wgmma(acc_ref, operand(rows[i]) if interleave else ws[i], b_smem)
         plgpu.wgmma_wait(0)
         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
@@ -179,7 +181,7 @@ def _down_tiles(w_smem, s_smem, b_smem, tiles: int, interpret: bool, c=None, int
 
 
 def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_ref, us_ref, dq_ref, ds_ref, y_ref, *,
-                  n_k, n_h, choices, stages, down_stages, overlap, down_tiles, biased, interpret):
+                  n_k, n_h, choices, stages, down_stages, overlap, down_tiles, biased, convert, interpret):
     slot, fb = jax.lax.axis_index("slot"), jax.lax.axis_index("fblock")
     e, t = expert_ref[slot], slot // choices
 
@@ -195,8 +197,8 @@ def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_
             tiles = ((gq_smem, gs_smem), (uq_smem, us_smem))
             if biased:
                 c = _broadcast_rows(xsum_smem.at[idx[0]], interpret)
-                return _biased_products(tiles, xbd_smem, c, carry, interpret)
-            return _tile_products(tiles, xbd_smem, carry, interpret, overlap)
+                return _biased_products(tiles, xbd_smem, c, carry, interpret, convert)
+            return _tile_products(tiles, xbd_smem, carry, interpret, overlap, convert)
 
         return plgpu.emit_pipeline(gate_up_step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
                                    init_carry=(_zeros(interpret), _zeros(interpret)))(
@@ -221,7 +223,8 @@ def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_
 
         def down_step(idx, dq_smem, ds_smem):
             n = idx[0]
-            ys = _down_tiles(dq_smem, ds_smem, b_smem, down_tiles, interpret, c_down, interleave=overlap == 2)
+            ys = _down_tiles(dq_smem, ds_smem, b_smem, down_tiles, interpret, c_down, interleave=overlap == 2,
+                             convert=convert)
             tiles = pl.ds(n * down_tiles, down_tiles)
             if interpret:  # no TMA reductions there: the shares go to the program's own row
                 for i, y in enumerate(ys):
@@ -247,13 +250,16 @@ def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_
 
 def routed_experts_fused(x_TH, experts, down_fused: Int4Weight, ids_TK, weights_TK, *, stages: int = STAGES,
                          down_stages: int = DOWN_STAGES, overlap: int = 1, down_tiles: int = 2,
-                         biased: bool = False, interpret: bool = False) -> jax.Array:
+                         biased: bool = False, convert: str = "pairs", interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`); `down_fused` is
     `fused_down_layout(experts.down)`, laid out once when the weights are loaded. `overlap`: gate_up converts both
     tiles of a step before one wait (moe_wgmma's `overlap`; 2: each tile converted while the previous tile's wgmma
     runs, down's tiles too); `down_tiles`: fused-down tiles a down step streams; `biased`: the int4 operands enter
     the wgmma as q + BIAS (one instruction fewer per pair of values) and each product subtracts BIAS * its input's
-    group sums (gate_up: from XLA, down: one wgmma of ones against h's B)."""
+    group sums (gate_up: from XLA, down: one wgmma of ones against h's B); `convert`: "pairs", or "none" for the
+    diagnostic without int4 conversion (wrong results)."""
+    if convert not in ("pairs", "none"):
+        raise ValueError(f"moe_wgmma_fused convert must be 'pairs' or 'none' (the diagnostic), not {convert!r}")
     if not supports(experts):
         raise ValueError(f"moe_wgmma_fused takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and "
                          f"dims in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
@@ -270,7 +276,7 @@ def routed_experts_fused(x_TH, experts, down_fused: Int4Weight, ids_TK, weights_
     weight_U = weights_TK.reshape(t * k).astype(jnp.float32)
     body = functools.partial(_fused_kernel, n_k=hidden // TILE_K, n_h=n_h, choices=k, stages=stages,
                              down_stages=down_stages, overlap=overlap, down_tiles=down_tiles, biased=biased,
-                             interpret=interpret)
+                             convert=convert, interpret=interpret)
     mesh = plgpu.Mesh(grid=(t * k, f // F_BLOCK), grid_names=("slot", "fblock"))
     operands = (expert_U, weight_U, _wgmma_input(x_TH, "pairs"), _group_sums_x(x_TH), int4_nibbles(experts.gate),
                 experts.gate.scale,
