@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
 for c in "$@"; do
   echo "=== $c"
-  timeout "${PROFILE_TIMEOUT:-200}" ncu --clock-control none --kernel-name "regex:mosaic_gpu|fused" --launch-count 3 \
+  timeout "${PROFILE_TIMEOUT:-90}" ncu --clock-control none --kernel-name "regex:mosaic_gpu|fused" --launch-count 3 \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,gpu__time_duration.sum,dram__bytes_read.sum.per_second,smsp__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active" \
     python3 -m bench.moe_wgmma_lab --profile "$c" 2>&1 | grep -v -i "warn"
 done > "$OUT/ncu-stalls.txt" 2>&1
