@@ -37,6 +37,7 @@ from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
 from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
+from model.kernels.moe_wgmma_blocked_down import routed_experts_blocked_down  # noqa: E402
 from model.kernels.moe_wgmma_fused import fused_down_layout, routed_experts_fused  # noqa: E402
 from model.kernels.moe_wgmma_grouped import routed_experts_grouped  # noqa: E402
 from model.moe import experts_gather  # noqa: E402
@@ -58,7 +59,8 @@ def parse_args(argv):
                         "path (moe_wgmma_fused.py; down laid out once before the timings). OVERLAP 0 converts each "
                         "tile after the previous wgmma finished, 1 all of a step's tiles first, 2 each while the "
                         "previous one's wgmma runs; CONVERT n (either kernel): a diagnostic with wrong results, ones in place of "
-                        "each int4 tile (streamed, never converted)")
+                        "each int4 tile (streamed, never converted); d:GATE_UP_SPLITS:DOWN_SPLITS:DOWN_K_SPLITS "
+                        "moe_wgmma's gate_up with the down kernel over F-blocked tiles (moe_wgmma_blocked_down.py)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
@@ -97,11 +99,20 @@ def _fused(x_TH, pair, ids_TK, weights_TK, **options):
     return routed_experts_fused(x_TH, experts, down_fused, ids_TK, weights_TK, **options)
 
 
+def _blocked_down(x_TH, pair, ids_TK, weights_TK, **options):
+    experts, down_fused = pair
+    return routed_experts_blocked_down(x_TH, experts, down_fused, ids_TK, weights_TK, **options)
+
+
 def _candidate(v: str):
     """(name, fn) of one --variants entry; fn(x, (experts, fused down layout or None), ids, weights)."""
-    name, fn = _candidate_on_experts(v) if not v.startswith("f") else (None, None)
+    name, fn = _candidate_on_experts(v) if not v.startswith(("f", "d:")) else (None, None)
     if fn is not None:
         return name, _on_experts(fn)
+    if v.startswith("d:"):
+        _, gus, ds, dks = v.split(":")
+        return f"blocked_down_{v[2:]}", functools.partial(_blocked_down, gate_up_splits=int(gus), down_splits=int(ds),
+                                                          down_k_splits=int(dks))
     _, *st = v.split(":")
     options = dict(zip(("stages", "down_stages", "overlap", "down_tiles", "biased"), map(int, st[:5])))
     if len(st) > 5:
@@ -159,7 +170,8 @@ def main(argv=None):
     jax.block_until_ready(experts)
     per_expert = nbytes(experts) // experts.num_experts
     wanted = [args.profile.rsplit(":", 1)[0]] if args.profile else args.variants
-    down_fused = jax.jit(fused_down_layout)(experts.down) if any(v.startswith("f") for v in wanted) else None
+    blocked = any(v.startswith(("f", "d:")) for v in wanted)
+    down_fused = jax.jit(fused_down_layout)(experts.down) if blocked else None
     pair = (experts, jax.block_until_ready(down_fused))
     if args.profile:
         v, t = args.profile.rsplit(":", 1)
@@ -185,7 +197,7 @@ def main(argv=None):
                                                                  cfg=kernel_config_for(t, experts))))]
         for v in args.variants:
             candidates.append(_candidate(v))
-            if args.gate_up_alone and not v.startswith(("g:", "f")):
+            if args.gate_up_alone and not v.startswith(("g:", "f", "d:")):
                 candidates.append((f"gate_up_{v}", _on_experts(functools.partial(_gate_up_alone, **_variant(v)))))
         rows, chains = [], {}
         for name, fn in candidates:
@@ -200,7 +212,7 @@ def main(argv=None):
                 elif not name.startswith("gate_up"):
                     row["rel_err"] = _rel_err(compiled(x_TH, pair, ids_TK, weights_TK), ref)
                     row["rel_err_against"] = ref_name
-                if name.startswith(("wgmma", "grouped", "fused")):
+                if name.startswith(("wgmma", "grouped", "fused", "blocked")):
                     hlo = compiled.as_text()
                     row["launches"] = launches(hlo)
                     log(f"{name}: {len(row['launches'])} launches: {row['launches']}")
