@@ -23,9 +23,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _interpret_kw, _specs, _sum_leading,
-                                     _tile_products, _zeros, block_diagonal_SNGK, gate_up_sums, int4_nibbles,
-                                     supports)
-from model.kernels.moe_wgmma_fused import F_BLOCK, SEGMENTS
+                                     _tile_products, _zeros, block_diagonal_SNGK, gate_up_sums, int4_nibbles)
+from model.kernels.moe_wgmma_fused import F_BLOCK, SEGMENTS, check_down_fused
 from model.quant import Int4Weight
 
 
@@ -82,14 +81,8 @@ def routed_experts_blocked_down(x_TH, experts, down_fused: Int4Weight, ids_TK, w
                                 interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`); `down_fused` is
     `fused_down_layout(experts.down)`."""
-    if not supports(experts):
-        raise ValueError(f"moe_wgmma_blocked_down takes INT4 experts with bf16 scales of group size "
-                         f"{TILE_K // GROUPS} and dims in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
-    e, f, hidden = experts.gate.shape
-    want = (e, f // F_BLOCK, hidden // SEGMENTS, TILE_K)
-    if down_fused.shape != want:
-        raise ValueError(f"moe_wgmma_blocked_down: down_fused is {down_fused.shape}, expected {want} "
-                         f"(fused_down_layout of down {experts.down.shape})")
+    check_down_fused(experts, down_fused, "moe_wgmma_blocked_down")
+    f, hidden = experts.gate.shape[1:]
     t, k = ids_TK.shape
     if k % down_splits or (f // F_BLOCK) % down_k_splits:  # before any kernel runs
         raise ValueError(f"down_splits={down_splits} must divide the {k} choices and down_k_splits={down_k_splits} "

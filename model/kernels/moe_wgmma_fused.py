@@ -84,6 +84,18 @@ def fused_down_layout(down: Int4Weight) -> Int4Weight:
     return Int4Weight(packed, scale)
 
 
+def check_down_fused(experts, down_fused: Int4Weight, kernel: str) -> None:
+    """`kernel` takes these INT4 experts (`supports`) and `down_fused` is `fused_down_layout(experts.down)`'s shape."""
+    if not supports(experts):
+        raise ValueError(f"{kernel} takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and dims in "
+                         f"whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
+    e, f, hidden = experts.gate.shape
+    want = (e, f // F_BLOCK, hidden // SEGMENTS, TILE_K)
+    if down_fused.shape != want:
+        raise ValueError(f"{kernel}: down_fused is {down_fused.shape}, expected {want} "
+                         f"(fused_down_layout of down {experts.down.shape})")
+
+
 def _permute_K_numpy(v: np.ndarray) -> np.ndarray:
     """`permute_K` on a host array (a constant of the layout, not traced)."""
     return np.moveaxis(v.reshape(-1, 4, 2, 4), -1, -3).reshape(v.shape)
@@ -260,14 +272,8 @@ def routed_experts_fused(x_TH, experts, down_fused: Int4Weight, ids_TK, weights_
     diagnostic without int4 conversion (wrong results)."""
     if convert not in ("pairs", "none"):
         raise ValueError(f"moe_wgmma_fused convert must be 'pairs' or 'none' (the diagnostic), not {convert!r}")
-    if not supports(experts):
-        raise ValueError(f"moe_wgmma_fused takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and "
-                         f"dims in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
-    e, f, hidden = experts.gate.shape
-    want = (e, f // F_BLOCK, hidden // SEGMENTS, TILE_K)
-    if down_fused.shape != want:
-        raise ValueError(f"moe_wgmma_fused: down_fused is {down_fused.shape}, expected {want} "
-                         f"(fused_down_layout of down {experts.down.shape})")
+    check_down_fused(experts, down_fused, "moe_wgmma_fused")
+    _, f, hidden = experts.gate.shape
     t, k = ids_TK.shape
     n_h = hidden // TILE_K
     if n_h % down_tiles:
