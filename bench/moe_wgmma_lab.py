@@ -55,11 +55,12 @@ def parse_args(argv):
                         "grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down kernel's splits of F, "
                         "default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel "
                         "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
-                        "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED[:CONVERT]]]]]] the one-kernel decode "
-                        "path (moe_wgmma_fused.py; down laid out once before the timings). OVERLAP 0 converts each "
-                        "tile after the previous wgmma finished, 1 all of a step's tiles first, 2 each while the "
-                        "previous one's wgmma runs; CONVERT n (either kernel): a diagnostic with wrong results, ones in place of "
-                        "each int4 tile (streamed, never converted); d:GATE_UP_SPLITS:DOWN_SPLITS:DOWN_K_SPLITS "
+                        "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED[:CONVERT]]]]]] the "
+                        "one-kernel decode path (moe_wgmma_fused.py; down laid out once before the timings). "
+                        "OVERLAP 0 converts each tile after the previous wgmma finished, 1 all of a step's tiles "
+                        "first, 2 each while the previous one's wgmma runs; CONVERT n (either kernel): a diagnostic "
+                        "with wrong results, ones in place of each int4 tile (streamed, never converted); "
+                        "d:GATE_UP_SPLITS:DOWN_SPLITS:DOWN_K_SPLITS "
                         "moe_wgmma's gate_up with the down kernel over F-blocked tiles (moe_wgmma_blocked_down.py)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
@@ -94,14 +95,10 @@ def _on_experts(fn):
     return lambda x_TH, pair, ids_TK, weights_TK: fn(x_TH, pair[0], ids_TK, weights_TK)
 
 
-def _fused(x_TH, pair, ids_TK, weights_TK, **options):
+def _with_fused_down(kernel, x_TH, pair, ids_TK, weights_TK, **options):
+    """kernel(x, experts, fused down layout, ids, weights) as a candidate."""
     experts, down_fused = pair
-    return routed_experts_fused(x_TH, experts, down_fused, ids_TK, weights_TK, **options)
-
-
-def _blocked_down(x_TH, pair, ids_TK, weights_TK, **options):
-    experts, down_fused = pair
-    return routed_experts_blocked_down(x_TH, experts, down_fused, ids_TK, weights_TK, **options)
+    return kernel(x_TH, experts, down_fused, ids_TK, weights_TK, **options)
 
 
 def _candidate(v: str):
@@ -111,13 +108,14 @@ def _candidate(v: str):
         return name, _on_experts(fn)
     if v.startswith("d:"):
         _, gus, ds, dks = v.split(":")
-        return f"blocked_down_{v[2:]}", functools.partial(_blocked_down, gate_up_splits=int(gus), down_splits=int(ds),
+        return f"blocked_down_{v[2:]}", functools.partial(_with_fused_down, routed_experts_blocked_down,
+                                                          gate_up_splits=int(gus), down_splits=int(ds),
                                                           down_k_splits=int(dks))
     _, *st = v.split(":")
     options = dict(zip(("stages", "down_stages", "overlap", "down_tiles", "biased"), map(int, st[:5])))
     if len(st) > 5:
         options["convert"] = {"p": "pairs", "n": "none"}[st[5]]
-    return f"fused_{v}", functools.partial(_fused, **options)
+    return f"fused_{v}", functools.partial(_with_fused_down, routed_experts_fused, **options)
 
 
 def _candidate_on_experts(v: str):

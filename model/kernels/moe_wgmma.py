@@ -155,12 +155,13 @@ def input_order(v: jax.Array, convert: str) -> jax.Array:
     return permute_K(v) if convert == "pairs" else v
 
 
-def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str):
-    """acc[r, g] += s[r, g] * sum over k of group g of q[r, k] * b[g, k] for one [ROWS, TILE_K] weight tile."""
-    w = _operand_A(w_smem, interpret, convert)
+def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str, c=None):
+    """acc[r, g] += s[r, g] * sum over k of group g of q[r, k] * b[g, k] for one [ROWS, TILE_K] weight tile. With `c`
+    (BIAS * b's group sums, [ROWS, GROUPS]) the operand is the biased q + BIAS and c is subtracted from each product."""
+    w = _operand_A(w_smem, interpret, convert, biased=c is not None)
     if interpret:  # the interpreter's wgmma reads its operands from shared memory only
         p = jax.lax.dot_general(w, b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        return acc + p * s_smem[...].astype(jnp.float32)
+        return acc + _unbiased(p, c) * s_smem[...].astype(jnp.float32)
 
     def product(acc_ref):
         plgpu.wgmma(acc_ref, w, plgpu.transpose_ref(b_smem, (1, 0)))
@@ -168,31 +169,36 @@ def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str):
         return acc_ref[...]
 
     p = pl.run_scoped(product, plgpu.ACC((ROWS, GROUPS), jnp.float32))
-    return acc + p * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    return acc + _unbiased(p, c) * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
 
 
-def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: int = 0, convert: str = "pairs"):
+def _unbiased(p, c):
+    return p if c is None else p - c
+
+
+def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: int = 0, convert: str = "pairs", c=None):
     """`_tile_product` for each (weight, scales) tile of `tiles` with the same input b. One after another by
     default: each tile's operand (64 registers a thread) is converted after the previous wgmma completed, so
     two operands are never live at once (gate_up: 168 -> 128 registers, 3 -> 4 programs an SM; T=4 251 -> 236 us,
     bench/results/moe-wgmma-lab-gpu-20261130-0104 / -0107). With `overlap` every tile is converted first and
     one wait covers all the wgmmas; with `overlap=2` each tile is converted while the previous tile's wgmma runs
-    (issued without a wait), one wait at the end."""
+    (issued without a wait), one wait at the end. `c`: the biased operands' correction (`_tile_product`)."""
     if interpret or not overlap:
-        return tuple(_tile_product(w, s, b_smem, acc, interpret, convert) for (w, s), acc in zip(tiles, accs))
+        return tuple(_tile_product(w, s, b_smem, acc, interpret, convert, c) for (w, s), acc in zip(tiles, accs))
     interleave = overlap == 2
-    ws = [] if interleave else [_operand_A(w_smem, interpret, convert) for w_smem, _ in tiles]
+    operand = functools.partial(_operand_A, interpret=interpret, convert=convert, biased=c is not None)
+    ws = [] if interleave else [operand(w_smem) for w_smem, _ in tiles]
     b = plgpu.transpose_ref(b_smem, (1, 0))
 
     def products(*acc_refs):
         for i, acc_ref in enumerate(acc_refs):
-            w = _operand_A(tiles[i][0], interpret, convert) if interleave else ws[i]
+            w = operand(tiles[i][0]) if interleave else ws[i]
             plgpu.wgmma(acc_ref, w, b)
         plgpu.wgmma_wait(0)
         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
     ps = pl.run_scoped(products, *(plgpu.ACC((ROWS, GROUPS), jnp.float32) for _ in tiles))
-    return tuple(acc + p * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    return tuple(acc + _unbiased(p, c) * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
                  for acc, p, (_, s_smem) in zip(accs, ps, tiles))
 
 
@@ -333,12 +339,17 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
                            overlap=overlap, convert=convert, slots_inner=slots_inner, interpret=interpret)
     if permute_h == "before":
         gu_S2UF = input_order(gu_S2UF, convert)
-    g_UF, u_UF = _sum_leading(gu_S2UF)
-    h_UF = jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(t * k, 1).astype(jnp.float32)
+    h_UF = swiglu_h(gu_S2UF, weights_TK)
     y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=down_stages or stages, splits=down_splits,
                       k_splits=down_k_splits, convert=convert, h_in_input_order=permute_h == "before",
                       interpret=interpret)
     return _sum_leading(y_STH).astype(x_TH.dtype)
+
+
+def swiglu_h(gu_S2UF: jax.Array, weights_TK: jax.Array) -> jax.Array:
+    """[U, F] f32: each slot's SiLU(gate) * up from gate_up's split sums, times the slot's router weight."""
+    g_UF, u_UF = _sum_leading(gu_S2UF)
+    return jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(-1, 1).astype(jnp.float32)
 
 
 def _sum_leading(v: jax.Array) -> jax.Array:

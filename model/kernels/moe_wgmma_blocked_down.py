@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _interpret_kw, _specs, _store_rows, _sum_leading,
-                                     _tile_products, _zeros, block_diagonal_SNGK, gate_up_sums, int4_nibbles)
+from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _interpret_kw, _specs, _store_rows,
+                                     _sum_leading, _tile_products, _zeros, block_diagonal_SNGK, gate_up_sums,
+                                     int4_nibbles, swiglu_h)
 from model.kernels.moe_wgmma_fused import F_BLOCK, SEGMENTS, check_down_fused
 from model.quant import Int4Weight
 
@@ -52,16 +53,19 @@ def _blocked_down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_f, cho
     _store_rows(acc, y_ref.at[split * k_splits + ks, t, rb])
 
 
+def _check_splits(choices: int, f: int, splits: int, k_splits: int) -> None:
+    if choices % splits or (f // F_BLOCK) % k_splits:
+        raise ValueError(f"down_splits={splits} must divide the {choices} choices per token and "
+                         f"down_k_splits={k_splits} the {f // F_BLOCK} F blocks of {F_BLOCK}")
+
+
 def blocked_down_sums(h_UF, down_fused: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 8,
                       k_splits: int = 8, interpret: bool = False) -> jax.Array:
     """[splits * k_splits, T, H / 256, 64, 8] f32: token t's share (choices split s, F blocks share ks) of down(h);
     column (R, g) of row block n is H row 256n + 4R + g // 2, half g % 2."""
     slots, f = h_UF.shape
     n_blocks = f // F_BLOCK
-    if choices % splits:
-        raise ValueError(f"down_splits={splits} must divide the {choices} choices per token")
-    if n_blocks % k_splits:
-        raise ValueError(f"down_k_splits={k_splits} must divide the {n_blocks} F blocks of {F_BLOCK}")
+    _check_splits(choices, f, splits, k_splits)
     t, hidden = slots // choices, down_fused.shape[2] * SEGMENTS
     tiled = jnp.tile(h_UF.reshape(slots, n_blocks, 1, F_BLOCK), (1, 1, SEGMENTS, 1)).reshape(slots, n_blocks * TILE_K)
     return plgpu.kernel(
@@ -81,15 +85,11 @@ def routed_experts_blocked_down(x_TH, experts, down_fused: Int4Weight, ids_TK, w
     check_down_fused(experts, down_fused, "moe_wgmma_blocked_down")
     f, hidden = experts.gate.shape[1:]
     t, k = ids_TK.shape
-    if k % down_splits or (f // F_BLOCK) % down_k_splits:  # before any kernel runs
-        raise ValueError(f"down_splits={down_splits} must divide the {k} choices and down_k_splits={down_k_splits} "
-                         f"the {f // F_BLOCK} F blocks of {F_BLOCK}")
+    _check_splits(k, f, down_splits, down_k_splits)  # before any kernel runs
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
                            splits=gate_up_splits, interpret=interpret)
-    g_UF, u_UF = _sum_leading(gu_S2UF)
-    h_UF = jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(t * k, 1).astype(jnp.float32)
-    y = blocked_down_sums(h_UF, down_fused, expert_U, choices=k, stages=stages, splits=down_splits,
-                          k_splits=down_k_splits, interpret=interpret)
+    y = blocked_down_sums(swiglu_h(gu_S2UF, weights_TK), down_fused, expert_U, choices=k, stages=stages,
+                          splits=down_splits, k_splits=down_k_splits, interpret=interpret)
     y_TQ = _sum_leading(y).reshape(t, hidden, 2)
     return jnp.sum(y_TQ, axis=-1).astype(x_TH.dtype)

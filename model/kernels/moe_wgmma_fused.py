@@ -130,27 +130,6 @@ def _broadcast_rows(c_smem, interpret: bool):
     return jax.lax.broadcast_in_dim(c, (ROWS, GROUPS), (1,))
 
 
-def _biased_products(tiles, b_smem, c, accs, interpret: bool, convert: str = "pairs"):
-    """acc[r, g] += s[r, g] * (sum over k of group g of (q[r, k] + BIAS) * b[g, k] - c[r, g]) for each (weight, scales)
-    tile, c = BIAS * the group sums of b: the operands skip the conversion's subtraction. Both converted, one wait."""
-    ws = [_operand_A(w_smem, interpret, convert, biased=True) for w_smem, _ in tiles]
-    if interpret:
-        ps = [jax.lax.dot_general(w, b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-              for w in ws]
-        return tuple(acc + (p - c) * s_smem[...].astype(jnp.float32) for acc, p, (_, s_smem) in zip(accs, ps, tiles))
-    b = plgpu.transpose_ref(b_smem, (1, 0))
-
-    def products(*acc_refs):
-        for w, acc_ref in zip(ws, acc_refs):
-            plgpu.wgmma(acc_ref, w, b)
-        plgpu.wgmma_wait(0)
-        return tuple(acc_ref[...] for acc_ref in acc_refs)
-
-    ps = pl.run_scoped(products, *(plgpu.ACC((ROWS, GROUPS), jnp.float32) for _ in tiles))
-    return tuple(acc + (p - c) * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
-                 for acc, p, (_, s_smem) in zip(accs, ps, tiles))
-
-
 def _B_group_sums(b_smem, interpret: bool):
     """[ROWS, GROUPS] f32: BIAS * the column sums of down's B ([TILE_K, B_COLS]) in every row, by one wgmma with an
     operand of ones (B is fixed for the whole down phase)."""
@@ -207,9 +186,9 @@ def _fused_kernel(expert_ref, weight_ref, xbd_ref, xsum_ref, gq_ref, gs_ref, uq_
 
         def gate_up_step(idx, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
             tiles = ((gq_smem, gs_smem), (uq_smem, us_smem))
-            if biased:
+            if biased:  # both tiles converted first, one wait (overlap 1), whatever `overlap` says: as measured
                 c = _broadcast_rows(xsum_smem.at[idx[0]], interpret)
-                return _biased_products(tiles, xbd_smem, c, carry, interpret, convert)
+                return _tile_products(tiles, xbd_smem, carry, interpret, 1, convert, c)
             return _tile_products(tiles, xbd_smem, carry, interpret, overlap, convert)
 
         return plgpu.emit_pipeline(gate_up_step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
