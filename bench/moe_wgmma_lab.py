@@ -37,6 +37,7 @@ from bench.report import write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
 from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
+from model.kernels.moe_wgmma_chained import permute_gate_up_rows, routed_experts_chained  # noqa: E402
 from model.kernels.moe_wgmma_blocked_down import routed_experts_blocked_down  # noqa: E402
 from model.kernels.moe_wgmma_fused import fused_down_layout, routed_experts_fused  # noqa: E402
 from model.kernels.moe_wgmma_grouped import routed_experts_grouped  # noqa: E402
@@ -50,10 +51,12 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
                    help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT"
-                        "[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS]]]] (CONVERT p pairs, m mosaic; PERMUTE_H a "
-                        "after SiLU (default), b before; DOWN_STAGES the down kernel's, default STAGES; ORDER gate_up's "
-                        "grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down kernel's splits of F, "
-                        "default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] the expert-grouped kernel "
+                        "[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS[:HALVES]]]]] (CONVERT p pairs, m mosaic; "
+                        "PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down kernel's, default STAGES; "
+                        "ORDER gate_up's grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down "
+                        "kernel's splits of F, default 1; HALVES bits 1 gate_up, 2 down: each tile converted and "
+                        "multiplied by column halves, default 0) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] "
+                        "the expert-grouped kernel "
                         "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
                         "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED[:CONVERT]]]]]] the "
                         "one-kernel decode path (moe_wgmma_fused.py; down laid out once before the timings). "
@@ -61,7 +64,12 @@ def parse_args(argv):
                         "first, 2 each while the previous one's wgmma runs; CONVERT n (either kernel): a diagnostic "
                         "with wrong results, ones in place of each int4 tile (streamed, never converted); "
                         "d:GATE_UP_SPLITS:DOWN_SPLITS:DOWN_K_SPLITS "
-                        "moe_wgmma's gate_up with the down kernel over F-blocked tiles (moe_wgmma_blocked_down.py)")
+                        "moe_wgmma's gate_up with the down kernel over F-blocked tiles (moe_wgmma_blocked_down.py); "
+                        "c:STAGES:DOWN_STAGES:GATE_UP_SPLITS:DOWN_K_SPLITS[:PERMUTED[:H_PROGRAMS]] gate_up and down in "
+                        "one "
+                        "launch, down's programs waiting on semaphores (moe_wgmma_chained.py; PERMUTED 1: gate / up "
+                        "rows laid out once in down's nibble-pair order before the timings, down converting by pairs; "
+                        "H_PROGRAMS 1: h's B built once per slot and share of F and streamed by down's programs)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
@@ -97,15 +105,23 @@ def _on_experts(fn):
 
 def _with_fused_down(kernel, x_TH, pair, ids_TK, weights_TK, **options):
     """kernel(x, experts, fused down layout, ids, weights) as a candidate."""
-    experts, down_fused = pair
-    return kernel(x_TH, experts, down_fused, ids_TK, weights_TK, **options)
+    return kernel(x_TH, pair[0], pair[1], ids_TK, weights_TK, **options)
 
 
 def _candidate(v: str):
-    """(name, fn) of one --variants entry; fn(x, (experts, fused down layout or None), ids, weights)."""
-    name, fn = _candidate_on_experts(v) if not v.startswith(("f", "d:")) else (None, None)
+    """(name, fn) of one --variants entry; fn(x, (experts, fused down layout or None, experts with gate / up rows
+    permuted or None), ids, weights)."""
+    name, fn = _candidate_on_experts(v) if not v.startswith(("f", "d:", "c:")) else (None, None)
     if fn is not None:
         return name, _on_experts(fn)
+    if v.startswith("c:"):
+        _, st, dst, gus, dks, *flags = v.split(":")
+        perm, h = (flags + ["0", "0"])[:2]
+        fn = functools.partial(routed_experts_chained, stages=int(st), down_stages=int(dst), gate_up_splits=int(gus),
+                               down_k_splits=int(dks), gate_up_rows_permuted=perm == "1", h_programs=h == "1")
+        if perm == "1":  # gate / up rows laid out once before the timings (permute_gate_up_rows)
+            return f"chained_{v[2:]}", lambda x_TH, pair, ids_TK, weights_TK: fn(x_TH, pair[2], ids_TK, weights_TK)
+        return f"chained_{v[2:]}", _on_experts(fn)
     if v.startswith("d:"):
         _, gus, ds, dks = v.split(":")
         return f"blocked_down_{v[2:]}", functools.partial(_with_fused_down, routed_experts_blocked_down,
@@ -133,18 +149,20 @@ def _variant(v: str) -> dict:
     down_st = rest[1] if len(rest) > 1 else st
     order = rest[2] if len(rest) > 2 else "o"
     down_ks = rest[3] if len(rest) > 3 else "1"
-    return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=int(ov),
+    halves = rest[4] if len(rest) > 4 else "0"
+    return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=int(ov), halves=int(halves),
                 convert={"p": "pairs", "m": "mosaic", "n": "none"}[conv], permute_h={"a": "after", "b": "before"}[perm],
                 down_stages=int(down_st), slots_inner={"o": False, "i": True}[order], down_k_splits=int(down_ks))
 
 
 def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits, down_splits, overlap, convert,
-                   permute_h, down_stages, slots_inner, down_k_splits):
+                   permute_h, down_stages, slots_inner, down_k_splits, halves):
     """The gate_up kernel, its output summed to one number so the chained timing has an [T, H] result."""
     del down_splits, permute_h, down_stages, down_k_splits
     t, k = ids_TK.shape
     gu = gate_up_sums(x_TH, experts.gate, experts.up, ids_TK.reshape(t * k), choices=k, stages=stages,
-                      splits=gate_up_splits, overlap=overlap, convert=convert, slots_inner=slots_inner)
+                      splits=gate_up_splits, overlap=overlap, convert=convert, slots_inner=slots_inner,
+                      halves=bool(halves & 1))
     return jnp.broadcast_to(jnp.sum(gu[:, :, :, :1]), x_TH.shape).astype(x_TH.dtype)
 
 
@@ -170,7 +188,9 @@ def main(argv=None):
     wanted = [args.profile.rsplit(":", 1)[0]] if args.profile else args.variants
     blocked = any(v.startswith(("f", "d:")) for v in wanted)
     down_fused = jax.jit(fused_down_layout)(experts.down) if blocked else None
-    pair = (experts, jax.block_until_ready(down_fused))
+    permuted = any(v.startswith("c:") and v.count(":") >= 5 and v.split(":")[5] == "1" for v in wanted)
+    gate_up_permuted = jax.jit(permute_gate_up_rows)(experts) if permuted else None
+    pair = (experts, jax.block_until_ready(down_fused), jax.block_until_ready(gate_up_permuted))
     if args.profile:
         v, t = args.profile.rsplit(":", 1)
         run_for_profiler(_candidate(v)[1], cfg, router, bias, pair, int(t), v, log)
@@ -195,7 +215,7 @@ def main(argv=None):
                                                                  cfg=kernel_config_for(t, experts))))]
         for v in args.variants:
             candidates.append(_candidate(v))
-            if args.gate_up_alone and not v.startswith(("g:", "f", "d:")):
+            if args.gate_up_alone and not v.startswith(("g:", "f", "d:", "c:")):
                 candidates.append((f"gate_up_{v}", _on_experts(functools.partial(_gate_up_alone, **_variant(v)))))
         rows, chains = [], {}
         for name, fn in candidates:
@@ -210,7 +230,7 @@ def main(argv=None):
                 elif not name.startswith("gate_up"):
                     row["rel_err"] = _rel_err(compiled(x_TH, pair, ids_TK, weights_TK), ref)
                     row["rel_err_against"] = ref_name
-                if name.startswith(("wgmma", "grouped", "fused", "blocked")):
+                if name.startswith(("wgmma", "grouped", "fused", "blocked", "chained")):
                     hlo = compiled.as_text()
                     row["launches"] = launches(hlo)
                     log(f"{name}: {len(row['launches'])} launches: {row['launches']}")

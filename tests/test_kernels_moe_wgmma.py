@@ -167,7 +167,8 @@ def test_gate_up_splits_follow_the_token_count():
 
 @pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
                                        (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True}),
-                                       (1, {"gate_up_splits": 7, "down_k_splits": 2}), (4, {"overlap": 2})])
+                                       (1, {"gate_up_splits": 7, "down_k_splits": 2}), (4, {"overlap": 2}),
+                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "halves": 3})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct

@@ -7,9 +7,10 @@ Pallas MoE when the shapes fit, elsewhere the plain reference paths `model.moe.e
   tiles streamed into shared memory by TMA, products on tensor cores;
 - otherwise up to PAIRS_MAX_TOKENS: moe_gemv.py, Triton, one slot per (token, choice) on CUDA cores;
 - above: moe_gather.py, Triton, tensor-core dots over the unique experts.
-Not dispatched, measured: moe_wgmma_grouped.py (the experts' tiles read once per group of tokens sharing them) and
-moe_wgmma_fused.py (decode's gate_up through down in one kernel) and moe_wgmma_blocked_down.py (the down kernel over
-contiguous F-blocked tiles): both slower at one token, bench/results/README.md run 19.
+Not dispatched, measured: moe_wgmma_grouped.py (the experts' tiles read once per group of tokens sharing them),
+moe_wgmma_fused.py (decode's gate_up through down in one kernel), moe_wgmma_blocked_down.py (the down kernel over
+contiguous F-blocked tiles): slower at one token, bench/results/README.md run 19; moe_wgmma_chained.py (gate_up's and
+down's programs in one launch, down's waiting on semaphores): slower at one token, run 20.
 """
 
 from __future__ import annotations

@@ -102,23 +102,29 @@ def permute_K(v: jax.Array) -> jax.Array:
 BIAS = 136
 
 
-def _nibble_pairs(w, biased: bool = False):
+def _nibble_pairs(w, biased: bool = False, half: int | None = None):
     """[ROWS, TILE_K] int4 words of q + 8 in WGMMA_UPCAST_4X -> bf16 q in the WGMMA layout, columns in `permute_K`
     order. Per 32-bit word (8 values): 3 shifts and 4 LOP3 put the nibble pairs (p, p + 4) under a bf16 exponent
     as 128 + n, 4 packed subtractions of 136 give q. No cross-lane shuffle: each lane keeps its own words (the
-    in-order relayout to WGMMA costs shuffles, and Mosaic's signed upcast needs a PRMT per pair)."""
+    in-order relayout to WGMMA costs shuffles, and Mosaic's signed upcast needs a PRMT per pair). `half` (0 / 1):
+    only columns 128 * half .. + 127, a [ROWS, TILE_K / 2] operand (half the registers)."""
     import jax.experimental.mosaic.gpu as mgpu
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, llvm
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+    cols = TILE_K if half is None else TILE_K // 2
+    first = 0 if half is None else half * cols // 32  # the first 32-column tile converted
+
     @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,),
-                       return_type=plgpu.ShapeDtypeStruct((ROWS, TILE_K), jnp.bfloat16, layout=plgpu.Layout.WGMMA))
+                       return_type=plgpu.ShapeDtypeStruct((ROWS, cols), jnp.bfloat16, layout=plgpu.Layout.WGMMA))
     def convert(_, words):
         i32 = ir.IntegerType.get_signless(32)
         bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
-        out = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((ROWS, TILE_K)), dtype=object)
+        out = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((ROWS, cols)), dtype=object)
         for idx, reg in np.ndenumerate(words.registers):  # idx = (0, 32-column tile, 0, 0, row half, 0, 0, 0, 0)
+            if not first <= idx[1] < first + cols // 32:
+                continue
             word = mgpu_utils.bitcast(reg, i32)
             for p in range(4):
                 src = word if p == 0 else arith.shrui(word, arith.constant(i32, 4 * p))
@@ -126,7 +132,7 @@ def _nibble_pairs(w, biased: bool = False):
                        "{ .reg .b32 t, b; lop3.b32 t, $1, 0x000F000F, 0x43004300, 0xEA; mov.b32 b, 0x43084308; "
                        "sub.bf16x2 $0, t, b; }")
                 pair = llvm.inline_asm(i32, [src], asm, "=r,r")
-                out[(0, 4 * idx[1] + p, 0, 0, idx[4], 0, 0, 0, 0)] = mgpu_utils.bitcast(pair, bf16x2)
+                out[(0, 4 * (idx[1] - first) + p, 0, 0, idx[4], 0, 0, 0, 0)] = mgpu_utils.bitcast(pair, bf16x2)
         return mgpu.FragmentedArray(_registers=out, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
     return convert(w)
@@ -155,9 +161,14 @@ def input_order(v: jax.Array, convert: str) -> jax.Array:
     return permute_K(v) if convert == "pairs" else v
 
 
-def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str, c=None):
+def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str, c=None, halves: bool = False):
     """acc[r, g] += s[r, g] * sum over k of group g of q[r, k] * b[g, k] for one [ROWS, TILE_K] weight tile. With `c`
-    (BIAS * b's group sums, [ROWS, GROUPS]) the operand is the biased q + BIAS and c is subtracted from each product."""
+    (BIAS * b's group sums, [ROWS, GROUPS]) the operand is the biased q + BIAS and c is subtracted from each product.
+    `halves` ("pairs" only): the tile's two column halves converted and multiplied one after the other (an operand
+    of 32 registers a thread live at a time, not 64)."""
+    if halves and not interpret and convert == "pairs":
+        return acc + _unbiased(_halves_product(w_smem, b_smem, c is not None), c) * plgpu.load(
+            s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
     w = _operand_A(w_smem, interpret, convert, biased=c is not None)
     if interpret:  # the interpreter's wgmma reads its operands from shared memory only
         p = jax.lax.dot_general(w, b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -172,11 +183,27 @@ def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str, c=
     return acc + _unbiased(p, c) * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
 
 
+def _halves_product(w_smem, b_smem, biased: bool):
+    """[ROWS, GROUPS] products of one tile, its column halves converted and multiplied one after the other."""
+    words = plgpu.load(w_smem, (), layout=plgpu.Layout.WGMMA_UPCAST_4X)
+    half_k = TILE_K // 2
+
+    def product(acc_ref):
+        for half in range(2):
+            a = _nibble_pairs(words, biased, half)
+            plgpu.wgmma(acc_ref, a, plgpu.transpose_ref(b_smem.at[:, pl.ds(half * half_k, half_k)], (1, 0)))
+            plgpu.wgmma_wait(0)
+        return acc_ref[...]
+
+    return pl.run_scoped(product, plgpu.ACC((ROWS, GROUPS), jnp.float32))
+
+
 def _unbiased(p, c):
     return p if c is None else p - c
 
 
-def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: int = 0, convert: str = "pairs", c=None):
+def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: int = 0, convert: str = "pairs", c=None,
+                   halves: bool = False):
     """`_tile_product` for each (weight, scales) tile of `tiles` with the same input b. One after another by
     default: each tile's operand (64 registers a thread) is converted after the previous wgmma completed, so
     two operands are never live at once (gate_up: 168 -> 128 registers, 3 -> 4 programs an SM; T=4 251 -> 236 us,
@@ -184,7 +211,8 @@ def _tile_products(tiles, b_smem, accs, interpret: bool, overlap: int = 0, conve
     one wait covers all the wgmmas; with `overlap=2` each tile is converted while the previous tile's wgmma runs
     (issued without a wait), one wait at the end. `c`: the biased operands' correction (`_tile_product`)."""
     if interpret or not overlap:
-        return tuple(_tile_product(w, s, b_smem, acc, interpret, convert, c) for (w, s), acc in zip(tiles, accs))
+        return tuple(_tile_product(w, s, b_smem, acc, interpret, convert, c, halves)
+                     for (w, s), acc in zip(tiles, accs))
     interleave = overlap == 2
     operand = functools.partial(_operand_A, interpret=interpret, convert=convert, biased=c is not None)
     ws = [] if interleave else [operand(w_smem) for w_smem, _ in tiles]
@@ -229,7 +257,7 @@ def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
 
 
 def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages,
-                    overlap, convert, interpret):
+                    overlap, convert, halves, interpret):
     """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
     e, t = expert_ref[slot], slot // choices  # slot t * choices + c holds token t's choice c
@@ -237,7 +265,7 @@ def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref,
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
         tiles = ((gq_smem, gs_smem), (uq_smem, us_smem))
-        return _tile_products(tiles, xbd_smem, carry, interpret, overlap, convert)
+        return _tile_products(tiles, xbd_smem, carry, interpret, overlap, convert, halves=halves)
 
     acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
                                        init_carry=(_zeros(interpret), _zeros(interpret)))(
@@ -247,7 +275,7 @@ def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref,
 
 
 def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages, convert,
-                 interpret):
+                 halves, interpret):
     rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
     t, rest = ts // (splits * k_splits), ts % (splits * k_splits)
     split, ks = rest // k_splits, rest % k_splits  # k_splits fastest: a row block's F shares run side by side
@@ -256,7 +284,8 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
     k0 = ks * n_k
 
     def step(_, hbd_smem, dq_smem, ds_smem, carry):
-        return _tile_products(((dq_smem, ds_smem),), hbd_smem, (carry,), interpret, convert=convert)[0]
+        return _tile_products(((dq_smem, ds_smem),), hbd_smem, (carry,), interpret, convert=convert,
+                              halves=halves)[0]
 
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
     b, w, s = _specs(interpret, lambda c, kk: (first + c, k0 + kk, 0, 0),
@@ -268,7 +297,7 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
                  splits: int = 1, overlap: bool = False, convert: str = "pairs", slots_inner: bool = False,
-                 interpret: bool = False) -> jax.Array:
+                 halves: bool = False, interpret: bool = False) -> jax.Array:
     """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token u // choices) over split s of H.
 
     `slots_inner`: the slot is the fastest grid axis (CUDA's x), so the programs in flight together cover every
@@ -285,7 +314,7 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
     names = ("rows", "split", "slot") if slots_inner else ("slot", "rows", "split")  # the last is CUDA's x
     return plgpu.kernel(
         functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, choices=choices, stages=stages,
-                          overlap=overlap, convert=convert, interpret=interpret),
+                          overlap=overlap, convert=convert, halves=halves, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
         grid=tuple(sizes[n] for n in names), grid_names=names,
         **_interpret_kw(interpret),
@@ -293,7 +322,7 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
-              k_splits: int = 1, convert: str = "pairs", h_in_input_order: bool = False,
+              k_splits: int = 1, convert: str = "pairs", h_in_input_order: bool = False, halves: bool = False,
               interpret: bool = False) -> jax.Array:
     """[splits * k_splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h),
     over share ks of F (row s * k_splits + ks). `h_in_input_order`: h's columns are already in
@@ -307,7 +336,7 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
     t, hidden = slots // choices, down.shape[1]
     return plgpu.kernel(
         functools.partial(_down_kernel, n_k=f // TILE_K // k_splits, choices=choices, splits=splits,
-                          k_splits=k_splits, stages=stages, convert=convert, interpret=interpret),
+                          k_splits=k_splits, stages=stages, convert=convert, halves=halves, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits * k_splits, t, hidden), jnp.float32),
         grid=(hidden // ROWS, t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
@@ -317,7 +346,7 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
                          down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
                          permute_h: str = "after", down_stages: int | None = None, slots_inner: bool = False,
-                         down_k_splits: int = 1, interpret: bool = False) -> jax.Array:
+                         down_k_splits: int = 1, halves: int = 0, interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
@@ -327,7 +356,8 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     different fusion for XLA (with split gate_up, "after" leaves a transpose behind SiLU that XLA launches apart). `down_stages`
     (default `stages`): the down kernel's pipeline depth, whose steps hold one weight tile to gate_up's two.
     `slots_inner`: gate_up's grid order (`gate_up_sums`); the down kernel's grid already has the row block
-    slowest, so slots sharing an expert read its row block together there."""
+    slowest, so slots sharing an expert read its row block together there. `halves` (bits: 1 gate_up, 2 down): that
+    kernel converts and multiplies each tile's column halves one after the other (`_tile_product`)."""
     if permute_h not in ("after", "before"):
         raise ValueError(f"moe_wgmma permute_h must be 'after' or 'before', not {permute_h!r}")
     if not supports(experts):
@@ -336,13 +366,14 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages, splits=gate_up_splits,
-                           overlap=overlap, convert=convert, slots_inner=slots_inner, interpret=interpret)
+                           overlap=overlap, convert=convert, slots_inner=slots_inner, halves=bool(halves & 1),
+                           interpret=interpret)
     if permute_h == "before":
         gu_S2UF = input_order(gu_S2UF, convert)
     h_UF = swiglu_h(gu_S2UF, weights_TK)
     y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=down_stages or stages, splits=down_splits,
                       k_splits=down_k_splits, convert=convert, h_in_input_order=permute_h == "before",
-                      interpret=interpret)
+                      halves=bool(halves & 2), interpret=interpret)
     return _sum_leading(y_STH).astype(x_TH.dtype)
 
 
