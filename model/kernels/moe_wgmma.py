@@ -165,7 +165,8 @@ def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str, c=
     """acc[r, g] += s[r, g] * sum over k of group g of q[r, k] * b[g, k] for one [ROWS, TILE_K] weight tile. With `c`
     (BIAS * b's group sums, [ROWS, GROUPS]) the operand is the biased q + BIAS and c is subtracted from each product.
     `halves` ("pairs" only): the tile's two column halves converted and multiplied one after the other (an operand
-    of 32 registers a thread live at a time, not 64)."""
+    of 32 registers a thread live at a time, not 64). Measured (bench/results/README.md, run 20): gate_up 120
+    registers instead of 128, still 4 programs an SM, no faster; the engine leaves it off."""
     if halves and not interpret and convert == "pairs":
         return acc + _unbiased(_halves_product(w_smem, b_smem, c is not None), c) * plgpu.load(
             s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
