@@ -65,6 +65,7 @@ def _fence_proxy_async_global():
 
 def _gate_up_program(p, expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, sems, *, n_k, f_blocks,
                      splits, blocks_per_share, k_splits, choices, stages, interpret):
+    """moe_wgmma's gate_up program (slot, 64 F rows, split of H): its sums added into gu, then its share signalled."""
     slot, rest = p // (f_blocks * splits), p % (f_blocks * splits)
     rb, split = rest // splits, rest % splits
     e, t = expert_ref[slot], slot // choices
@@ -173,6 +174,7 @@ def _gu_smem_shape(splits: int, share_tiles: int, interpret: bool) -> tuple:
 
 def _down_program(q, expert_ref, weight_ref, dq_ref, ds_ref, gu_ref, y_ref, sems, *, h_blocks, share_tiles,
                   k_splits, splits, blocks_per_share, choices, down_stages, down_convert, interpret):
+    """A down program (slot, share of F, 64 H rows) that builds each tile's B from gu in the step multiplying it."""
     slot, rest = q // (k_splits * h_blocks), q % (k_splits * h_blocks)
     ks, rb = rest // h_blocks, rest % h_blocks
     e, t, c = expert_ref[slot], slot // choices, slot % choices
