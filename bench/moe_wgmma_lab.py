@@ -66,10 +66,9 @@ def parse_args(argv):
                         "d:GATE_UP_SPLITS:DOWN_SPLITS:DOWN_K_SPLITS "
                         "moe_wgmma's gate_up with the down kernel over F-blocked tiles (moe_wgmma_blocked_down.py); "
                         "c:STAGES:DOWN_STAGES:GATE_UP_SPLITS:DOWN_K_SPLITS[:PERMUTED[:H_PROGRAMS]] gate_up and down in "
-                        "one "
-                        "launch, down's programs waiting on semaphores (moe_wgmma_chained.py; PERMUTED 1: gate / up "
-                        "rows laid out once in down's nibble-pair order before the timings, down converting by pairs; "
-                        "H_PROGRAMS 1: h's B built once per slot and share of F and streamed by down's programs)")
+                        "one launch, down's programs waiting on semaphores (moe_wgmma_chained.py; PERMUTED 1: gate / "
+                        "up rows laid out once in down's nibble-pair order before the timings, down converting by "
+                        "pairs; H_PROGRAMS 1: h's B built once per slot and share of F and streamed by down)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
@@ -115,11 +114,11 @@ def _candidate(v: str):
     if fn is not None:
         return name, _on_experts(fn)
     if v.startswith("c:"):
-        _, st, dst, gus, dks, *flags = v.split(":")
-        perm, h = (flags + ["0", "0"])[:2]
+        st, dst, gus, dks = v.split(":")[1:5]
+        perm, h = _chained_flags(v)
         fn = functools.partial(routed_experts_chained, stages=int(st), down_stages=int(dst), gate_up_splits=int(gus),
-                               down_k_splits=int(dks), gate_up_rows_permuted=perm == "1", h_programs=h == "1")
-        if perm == "1":  # gate / up rows laid out once before the timings (permute_gate_up_rows)
+                               down_k_splits=int(dks), gate_up_rows_permuted=perm, h_programs=h)
+        if perm:  # gate / up rows laid out once before the timings (permute_gate_up_rows)
             return f"chained_{v[2:]}", lambda x_TH, pair, ids_TK, weights_TK: fn(x_TH, pair[2], ids_TK, weights_TK)
         return f"chained_{v[2:]}", _on_experts(fn)
     if v.startswith("d:"):
@@ -132,6 +131,12 @@ def _candidate(v: str):
     if len(st) > 5:
         options["convert"] = {"p": "pairs", "n": "none"}[st[5]]
     return f"fused_{v}", functools.partial(_with_fused_down, routed_experts_fused, **options)
+
+
+def _chained_flags(v: str) -> tuple[bool, bool]:
+    """(PERMUTED, H_PROGRAMS) of a c:... variant."""
+    flags = v.split(":")[5:] + ["0", "0"]
+    return flags[0] == "1", flags[1] == "1"
 
 
 def _candidate_on_experts(v: str):
@@ -188,7 +193,7 @@ def main(argv=None):
     wanted = [args.profile.rsplit(":", 1)[0]] if args.profile else args.variants
     blocked = any(v.startswith(("f", "d:")) for v in wanted)
     down_fused = jax.jit(fused_down_layout)(experts.down) if blocked else None
-    permuted = any(v.startswith("c:") and v.count(":") >= 5 and v.split(":")[5] == "1" for v in wanted)
+    permuted = any(v.startswith("c:") and _chained_flags(v)[0] for v in wanted)
     gate_up_permuted = jax.jit(permute_gate_up_rows)(experts) if permuted else None
     pair = (experts, jax.block_until_ready(down_fused), jax.block_until_ready(gate_up_permuted))
     if args.profile:

@@ -167,20 +167,21 @@ def _tile_product(w_smem, s_smem, b_smem, acc, interpret: bool, convert: str, c=
     `halves` ("pairs" only): the tile's two column halves converted and multiplied one after the other (an operand
     of 32 registers a thread live at a time, not 64). Measured (bench/results/README.md, run 20): gate_up 120
     registers instead of 128, still 4 programs an SM, no faster; the engine leaves it off."""
-    if halves and not interpret and convert == "pairs":
-        return acc + _unbiased(_halves_product(w_smem, b_smem, c is not None), c) * plgpu.load(
-            s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
-    w = _operand_A(w_smem, interpret, convert, biased=c is not None)
     if interpret:  # the interpreter's wgmma reads its operands from shared memory only
+        w = _operand_A(w_smem, interpret, convert, biased=c is not None)
         p = jax.lax.dot_general(w, b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         return acc + _unbiased(p, c) * s_smem[...].astype(jnp.float32)
+    if halves and convert == "pairs":
+        p = _halves_product(w_smem, b_smem, c is not None)
+    else:
+        w = _operand_A(w_smem, interpret, convert, biased=c is not None)
 
-    def product(acc_ref):
-        plgpu.wgmma(acc_ref, w, plgpu.transpose_ref(b_smem, (1, 0)))
-        plgpu.wgmma_wait(0)
-        return acc_ref[...]
+        def product(acc_ref):
+            plgpu.wgmma(acc_ref, w, plgpu.transpose_ref(b_smem, (1, 0)))
+            plgpu.wgmma_wait(0)
+            return acc_ref[...]
 
-    p = pl.run_scoped(product, plgpu.ACC((ROWS, GROUPS), jnp.float32))
+        p = pl.run_scoped(product, plgpu.ACC((ROWS, GROUPS), jnp.float32))
     return acc + _unbiased(p, c) * plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
 
 

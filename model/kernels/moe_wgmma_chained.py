@@ -179,7 +179,6 @@ def _down_program(q, expert_ref, weight_ref, dq_ref, ds_ref, gu_ref, y_ref, sems
     ks, rb = rest // h_blocks, rest % h_blocks
     e, t, c = expert_ref[slot], slot // choices, slot % choices
     tiles = pl.ds(ks * share_tiles, share_tiles)
-
     w_slot = weight_ref[slot]
 
     def down(gu_smem, b_smem, bar):
@@ -250,8 +249,7 @@ def _chained_kernel(expert_ref, weight_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_
 
     @pl.when(p >= n_gate_up + shares)
     def _():
-        _down_streamed_program(p - n_gate_up - shares, expert_ref, dq_ref, ds_ref, hb_ref, y_ref, h_sems,
-                               **{k: v for k, v in down.items() if k not in ("splits", "blocks_per_share")})
+        _down_streamed_program(p - n_gate_up - shares, expert_ref, dq_ref, ds_ref, hb_ref, y_ref, h_sems, **down)
 
 
 def routed_experts_chained(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, down_stages: int = STAGES,
@@ -276,12 +274,16 @@ def routed_experts_chained(x_TH, experts, ids_TK, weights_TK, *, stages: int = S
         raise ValueError(f"moe_wgmma_chained down_k_splits={down_k_splits} must divide the {f_tiles} tiles of F")
     t, k = ids_TK.shape
     slots, f_blocks, h_blocks = t * k, f // ROWS, hidden // ROWS
-    common = dict(k_splits=down_k_splits, blocks_per_share=f_blocks // down_k_splits, choices=k, interpret=interpret)
-    gate_up = dict(n_k=h_tiles // gate_up_splits, f_blocks=f_blocks, splits=gate_up_splits, stages=stages, **common)
-    down = dict(h_blocks=h_blocks, share_tiles=f_tiles // down_k_splits, splits=gate_up_splits,
-                down_stages=down_stages, down_convert="pairs" if gate_up_rows_permuted else "mosaic", **common)
-    h = dict(share_tiles=f_tiles // down_k_splits, k_splits=down_k_splits, splits=gate_up_splits,
-             blocks_per_share=f_blocks // down_k_splits, interpret=interpret)
+    # what a program waits for: the gate_up programs of one slot's share of F
+    waits = dict(k_splits=down_k_splits, splits=gate_up_splits, blocks_per_share=f_blocks // down_k_splits,
+                 interpret=interpret)
+    share_tiles = f_tiles // down_k_splits
+    gate_up = dict(n_k=h_tiles // gate_up_splits, f_blocks=f_blocks, stages=stages, choices=k, **waits)
+    h = dict(share_tiles=share_tiles, **waits)
+    down = dict(h_blocks=h_blocks, share_tiles=share_tiles, k_splits=down_k_splits, choices=k, down_stages=down_stages,
+                down_convert="pairs" if gate_up_rows_permuted else "mosaic", interpret=interpret)
+    if not h_programs:  # each down program waits on gate_up itself
+        down.update(waits)
     n_gate_up, shares = slots * f_blocks * gate_up_splits, slots * down_k_splits
     programs = n_gate_up + (shares if h_programs else 0) + shares * h_blocks
     body = functools.partial(_chained_kernel, n_gate_up=n_gate_up, shares=shares, h_programs=h_programs,
