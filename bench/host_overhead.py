@@ -4,7 +4,8 @@ trip: `bench.step`'s synchronised median minus its queued mean, ~0.45 ms at B=1 
 On a Kimi-K2.5-shaped model of N layers (INT4 experts, random weights), per token count:
 - the step synchronised (median) and queued back to back (mean), as bench.step times them;
 - an empty program over the same arguments (weights, tokens, positions, cache; returns tokens + 1): what
-  dispatching this many arguments and waiting costs with no device work;
+  dispatching this many arguments and waiting costs with no device work; and the same program over the first
+  1, 10, 30, ... of them (`--arg-counts`), so the cost per argument and the fixed cost of a call separate;
 - a trace of `--traced` synchronised steps (jax.profiler): per step, the host time from the call to the first
   kernel's start and from the last kernel's end to the return, the device span, and the host events that take
   the most time per step (by name, all threads; nested events both count).
@@ -46,6 +47,8 @@ def parse_args(argv):
     p.add_argument("--traced", type=int, default=5, help="synchronised steps under the profiler")
     p.add_argument("--top", type=int, default=30, help="host events listed per token count")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
+    p.add_argument("--arg-counts", type=int, nargs="*", default=[1, 10, 30, 60],
+                   help="empty programs over this many of the step's arguments (plus one over all of them)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     return p.parse_args(argv)
 
@@ -112,14 +115,22 @@ def main(argv=None):
             step = median_ms(run, warmup=3, iters=args.iters)
             nothing = median_ms(lambda: empty(w, tokens_BT, positions_BT, holder["cache"]), warmup=3, iters=args.iters)
             traced = trace_steps(run, args.traced)
-        leaves = len(jax.tree_util.tree_leaves((w, tokens_BT, positions_BT, holder["cache"])))
+        all_leaves = [tokens_BT, *jax.tree_util.tree_leaves((w, positions_BT, holder["cache"]))]
+        leaves = len(all_leaves)
+        by_count = {}
+        for n in sorted({c for c in args.arg_counts if 0 < c < leaves}):
+            first_n = jax.jit(lambda *a: a[0] + 1)  # tokens + 1 over the first n arguments
+            timing = median_ms(lambda n=n, f=first_n: f(*all_leaves[:n]), warmup=3, iters=args.iters)
+            by_count[n] = dict(sync_us=1e3 * timing["median_ms"], queued_us=1e3 * timing["queued_mean_ms"])
         row = dict(tokens=t, arguments=leaves, step_sync_ms=step["median_ms"], step_queued_ms=step["queued_mean_ms"],
                    empty_program_sync_us=1e3 * nothing["median_ms"], empty_program_queued_us=1e3 * nothing["queued_mean_ms"],
-                   **traced)
+                   empty_program_by_arguments=by_count, **traced)
         result["rows"].append(row)
         log(f"T={t}: step {row['step_sync_ms']:.3f} ms synchronised, {row['step_queued_ms']:.3f} queued; empty program "
             f"over the same {leaves} arguments {row['empty_program_sync_us']:.0f} us synchronised, "
             f"{row['empty_program_queued_us']:.0f} queued")
+        for n, c in by_count.items():
+            log(f"  empty program over {n} arguments: {c['sync_us']:.0f} us synchronised, {c['queued_us']:.0f} queued")
         for i, s in enumerate(row["steps"]):
             log(f"  traced step {i}: " + ", ".join(f"{k} {v:.0f}" for k, v in s.items()))
         for e in row["host_events"][:args.top]:

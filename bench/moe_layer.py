@@ -17,7 +17,7 @@ from bench.bytes_floor import HBM_TBS, floor_ms, nbytes
 from bench.timing import median_ms
 from model.kernels import fused_routed_experts, kernel_config_for, moe_kernel_for
 from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas
-from model.moe import ExpertWeights, MoEWeights, experts_gather
+from model.moe import ExpertWeights, MoEWeights, experts_gather, moe
 from model.quant import dequantize
 from model.router import route
 
@@ -101,6 +101,24 @@ def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = False, chai
     return per_call_ms(chain_pair(fn, unrolled, chain_ids), (x_TH, experts, ids_TK, weights_TK), iters)
 
 
+def moe_block_bytes(layer: MoEWeights, unique: int, x_TH) -> int:
+    """What the whole MoE block must read: router, shared expert, the unique routed experts, x in and out."""
+    per_expert = nbytes(layer.experts) // layer.experts.num_experts
+    return nbytes((layer.router, layer.router_bias, layer.shared)) + unique * per_expert + 2 * x_TH.nbytes
+
+
+def _moe_block(x_TH, layer: MoEWeights, ids_TK, weights_TK, *, cfg):
+    """The whole block as a decoder layer calls it (`model.moe.moe`: routing, routed experts, shared expert); it
+    routes x itself, so the chain's ids and weights go unused."""
+    del ids_TK, weights_TK
+    return moe(x_TH[None], layer, cfg)[0]
+
+
+def time_moe_block(layer: MoEWeights, cfg, x_TH, ids_TK, weights_TK, iters: int = 10) -> dict:
+    """Per-call ms of the whole MoE block (`per_call_ms`, the same chains as the routed experts')."""
+    return per_call_ms(chain_pair(functools.partial(_moe_block, cfg=cfg)), (x_TH, layer, ids_TK, weights_TK), iters)
+
+
 def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.PRNGKey(7), copy_tbs=None,
                     candidates=CANDIDATES, log=print, iters: int = 10) -> dict:
     experts = layer.experts
@@ -157,6 +175,13 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
             engine_ok = False
         row.update(kernel_ms=ms, kernel_rel_err=err, kernel_ratio_4p3=ms / row["floor_ms_4p3"],
                    reference_ratio_4p3=row["reference_ms"] / row["floor_ms_4p3"])
+        if layer.shared is not None:  # the block around them: router, routed experts and shared expert in one call
+            block_bytes = moe_block_bytes(layer, row["unique_experts"], x_TH)
+            block_ms = time_moe_block(layer, cfg, x_TH, ids_TK, weights_TK, iters=iters)["ms"]
+            row.update(block_bytes=block_bytes, block_floor_ms_4p3=floor_ms(block_bytes, HBM_TBS), block_ms=block_ms,
+                       block_ratio_4p3=block_ms / floor_ms(block_bytes, HBM_TBS))
+            log(f"  moe T={t} whole block (router, routed, shared expert): {block_ms * 1e3:.1f} us, floor "
+                f"{row['block_floor_ms_4p3'] * 1e3:.1f} us (x{row['block_ratio_4p3']:.2f})")
     return {"rows": rows, "sweep": sweep}, engine_ok
 
 

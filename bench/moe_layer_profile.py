@@ -38,7 +38,7 @@ from bench.moe_layer import LONG_REPS, REPS, chain_pair, per_call_ms  # noqa: E4
 from bench.report import write_json  # noqa: E402
 from bench.step_profile import busy_ns, by_kernel, traced_events  # noqa: E402
 from model.configs import known_config  # noqa: E402
-from model.kernels import moe_kernel_for, routed_experts_for_backend  # noqa: E402
+from model.kernels import moe_kernel_for, moe_wgmma, routed_experts_for_backend, wgmma_config_for  # noqa: E402
 
 
 def _scale_layer(x_TH, experts, ids_TK, weights_TK):
@@ -112,7 +112,24 @@ def parse_args(argv):
     p.add_argument("--hlo", action="store_true",
                    help="also write the chain's optimized HLO per T (moe-layer-profile-...-T<t>.hlo.txt)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--choice-groups", type=int, default=1,
+                   help="the Mosaic GPU kernel with each token's choices in this many groups (moe_wgmma's "
+                        "choice_groups; 1 = the engine's dispatch as it is)")
     return p.parse_args(argv)
+
+
+def _with_choice_groups(groups: int):
+    """The engine's dispatch, its Mosaic GPU kernel run with `choice_groups` (the other kernels as they are)."""
+    if groups == 1:
+        return routed_experts_for_backend
+
+    def layer(x_TH, experts, ids_TK, weights_TK):
+        if moe_kernel_for(x_TH.shape[0], experts) != "wgmma":
+            return routed_experts_for_backend(x_TH, experts, ids_TK, weights_TK)
+        return moe_wgmma.routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, choice_groups=groups,
+                                              **wgmma_config_for(experts, ids_TK.shape[1], x_TH.shape[0]))
+
+    return layer
 
 
 def main(argv=None) -> dict:
@@ -134,9 +151,11 @@ def main(argv=None) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
                   date=now.isoformat(timespec="seconds"), reps=REPS, calls_per_iteration=args.calls_per_iteration,
+                  choice_groups=args.choice_groups,
                   rows=[])
-    chains = dict(call=chain_pair(routed_experts_for_backend),
-                  grouped=chain_pair(routed_experts_for_backend, calls_per_iteration=args.calls_per_iteration),
+    layer = _with_choice_groups(args.choice_groups)
+    chains = dict(call=chain_pair(layer),
+                  grouped=chain_pair(layer, calls_per_iteration=args.calls_per_iteration),
                   harness=chain_pair(_scale_layer))
     for t in args.tokens:
         x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))

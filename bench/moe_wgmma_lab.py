@@ -51,11 +51,13 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
                    help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT"
-                        "[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS[:HALVES]]]]] (CONVERT p pairs, m mosaic; "
+                        "[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS[:HALVES[:GROUPS]]]]]] (CONVERT p pairs, m mosaic; "
                         "PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down kernel's, default STAGES; "
                         "ORDER gate_up's grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down "
                         "kernel's splits of F, default 1; HALVES bits 1 gate_up, 2 down: each tile converted and "
-                        "multiplied by column halves, default 0) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] "
+                        "multiplied by column halves, default 0; GROUPS: each token's choices in that many groups, "
+                        "each its own gate_up -> down chain that CONCURRENT graph scheduling may overlap with the "
+                        "next group's, default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] "
                         "the expert-grouped kernel "
                         "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
                         "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED[:CONVERT]]]]]] the "
@@ -155,15 +157,17 @@ def _variant(v: str) -> dict:
     order = rest[2] if len(rest) > 2 else "o"
     down_ks = rest[3] if len(rest) > 3 else "1"
     halves = rest[4] if len(rest) > 4 else "0"
+    groups = rest[5] if len(rest) > 5 else "1"
     return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=int(ov), halves=int(halves),
                 convert={"p": "pairs", "m": "mosaic", "n": "none"}[conv], permute_h={"a": "after", "b": "before"}[perm],
-                down_stages=int(down_st), slots_inner={"o": False, "i": True}[order], down_k_splits=int(down_ks))
+                down_stages=int(down_st), slots_inner={"o": False, "i": True}[order], down_k_splits=int(down_ks),
+                choice_groups=int(groups))
 
 
 def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits, down_splits, overlap, convert,
-                   permute_h, down_stages, slots_inner, down_k_splits, halves):
+                   permute_h, down_stages, slots_inner, down_k_splits, halves, choice_groups):
     """The gate_up kernel, its output summed to one number so the chained timing has an [T, H] result."""
-    del down_splits, permute_h, down_stages, down_k_splits
+    del down_splits, permute_h, down_stages, down_k_splits, choice_groups
     t, k = ids_TK.shape
     gu = gate_up_sums(x_TH, experts.gate, experts.up, ids_TK.reshape(t * k), choices=k, stages=stages,
                       splits=gate_up_splits, overlap=overlap, convert=convert, slots_inner=slots_inner,

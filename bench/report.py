@@ -70,6 +70,13 @@ def markdown(result: dict) -> str:
                 f"| {r['tokens']} | {r['unique_experts']} | {r['bytes'] / 1e6:.1f} | {r['floor_ms_4p3'] * 1e3:.1f} | "
                 f"{fmt(r.get('kernel_ms', None) and r['kernel_ms'] * 1e3, 1)} | {r.get('kernel_variant', '-')}{'/' + r['kernel_slots'] if r.get('kernel_variant') == 'gemv' else ''} | {fmt(r.get('kernel_ratio_4p3'), 2)} | "
                 f"{r['reference_ms'] * 1e3:.1f} | {r['reference_ms'] / r['floor_ms_4p3']:.2f} | {fmt(r.get('kernel_rel_err'), 4)} |")
+        blocks = [r for r in moe["rows"] if r.get("block_ms")]
+        if blocks:
+            lines += ["", "The whole MoE block (router, routed experts, shared expert: `model.moe.moe`, what a decoder "
+                      "layer calls), timed the same way; floor = router + shared expert + the unique routed experts:", "",
+                      "| T | MB | floor 4.3 TB/s (us) | block (us) | x floor |", "|---|---|---|---|---|"]
+            lines += [f"| {r['tokens']} | {r['block_bytes'] / 1e6:.1f} | {r['block_floor_ms_4p3'] * 1e3:.1f} | "
+                      f"{r['block_ms'] * 1e3:.1f} | {r['block_ratio_4p3']:.2f} |" for r in blocks]
         lines += ["", "Tile sweep (ms per layer call): " + "; ".join(
             f"cfg{i} {_short(s['config'])}: "
             f"{'/'.join(fmt(s.get(k, {}).get('ms'), 4) for k in sorted(s) if k.startswith('T'))}"

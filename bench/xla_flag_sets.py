@@ -26,6 +26,11 @@ FLAG_SETS = {
     "no-command-buffers": "--xla_gpu_enable_command_buffer=",
     "while-in-command-buffers":
         "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL",
+    # the Pallas kernels (custom calls) launched by their own thunks: the step's one CUDA graph becomes a run of
+    # small graphs between them, so the device starts on the first while the host still launches the rest (a
+    # synchronised step pays the whole graph's launch before its first kernel, run 12)
+    "custom-calls-apart": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN",
+    "fusion-only": "--xla_gpu_enable_command_buffer=FUSION",
     # programmatic dependent launch (Hopper): a kernel may start while the previous one drains
     "pdl-off": "--xla_gpu_enable_pdl=false --xla_gpu_enable_pdl_launch=false",  # *_launch: jax 0.11's XLA only
     "pdl-on": "--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true",

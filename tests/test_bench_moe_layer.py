@@ -75,3 +75,26 @@ def test_per_call_ms_is_the_difference_of_the_two_chains(monkeypatch):
     assert timing["ms"] == pytest.approx(per_call)
     assert timing["chained_ms"] == pytest.approx(per_call + fixed / moe_layer.REPS)
     assert timing["spread_ms"] == pytest.approx(0.04 / moe_layer.REPS)
+
+
+def test_moe_block_is_the_decoder_layers_moe_and_counts_its_bytes():
+    """The whole-block row: `_moe_block` is `model.moe.moe` on [T, H] (routing inside it), and its floor's bytes are
+    router + shared expert + the unique routed experts + x in and out."""
+    import functools
+
+    from bench.bytes_floor import nbytes
+    from bench.moe_layer import _moe_block, moe_block_bytes, time_moe_block
+    from bench.step import random_model
+    from model.moe import MoEWeights, moe
+
+    cfg, w = random_model(3, tiny=True)
+    layer = next(lw.mlp for lw in w.layers if isinstance(lw.mlp, MoEWeights))
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, cfg.hidden_size)).astype(jnp.bfloat16)
+    ids = jnp.zeros((2, cfg.num_experts_per_tok), jnp.int32)  # unused: the block routes x itself
+    out = jax.jit(functools.partial(_moe_block, cfg=cfg))(x, layer, ids, jnp.ones(ids.shape, jnp.float32))
+    want = jax.jit(lambda x, layer: moe(x[None], layer, cfg)[0])(x, layer)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    per_expert = nbytes(layer.experts) // layer.experts.num_experts
+    assert moe_block_bytes(layer, 5, x) == (nbytes(layer.router) + nbytes(layer.router_bias) + nbytes(layer.shared)
+                                            + 5 * per_expert + 2 * x.nbytes)
+    assert np.isfinite(time_moe_block(layer, cfg, x, ids, jnp.ones(ids.shape, jnp.float32), iters=1)["ms"])

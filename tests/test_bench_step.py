@@ -108,3 +108,16 @@ def test_kernel_record_names_the_dispatched_kernel():
                    "permute_h": "before"}) == "wgmma st2/4 gate_up/4 down/8 h-before"
     assert _short({"variant": "wgmma", "stages": 2, "gate_up_splits": 7, "down_splits": 8, "down_k_splits": 2,
                    "permute_h": "before"}) == "wgmma st2 gate_up/7 down/8 F/2 h-before"
+
+
+def test_report_shows_the_moe_layer_and_its_whole_block():
+    """A GPU run's MoE-layer section (the routed experts, then the whole block when it was timed) in the markdown."""
+    from bench.report import markdown
+
+    row = dict(tokens=1, unique_experts=8, bytes=198e6, floor_ms_4p3=0.0461, kernel_ms=0.0652, kernel_variant="wgmma",
+               kernel_ratio_4p3=1.41, reference_ms=0.9, kernel_rel_err=5e-3, block_bytes=298e6,
+               block_floor_ms_4p3=0.0693, block_ms=0.085, block_ratio_4p3=1.23)
+    text = markdown(dict(device="H200", jax="0.11.2", date="today", layers=4, tiny=False, moe_path="pallas",
+                         moe_layer=dict(rows=[row, {**row, "tokens": 4, "block_ms": None}], sweep={})))
+    assert "| 1 | 8 | 198.0 | 46.1 | 65.2 | wgmma | 1.41 |" in text
+    assert "| 1 | 298.0 | 69.3 | 85.0 | 1.23 |" in text and "| 4 | 298.0" not in text  # T=4's block not timed

@@ -60,6 +60,34 @@ def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, co
     assert _rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("t,groups,down_splits", [(1, 2, 4), (2, 2, 2), (3, 4, 4)])
+def test_choice_groups_match_reference(experts, t, groups, down_splits):
+    """Each group of choices through its own gate_up -> down chain: the same sum, whatever the grouping (the down
+    kernel's splits of the choices shrink to fit a group)."""
+    x = jax.random.normal(jax.random.PRNGKey(10 + t), (t, H)).astype(jnp.bfloat16)
+    ids, w = _routing(t, 10 + t)
+    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, down_splits=down_splits,
+                                   permute_h="before", choice_groups=groups, interpret=True))
+    grouped = fn(x, experts, ids, w)
+    assert _rel_err(grouped, experts_gather(x.astype(jnp.float32), experts, ids, w)) < 1e-2
+    one = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, down_splits=down_splits,
+                                    permute_h="before", interpret=True))(x, experts, ids, w)
+    assert _rel_err(grouped, one) < 5e-3  # the same products; only the order of the f32 sums differs
+
+
+def test_gate_up_sums_of_a_group_are_its_choices(experts):
+    """`group` (g, G): the kernel's slots are each token's choices g * K/G .. of the routing's K."""
+    t = 2
+    x = jax.random.normal(jax.random.PRNGKey(3), (t, H)).astype(jnp.bfloat16)
+    ids, _ = _routing(t, 3)
+    expert_U = ids.reshape(-1)
+    whole = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=K, interpret=True)
+    half = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=K // 2, group=(1, 2),
+                                  interpret=True)
+    picked = np.asarray(whole).reshape(1, 2, t, K, F)[:, :, :, K // 2:].reshape(1, 2, t * K // 2, F)
+    np.testing.assert_allclose(np.asarray(half), picked, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("slots_inner", [False, True])
 def test_gate_up_sums_are_the_two_products(experts, slots_inner):
     """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H, in either grid
@@ -148,6 +176,8 @@ def test_unsupported_shapes_are_refused(experts):
         moe_wgmma.routed_experts_wgmma(x, experts, ids, w, convert="f16", interpret=True)
     with pytest.raises(ValueError, match="permute_h must be 'after' or 'before'"):
         moe_wgmma.routed_experts_wgmma(x, experts, ids, w, permute_h="never", interpret=True)
+    with pytest.raises(ValueError, match="choice_groups=3"):
+        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, choice_groups=3, interpret=True)
 
 
 def test_engine_picks_it_only_on_hopper(experts):
@@ -168,7 +198,8 @@ def test_gate_up_splits_follow_the_token_count():
 @pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
                                        (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True}),
                                        (1, {"gate_up_splits": 7, "down_k_splits": 2}), (4, {"overlap": 2}),
-                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "halves": 3})])
+                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "halves": 3}),
+                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "choice_groups": 2})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct
@@ -178,7 +209,8 @@ def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
                                 sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
-    assert text.count("mosaic_gpu") >= 2  # both kernels became Mosaic GPU custom calls
+    # both kernels (of every group of choices) became Mosaic GPU custom calls
+    assert text.count("mosaic_gpu") >= 2 * options.get("choice_groups", 1)
 
 
 def test_diagnostic_without_conversion_computes_weights_of_ones(experts):

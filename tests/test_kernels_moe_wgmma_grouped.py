@@ -101,6 +101,7 @@ def test_lab_names_its_variants():
     assert _candidate("f")[1].keywords == {}
     assert _candidate_on_experts("2:7:8:0:p:b:2:o:2")[1].keywords == dict(
         stages=2, gate_up_splits=7, down_splits=8, overlap=False, convert="pairs", permute_h="before", down_stages=2,
-        slots_inner=False, down_k_splits=2, halves=0)
+        slots_inner=False, down_k_splits=2, halves=0, choice_groups=1)
     assert _candidate_on_experts("2:7:8:0:p:b:2:o:2:3")[1].keywords["halves"] == 3
+    assert _candidate_on_experts("2:7:8:0:p:b:2:o:2:0:2")[1].keywords["choice_groups"] == 2
     assert _candidate("c:2:2:7:2")[0] == "chained_2:2:7:2" and _candidate("c:2:2:7:2:1:1")[0] == "chained_2:2:7:2:1:1"

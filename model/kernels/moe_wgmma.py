@@ -29,6 +29,7 @@ carry no swizzle.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -258,11 +259,20 @@ def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
     return b, w, s
 
 
+def _routed_slot(slot, choices: int, group):
+    """The index in the routing's slots (expert ids) of a kernel's slot: the same without `group`; with group (g, G)
+    the kernel sees only each token's choices g * choices .. + choices - 1 of its choices * G."""
+    if group is None:
+        return slot
+    g, groups = group
+    return slot // choices * (choices * groups) + g * choices + slot % choices
+
+
 def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages,
-                    overlap, convert, halves, interpret):
+                    overlap, convert, halves, group, interpret):
     """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
-    e, t = expert_ref[slot], slot // choices  # slot t * choices + c holds token t's choice c
+    e, t = expert_ref[_routed_slot(slot, choices, group)], slot // choices  # slot t * choices + c: token t, choice c
     b, w, s = _specs(interpret, lambda k: (split * n_k + k, 0, 0), lambda k: (rb, split * n_k + k))
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
@@ -277,7 +287,7 @@ def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref,
 
 
 def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages, convert,
-                 halves, interpret):
+                 halves, group, interpret):
     rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
     t, rest = ts // (splits * k_splits), ts % (splits * k_splits)
     split, ks = rest // k_splits, rest % k_splits  # k_splits fastest: a row block's F shares run side by side
@@ -291,7 +301,7 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
 
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
     b, w, s = _specs(interpret, lambda c, kk: (first + c, k0 + kk, 0, 0),
-                     lambda c, kk: (expert_ref[first + c], rb, k0 + kk), lead=(None,))
+                     lambda c, kk: (expert_ref[_routed_slot(first + c, choices, group)], rb, k0 + kk), lead=(None,))
     acc = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
                               init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
     _store_rows(jnp.sum(acc, axis=1), y_ref.at[split * k_splits + ks, t, pl.ds(rb * ROWS, ROWS)])
@@ -299,8 +309,10 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
                  splits: int = 1, overlap: bool = False, convert: str = "pairs", slots_inner: bool = False,
-                 halves: bool = False, interpret: bool = False) -> jax.Array:
+                 halves: bool = False, group: tuple[int, int] | None = None, interpret: bool = False) -> jax.Array:
     """[splits, 2, U, F] f32: slot u's gate / up rows (expert expert_U[u], token u // choices) over split s of H.
+    With `group` (g, G) the U = T * choices slots are each token's choices g * choices .. + choices - 1 of the
+    choices * G in expert_U (`_routed_slot`).
 
     `slots_inner`: the slot is the fastest grid axis (CUDA's x), so the programs in flight together cover every
     slot's same rows and the slots routed to one expert read each of its tiles at about the same time (the
@@ -309,14 +321,16 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
         raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
-    slots, f = expert_U.shape[0], gate.shape[1]
-    if slots % choices or slots // choices != x_TH.shape[0]:
-        raise ValueError(f"{slots} slots are not {choices} choices for each of {x_TH.shape[0]} tokens")
+    groups = 1 if group is None else group[1]
+    slots, f = expert_U.shape[0] // groups, gate.shape[1]
+    if expert_U.shape[0] % groups or slots % choices or slots // choices != x_TH.shape[0]:
+        raise ValueError(f"{expert_U.shape[0]} slots are not {choices} x {groups} choices for each of "
+                         f"{x_TH.shape[0]} tokens")
     sizes = {"slot": slots, "rows": f // ROWS, "split": splits}
     names = ("rows", "split", "slot") if slots_inner else ("slot", "rows", "split")  # the last is CUDA's x
     return plgpu.kernel(
         functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, choices=choices, stages=stages,
-                          overlap=overlap, convert=convert, halves=halves, interpret=interpret),
+                          overlap=overlap, convert=convert, halves=halves, group=group, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
         grid=tuple(sizes[n] for n in names), grid_names=names,
         **_interpret_kw(interpret),
@@ -325,10 +339,10 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
               k_splits: int = 1, convert: str = "pairs", h_in_input_order: bool = False, halves: bool = False,
-              interpret: bool = False) -> jax.Array:
+              group: tuple[int, int] | None = None, interpret: bool = False) -> jax.Array:
     """[splits * k_splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h),
     over share ks of F (row s * k_splits + ks). `h_in_input_order`: h's columns are already in
-    `input_order(.., convert)`."""
+    `input_order(.., convert)`. `group`: h's slots are a group of expert_U's (`gate_up_sums`)."""
     _check_convert(convert)
     slots, f = h_UF.shape
     if choices % splits:
@@ -338,7 +352,8 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
     t, hidden = slots // choices, down.shape[1]
     return plgpu.kernel(
         functools.partial(_down_kernel, n_k=f // TILE_K // k_splits, choices=choices, splits=splits,
-                          k_splits=k_splits, stages=stages, convert=convert, halves=halves, interpret=interpret),
+                          k_splits=k_splits, stages=stages, convert=convert, halves=halves, group=group,
+                          interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits * k_splits, t, hidden), jnp.float32),
         grid=(hidden // ROWS, t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
@@ -348,7 +363,8 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
                          down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
                          permute_h: str = "after", down_stages: int | None = None, slots_inner: bool = False,
-                         down_k_splits: int = 1, halves: int = 0, interpret: bool = False) -> jax.Array:
+                         down_k_splits: int = 1, halves: int = 0, choice_groups: int = 1,
+                         interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
@@ -359,24 +375,36 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     (default `stages`): the down kernel's pipeline depth, whose steps hold one weight tile to gate_up's two.
     `slots_inner`: gate_up's grid order (`gate_up_sums`); the down kernel's grid already has the row block
     slowest, so slots sharing an expert read its row block together there. `halves` (bits: 1 gate_up, 2 down): that
-    kernel converts and multiplies each tile's column halves one after the other (`_tile_product`)."""
+    kernel converts and multiplies each tile's column halves one after the other (`_tile_product`).
+    `choice_groups`: each token's choices in that many groups, each its own gate_up -> h -> down chain (the down
+    kernel's splits of the choices become the largest divisor of a group's choices that divides `down_splits`);
+    the chains share no buffer, so XLA's CONCURRENT graph scheduling may run one group's down kernel while the next
+    group's gate_up still streams (the ramp of one kernel under the tail of the other)."""
     if permute_h not in ("after", "before"):
         raise ValueError(f"moe_wgmma permute_h must be 'after' or 'before', not {permute_h!r}")
     if not supports(experts):
         raise ValueError(f"moe_wgmma takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and dims "
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
+    if choice_groups < 1 or k % choice_groups:
+        raise ValueError(f"choice_groups={choice_groups} must divide the {k} choices per token")
+    kg = k // choice_groups
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages, splits=gate_up_splits,
-                           overlap=overlap, convert=convert, slots_inner=slots_inner, halves=bool(halves & 1),
-                           interpret=interpret)
-    if permute_h == "before":
-        gu_S2UF = input_order(gu_S2UF, convert)
-    h_UF = swiglu_h(gu_S2UF, weights_TK)
-    y_STH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=down_stages or stages, splits=down_splits,
-                      k_splits=down_k_splits, convert=convert, h_in_input_order=permute_h == "before",
-                      halves=bool(halves & 2), interpret=interpret)
-    return _sum_leading(y_STH).astype(x_TH.dtype)
+    y_TH = None
+    for g in range(choice_groups):
+        group = (g, choice_groups) if choice_groups > 1 else None
+        gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=kg, stages=stages,
+                               splits=gate_up_splits, overlap=overlap, convert=convert, slots_inner=slots_inner,
+                               halves=bool(halves & 1), group=group, interpret=interpret)
+        if permute_h == "before":
+            gu_S2UF = input_order(gu_S2UF, convert)
+        h_UF = swiglu_h(gu_S2UF, weights_TK[:, g * kg:(g + 1) * kg])
+        splits = down_splits if choice_groups == 1 else math.gcd(down_splits, kg)
+        y_STH = down_sums(h_UF, experts.down, expert_U, choices=kg, stages=down_stages or stages, splits=splits,
+                          k_splits=down_k_splits, convert=convert, h_in_input_order=permute_h == "before",
+                          halves=bool(halves & 2), group=group, interpret=interpret)
+        y_TH = _sum_leading(y_STH) if y_TH is None else y_TH + _sum_leading(y_STH)
+    return y_TH.astype(x_TH.dtype)
 
 
 def swiglu_h(gu_S2UF: jax.Array, weights_TK: jax.Array) -> jax.Array:
