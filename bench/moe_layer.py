@@ -107,11 +107,11 @@ def moe_block_bytes(layer: MoEWeights, unique: int, x_TH) -> int:
     return nbytes((layer.router, layer.router_bias, layer.shared)) + unique * per_expert + 2 * x_TH.nbytes
 
 
-def _moe_block(x_TH, layer: MoEWeights, ids_TK, weights_TK, *, cfg):
+def _moe_block(x_TH, layer: MoEWeights, ids_TK, weights_TK, *, cfg, shared_stream: int | None = None):
     """The whole block as a decoder layer calls it (`model.moe.moe`: routing, routed experts, shared expert); it
     routes x itself, so the chain's ids and weights go unused."""
     del ids_TK, weights_TK
-    return moe(x_TH[None], layer, cfg)[0]
+    return moe(x_TH[None], layer, cfg, shared_stream=shared_stream)[0]
 
 
 def time_moe_block(layer: MoEWeights, cfg, x_TH, ids_TK, weights_TK, iters: int = 10) -> dict:

@@ -74,11 +74,25 @@ def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, w
     return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 
-def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig) -> jax.Array:
+def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig, shared_stream: int | None = None) -> jax.Array:
+    """Routed experts plus the shared expert. `shared_stream` (GPU): XLA runs the shared expert on that CUDA stream
+    (`shared_expert`), where it may overlap the routing and the routed experts."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
     weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
     y_TH = routed_experts_parallel(x_TH, w.experts, ids_TK, weights_TK)  # = routed_experts without a mesh
     if w.shared is not None:
-        y_TH = y_TH + swiglu(x_TH, w.shared)
+        y_TH = y_TH + shared_expert(x_TH, w.shared, shared_stream)
     return y_TH.reshape(b, t, h)
+
+
+def shared_expert(x_TH: jax.Array, shared: MLPWeights, stream: int | None = None) -> jax.Array:
+    """The shared expert's SwiGLU; with `stream`, as a call that XLA places on GPU stream `stream` (jax's
+    `compute_on("gpu_stream:N")`; other backends ignore the annotation): it needs neither the router nor the routed
+    experts, so on a stream of its own it can stream its 88 MB while they wait on their launches and tails."""
+    if stream is None:
+        return swiglu(x_TH, shared)
+    from jax.experimental.compute_on import compute_on
+
+    with compute_on(f"gpu_stream:{stream}"):
+        return jax.jit(swiglu)(x_TH, shared)
