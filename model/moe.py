@@ -16,7 +16,7 @@ from flax import struct
 from model.config import TextConfig
 from model.mlp import MLPWeights, swiglu
 from model.moe_parallel import routed_experts_parallel
-from model.quant import Weight, dequantize
+from model.quant import Weight, dequantize, linear
 from model.router import route
 
 
@@ -92,7 +92,16 @@ def shared_expert(x_TH: jax.Array, shared: MLPWeights, stream: int | None = None
     experts, so on a stream of its own it can stream its 88 MB while they wait on their launches and tails."""
     if stream is None:
         return swiglu(x_TH, shared)
-    from jax.experimental.compute_on import compute_on
+    from jax.experimental import compute_on as jax_compute_on
 
-    with compute_on(f"gpu_stream:{stream}"):
-        return jax.jit(swiglu)(x_TH, shared)
+    # jax 0.10 names the function form compute_on2 (its compute_on is a context manager); jax 0.11 compute_on
+    on_stream = getattr(jax_compute_on, "compute_on2", None) or jax_compute_on.compute_on
+    return on_stream(_swiglu_without_calls, compute_type=f"gpu_stream:{stream}",
+                     out_memory_spaces=jax.memory.Space.Device)(x_TH, shared)
+
+
+def _swiglu_without_calls(x_TH: jax.Array, w: MLPWeights) -> jax.Array:
+    """`swiglu` with SiLU written out (jax.nn.silu is a jitted function of its own): XLA cannot place a call nested in
+    a stream-annotated computation ("No ExecutionStreamId found", jax 0.11.2 on the H200). The same operations."""
+    g = linear(x_TH, w.gate)
+    return linear(g * jax.lax.logistic(g) * linear(x_TH, w.up), w.down)

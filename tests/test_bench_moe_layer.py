@@ -110,5 +110,8 @@ def test_shared_expert_on_a_stream_of_its_own_computes_the_same():
     x = jax.random.normal(jax.random.PRNGKey(1), (1, 3, cfg.hidden_size)).astype(jnp.bfloat16)
     plain = jax.jit(lambda x, layer: moe(x, layer, cfg))
     streamed = jax.jit(lambda x, layer: moe(x, layer, cfg, shared_stream=1))
-    assert "_xla_stream_annotation" in streamed.lower(x, layer).as_text()
+    text = streamed.lower(x, layer).as_text()
+    # one annotated call and no call nested in it (XLA on the H200 cannot place one: "No ExecutionStreamId found")
+    assert [ln for ln in text.splitlines() if "call @" in ln and "_xla_stream_annotation" in ln] == [
+        ln for ln in text.splitlines() if "call @compute_on" in ln]
     np.testing.assert_array_equal(np.asarray(streamed(x, layer)), np.asarray(plain(x, layer)))
