@@ -10,7 +10,9 @@ Pallas MoE when the shapes fit, elsewhere the plain reference paths `model.moe.e
 Not dispatched, measured: moe_wgmma_grouped.py (the experts' tiles read once per group of tokens sharing them),
 moe_wgmma_fused.py (decode's gate_up through down in one kernel), moe_wgmma_blocked_down.py (the down kernel over
 contiguous F-blocked tiles): slower at one token, bench/results/README.md run 19; moe_wgmma_chained.py (gate_up's and
-down's programs in one launch, down's waiting on semaphores): slower at one token, run 20.
+down's programs in one launch, down's waiting on semaphores): slower at one token, run 20. moe_wgmma's
+`choice_groups` (each group of a token's choices its own gate_up -> down chain, overlapped by the CUDA graph) and
+`model.moe.shared_expert`'s stream: no faster, run 21; both left off.
 """
 
 from __future__ import annotations
