@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 from bench.bytes_floor import HBM_TBS, floor_ms  # noqa: E402
 from bench.moe_layer import _moe_block, _rel_err, chain_pair, moe_block_bytes, per_call_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
+from bench.timing import summarize_rounds  # noqa: E402
 from bench.step import random_model  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
 from model.router import route  # noqa: E402
@@ -85,11 +86,8 @@ def main(argv=None) -> dict:
                 row.setdefault("round_ms", []).append(per_call_ms(chains[row["variant"]], call, args.iters)["ms"])
                 log(f"T={t} round {r} {row['variant']:10s} {row['round_ms'][-1] * 1e3:8.1f} us")
         for row in rows:
-            row["ms"] = float(np.median(row["round_ms"]))
-            row["ratio"] = row["ms"] / floor
-            log(f"T={t} {row['variant']:10s} {row['ms'] * 1e3:8.1f} us  floor {floor * 1e3:6.1f} us  x{row['ratio']:.2f}"
-                f"  rel_err vs {args.variants[0]} {row['rel_err']:.1e}  rounds "
-                + " ".join(f"{m * 1e3:.1f}" for m in row["round_ms"]))
+            log(f"T={t} {row['variant']:10s} {summarize_rounds(row, floor)}  rel_err vs {args.variants[0]} "
+                f"{row['rel_err']:.1e}  rounds " + " ".join(f"{m * 1e3:.1f}" for m in row["round_ms"]))
         result["rows"] += rows
     path = write_json(result, Path(args.out), f"moe-block-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
     log(f"wrote {path}")

@@ -34,6 +34,7 @@ from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
 from bench.moe_kernel_lab import inputs, moe_layer, run_for_profiler  # noqa: E402
 from bench.moe_layer import _rel_err, chain_pair, per_call_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
+from bench.timing import summarize_rounds  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import kernel_config_for, routed_experts_pallas  # noqa: E402
 from model.kernels.moe_wgmma import gate_up_sums, routed_experts_wgmma  # noqa: E402
@@ -267,11 +268,8 @@ def main(argv=None):
                 log(f"T={t} round {r} {row['name']:18s} {row['round_ms'][-1] * 1e3:8.1f} us")
         for row in rows:
             if row.get("round_ms"):
-                row["ms"] = float(np.median(row["round_ms"]))
-                row["ratio"] = row["ms"] / row["floor_ms"]
-                log(f"T={t} {row['name']:18s} {row['ms'] * 1e3:8.1f} us  floor {row['floor_ms'] * 1e3:6.1f} us  "
-                    f"x{row['ratio']:.2f}  rel_err {row.get('rel_err', float('nan')):.1e}  rounds "
-                    + " ".join(f"{m * 1e3:.1f}" for m in row["round_ms"]))
+                log(f"T={t} {row['name']:18s} {summarize_rounds(row, row['floor_ms'])}  rel_err "
+                    f"{row.get('rel_err', float('nan')):.1e}  rounds " + " ".join(f"{m * 1e3:.1f}" for m in row["round_ms"]))
         result["rows"] += rows
     path = write_json(result, Path(args.out), f"moe-wgmma-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
     log(f"wrote {path}")

@@ -40,6 +40,14 @@ def median_ms(run, warmup: int = 3, iters: int = 20, wait=jax.block_until_ready)
 LOOP_WARMUP = 2  # calls of a device loop before timing
 
 
+def summarize_rounds(row: dict, floor_ms: float) -> str:
+    """A lab row timed in round-robin rounds (`row["round_ms"]`): set its median `ms` and `ratio` to `floor_ms`, and
+    return "<median> us  floor <floor> us  x<ratio>" for the log line."""
+    row["ms"] = statistics.median(row["round_ms"])
+    row["ratio"] = row["ms"] / floor_ms
+    return f"{row['ms'] * 1e3:8.1f} us  floor {floor_ms * 1e3:6.1f} us  x{row['ratio']:.2f}"
+
+
 def loop_iters(iters: int) -> int:
     """Timed calls of a device loop (each runs many steps) for a benchmark that times single steps `iters` times."""
     return max(3, iters // 2)
