@@ -76,7 +76,8 @@ def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, w
 
 def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig, shared_stream: int | None = None) -> jax.Array:
     """Routed experts plus the shared expert. `shared_stream` (GPU): XLA runs the shared expert on that CUDA stream
-    (`shared_expert`), where it may overlap the routing and the routed experts."""
+    (`shared_expert`), where it may overlap the routing and the routed experts; measured no faster on the H200 (one
+    K2.5 block: 97.4 against 95.9 us at one token, bench/results/README.md run 21), so the decoder leaves it off."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
     weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
