@@ -32,6 +32,10 @@ FLAG_SETS = {
     # synchronised step pays the whole graph's launch before its first kernel, run 12)
     "custom-calls-apart": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN",
     "fusion-only": "--xla_gpu_enable_command_buffer=FUSION",
+    # fewer, larger kernels: a decode layer's RMSNorms run as a reduction and an elementwise kernel each (run 15's
+    # step profile); XLA's block-level (Triton) fusions may take a norm in one
+    "block-level-rewriter": "--xla_gpu_experimental_enable_fusion_block_level_rewriter=true",
+    "triton-heroless": "--xla_gpu_experimental_enable_triton_heroless_priority_fusion=true",
     # programmatic dependent launch (Hopper): a kernel may start while the previous one drains
     "pdl-off": "--xla_gpu_enable_pdl=false --xla_gpu_enable_pdl_launch=false",  # *_launch: jax 0.11's XLA only
     "pdl-on": "--xla_gpu_enable_pdl=true --xla_gpu_enable_pdl_launch=true",
