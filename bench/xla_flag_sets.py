@@ -5,7 +5,8 @@ checks that a set gives the same tokens. `python -m bench.xla_flag_sets NAME` pr
 The command-buffer ones aimed at the synchronised step's host round trip (~0.5 ms at B=1 1k: bench/results/README.md,
 host-overhead-gpu-20261130-0310). Run 17 measured concurrent-regions, exclusive-lock and trace-cache-64: none moved
 the synchronised steps beyond the spread (bench/results/run17/flags-*.log); run 21 custom-calls-apart and fusion-only:
-slower device loops, synchronised steps within the spread (bench/results/run21/flags-*.log). `--xla_gpu_command_buffer_update_mode`
+slower device loops, synchronised steps within the spread; block-level-rewriter: the same device loop
+(bench/results/run21/flags-*.log). `--xla_gpu_command_buffer_update_mode`
 (jax 0.10's XLA knows it) is refused by the H200's jax 0.11.2 XLA, which aborts the process, so it has no set here."""
 
 from __future__ import annotations
