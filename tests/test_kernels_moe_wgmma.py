@@ -60,7 +60,7 @@ def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, co
     assert _rel_err(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("t,groups,down_splits", [(1, 2, 4), (2, 2, 2), (3, 4, 4)])
+@pytest.mark.parametrize("t,groups,down_splits", [(1, 2, 4), (2, 2, 2), (1, 4, 4)])
 def test_choice_groups_match_reference(experts, t, groups, down_splits):
     """Each group of choices through its own gate_up -> down chain: the same sum, whatever the grouping (the down
     kernel's splits of the choices shrink to fit a group)."""
