@@ -53,6 +53,8 @@ def parse_args(argv):
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
+    if min(args.tokens) < 1 or args.rounds < 1 or args.iters < 1:
+        p.error("--tokens, --rounds and --iters must be >= 1")
     for v in args.variants:
         try:
             shared_stream_of(v)

@@ -23,3 +23,5 @@ def test_variant_names():
             shared_stream_of(bad)
     with pytest.raises(SystemExit):
         main(["--variants", "default", "stream0"])
+    with pytest.raises(SystemExit):
+        main(["--tokens", "0"])
