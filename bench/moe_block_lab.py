@@ -79,9 +79,9 @@ def main(argv=None) -> dict:
         floor = floor_ms(moe_block_bytes(layer, unique, x_TH), HBM_TBS)
         call = (x_TH, layer, ids_TK, weights_TK)
         fns = {v: functools.partial(_moe_block, cfg=cfg, shared_stream=shared_stream_of(v)) for v in args.variants}
-        first = jax.jit(fns[args.variants[0]])(*call)
+        outs = {v: jax.jit(fn)(*call) for v, fn in fns.items()}
         rows = [dict(variant=v, tokens=t, unique_experts=unique, floor_ms=floor,
-                     rel_err=_rel_err(jax.jit(fn)(*call), first)) for v, fn in fns.items()]
+                     rel_err=_rel_err(out, outs[args.variants[0]])) for v, out in outs.items()]
         chains = {v: chain_pair(fn) for v, fn in fns.items()}
         for r in range(args.rounds):  # round-robin, so a drifting machine moves every variant alike
             for row in rows:

@@ -177,9 +177,10 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                    reference_ratio_4p3=row["reference_ms"] / row["floor_ms_4p3"])
         if layer.shared is not None:  # the block around them: router, routed experts and shared expert in one call
             block_bytes = moe_block_bytes(layer, row["unique_experts"], x_TH)
+            block_floor = floor_ms(block_bytes, HBM_TBS)
             block_ms = time_moe_block(layer, cfg, x_TH, ids_TK, weights_TK, iters=iters)["ms"]
-            row.update(block_bytes=block_bytes, block_floor_ms_4p3=floor_ms(block_bytes, HBM_TBS), block_ms=block_ms,
-                       block_ratio_4p3=block_ms / floor_ms(block_bytes, HBM_TBS))
+            row.update(block_bytes=block_bytes, block_floor_ms_4p3=block_floor, block_ms=block_ms,
+                       block_ratio_4p3=block_ms / block_floor)
             log(f"  moe T={t} whole block (router, routed, shared expert): {block_ms * 1e3:.1f} us, floor "
                 f"{row['block_floor_ms_4p3'] * 1e3:.1f} us (x{row['block_ratio_4p3']:.2f})")
     return {"rows": rows, "sweep": sweep}, engine_ok

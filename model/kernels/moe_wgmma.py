@@ -399,6 +399,7 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
         if permute_h == "before":
             gu_S2UF = input_order(gu_S2UF, convert)
         h_UF = swiglu_h(gu_S2UF, weights_TK[:, g * kg:(g + 1) * kg])
+        # one group keeps the caller's down_splits, so a split that does not divide the choices is still refused
         splits = down_splits if choice_groups == 1 else math.gcd(down_splits, kg)
         y_STH = down_sums(h_UF, experts.down, expert_U, choices=kg, stages=down_stages or stages, splits=splits,
                           k_splits=down_k_splits, convert=convert, h_in_input_order=permute_h == "before",
