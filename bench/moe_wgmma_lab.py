@@ -42,6 +42,7 @@ from model.kernels.moe_wgmma_chained import permute_gate_up_rows, routed_experts
 from model.kernels.moe_wgmma_blocked_down import routed_experts_blocked_down  # noqa: E402
 from model.kernels.moe_wgmma_fused import fused_down_layout, routed_experts_fused  # noqa: E402
 from model.kernels.moe_wgmma_grouped import routed_experts_grouped  # noqa: E402
+from model.kernels.moe_wgmma_persistent import routed_experts_persistent  # noqa: E402
 from model.moe import experts_gather  # noqa: E402
 from model.router import route  # noqa: E402
 
@@ -52,13 +53,15 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--variants", nargs="+", default=["2:4:8:0:p", "2:4:8:0:m", "2:4:4:0:p", "3:4:8:0:p"],
                    help="STAGES:GATE_UP_SPLITS:DOWN_SPLITS:OVERLAP:CONVERT"
-                        "[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS[:HALVES[:GROUPS]]]]]] (CONVERT p pairs, m mosaic; "
+                        "[:PERMUTE_H[:DOWN_STAGES[:ORDER[:DOWN_K_SPLITS[:HALVES[:GROUPS[:DOWN_ROW_BLOCKS]]]]]]] "
+                        "(CONVERT p pairs, m mosaic; "
                         "PERMUTE_H a after SiLU (default), b before; DOWN_STAGES the down kernel's, default STAGES; "
                         "ORDER gate_up's grid, o slot slowest (default), i slot fastest; DOWN_K_SPLITS the down "
                         "kernel's splits of F, default 1; HALVES bits 1 gate_up, 2 down: each tile converted and "
                         "multiplied by column halves, default 0; GROUPS: each token's choices in that many groups, "
                         "each its own gate_up -> down chain that CONCURRENT graph scheduling may overlap with the "
-                        "next group's, default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] "
+                        "next group's, default 1; DOWN_ROW_BLOCKS: blocks of 64 H rows a down step streams, "
+                        "default 1) of the wgmma kernel; g:STAGES:GATE_UP_SPLITS[:t|:s] "
                         "the expert-grouped kernel "
                         "(moe_wgmma_grouped.py; :t every group through the token tiles, :s each path in a kernel of "
                         "its own); f[:STAGES[:DOWN_STAGES[:OVERLAP[:DOWN_TILES[:BIASED[:CONVERT]]]]]] the "
@@ -71,7 +74,10 @@ def parse_args(argv):
                         "c:STAGES:DOWN_STAGES:GATE_UP_SPLITS:DOWN_K_SPLITS[:PERMUTED[:H_PROGRAMS]] gate_up and down in "
                         "one launch, down's programs waiting on semaphores (moe_wgmma_chained.py; PERMUTED 1: gate / "
                         "up rows laid out once in down's nibble-pair order before the timings, down converting by "
-                        "pairs; H_PROGRAMS 1: h's B built once per slot and share of F and streamed by down)")
+                        "pairs; H_PROGRAMS 1: h's B built once per slot and share of F and streamed by down); "
+                        "P:PROGRAMS:STAGES:DOWN_PROGRAMS:DOWN_STAGES:GATE_UP_SPLITS:DOWN_SPLITS:DOWN_K_SPLITS both "
+                        "kernels with persistent programs, each streaming a run of work items through one pipeline "
+                        "(moe_wgmma_persistent.py)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="the tokens' inputs: random (each token its own experts), near (token 0's input plus 0.7 x "
                         "noise: mostly shared experts), same (token 0's input: all tokens choose the same 8)")
@@ -143,6 +149,12 @@ def _chained_flags(v: str) -> tuple[bool, bool]:
 
 
 def _candidate_on_experts(v: str):
+    if v.startswith("P:"):
+        keys = ("programs", "stages", "down_programs", "down_stages", "gate_up_splits", "down_splits", "down_k_splits")
+        fields = v.split(":")[1:]
+        if len(fields) != len(keys):
+            raise ValueError(f"variant {v!r}: P: takes {':'.join(k.upper() for k in keys)}")
+        return f"persistent_{v[2:]}", functools.partial(routed_experts_persistent, **dict(zip(keys, map(int, fields))))
     if v.startswith("g:"):
         _, st, gus, *layout = v.split(":")
         paths = {(): "both", ("t",): "tokens", ("s",): "split"}[tuple(layout)]
@@ -159,16 +171,17 @@ def _variant(v: str) -> dict:
     down_ks = rest[3] if len(rest) > 3 else "1"
     halves = rest[4] if len(rest) > 4 else "0"
     groups = rest[5] if len(rest) > 5 else "1"
+    row_blocks = rest[6] if len(rest) > 6 else "1"
     return dict(stages=int(st), gate_up_splits=int(gus), down_splits=int(ds), overlap=int(ov), halves=int(halves),
                 convert={"p": "pairs", "m": "mosaic", "n": "none"}[conv], permute_h={"a": "after", "b": "before"}[perm],
                 down_stages=int(down_st), slots_inner={"o": False, "i": True}[order], down_k_splits=int(down_ks),
-                choice_groups=int(groups))
+                choice_groups=int(groups), down_row_blocks=int(row_blocks))
 
 
 def _gate_up_alone(x_TH, experts, ids_TK, weights_TK, *, stages, gate_up_splits, down_splits, overlap, convert,
-                   permute_h, down_stages, slots_inner, down_k_splits, halves, choice_groups):
+                   permute_h, down_stages, slots_inner, down_k_splits, halves, choice_groups, down_row_blocks):
     """The gate_up kernel, its output summed to one number so the chained timing has an [T, H] result."""
-    del down_splits, permute_h, down_stages, down_k_splits, choice_groups
+    del down_splits, permute_h, down_stages, down_k_splits, choice_groups, down_row_blocks
     t, k = ids_TK.shape
     gu = gate_up_sums(x_TH, experts.gate, experts.up, ids_TK.reshape(t * k), choices=k, stages=stages,
                       splits=gate_up_splits, overlap=overlap, convert=convert, slots_inner=slots_inner,
@@ -225,7 +238,7 @@ def main(argv=None):
                                                                  cfg=kernel_config_for(t, experts))))]
         for v in args.variants:
             candidates.append(_candidate(v))
-            if args.gate_up_alone and not v.startswith(("g:", "f", "d:", "c:")):
+            if args.gate_up_alone and not v.startswith(("g:", "f", "d:", "c:", "P:")):
                 candidates.append((f"gate_up_{v}", _on_experts(functools.partial(_gate_up_alone, **_variant(v)))))
         rows, chains = [], {}
         for name, fn in candidates:
@@ -240,7 +253,7 @@ def main(argv=None):
                 elif not name.startswith("gate_up"):
                     row["rel_err"] = _rel_err(compiled(x_TH, pair, ids_TK, weights_TK), ref)
                     row["rel_err_against"] = ref_name
-                if name.startswith(("wgmma", "grouped", "fused", "blocked", "chained")):
+                if name.startswith(("wgmma", "grouped", "fused", "blocked", "chained", "persistent")):
                     hlo = compiled.as_text()
                     row["launches"] = launches(hlo)
                     log(f"{name}: {len(row['launches'])} launches: {row['launches']}")

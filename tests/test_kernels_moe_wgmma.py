@@ -199,7 +199,8 @@ def test_gate_up_splits_follow_the_token_count():
                                        (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True}),
                                        (1, {"gate_up_splits": 7, "down_k_splits": 2}), (4, {"overlap": 2}),
                                        (1, {"gate_up_splits": 7, "down_k_splits": 2, "halves": 3}),
-                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "choice_groups": 2})])
+                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "choice_groups": 2}),
+                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "down_row_blocks": 4})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct
@@ -223,3 +224,13 @@ def test_diagnostic_without_conversion_computes_weights_of_ones(experts):
     fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, convert="none", interpret=True))
     out = fn(x, experts, ids, w)
     assert _rel_err(out, experts_gather(x.astype(jnp.float32), experts_1, ids, w)) < 1e-2
+
+
+def test_down_row_blocks_match_reference(experts):
+    """The down kernel streaming two blocks of 64 H rows a step (one wgmma each) computes the same layer."""
+    x = jax.random.normal(jax.random.PRNGKey(5), (2, H)).astype(jnp.bfloat16)
+    ids, w = _routing(2, 5)
+    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, down_row_blocks=2, interpret=True))
+    assert _rel_err(fn(x, experts, ids, w), experts_gather(x.astype(jnp.float32), experts, ids, w)) < 1e-2
+    with pytest.raises(ValueError, match="row_blocks=3"):
+        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, down_row_blocks=3, interpret=True)

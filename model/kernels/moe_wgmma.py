@@ -250,12 +250,12 @@ def _store_rows(v, out_gmem):
     pl.run_scoped(store, plgpu.SMEM(v.shape, jnp.float32))
 
 
-def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
+def _specs(interpret: bool, b_index, ws_index, lead: tuple = (), rows: int = ROWS):
     """BlockSpecs of (block-diagonal input, weight, scales) for one pipeline step; `lead` squeezes leading axes
-    (the down kernel indexes slot and expert there)."""
+    (the down kernel indexes slot and expert there); `rows` weight rows a step (whole ROWS blocks)."""
     b = plgpu.BlockSpec((*lead, None, GROUPS, TILE_K), b_index, transforms=_transforms(16, TILE_K, interpret))
-    w = plgpu.BlockSpec((*lead, ROWS, TILE_K), ws_index, transforms=_transforms(4, TILE_K, interpret))
-    s = plgpu.BlockSpec((*lead, ROWS, GROUPS), ws_index)
+    w = plgpu.BlockSpec((*lead, rows, TILE_K), ws_index, transforms=_transforms(4, TILE_K, interpret))
+    s = plgpu.BlockSpec((*lead, rows, GROUPS), ws_index)
     return b, w, s
 
 
@@ -287,7 +287,7 @@ def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref,
 
 
 def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages, convert,
-                 halves, group, interpret):
+                 halves, group, row_blocks, interpret):
     rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
     t, rest = ts // (splits * k_splits), ts % (splits * k_splits)
     split, ks = rest // k_splits, rest % k_splits  # k_splits fastest: a row block's F shares run side by side
@@ -296,15 +296,19 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
     k0 = ks * n_k
 
     def step(_, hbd_smem, dq_smem, ds_smem, carry):
-        return _tile_products(((dq_smem, ds_smem),), hbd_smem, (carry,), interpret, convert=convert,
-                              halves=halves)[0]
+        tiles = tuple((dq_smem.at[pl.ds(i * ROWS, ROWS)], ds_smem.at[pl.ds(i * ROWS, ROWS)])
+                      for i in range(row_blocks)) if row_blocks > 1 else ((dq_smem, ds_smem),)
+        return _tile_products(tiles, hbd_smem, carry, interpret, convert=convert, halves=halves)
 
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
+    rows = ROWS * row_blocks
     b, w, s = _specs(interpret, lambda c, kk: (first + c, k0 + kk, 0, 0),
-                     lambda c, kk: (expert_ref[_routed_slot(first + c, choices, group)], rb, k0 + kk), lead=(None,))
-    acc = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
-                              init_carry=_zeros(interpret))(hbd_ref, dq_ref, ds_ref)
-    _store_rows(jnp.sum(acc, axis=1), y_ref.at[split * k_splits + ks, t, pl.ds(rb * ROWS, ROWS)])
+                     lambda c, kk: (expert_ref[_routed_slot(first + c, choices, group)], rb, k0 + kk), lead=(None,),
+                     rows=rows)
+    accs = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
+                               init_carry=tuple(_zeros(interpret) for _ in range(row_blocks)))(hbd_ref, dq_ref, ds_ref)
+    for i, acc in enumerate(accs):
+        _store_rows(jnp.sum(acc, axis=1), y_ref.at[split * k_splits + ks, t, pl.ds(rb * rows + i * ROWS, ROWS)])
 
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
@@ -339,10 +343,12 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
               k_splits: int = 1, convert: str = "pairs", h_in_input_order: bool = False, halves: bool = False,
-              group: tuple[int, int] | None = None, interpret: bool = False) -> jax.Array:
+              group: tuple[int, int] | None = None, row_blocks: int = 1, interpret: bool = False) -> jax.Array:
     """[splits * k_splits, T, H] f32: token t's sum over split s of its `choices` slots t * choices + c of down(h),
     over share ks of F (row s * k_splits + ks). `h_in_input_order`: h's columns are already in
-    `input_order(.., convert)`. `group`: h's slots are a group of expert_U's (`gate_up_sums`)."""
+    `input_order(.., convert)`. `group`: h's slots are a group of expert_U's (`gate_up_sums`). `row_blocks`: a
+    program's step streams that many blocks of ROWS H rows as one tile (one wgmma a block), so each step moves
+    row_blocks x the bytes and there are as many times fewer programs."""
     _check_convert(convert)
     slots, f = h_UF.shape
     if choices % splits:
@@ -350,12 +356,15 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
     if (f // TILE_K) % k_splits:
         raise ValueError(f"down_k_splits={k_splits} must divide the {f // TILE_K} tiles of F")
     t, hidden = slots // choices, down.shape[1]
+    if row_blocks < 1 or hidden % (ROWS * row_blocks) or ROWS * row_blocks > 256:
+        raise ValueError(f"down row_blocks={row_blocks} must divide the {hidden // ROWS} blocks of {ROWS} H rows "
+                         f"and make a tile of at most 256 rows (a TMA box)")
     return plgpu.kernel(
         functools.partial(_down_kernel, n_k=f // TILE_K // k_splits, choices=choices, splits=splits,
                           k_splits=k_splits, stages=stages, convert=convert, halves=halves, group=group,
-                          interpret=interpret),
+                          row_blocks=row_blocks, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits * k_splits, t, hidden), jnp.float32),
-        grid=(hidden // ROWS, t * splits * k_splits), grid_names=("rows", "token_split"),
+        grid=(hidden // (ROWS * row_blocks), t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
     )(expert_U, block_diagonal_SNGK(h_UF) if h_in_input_order else _wgmma_input(h_UF, convert), *_operands(down))
 
@@ -364,7 +373,7 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
                          down_splits: int = 2, overlap: bool = False, convert: str = "pairs",
                          permute_h: str = "after", down_stages: int | None = None, slots_inner: bool = False,
                          down_k_splits: int = 1, halves: int = 0, choice_groups: int = 1,
-                         interpret: bool = False) -> jax.Array:
+                         down_row_blocks: int = 1, interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
@@ -379,7 +388,8 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     `choice_groups`: each token's choices in that many groups, each its own gate_up -> h -> down chain (the down
     kernel's splits of the choices become the largest divisor of a group's choices that divides `down_splits`);
     the chains share no buffer, so XLA's CONCURRENT graph scheduling may run one group's down kernel while the next
-    group's gate_up still streams (the ramp of one kernel under the tail of the other)."""
+    group's gate_up still streams (the ramp of one kernel under the tail of the other). `down_row_blocks`: the down
+    kernel's steps stream that many blocks of ROWS H rows each (`down_sums`)."""
     if permute_h not in ("after", "before"):
         raise ValueError(f"moe_wgmma permute_h must be 'after' or 'before', not {permute_h!r}")
     if not supports(experts):
@@ -403,7 +413,7 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
         splits = down_splits if choice_groups == 1 else math.gcd(down_splits, kg)
         y_STH = down_sums(h_UF, experts.down, expert_U, choices=kg, stages=down_stages or stages, splits=splits,
                           k_splits=down_k_splits, convert=convert, h_in_input_order=permute_h == "before",
-                          halves=bool(halves & 2), group=group, interpret=interpret)
+                          halves=bool(halves & 2), group=group, row_blocks=down_row_blocks, interpret=interpret)
         y_TH = _sum_leading(y_STH) if y_TH is None else y_TH + _sum_leading(y_STH)
     return y_TH.astype(x_TH.dtype)
 
