@@ -101,7 +101,14 @@ def test_lab_names_its_variants():
     assert _candidate("f")[1].keywords == {}
     assert _candidate_on_experts("2:7:8:0:p:b:2:o:2")[1].keywords == dict(
         stages=2, gate_up_splits=7, down_splits=8, overlap=False, convert="pairs", permute_h="before", down_stages=2,
-        slots_inner=False, down_k_splits=2, halves=0, choice_groups=1)
+        slots_inner=False, down_k_splits=2, halves=0, choice_groups=1, down_row_blocks=1)
     assert _candidate_on_experts("2:7:8:0:p:b:2:o:2:3")[1].keywords["halves"] == 3
+    assert _candidate_on_experts("2:7:8:0:p:b:2:o:2:0:1:4")[1].keywords["down_row_blocks"] == 4
+    name, fn = _candidate("P:264:4:528:3:7:8:2")
+    assert name == "persistent_264:4:528:3:7:8:2"
+    assert _candidate_on_experts("P:264:4:528:3:7:8:2")[1].keywords == dict(
+        programs=264, stages=4, down_programs=528, down_stages=3, gate_up_splits=7, down_splits=8, down_k_splits=2)
+    with pytest.raises(ValueError, match="P: takes"):
+        _candidate_on_experts("P:264:4")
     assert _candidate_on_experts("2:7:8:0:p:b:2:o:2:0:2")[1].keywords["choice_groups"] == 2
     assert _candidate("c:2:2:7:2")[0] == "chained_2:2:7:2" and _candidate("c:2:2:7:2:1:1")[0] == "chained_2:2:7:2:1:1"

@@ -351,10 +351,7 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
     row_blocks x the bytes and there are as many times fewer programs."""
     _check_convert(convert)
     slots, f = h_UF.shape
-    if choices % splits:
-        raise ValueError(f"down_splits={splits} must divide the {choices} choices per token")
-    if (f // TILE_K) % k_splits:
-        raise ValueError(f"down_k_splits={k_splits} must divide the {f // TILE_K} tiles of F")
+    check_down_splits(choices, splits, f, k_splits)
     t, hidden = slots // choices, down.shape[1]
     if row_blocks < 1 or hidden % (ROWS * row_blocks) or ROWS * row_blocks > 256:
         raise ValueError(f"down row_blocks={row_blocks} must divide the {hidden // ROWS} blocks of {ROWS} H rows "
@@ -367,6 +364,14 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
         grid=(hidden // (ROWS * row_blocks), t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
     )(expert_U, block_diagonal_SNGK(h_UF) if h_in_input_order else _wgmma_input(h_UF, convert), *_operands(down))
+
+
+def check_down_splits(choices: int, splits: int, f: int, k_splits: int) -> None:
+    """The down kernel's splits of a token's choices and of F must divide them."""
+    if choices % splits:
+        raise ValueError(f"down_splits={splits} must divide the {choices} choices per token")
+    if (f // TILE_K) % k_splits:
+        raise ValueError(f"down_k_splits={k_splits} must divide the {f // TILE_K} tiles of F")
 
 
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,

@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from model.kernels.moe_wgmma import (ROWS, TILE_K, _check_convert, _interpret_kw, _operands, _specs, _sum_leading,
-                                     _tile_products, _wgmma_input, _zeros, supports, swiglu_h)
+                                     _tile_products, _wgmma_input, _zeros, check_down_splits, supports, swiglu_h)
 
 
 def _run(items: int, programs: int, steps: int):
@@ -155,10 +155,7 @@ def down_sums(h_UF, down, expert_U, *, choices: int, programs: int, stages: int,
     """moe_wgmma.down_sums' [splits * k_splits, T, H] f32 from `programs` persistent programs."""
     _check_convert(convert)
     slots, f = h_UF.shape
-    if choices % splits:
-        raise ValueError(f"down_splits={splits} must divide the {choices} choices per token")
-    if (f // TILE_K) % k_splits:
-        raise ValueError(f"down_k_splits={k_splits} must divide the {f // TILE_K} tiles of F")
+    check_down_splits(choices, splits, f, k_splits)
     t, hidden = slots // choices, down.shape[1]
     items = (hidden // ROWS) * t * splits * k_splits
     return plgpu.kernel(
@@ -182,8 +179,7 @@ def routed_experts_persistent(x_TH, experts, ids_TK, weights_TK, *, programs: in
     if programs < 1 or (down_programs is not None and down_programs < 1):
         raise ValueError(f"programs={programs} / down_programs={down_programs} must be at least 1")
     t, k = ids_TK.shape
-    if k % down_splits:  # refused before the first kernel runs
-        raise ValueError(f"down_splits={down_splits} must divide the {k} choices per token")
+    check_down_splits(k, down_splits, experts.down.shape[2], down_k_splits)  # before the first kernel runs
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     gu_S2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, programs=programs, stages=stages,
                            splits=gate_up_splits, convert=convert, interpret=interpret)
