@@ -5,7 +5,9 @@ same experts and the engine's kernels on the same tiles.
 The question (bench/results/README.md, runs 19-21): at one token the engine's gate_up kernel streams ~3.4 TB/s and
 its down kernel ~3.0, also with the conversion left out, where XLA's lm_head GEMV reads 4.3. If a pure stream over
 the same grid is as slow, the grid (1792 programs of 4 steps, 2 in flight) is the limit and persistent programs
-(one pipeline a program) are the way; if it is fast, the kernels' own work is.
+(one pipeline a program) are the way; if it is fast, the kernels' own work is. Run 22's answer: neither; at
+these sizes every read, XLA's own included, runs at 3.0-3.5 TB/s, and XLA reads a layer's bytes in two dependent
+phases (`xla2`) at 1.23-1.31x of the floor (bench/results/README.md, run 22).
 
 Variants (--variants):
   g:STAGES:SPLITS[:s]          gate_up's grid (slot, 64 F rows, split of H): a gate and an up tile a step
