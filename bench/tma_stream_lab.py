@@ -23,6 +23,8 @@ Variants (--variants):
   ed:STAGES:SPLITS:KSPLITS[:rROWS]  the engine's down kernel (moe_wgmma.down_sums; ROWS: its row_blocks x 64)
   pg:PROGRAMS:STAGES:SPLITS    the persistent gate_up kernel (moe_wgmma_persistent.gate_up_sums)
   pd:PROGRAMS:STAGES:SPLITS:KSPLITS  the persistent down kernel
+  layer                        the engine's routed experts at one token (moe_wgmma at wgmma_config_for's splits):
+                               beside xla2 in the same call, the layer against a plain read of its bytes
 `:s`: the stream also reads each tile's [64, 8] bf16 scales (16-byte rows), as the kernels do; `:rROWS` (g, d, ed):
 tiles of ROWS rows (default 64), the grid's row blocks as large.
 
@@ -54,8 +56,9 @@ from bench.bytes_floor import HBM_TBS  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.timing import median_ms, summarize_rounds  # noqa: E402
 from bench.tma_stream import FOLD_S, Stream, bytes_read, checksums_reference, stream_checksums  # noqa: E402
-from model.kernels import moe_wgmma, moe_wgmma_persistent  # noqa: E402
+from model.kernels import moe_wgmma, moe_wgmma_persistent, wgmma_config_for  # noqa: E402
 from model.kernels.moe_wgmma import ROWS  # noqa: E402
+from model.moe import ExpertWeights, experts_gather  # noqa: E402
 from model.quant import Int4Weight  # noqa: E402
 
 REPS = 20  # calls in the short chain; the long one has 3x as many
@@ -94,7 +97,7 @@ def _parse(v: str) -> tuple[str, tuple[int, ...], bool, int]:
         rows = int(fields.pop()[1:])
     scales = bool(fields) and fields[-1] == "s"
     fields = fields[:-1] if scales else fields
-    arity = {"xla": 0, "xla2": 0, "xlad": 0, "g": 2, "d": 3, "p": 2, "c": 2, "cd": 2, "eg": 2, "ed": 3, "pg": 3,
+    arity = {"xla": 0, "xla2": 0, "xlad": 0, "layer": 0, "g": 2, "d": 3, "p": 2, "c": 2, "cd": 2, "eg": 2, "ed": 3, "pg": 3,
              "pd": 4}
     if kind not in arity:
         raise ValueError(f"unknown kind {kind!r} (one of {', '.join(arity)})")
@@ -174,6 +177,16 @@ def call_of(v: str, weights: dict, dims, interpret: bool):
             return words + down_words, scales + down_scales
 
         return call, {"xla": gate_up_bytes, "xla2": gate_up_bytes + down_bytes, "xlad": down_bytes}[kind], None
+    if kind == "layer":
+        experts = ExpertWeights(weights["gate"], weights["up"], weights["down"])
+        options = wgmma_config_for(experts, choices, 1)
+        router_TK = jnp.linspace(0.5, 1.0, choices, dtype=jnp.float32)[None]
+
+        def call(ids, w, x, hh):
+            return moe_wgmma.routed_experts_wgmma(x, ExpertWeights(w["gate"], w["up"], w["down"]), ids[None],
+                                                  router_TK, interpret=interpret, **options)
+
+        return call, gate_up_bytes + down_bytes, None
     if kind == "eg":
         def call(ids, w, x, hh):
             return moe_wgmma.gate_up_sums(x, w["gate"], w["up"], ids, choices=choices, stages=nums[0],
@@ -216,6 +229,16 @@ def check(call, stream: Stream, args, choices: int, down: bool) -> bool:
     mats = (weights["down"],) if down else (weights["gate"], weights["up"])
     ref_w, ref_s = checksums_reference(stream, ids, mats, choices=choices)
     return bool(np.array_equal(np.asarray(got_w), ref_w) and np.allclose(np.asarray(got_s), ref_s, rtol=1e-4))
+
+
+def layer_rel_err(call, args) -> float:
+    """The engine's routed experts (`layer`) against the plain reference `experts_gather` on the same inputs."""
+    ids, w, x, hh = args
+    experts = ExpertWeights(w["gate"], w["up"], w["down"])
+    router_TK = jnp.linspace(0.5, 1.0, ids.shape[0], dtype=jnp.float32)[None]
+    got = np.asarray(jax.jit(call)(*args), np.float64)
+    ref = np.asarray(jax.jit(experts_gather)(x.astype(jnp.float32), experts, ids[None], router_TK), np.float64)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def engine_rel_err(v: str, call, args, choices: int, interpret: bool) -> float:
@@ -271,6 +294,10 @@ def main(argv=None):
                 row["checksums"] = "ok" if check(call, stream, call_args, dims["choices"],
                                                      stream.kind == "down" or v.startswith("cd:")) else "WRONG"
                 log(f"{v}: checksums {row['checksums']}")
+            elif v == "layer":
+                row["rel_err_vs_reference"] = layer_rel_err(call, call_args)
+                row["checksums"] = f"rel_err {row['rel_err_vs_reference']:.1e} vs experts_gather"
+                log(f"{v}: {row['checksums']}")
             elif v.startswith(("pg:", "pd:")):
                 row["rel_err_vs_engine"] = engine_rel_err(v, call, call_args, dims["choices"], args.tiny)
                 row["checksums"] = f"rel_err {row['rel_err_vs_engine']:.1e} vs moe_wgmma"

@@ -75,9 +75,10 @@ def test_lab_runs_tiny_on_cpu(tmp_path):
     """The CLI at small dims in the interpreter: every stream's checksums and the persistent kernel against
     moe_wgmma (no timings: --budget-s 0 leaves the rounds out)."""
     result = tma_stream_lab.main(["--tiny", "--out", str(tmp_path), "--budget-s", "0", "--reps", "1",
-                                  "--variants", "xla2", "cd:2:3", "pd:3:2:2:1"])
+                                  "--variants", "xla2", "cd:2:3", "pd:3:2:2:1", "layer"])
     rows = {r["variant"]: r for r in result["rows"]}
     assert rows["cd:2:3"]["checksums"] == "ok"
     assert rows["pd:3:2:2:1"]["rel_err_vs_engine"] < 1e-5
-    assert rows["xla2"]["bytes"] == 4 * (3 * 512 * 512 // 2 + 3 * 512 * 512 // 32 * 2)
+    assert rows["xla2"]["bytes"] == rows["layer"]["bytes"] == 4 * (3 * 512 * 512 // 2 + 3 * 512 * 512 // 32 * 2)
+    assert "error" not in rows["layer"] and rows["layer"]["rel_err_vs_reference"] < 1e-2
     assert (tmp_path / next(p.name for p in tmp_path.iterdir() if p.suffix == ".md")).read_text().count("|") > 10
