@@ -86,13 +86,14 @@ def chain_pair(fn, unrolled: bool = False, chain_ids: bool = False, calls_per_it
     return tuple(_chained(fn, n, unrolled, chain_ids, calls_per_iteration) for n in (REPS, LONG_REPS))
 
 
-def per_call_ms(chains: tuple, args: tuple, iters: int = 10) -> dict:
+def per_call_ms(chains: tuple, args: tuple, iters: int = 10, reps: int = REPS) -> dict:
     """ms of one call: (median of the long chain - median of the short one) / (LONG_REPS - REPS), each a median of
-    `iters` synchronised runs after warm-up. `chained_ms` is the short chain's median / REPS (the per-call figure of
-    runs 1-12, which includes the chain's fixed cost), `spread_ms` the short chain's max - min / REPS."""
+    `iters` synchronised runs after warm-up (`reps`: chains of reps and 3 x reps calls instead). `chained_ms` is the
+    short chain's median / REPS (the per-call figure of runs 1-12, which includes the chain's fixed cost),
+    `spread_ms` the short chain's max - min / REPS."""
     short, long = (median_ms(lambda c=c: c(*args), warmup=2, iters=iters) for c in chains)
-    return {"ms": (long["median_ms"] - short["median_ms"]) / (LONG_REPS - REPS),
-            "chained_ms": short["median_ms"] / REPS, "spread_ms": (short["max_ms"] - short["min_ms"]) / REPS}
+    return {"ms": (long["median_ms"] - short["median_ms"]) / (2 * reps),
+            "chained_ms": short["median_ms"] / reps, "spread_ms": (short["max_ms"] - short["min_ms"]) / reps}
 
 
 def time_moe(fn, x_TH, experts, ids_TK, weights_TK, unrolled: bool = False, chain_ids: bool = False,

@@ -70,39 +70,43 @@ def grid_of(s: Stream, slots: int, choices: int, f: int, h: int) -> tuple[int, i
         per = choices // s.splits
         steps = per * (tiles // s.k_splits)
         return (h // s.rows) * (slots // choices) * s.splits * s.k_splits, steps, (per, tiles // s.k_splits)
-    total = _persistent_total(s, slots, f, h)
+    total = slots * (f // s.rows) * (h // TILE_K)  # gate / up steps; contiguous: the same number of pieces
     steps = math.ceil(total / s.programs)
     return s.programs, steps, (steps,)
 
 
-def _persistent_total(s: Stream, slots: int, f: int, h: int) -> int:
-    return slots * (f // s.rows) * (h // TILE_K)  # gate / up steps; contiguous: the same number of 8 KB pieces
+def _dims(s: Stream, mats) -> tuple[int, int, int]:
+    """(experts, F, H) of the stream's matrices: gate / up are [E, F, H], down [E, H, F]."""
+    e, out_dim, in_dim = mats[0].shape
+    return (e, in_dim, out_dim) if s.kind == "down" else (e, out_dim, in_dim)
+
+
+def step_tile(s: Stream, slots: int, choices: int, f: int, h: int, p, j: tuple, minimum=min) -> tuple:
+    """(slot, row block, k tile) that pipeline step j (its grid indices) of program p reads; for "contiguous"
+    (slot, piece, 0). Plain ints here and in `tiles_read`; traced values with `minimum=jnp.minimum` in the kernel's
+    index maps, so the checksums' reference follows the very mapping the kernel streams."""
+    _, steps, grid = grid_of(s, slots, choices, f, h)
+    if s.kind == "gate_up":
+        slot, rb, split = p // ((f // s.rows) * s.splits), p // s.splits % (f // s.rows), p % s.splits
+        return slot, rb, split * steps + j[0]
+    if s.kind == "down":
+        per, n_k = grid
+        ts = s.splits * s.k_splits
+        rb, rest = p // ((slots // choices) * ts), p % ((slots // choices) * ts)
+        t, split, ks = rest // ts, rest % ts // s.k_splits, rest % s.k_splits
+        return t * choices + split * per + j[0], rb, ks * n_k + j[1]
+    per_slot = (f // s.rows) * (h // TILE_K)
+    g = minimum(p * steps + j[0], slots * per_slot - 1)
+    if s.kind == "persistent":
+        return g // per_slot, g // (h // TILE_K) % (f // s.rows), g % (h // TILE_K)
+    return g // per_slot, g % per_slot, 0
 
 
 def tiles_read(s: Stream, slots: int, choices: int, f: int, h: int) -> list[tuple[int, int, int, int]]:
     """(program, slot, row block, k tile) of every step in pipeline order (for "contiguous": (program, slot, piece,
     0)); what the checksums cover and the bytes counted."""
-    programs, steps, grid = grid_of(s, slots, choices, f, h)
-    out = []
-    for p in range(programs):
-        if s.kind == "gate_up":
-            slot, rb, split = p // ((f // s.rows) * s.splits), p // s.splits % (f // s.rows), p % s.splits
-            out += [(p, slot, rb, split * steps + k) for k in range(steps)]
-        elif s.kind == "down":
-            per, n_k = grid
-            ts = s.splits * s.k_splits
-            rb, rest = p // ((slots // choices) * ts), p % ((slots // choices) * ts)
-            t, split, ks = rest // ts, rest % ts // s.k_splits, rest % s.k_splits
-            out += [(p, t * choices + split * per + c, rb, ks * n_k + k) for c in range(per) for k in range(n_k)]
-        else:
-            total, per_slot = _persistent_total(s, slots, f, h), (f // s.rows) * (h // TILE_K)
-            for j in range(steps):
-                g = min(p * steps + j, total - 1)
-                if s.kind == "persistent":
-                    out.append((p, g // per_slot, g // (h // TILE_K) % (f // s.rows), g % (h // TILE_K)))
-                else:
-                    out.append((p, g // per_slot, g % per_slot, 0))
-    return out
+    programs, _, grid = grid_of(s, slots, choices, f, h)
+    return [(p, *step_tile(s, slots, choices, f, h, p, j)) for p in range(programs) for j in np.ndindex(*grid)]
 
 
 def bytes_read(s: Stream, slots: int, choices: int, f: int, h: int, mats: int = 2) -> int:
@@ -115,27 +119,15 @@ def stream_checksums(s: Stream, expert_U, mats, *, choices: int, interpret: bool
     """Run stream `s`: `mats` = (gate, up) or (down,) Int4Weights [E, out, in]; returns per program the sums over its
     tiles of their first rows ([programs, FOLD_W, WORDS] uint32 of the words, [programs, FOLD_S, SCALES] f32 of the
     scales)."""
-    e, out_dim, in_dim = mats[0].shape
+    e, f, h = _dims(s, mats)
     slots = expert_U.shape[0]
-    f, h = (out_dim, in_dim) if s.kind != "down" else (in_dim, out_dim)
-    programs, steps, grid = grid_of(s, slots, choices, f, h)
+    programs, _, grid = grid_of(s, slots, choices, f, h)
     per_slot = (f // s.rows) * (h // TILE_K)
 
     def index(ids_ref, p, *j):
         """(expert, row block, k tile) of pipeline step j of program p (for "contiguous": (piece, 0, 0))."""
-        if s.kind == "gate_up":
-            slot, rb, split = p // ((f // s.rows) * s.splits), p // s.splits % (f // s.rows), p % s.splits
-            return ids_ref[slot], rb, split * steps + j[0]
-        if s.kind == "down":
-            per, n_k = grid
-            ts = s.splits * s.k_splits
-            rb, rest = p // ((slots // choices) * ts), p % ((slots // choices) * ts)
-            t, split, ks = rest // ts, rest % ts // s.k_splits, rest % s.k_splits
-            return ids_ref[t * choices + split * per + j[0]], rb, ks * n_k + j[1]
-        g = jnp.minimum(p * steps + j[0], slots * per_slot - 1)
-        if s.kind == "persistent":
-            return ids_ref[g // per_slot], g // (h // TILE_K) % (f // s.rows), g % (h // TILE_K)
-        return ids_ref[g // per_slot] * per_slot + g % per_slot, 0, 0
+        slot, a, b = step_tile(s, slots, choices, f, h, p, j, minimum=jnp.minimum)
+        return (ids_ref[slot] * per_slot + a, 0, 0) if s.kind == "contiguous" else (ids_ref[slot], a, b)
 
     def kernel(ids_ref, *refs):
         n_in = len(refs) - 2
@@ -182,9 +174,8 @@ def stream_checksums(s: Stream, expert_U, mats, *, choices: int, interpret: bool
 
 def checksums_reference(s: Stream, expert_U, mats, *, choices: int):
     """numpy: the same folded sums from `tiles_read`."""
-    e, out_dim, in_dim = mats[0].shape
+    e, f, h = _dims(s, mats)
     slots = int(expert_U.shape[0])
-    f, h = (out_dim, in_dim) if s.kind != "down" else (in_dim, out_dim)
     programs, _, _ = grid_of(s, slots, choices, f, h)
     ids = np.asarray(expert_U)
     words = [np.asarray(m.packed) for m in mats]

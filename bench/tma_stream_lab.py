@@ -54,14 +54,14 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.timing import median_ms, summarize_rounds  # noqa: E402
+from bench.moe_layer import REPS, per_call_ms  # noqa: E402
+from bench.timing import summarize_rounds  # noqa: E402
 from bench.tma_stream import FOLD_S, Stream, bytes_read, checksums_reference, stream_checksums  # noqa: E402
 from model.kernels import moe_wgmma, moe_wgmma_persistent, wgmma_config_for  # noqa: E402
 from model.kernels.moe_wgmma import ROWS  # noqa: E402
 from model.moe import ExpertWeights, experts_gather  # noqa: E402
 from model.quant import Int4Weight  # noqa: E402
 
-REPS = 20  # calls in the short chain; the long one has 3x as many
 K2_DIMS = dict(experts=384, f=2048, h=7168, choices=8)
 TINY_DIMS = dict(experts=6, f=512, h=512, choices=4)
 
@@ -129,6 +129,8 @@ def stream_of(kind: str, nums: tuple[int, ...], scales: bool, rows: int = ROWS) 
 
 
 def _weights(key, *, dims):
+    """Random INT4 experts with random scales (model.init's are constant, under which the scale checksums could not
+    tell one tile from another)."""
     e, f, h = dims["experts"], dims["f"], dims["h"]
 
     def int4(k, out, inp):
@@ -138,6 +140,11 @@ def _weights(key, *, dims):
 
     kg, ku, kd = jax.random.split(key, 3)
     return dict(gate=int4(kg, f, h), up=int4(ku, f, h), down=int4(kd, h, f))
+
+
+def router_weights(choices: int) -> jax.Array:
+    """[1, choices] router weights of the `layer` variant's one token (fixed: the timing does not depend on them)."""
+    return jnp.linspace(0.5, 1.0, choices, dtype=jnp.float32)[None]
 
 
 def _expert_bytes(w: Int4Weight) -> int:
@@ -180,7 +187,7 @@ def call_of(v: str, weights: dict, dims, interpret: bool):
     if kind == "layer":
         experts = ExpertWeights(weights["gate"], weights["up"], weights["down"])
         options = wgmma_config_for(experts, choices, 1)
-        router_TK = jnp.linspace(0.5, 1.0, choices, dtype=jnp.float32)[None]
+        router_TK = router_weights(choices)
 
         def call(ids, w, x, hh):
             return moe_wgmma.routed_experts_wgmma(x, ExpertWeights(w["gate"], w["up"], w["down"]), ids[None],
@@ -217,11 +224,6 @@ def chain(call, reps: int, num_experts: int):
     return jax.jit(run)
 
 
-def per_call_ms(chains, args, iters: int, reps: int) -> float:
-    short, long = (median_ms(lambda c=c: c(*args), warmup=2, iters=iters)["median_ms"] for c in chains)
-    return (long - short) / (2 * reps)
-
-
 def check(call, stream: Stream, args, choices: int, down: bool) -> bool:
     """The stream's checksums equal numpy's for the tiles it is meant to read (`down`: of the down matrices)."""
     ids, weights = args[0], args[1]
@@ -235,9 +237,9 @@ def layer_rel_err(call, args) -> float:
     """The engine's routed experts (`layer`) against the plain reference `experts_gather` on the same inputs."""
     ids, w, x, hh = args
     experts = ExpertWeights(w["gate"], w["up"], w["down"])
-    router_TK = jnp.linspace(0.5, 1.0, ids.shape[0], dtype=jnp.float32)[None]
     got = np.asarray(jax.jit(call)(*args), np.float64)
-    ref = np.asarray(jax.jit(experts_gather)(x.astype(jnp.float32), experts, ids[None], router_TK), np.float64)
+    ref = np.asarray(jax.jit(experts_gather)(x.astype(jnp.float32), experts, ids[None], router_weights(ids.shape[0])),
+                     np.float64)
     return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
@@ -313,7 +315,7 @@ def main(argv=None):
                 continue
             try:
                 row.setdefault("round_ms", []).append(per_call_ms(chains[row["variant"]], call_args, args.iters,
-                                                                  args.reps))
+                                                                  args.reps)["ms"])
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"[:1500]
                 chains.pop(row["variant"])

@@ -241,13 +241,16 @@ def _zeros(interpret: bool, cols: int = GROUPS):
 
 def _store_rows(v, out_gmem):
     """Registers -> shared memory -> TMA into a slice of the output of v's shape ([ROWS] or [ROWS, cols])."""
-    def store(v_smem):
-        v_smem[...] = v
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(v_smem, out_gmem)
-        plgpu.wait_smem_to_gmem(0)
+    pl.run_scoped(lambda v_smem: store_rows_via(v, v_smem, out_gmem), plgpu.SMEM(v.shape, jnp.float32))
 
-    pl.run_scoped(store, plgpu.SMEM(v.shape, jnp.float32))
+
+def store_rows_via(v, v_smem, out_gmem):
+    """`_store_rows` through a given shared-memory buffer of v's shape; waits for the copy, so v_smem is free again
+    when it returns (a kernel that stores inside its pipeline allocates the buffer once, outside it)."""
+    v_smem[...] = v
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(v_smem, out_gmem)
+    plgpu.wait_smem_to_gmem(0)
 
 
 def _specs(interpret: bool, b_index, ws_index, lead: tuple = (), rows: int = ROWS):

@@ -22,7 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from model.kernels.moe_wgmma import (ROWS, TILE_K, _check_convert, _interpret_kw, _operands, _specs, _sum_leading,
-                                     _tile_products, _wgmma_input, _zeros, check_down_splits, supports, swiglu_h)
+                                     _tile_products, _wgmma_input, _zeros, check_down_splits, store_rows_via, supports,
+                                     swiglu_h)
 
 
 def _run(items: int, programs: int, steps: int):
@@ -34,15 +35,6 @@ def _run(items: int, programs: int, steps: int):
         return jnp.minimum(p * per + j // steps, items - 1), j % steps
 
     return per, (per * steps,), item_of
-
-
-def _store_sums(acc, v_smem, out_gmem):
-    """The accumulator's row sums -> shared memory -> TMA into out_gmem ([ROWS]); waits for the copy, so v_smem is
-    free for the next item's store."""
-    v_smem[...] = jnp.sum(acc, axis=1)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(v_smem, out_gmem)
-    plgpu.wait_smem_to_gmem(0)
 
 
 def _restart(accs, first):
@@ -79,8 +71,9 @@ def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref,
 
             @pl.when(k == n_k - 1)
             def _():
-                _store_sums(acc_g, v_smem, gu_ref.at[split, 0, slot, pl.ds(rb * ROWS, ROWS)])
-                _store_sums(acc_u, v_smem, gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)])
+                for gate_or_up, acc in enumerate((acc_g, acc_u)):
+                    out = gu_ref.at[split, gate_or_up, slot, pl.ds(rb * ROWS, ROWS)]
+                    store_rows_via(jnp.sum(acc, axis=1), v_smem, out)
 
             return acc_g, acc_u
 
@@ -120,7 +113,8 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, tokens, cho
 
             @pl.when((c == per_split - 1) & (kk == n_k - 1))
             def _():
-                _store_sums(acc, v_smem, y_ref.at[split * k_splits + ks, t, pl.ds(rb * ROWS, ROWS)])
+                out = y_ref.at[split * k_splits + ks, t, pl.ds(rb * ROWS, ROWS)]
+                store_rows_via(jnp.sum(acc, axis=1), v_smem, out)
 
             return acc
 
