@@ -1,0 +1,177 @@
+"""`python -m bench.kernel_agreement`: do the engine's GPU kernels compute the step the plain XLA path computes?
+
+The CPU tests hold each kernel to its reference in interpret mode; this checks the whole step on the device, where
+the kernels really run. On a Kimi-K2.5-shaped model of N layers (random weights, bf16 and INT4 experts) and a
+random latent cache, per batch, context and T, one step's logits under:
+- `plain`: XLA everywhere (routed experts by `model.moe.plain_routed_experts`, the router's top-k in XLA,
+  `JAXSPEC_MLA_KERNEL=0`), the reference;
+- `engine`: the engine's dispatch (every kernel where it applies);
+- `router`, `experts`, `attention`: one kernel family on, the rest plain, to say which one a difference comes from.
+Each against `plain`: the logits' relative error (all rows, and the worst row), argmax agreement, and how many
+(layer, token) expert choices differ. Random weights give near-ties between the 8th and 9th expert: two paths
+whose router logits differ in the last bits pick different experts there, and that token's logits then move by
+several percent. So rows are split by whether their routes agree: `same_route_max_rel_err` (rows routed alike,
+which must agree to rounding) and `rows_rerouted` (rows where some layer picked another expert).
+Writes kernel-agreement-<platform>-<date>.json and .md to --out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import model.moe as moe_module  # noqa: E402
+from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, record_routes  # noqa: E402
+from bench.report import fmt, write_json  # noqa: E402
+from bench.step import bench_config, init_weights, random_cache, step_inputs  # noqa: E402
+from model.decoder import forward  # noqa: E402
+from model.kernels import routed_experts_for_backend  # noqa: E402
+from model.kv_cache import round_capacity  # noqa: E402
+
+# which kernel families a variant turns on
+VARIANTS = {
+    "plain": (),
+    "engine": ("router", "experts", "attention"),
+    "router": ("router",),
+    "experts": ("experts",),
+    "attention": ("attention",),
+}
+
+
+@contextlib.contextmanager
+def kernel_families(on: tuple[str, ...]):
+    """Trace-time switches: the router's top-k in XLA unless "router", the plain routed experts unless "experts",
+    the MLA kernels off unless "attention" (each family otherwise takes the engine's own rule)."""
+    saved_route, saved_env = moe_module.route, os.environ.get("JAXSPEC_MLA_KERNEL")
+    if "router" not in on:
+        moe_module.route = functools.partial(saved_route, topk="xla")
+    if "attention" not in on:
+        os.environ["JAXSPEC_MLA_KERNEL"] = "0"
+    experts = routed_experts_for_backend if "experts" in on else PLAIN_ROUTED_EXPERTS
+    try:
+        with moe_path(experts):
+            yield
+    finally:
+        moe_module.route = saved_route
+        if saved_env is None:
+            os.environ.pop("JAXSPEC_MLA_KERNEL", None)
+        else:
+            os.environ["JAXSPEC_MLA_KERNEL"] = saved_env
+
+
+def step_logits(w, cfg, tokens_BT, positions_BT, cache, on: tuple[str, ...]):
+    """One step's float32 logits [B, T, V] and each MoE layer's expert ids [L, B*T, K], traced under `on`."""
+    def step(w, tokens_BT, positions_BT, cache):
+        ids = []
+        with kernel_families(on), record_routes(ids):
+            out = forward(w, cfg, tokens_BT, positions_BT, cache)
+        return out.logits.astype(jnp.float32), jnp.stack(ids)
+
+    logits, ids = jax.jit(step)(w, tokens_BT, positions_BT, cache)
+    return np.asarray(logits), np.asarray(ids)
+
+
+def compare(logits, ids, ref_logits, ref_ids) -> dict:
+    """`logits` [B, T, V] / `ids` [L, B*T, K] against the reference's: relative errors overall and per row (one
+    row a token), argmax agreement, expert choices that differ (as sets), and the rows split by route."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    ref_rows = ref_logits.reshape(-1, ref_logits.shape[-1])
+    row_err = np.linalg.norm(rows - ref_rows, axis=-1) / np.maximum(np.linalg.norm(ref_rows, axis=-1), 1e-30)
+    differs_LT = np.any(np.sort(ids, -1) != np.sort(ref_ids, -1), axis=-1)  # [L, B*T]
+    rerouted = differs_LT.any(axis=0)
+    same = row_err[~rerouted]
+    return dict(
+        rel_err=float(np.linalg.norm(rows - ref_rows) / np.linalg.norm(ref_rows)),
+        max_row_rel_err=float(row_err.max()),
+        argmax_agree=float(np.mean(rows.argmax(-1) == ref_rows.argmax(-1))),
+        choices_differ=int(differs_LT.sum()), choices=int(differs_LT.size),
+        rows=int(rows.shape[0]), rows_rerouted=int(rerouted.sum()),
+        same_route_max_rel_err=float(same.max()) if same.size else None,
+        rerouted_max_rel_err=float(row_err[rerouted].max()) if rerouted.any() else None,
+    )
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
+    p.add_argument("--experts", nargs="+", choices=["bf16", "int4"], default=["bf16", "int4"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--variants", nargs="+", choices=[v for v in VARIANTS if v != "plain"],
+                   default=[v for v in VARIANTS if v != "plain"])
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    if min(args.batches + args.contexts + args.tokens + [args.layers]) < 1:
+        p.error("--layers, --batches, --contexts and --tokens must be positive")
+    return args
+
+
+def markdown(res: dict) -> str:
+    lines = [f"{res['device']}, jax {res['jax']}, {res['date']}: {res['layers']} layers, random weights and latent "
+             "cache; each variant's step against the plain XLA path's (`python -m bench.kernel_agreement`).", "",
+             "| experts | B | context | T | variant | rel. err | worst row | argmax agree | expert choices differing | "
+             "rows rerouted | worst row routed alike | worst rerouted row |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    err = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
+    for r in res["rows"]:
+        lines.append(f"| {r['experts']} | {r['batch']} | {r['context']} | {r['tokens']} | {r['variant']} | "
+                     f"{err(r['rel_err'])} | {err(r['max_row_rel_err'])} | {fmt(r['argmax_agree'], 3)} | "
+                     f"{r['choices_differ']} / {r['choices']} | {r['rows_rerouted']} / {r['rows']} | "
+                     f"{err(r['same_route_max_rel_err'])} | {err(r['rerouted_max_rel_err'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    log = functools.partial(print, flush=True)
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    res = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+               layers=args.layers, rows=[])
+    cfg = bench_config(args.layers, args.tiny)
+    stem = f"kernel-agreement-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+
+    def save():  # after every row: a run cut short by its time limit keeps what it measured
+        path = write_json(res, Path(args.out), stem)
+        (Path(args.out) / f"{stem}.md").write_text(markdown(res))
+        return path
+    for experts in args.experts:
+        w = init_weights(cfg, jax.random.PRNGKey(0), experts=experts)
+        for b in args.batches:
+            for c in args.contexts:
+                key = jax.random.PRNGKey(1000 * b + c)
+                cache = random_cache(cfg, b, round_capacity(c + 16), c, key)
+                for t in args.tokens:
+                    tokens_BT, positions_BT = step_inputs(cfg, b, t, c, jax.random.fold_in(key, t))
+                    ref = step_logits(w, cfg, tokens_BT, positions_BT, cache, VARIANTS["plain"])
+                    for v in args.variants:
+                        row = dict(experts=experts, batch=b, context=c, tokens=t, variant=v,
+                                   **compare(*step_logits(w, cfg, tokens_BT, positions_BT, cache, VARIANTS[v]), *ref))
+                        res["rows"].append(row)
+                        save()
+                        log(f"{experts} B={b} ctx={c} T={t} {v:9s}: rel_err {row['rel_err']:.2e}, worst row "
+                            f"{row['max_row_rel_err']:.2e}, argmax {row['argmax_agree']:.3f}, choices differing "
+                            f"{row['choices_differ']}/{row['choices']}, rows rerouted {row['rows_rerouted']}/{row['rows']}"
+                            f", worst row routed alike {row['same_route_max_rel_err']}")
+                del cache
+        del w
+    log(f"wrote {save()} and .md")
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
