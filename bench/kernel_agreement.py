@@ -11,7 +11,8 @@ Each against `plain`: the logits' relative error (all rows, and the worst row), 
 (layer, token) expert choices differ. Random weights give near-ties between the 8th and 9th expert: two paths
 whose router logits differ in the last bits pick different experts there, and that token's logits then move by
 several percent. So rows are split by whether their routes agree: `same_route_max_rel_err` (rows routed alike,
-which must agree to rounding) and `rows_rerouted` (rows where some layer picked another expert).
+which must agree to rounding) and `rows_rerouted` (rows where some layer picked another expert for the token or
+for an earlier token of its sequence). bf16 experts of 4 K2.5 layers take ~100 GB: run them with `--layers 2`.
 Writes kernel-agreement-<platform>-<date>.json and .md to --out.
 """
 
@@ -85,18 +86,20 @@ def step_logits(w, cfg, tokens_BT, positions_BT, cache, on: tuple[str, ...]):
 
 def compare(logits, ids, ref_logits, ref_ids) -> dict:
     """`logits` [B, T, V] / `ids` [L, B*T, K] against the reference's: relative errors overall and per row (one
-    row a token), argmax agreement, expert choices that differ (as sets), and the rows split by route."""
-    rows = logits.reshape(-1, logits.shape[-1])
-    ref_rows = ref_logits.reshape(-1, ref_logits.shape[-1])
+    row a token), argmax agreement, expert choices that differ (as sets), and the rows split by route. A token
+    is "rerouted" when some layer chose other experts for it or for an earlier token of its sequence in this step
+    (whose cache entries it attends to in the layers after)."""
+    b, t, v = logits.shape
+    rows, ref_rows = logits.reshape(-1, v), ref_logits.reshape(-1, v)
     row_err = np.linalg.norm(rows - ref_rows, axis=-1) / np.maximum(np.linalg.norm(ref_rows, axis=-1), 1e-30)
-    differs_LT = np.any(np.sort(ids, -1) != np.sort(ref_ids, -1), axis=-1)  # [L, B*T]
-    rerouted = differs_LT.any(axis=0)
+    differs_LR = np.any(np.sort(ids, -1) != np.sort(ref_ids, -1), axis=-1)  # [L, B*T], rows b-major as the logits
+    rerouted = np.maximum.accumulate(differs_LR.any(axis=0).reshape(b, t), axis=1).reshape(-1)
     same = row_err[~rerouted]
     return dict(
         rel_err=float(np.linalg.norm(rows - ref_rows) / np.linalg.norm(ref_rows)),
         max_row_rel_err=float(row_err.max()),
         argmax_agree=float(np.mean(rows.argmax(-1) == ref_rows.argmax(-1))),
-        choices_differ=int(differs_LT.sum()), choices=int(differs_LT.size),
+        choices_differ=int(differs_LR.sum()), choices=int(differs_LR.size),
         rows=int(rows.shape[0]), rows_rerouted=int(rerouted.sum()),
         same_route_max_rel_err=float(same.max()) if same.size else None,
         rerouted_max_rel_err=float(row_err[rerouted].max()) if rerouted.any() else None,
