@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 import model.moe as moe_module  # noqa: E402
 from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, record_routes  # noqa: E402
-from bench.report import fmt, write_json  # noqa: E402
+from bench.report import fmt, write_report  # noqa: E402
 from bench.step import bench_config, init_weights, random_cache, step_inputs  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kernels import routed_experts_for_backend  # noqa: E402
@@ -49,6 +49,7 @@ VARIANTS = {
     "experts": ("experts",),
     "attention": ("attention",),
 }
+CHECKED = tuple(v for v in VARIANTS if v != "plain")  # each compared with "plain"
 
 
 @contextlib.contextmanager
@@ -114,8 +115,7 @@ def parse_args(argv):
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--variants", nargs="+", choices=[v for v in VARIANTS if v != "plain"],
-                   default=[v for v in VARIANTS if v != "plain"])
+    p.add_argument("--variants", nargs="+", choices=CHECKED, default=list(CHECKED))
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
     if min(args.batches + args.contexts + args.tokens + [args.layers]) < 1:
@@ -148,10 +148,8 @@ def main(argv=None) -> dict:
     cfg = bench_config(args.layers, args.tiny)
     stem = f"kernel-agreement-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
 
-    def save():  # after every row: a run cut short by its time limit keeps what it measured
-        path = write_json(res, Path(args.out), stem)
-        (Path(args.out) / f"{stem}.md").write_text(markdown(res))
-        return path
+    # saved after every row: a run cut short by its time limit keeps what it measured
+    save = lambda: write_report(res, Path(args.out), stem, markdown)  # noqa: E731
     for experts in args.experts:
         w = init_weights(cfg, jax.random.PRNGKey(0), experts=experts)
         for b in args.batches:

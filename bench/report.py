@@ -170,6 +170,9 @@ def write_json(result: dict, out_dir: Path, stem: str) -> Path:
     return path
 
 
-def write_report(result: dict, out_dir: Path, stem: str) -> None:
-    write_json(result, out_dir, stem)
-    (out_dir / f"{stem}.md").write_text(markdown(result))
+def write_report(result: dict, out_dir: Path, stem: str, render=markdown) -> Path:
+    """`result` as out_dir/stem.json and `render(result)` as out_dir/stem.md (bench.step's table by default);
+    returns the JSON's path."""
+    path = write_json(result, out_dir, stem)
+    (out_dir / f"{stem}.md").write_text(render(result))
+    return path

@@ -53,7 +53,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS  # noqa: E402
-from bench.report import write_json  # noqa: E402
+from bench.report import write_report  # noqa: E402
 from bench.moe_layer import REPS, per_call_ms  # noqa: E402
 from bench.timing import summarize_rounds  # noqa: E402
 from bench.tma_stream import FOLD_S, Stream, bytes_read, checksums_reference, stream_checksums  # noqa: E402
@@ -329,8 +329,7 @@ def main(argv=None):
             log(f"{row['variant']:16s} {summary}  {row['tbs']:.2f} TB/s  {row['bytes'] / 1e6:.1f} MB")
     result["rows"] = rows
     stem = f"tma-stream-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
-    path = write_json(result, Path(args.out), stem)
-    (Path(args.out) / f"{stem}.md").write_text(markdown(result))
+    path = write_report(result, Path(args.out), stem, markdown)
     log(f"wrote {path}")
     return result
 
