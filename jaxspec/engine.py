@@ -16,6 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import adaptive_costs
+from jaxspec.adaptive import (AdaptivePolicy, AdaptiveState, adaptive_cycle, adaptive_loop, forced_schedule,
+                              init_adaptive_state)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill,
@@ -32,6 +35,26 @@ class PromptTooLong(ValueError):
 
 
 @dataclasses.dataclass
+class AdaptiveReport:
+    """What adaptive speculation chose and what it expected (jaxspec.adaptive)."""
+    steps: tuple[int, ...]  # the compiled K set
+    costs_s: tuple[float, ...]  # t(K) per cycle for each K of the set
+    cost_source: str  # "measured", "cached" or "given"
+    measure_s: float  # wall time spent measuring the costs (0 when cached or given)
+    k_per_cycle: list[int]  # the K each cycle ran
+    expected_tokens: float  # the model's E[tokens] summed over the cycles run
+    expected_s: float  # t(K) summed over the cycles run
+
+    @property
+    def k_histogram(self) -> dict[int, int]:
+        return {k: self.k_per_cycle.count(k) for k in self.steps}
+
+    @property
+    def expected_tokens_per_s(self) -> float:
+        return self.expected_tokens / self.expected_s if self.expected_s > 0 else float("nan")
+
+
+@dataclasses.dataclass
 class GenerationResult:
     tokens: list[list[int]]  # generated tokens per sequence (EOS included when hit)
     accepted: list[list[int]]  # drafts accepted per cycle, per sequence (empty for the baseline)
@@ -40,10 +63,15 @@ class GenerationResult:
     decode_s: float
     compile_s: float
     cycles: int  # speculative cycles or baseline steps run after prefill
+    adaptive: AdaptiveReport | None = None  # with an adaptive engine: the K chosen per cycle, expected vs achieved
 
     @property
     def stats(self) -> AcceptanceStats:
-        return AcceptanceStats.from_lists(self.accepted)
+        """Acceptance over the cycles that drafted (an adaptive engine's K = 0 cycles accept nothing by design)."""
+        if self.adaptive is None:
+            return AcceptanceStats.from_lists(self.accepted)
+        ks = self.adaptive.k_per_cycle
+        return AcceptanceStats.from_lists([[a for a, k in zip(row, ks) if k > 0] for row in self.accepted])
 
     @property
     def new_tokens(self) -> int:
@@ -85,11 +113,17 @@ _PROGRAMS: dict[tuple, Callable] = {}
 
 class Engine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int = 3, max_context: int | None = None,
-                 drafter=None, mesh=None, prefill_chunk: int = DEFAULT_CHUNK):
+                 drafter=None, mesh=None, prefill_chunk: int = DEFAULT_CHUNK, adaptive: AdaptivePolicy | None = None):
         """`mesh` (model.sharding.make_mesh): shard weights by the partition rules and run every program on it.
-        `prefill_chunk`: prompt positions per prefill step (a power of two >= 16); longer prompts run in chunks."""
+        `prefill_chunk`: prompt positions per prefill step (a power of two >= 16); longer prompts run in chunks.
+        `adaptive`: choose K per cycle among a compiled set up to `num_steps` (jaxspec.adaptive)."""
         if num_steps > 0 and (cfg.draft is None or weights.draft is None):
             raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
+        if adaptive is not None:
+            if num_steps < 1:
+                raise ValueError("adaptive speculation needs num_steps >= 1 (the largest K it may choose)")
+            adaptive.validate(num_steps)
+        self.adaptive = adaptive
         if not valid_chunk(prefill_chunk):
             raise ValueError(f"prefill_chunk must be a power of two >= {MIN_BUCKET}, not {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
@@ -103,7 +137,8 @@ class Engine:
     def _compile(self, name: str, fn, static: dict, args: tuple, donate: tuple = (), baked: tuple = ()):
         """`static` are keyword arguments bound into `fn`; `baked` names what `fn` already closes over."""
         leaves = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in jax.tree_util.tree_leaves(args))
-        key = (name, self.cfg, self.k, self.drafter, self.mesh, baked, tuple(sorted(static.items())), leaves)
+        policy = None if self.adaptive is None else self.adaptive.compiled(self.k)
+        key = (name, self.cfg, self.k, self.drafter, self.mesh, policy, baked, tuple(sorted(static.items())), leaves)
         hit = _PROGRAMS.get(key)
         if hit is not None:
             return hit, 0.0
@@ -134,6 +169,15 @@ class Engine:
         speculative = self.k > 0 if speculative is None else speculative
         state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
         sp = sampling.validate().as_arrays()
+        if speculative and self.adaptive is not None:
+            state, report, c = self._adaptive_start(state, sp, sampling.greedy, max_new_tokens)
+            compiled, c2 = self._adaptive_loop(state, sp, sampling.greedy, max_new_tokens)
+            compile_s += c + c2
+            t0 = time.perf_counter()
+            state = compiled(self.weights, state, sp, jnp.int32(np.iinfo(np.int32).max))
+            jax.block_until_ready(state.generated)
+            decode_s = time.perf_counter() - t0
+            return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, report)
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
         loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
         compiled, c = self._compile("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp), (1,),
@@ -160,9 +204,15 @@ class Engine:
         speculative = self.k > 0 if speculative is None else speculative
         state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
         sp = sampling.validate().as_arrays()
+        report = None
+        name = "cycle_spec" if speculative else "cycle_base"
+        if speculative and self.adaptive is not None:
+            state, report, c = self._adaptive_start(state, sp, sampling.greedy, max_new_tokens)
+            compile_s += c
+            name = "cycle_adaptive"
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
-        compiled, c = self._compile("cycle_spec" if speculative else "cycle_base", _with_progress(step), {},
-                                    (self.weights, state, sp), (1,), baked=(sampling.greedy, max_new_tokens))
+        compiled, c = self._compile(name, _with_progress(step), {}, (self.weights, state, sp), (1,),
+                                    baked=(sampling.greedy, max_new_tokens))
         compile_s += c
         shown = np.zeros(len(prompts), np.int64)
         progress = jax.device_get(_progress(state))  # the prefill's first tokens
@@ -186,14 +236,61 @@ class Engine:
                 progress = jax.device_get(queued)
         jax.block_until_ready(state)  # pipelined: the one cycle past the end
         decode_s += time.perf_counter() - t0
-        yield self._result(state, lengths, prefill_s, decode_s, compile_s, speculative)
+        yield self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, report)
 
     # --- pieces -------------------------------------------------------------------------------------
     def _step_fn(self, speculative: bool, greedy: bool, max_new_tokens: int):
+        if speculative and self.adaptive is not None:
+            return functools.partial(adaptive_cycle, **self._adaptive_kw(greedy, max_new_tokens))
         if speculative:
             return functools.partial(speculative_cycle, cfg=self.cfg, k=self.k, greedy=greedy,
                                      max_new_tokens=max_new_tokens, drafter=self.drafter)
         return functools.partial(baseline_step, cfg=self.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
+
+    # --- adaptive speculation ----------------------------------------------------------------------
+    def _adaptive_kw(self, greedy: bool, max_new_tokens: int) -> dict:
+        steps, ema, explore_every, _ = self.adaptive.compiled(self.k)
+        return dict(cfg=self.cfg, steps=steps, greedy=greedy, max_new_tokens=max_new_tokens, ema=ema,
+                    explore_every=explore_every, drafter=self.drafter)
+
+    def _adaptive_loop(self, state, sp, greedy: bool, max_new_tokens: int):
+        """The on-device loop of adaptive cycles, (weights, state, sp, cycle limit) -> state; (program, compile s)."""
+        loop = functools.partial(adaptive_loop, **self._adaptive_kw(greedy, max_new_tokens))
+        return self._compile("loop_adaptive", loop, {}, (self.weights, state, sp, jnp.int32(0)), (1,),
+                             baked=(greedy, max_new_tokens))
+
+    def _adaptive_start(self, spec_state, sp, greedy: bool, max_new_tokens: int):
+        """The prefilled state wrapped for adaptive cycles, with its cost table: given, cached for this device and
+        shape, or measured now with the loop program. Returns (state, report without the cycles, compile s)."""
+        policy = self.adaptive
+        steps = policy.resolve_steps(self.k)
+        aux_width = len(self.cfg.target.aux_layer_ids) * self.cfg.target.hidden_size
+        compile_s, measure_s = 0.0, 0.0
+        if policy.costs is not None:
+            costs, source = tuple(c for _, c in policy.costs), "given"
+            state = init_adaptive_state(spec_state, aux_width, steps, policy, costs)
+        else:
+            lat = spec_state.target_cache.latent[0]
+            drafter = None if self.drafter is None else getattr(self.drafter, "__qualname__", repr(type(self.drafter)))
+            key = adaptive_costs.cost_key(self.cfg, drafter, self.mesh and self.mesh.devices.shape, lat.shape,
+                                          str(lat.dtype), greedy, policy.compiled(self.k))
+            costs, source = adaptive_costs.cached(key), "cached"
+            state = init_adaptive_state(spec_state, aux_width, steps, policy, costs or [1.0] * len(steps))
+            if costs is None:
+                loop, compile_s = self._adaptive_loop(state, sp, greedy, max_new_tokens)
+                run = lambda s, branch, n: loop(self.weights, s.replace(**forced_schedule(steps, (steps[branch],))),  # noqa: E731
+                                                sp, jnp.int32(n))
+                t0 = time.perf_counter()
+                measured = adaptive_costs.measure(run, state, len(steps))
+                measure_s = time.perf_counter() - t0
+                if measured is None:  # nothing left to generate: any table serves
+                    costs, source = (1.0,) * len(steps), "none"
+                else:
+                    costs, source = measured, "measured"
+                    adaptive_costs.remember(key, costs, steps)
+            state = state.replace(cost_N=jnp.asarray(costs, jnp.float32))
+        report = AdaptiveReport(steps, tuple(float(c) for c in costs), source, measure_s, [], 0.0, 0.0)
+        return state, report, compile_s
 
     def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative):
         if max_new_tokens < 1:
@@ -216,7 +313,8 @@ class Engine:
         jax.block_until_ready(state.generated)
         return state, time.perf_counter() - t0, compile_s, lengths
 
-    def _result(self, state, lengths, prefill_s, decode_s, compile_s, speculative) -> GenerationResult:
+    def _result(self, state, lengths, prefill_s, decode_s, compile_s, speculative,
+                report: AdaptiveReport | None = None) -> GenerationResult:
         generated, out_tokens = jax.device_get((state.generated, state.out_tokens))
         tokens = [out_tokens[i, : generated[i]].tolist() for i in range(len(generated))]
         if speculative:
@@ -225,4 +323,9 @@ class Engine:
             cycles = int(state.cycles)
         else:
             accepted, cycles = [[] for _ in tokens], int(state.steps)
-        return GenerationResult(tokens, accepted, [int(x) for x in lengths], prefill_s, decode_s, compile_s, cycles)
+        if isinstance(state, AdaptiveState):
+            k_log, exp_tokens, exp_s = jax.device_get((state.k_log, state.expected_tokens, state.expected_s))
+            report = dataclasses.replace(report, k_per_cycle=[int(k) for k in k_log[:cycles]],
+                                         expected_tokens=float(exp_tokens), expected_s=float(exp_s))
+        return GenerationResult(tokens, accepted, [int(x) for x in lengths], prefill_s, decode_s, compile_s, cycles,
+                                report)

@@ -66,6 +66,13 @@ def draft_chain(key, w: SpecWeights, cfg: SpecConfig, state: SpecState, k: int, 
 def speculative_cycle(w: SpecWeights, state: SpecState, sp: dict, *, cfg: SpecConfig, k: int, greedy: bool,
                       max_new_tokens: int, drafter=None) -> SpecState:
     """`drafter` replaces the EAGLE-3 chain (same signature as `draft_chain`); tests plug oracles in here."""
+    return speculative_cycle_accepting(w, state, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
+                                       drafter=drafter)[0]
+
+
+def speculative_cycle_accepting(w: SpecWeights, state: SpecState, sp: dict, *, cfg: SpecConfig, k: int, greedy: bool,
+                                max_new_tokens: int, drafter=None) -> tuple[SpecState, jax.Array]:
+    """`speculative_cycle` that also returns the drafts each sequence accepted [B] (what adaptive K learns from)."""
     tcfg, dcfg = cfg.target, cfg.draft
     b = state.pending.shape[0]
     key, k_draft, k_accept = jax.random.split(state.key, 3)
@@ -90,8 +97,9 @@ def speculative_cycle(w: SpecWeights, state: SpecState, sp: dict, *, cfg: SpecCo
     next_logits_BVd = jnp.take_along_axis(ext.logits, pick, axis=1)[:, 0]
     next_hidden_BH = jnp.take_along_axis(ext.hidden, pick, axis=1)[:, 0]
 
-    return commit(state, cfg, key, accepted_B, emitted_BK1, verify.cache, ext.cache, next_logits_BVd, next_hidden_BH,
-                  max_new_tokens)
+    new_state = commit(state, cfg, key, accepted_B, emitted_BK1, verify.cache, ext.cache, next_logits_BVd,
+                       next_hidden_BH, max_new_tokens)
+    return new_state, accepted_B
 
 
 def commit(state: SpecState, cfg: SpecConfig, key, accepted_B, emitted_BK1, target_cache, draft_cache,

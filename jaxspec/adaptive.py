@@ -1,0 +1,306 @@
+"""Adaptive speculation: every cycle of the on-device loop picks its draft length K from a small compiled set
+(K = 0 is a plain decode step) by the expected tokens per second, so speculation is used only where it pays.
+
+The model. Let c_j be the conditional acceptance rate of draft position j (the probability that draft j is
+accepted given drafts 1..j-1 were), estimated per sequence, and t(K) the device time of one cycle that drafts K
+tokens (t(0): a plain decode step). A cycle of K drafts yields the accepted prefix plus the target's own token:
+
+    E[tokens | K] = 1 + sum_{j=1..K} prod_{i<=j} c_i      (only positions j <= remaining - 1 count)
+
+and the batch's throughput is sum_b E_b[tokens | K] / t(K) over the live sequences b. Each cycle takes the K of
+the compiled set that maximises it; one K serves the whole batch (one program), so a row whose drafts are
+rejected rides along with rows that accept and the choice is the batch's total, not any row's best.
+
+The estimates. c_j is an exponential moving average (rate `ema`) of what each cycle observes, starting from
+`prior`: a cycle that accepted n of K drafts observes positions 1..min(n+1, K) (accepted up to n, rejected at
+n+1; later ones are not observed and keep their estimate). A plain step observes position 1 for free (below).
+Every `explore_every` cycles the choice is made with optimistic deeper rates (c_j for j >= 2 raised to c_1), so
+a depth that looked bad once is tried again when the first position says it could pay; when c_1 itself says
+speculation cannot pay, no exploration happens and plain steps cost no more than plain decoding.
+
+Plain steps and the draft (position algebra; L = committed target length, x_L = the pending token). A plain
+step runs the target over x_L at position L only: it emits y = x_{L+1} and the target feature f_L, and L
+advances by one. The draft is not run: (y, f_L) is appended to a backlog, which is exactly the draft entry at
+position L (token x_{t+1} paired with feature f_t, as in the cycle's extend). Before the next speculative cycle,
+or when the backlog holds `backlog` entries, one draft forward over the backlog (positions L-n .. L-1) writes
+the draft cache and leaves draft_logits / draft_hidden at position L-1: the state a cycle expects. On GPU that
+forward over a few tokens costs about one draft step, so plain stretches pay a draft step every `backlog` tokens
+instead of every token. The same forward gives the free observations of c_1: the draft's prediction made at
+position t-1 (the carried draft_logits for the first entry, the backlog forward's own outputs after) is compared
+with the token the target emitted at t: equality of the draft's argmax when greedy; when sampling, the unbiased
+estimate min(1, q(y) / p(y)) of the acceptance probability sum_v min(p_v, q_v), since y was drawn from p.
+
+Losslessness does not depend on K: each cycle emits tokens distributed as the target's (a plain step by plain
+decoding, a speculative cycle by the acceptance rule), from fresh randomness, whatever K it ran with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxspec.models import SpecConfig, SpecWeights
+from jaxspec.sampling import processed_probs, sample
+from jaxspec.spec_step import commit, draft_logits_in_target_vocab, speculative_cycle_accepting
+from jaxspec.state import SpecState
+from model.decoder import forward
+from model.eagle3 import draft_forward, draft_to_target_ids
+
+DEFAULT_STEPS = (0, 1, 2, 4)
+SCHEDULE_SLOTS = 64  # longest forced schedule (a fixed shape, so any schedule runs in the same program)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptivePolicy:
+    steps: tuple[int, ...] | None = None  # the compiled K set; None: DEFAULT_STEPS up to the engine's K, and K
+    prior: float = 0.5  # starting estimate of every c_j
+    ema: float = 0.125  # weight of one observation in the moving average
+    explore_every: int = 16  # cycles between optimistic choices
+    backlog: int = 8  # plain steps the draft may lag before it catches up
+    costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
+    schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
+
+    def resolve_steps(self, k_max: int) -> tuple[int, ...]:
+        steps = self.steps if self.steps is not None else {s for s in DEFAULT_STEPS if s <= k_max} | {k_max}
+        steps = tuple(sorted(set(steps)))
+        if k_max < 1 or any(s < 0 or s > k_max for s in steps) or max(steps) < 1:
+            raise ValueError(f"adaptive steps {list(steps)} must lie in 0..{k_max} and include a K >= 1")
+        return steps
+
+    def validate(self, k_max: int) -> "AdaptivePolicy":
+        steps = self.resolve_steps(k_max)
+        if not 0.0 <= self.prior <= 1.0:
+            raise ValueError(f"adaptive prior must be in [0, 1], got {self.prior}")
+        if not 0.0 < self.ema <= 1.0:
+            raise ValueError(f"adaptive ema must be in (0, 1], got {self.ema}")
+        if self.explore_every < 1 or self.backlog < 1:
+            raise ValueError("adaptive explore_every and backlog must be >= 1")
+        if self.costs is not None:
+            given = dict(self.costs)
+            if sorted(given) != list(steps):
+                raise ValueError(f"adaptive costs name K = {sorted(given)}, the compiled steps are K = {list(steps)}")
+            if not all(0.0 < float(v) < float("inf") for v in given.values()):
+                raise ValueError("adaptive costs must be positive finite times")
+        if len(self.schedule) > SCHEDULE_SLOTS:
+            raise ValueError(f"adaptive schedule is longer than {SCHEDULE_SLOTS} cycles")
+        if any(s not in steps for s in self.schedule):
+            raise ValueError(f"adaptive schedule {list(self.schedule)} names a K outside the steps {list(steps)}")
+        return self
+
+    def compiled(self, k_max: int) -> tuple:
+        """What the programs bake in (costs, prior and schedule are data in the state)."""
+        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog)
+
+
+@struct.dataclass
+class Backlog:
+    """Plain decode steps the draft has not run over yet: entry i is the draft's input at position L - n + i."""
+    tokens_BW: jax.Array  # [B, W] int32: the token the target emitted at that step
+    aux_BWX: jax.Array  # [B, W, 3H]: the target's aux feature at that step's position
+    p_BW: jax.Array  # [B, W] float32: the target's probability of that token (sampling; 1 when greedy)
+    count_B: jax.Array  # [B] int32: entries in use
+
+
+@struct.dataclass
+class AdaptiveState:
+    spec: SpecState  # out_tokens sized for the largest K of the set
+    backlog: Backlog
+    accept_BJ: jax.Array  # [B, Kmax] float32: estimated c_j (j = 1..Kmax) per sequence
+    cost_N: jax.Array  # [N] float32: t(K) for each K of the set, seconds per cycle
+    schedule_P: jax.Array  # [SCHEDULE_SLOTS] int32: branch forced at cycle c (entry c % schedule_len); -1: the rule
+    schedule_len: jax.Array  # [] int32
+    k_log: jax.Array  # [C] int32: K each cycle ran, -1 where no cycle ran
+    expected_tokens: jax.Array  # [] float32: sum over cycles of the model's E[tokens | K] for the batch
+    expected_s: jax.Array  # [] float32: sum over cycles of t(K)
+
+    # what the engine's loop, streaming and results read, as on a SpecState
+    @property
+    def done(self):
+        return self.spec.done
+
+    @property
+    def generated(self):
+        return self.spec.generated
+
+    @property
+    def out_tokens(self):
+        return self.spec.out_tokens
+
+    @property
+    def accepted_log(self):
+        return self.spec.accepted_log
+
+    @property
+    def cycles(self):
+        return self.spec.cycles
+
+
+def forced_schedule(steps: tuple[int, ...], schedule: tuple[int, ...]) -> dict:
+    """The state fields that force K = schedule[c % len] at cycle c (empty: the rule chooses)."""
+    index = {k: i for i, k in enumerate(steps)}
+    sched = [index[k] for k in schedule] or [-1]
+    return dict(schedule_P=jnp.asarray(sched + [-1] * (SCHEDULE_SLOTS - len(sched)), jnp.int32),
+                schedule_len=jnp.int32(len(sched)))
+
+
+def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...], policy: AdaptivePolicy,
+                        cost_N) -> AdaptiveState:
+    """Wrap a prefilled SpecState (its out_tokens sized for max(steps)); `cost_N` seconds per cycle per K in steps."""
+    b = spec.pending.shape[0]
+    w = policy.backlog
+    return AdaptiveState(
+        spec=spec,
+        backlog=Backlog(jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w, aux_width), spec.draft_hidden.dtype),
+                        jnp.ones((b, w), jnp.float32), jnp.zeros((b,), jnp.int32)),
+        accept_BJ=jnp.full((b, max(steps)), policy.prior, jnp.float32),
+        cost_N=jnp.asarray(cost_N, jnp.float32),
+        **forced_schedule(steps, policy.schedule),
+        k_log=jnp.full((spec.accepted_log.shape[1],), -1, jnp.int32),
+        expected_tokens=jnp.float32(0),
+        expected_s=jnp.float32(0),
+    )
+
+
+# --- the rule ---------------------------------------------------------------------------------------------
+
+def expected_tokens(accept_BJ, steps: tuple[int, ...], remaining_B):
+    """E[tokens | K] [B, N] for each K of `steps`: 1 + sum_{j<=K, j<remaining} prod_{i<=j} c_i."""
+    j_J = jnp.arange(1, accept_BJ.shape[1] + 1)
+    reach_BJ = jnp.cumprod(accept_BJ, axis=1) * (j_J[None] < remaining_B[:, None])
+    cum_BJ1 = jnp.concatenate([jnp.zeros_like(reach_BJ[:, :1]), jnp.cumsum(reach_BJ, axis=1)], axis=1)
+    return 1.0 + cum_BJ1[:, jnp.asarray(steps)]
+
+
+def choose(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
+    """(branch index maximising the live rows' expected tokens per second, E[tokens | K] [B, N])."""
+    gain_BN = expected_tokens(accept_BJ, steps, remaining_B)
+    rate_N = jnp.sum(jnp.where(live_B[:, None], gain_BN, 0.0), axis=0) / cost_N
+    return jnp.argmax(rate_N).astype(jnp.int32), gain_BN
+
+
+def optimistic(accept_BJ):
+    """Deeper rates raised to the first position's (which plain steps keep fresh)."""
+    return jnp.concatenate([accept_BJ[:, :1], jnp.maximum(accept_BJ[:, 1:], accept_BJ[:, :1])], axis=1)
+
+
+def _observe(accept_BJ, observed_BJ, value_BJ, ema):
+    return jnp.where(observed_BJ, accept_BJ + ema * (value_BJ - accept_BJ), accept_BJ)
+
+
+# --- the branches -----------------------------------------------------------------------------------------
+
+def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
+             ema: float):
+    """The draft over the backlog (positions L-n .. L-1), its state at L-1, and the free observations of c_1."""
+    n_B = backlog.count_B
+    width = backlog.tokens_BW.shape[1]
+    positions_BW = (spec.target_cache.lengths - n_B)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+    ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, backlog.tokens_BW, backlog.aux_BWX,
+                        positions_BW, spec.draft_cache)
+    has_B = n_B > 0
+    last = jnp.clip(n_B - 1, 0, width - 1)[:, None, None]
+    logits_BVd = jnp.where(has_B[:, None], jnp.take_along_axis(ext.logits, last, axis=1)[:, 0], spec.draft_logits)
+    hidden_BH = jnp.where(has_B[:, None], jnp.take_along_axis(ext.hidden, last, axis=1)[:, 0].astype(
+        spec.draft_hidden.dtype), spec.draft_hidden)
+    # entry i's token was predicted at position L-n+i-1: by the carried logits for i = 0, by this forward after
+    pred_BWVd = jnp.concatenate([spec.draft_logits[:, None], ext.logits[:, :-1]], axis=1)
+    if greedy:
+        guess_BW = draft_to_target_ids(w.draft, jnp.argmax(pred_BWVd, axis=-1).astype(jnp.int32))
+        obs_BW = (guess_BW == backlog.tokens_BW).astype(jnp.float32)
+    else:
+        q_BWV = processed_probs(draft_logits_in_target_vocab(w.draft, cfg.draft, pred_BWVd), **sp)
+        q_y = jnp.take_along_axis(q_BWV, backlog.tokens_BW[..., None], axis=-1)[..., 0]
+        obs_BW = jnp.minimum(1.0, q_y / backlog.p_BW)
+    c_B = accept_BJ[:, 0]
+    for i in range(width):  # in order, as if observed one step at a time
+        c_B = jnp.where(i < n_B, c_B + ema * (obs_BW[:, i] - c_B), c_B)
+    spec = spec.replace(draft_cache=ext.cache, draft_logits=logits_BVd, draft_hidden=hidden_BH)
+    return spec, backlog.replace(count_B=jnp.zeros_like(n_B)), accept_BJ.at[:, 0].set(c_B)
+
+
+def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
+               max_new_tokens: int, ema: float):
+    """K = 0: the target over the pending token alone (as plain decoding), its draft input kept in the backlog."""
+    key, k_tok = jax.random.split(spec.key)
+    lengths_B = spec.target_cache.lengths
+    out = forward(w.target, cfg.target, spec.pending[:, None], lengths_B[:, None], spec.target_cache)
+    logits_BV = out.logits[:, 0]
+    b = logits_BV.shape[0]
+    if greedy:
+        tok_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        p_tok_B = jnp.ones((b,), jnp.float32)
+    else:
+        p_BV = processed_probs(logits_BV, **sp)
+        tok_B = sample(k_tok, p_BV)
+        p_tok_B = jnp.take_along_axis(p_BV, tok_B[:, None], axis=1)[:, 0]
+    live_B = ~spec.done
+    slot_B = jnp.where(live_B, backlog.count_B, backlog.tokens_BW.shape[1])  # finished rows write nothing
+    rows = jnp.arange(b)
+    backlog = Backlog(
+        tokens_BW=backlog.tokens_BW.at[rows, slot_B].set(tok_B, mode="drop"),
+        aux_BWX=backlog.aux_BWX.at[rows, slot_B].set(out.aux_hidden[:, 0].astype(backlog.aux_BWX.dtype), mode="drop"),
+        p_BW=backlog.p_BW.at[rows, slot_B].set(p_tok_B, mode="drop"),
+        count_B=backlog.count_B + live_B.astype(jnp.int32),
+    )
+    spec = commit(spec, cfg, key, jnp.zeros((b,), jnp.int32), tok_B[:, None], out.cache, spec.draft_cache,
+                  spec.draft_logits, spec.draft_hidden, max_new_tokens)
+    full = jnp.any(backlog.count_B >= backlog.tokens_BW.shape[1])
+    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema)
+    return jax.lax.cond(full, lambda *a: flush(*a, sp), lambda s, bl, acc: (s, bl, acc), spec, backlog, accept_BJ)
+
+
+def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, k: int,
+                     greedy: bool, max_new_tokens: int, ema: float, drafter=None):
+    """K >= 1: catch the draft up if plain steps left a backlog, then one speculative cycle of K drafts."""
+    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema)
+    spec, backlog, accept_BJ = jax.lax.cond(jnp.any(backlog.count_B > 0), lambda *a: flush(*a, sp),
+                                            lambda s, bl, acc: (s, bl, acc), spec, backlog, accept_BJ)
+    live_B = ~spec.done
+    spec, accepted_B = speculative_cycle_accepting(w, spec, sp, cfg=cfg, k=k, greedy=greedy,
+                                                   max_new_tokens=max_new_tokens, drafter=drafter)
+    j_J = jnp.arange(1, accept_BJ.shape[1] + 1)[None]
+    observed_BJ = live_B[:, None] & (j_J <= jnp.minimum(accepted_B + 1, k)[:, None])
+    accept_BJ = _observe(accept_BJ, observed_BJ, (j_J <= accepted_B[:, None]).astype(jnp.float32), ema)
+    return spec, backlog, accept_BJ
+
+
+def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecConfig, steps: tuple[int, ...],
+                   greedy: bool, max_new_tokens: int, ema: float, explore_every: int, drafter=None) -> AdaptiveState:
+    """Choose K (the rule, an optimistic choice every `explore_every` cycles, or the schedule), run that branch."""
+    spec = state.spec
+    live_B = ~spec.done
+    remaining_B = max_new_tokens - spec.generated
+    rule, gain_BN = choose(state.accept_BJ, state.cost_N, live_B, remaining_B, steps)
+    hopeful, _ = choose(optimistic(state.accept_BJ), state.cost_N, live_B, remaining_B, steps)
+    choice = jnp.where(spec.cycles % explore_every == explore_every - 1, hopeful, rule)
+    forced = state.schedule_P[spec.cycles % state.schedule_len]
+    choice = jnp.where(forced >= 0, forced, choice)
+
+    common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema)
+    branches = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
+                functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
+    branches = [lambda s, bl, acc, f=f: f(s, bl, acc, sp) for f in branches]
+    new_spec, backlog, accept_BJ = jax.lax.switch(choice, branches, spec, state.backlog, state.accept_BJ)
+
+    ran = jnp.any(live_B)  # a cycle on a finished batch changes no token, count or log
+    col = jnp.where(ran, spec.cycles, state.k_log.shape[0])
+    gain = jnp.sum(jnp.where(live_B, jnp.take(gain_BN, choice, axis=1), 0.0))
+    return state.replace(
+        spec=new_spec, backlog=backlog, accept_BJ=accept_BJ,
+        k_log=state.k_log.at[col].set(jnp.asarray(steps, jnp.int32)[choice], mode="drop"),
+        expected_tokens=state.expected_tokens + jnp.where(ran, gain, 0.0),
+        expected_s=state.expected_s + jnp.where(ran, state.cost_N[choice], 0.0),
+    )
+
+
+def adaptive_loop(w: SpecWeights, state: AdaptiveState, sp: dict, limit, **cycle_kw) -> AdaptiveState:
+    """Cycles on device until every sequence is done or `limit` cycles ran (the cost measurement's stop)."""
+    def body(carry):
+        s, i = carry
+        return adaptive_cycle(w, s, sp, **cycle_kw), i + 1
+
+    return jax.lax.while_loop(lambda c: ~jnp.all(c[0].done) & (c[1] < limit), body, (state, jnp.int32(0)))[0]
