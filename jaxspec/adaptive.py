@@ -30,6 +30,10 @@ position t-1 (the carried draft_logits for the first entry, the backlog forward'
 with the token the target emitted at t: equality of the draft's argmax when greedy; when sampling, the unbiased
 estimate min(1, q(y) / p(y)) of the acceptance probability sum_v min(p_v, q_v), since y was drawn from p.
 
+A drafter plug (`Engine(drafter=...)`) that is not the EAGLE-3 draft makes the probe measure the wrong drafter:
+`probe=False` turns it off, and then an exploring cycle that would run a plain step runs the smallest K >= 1
+instead, which observes c_1 from the plug itself (at the price of that cycle, once every `explore_every`).
+
 Losslessness does not depend on K: each cycle emits tokens distributed as the target's (a plain step by plain
 decoding, a speculative cycle by the acceptance rule), from fresh randomness, whatever K it ran with.
 """
@@ -63,6 +67,7 @@ class AdaptivePolicy:
     backlog: int = 8  # plain steps the draft may lag before it catches up
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
+    probe: bool = True  # observe c_1 from the EAGLE-3 draft during catch-up (off for drafter plugs, see below)
 
     def resolve_steps(self, k_max: int) -> tuple[int, ...]:
         steps = self.steps if self.steps is not None else {s for s in DEFAULT_STEPS if s <= k_max} | {k_max}
@@ -93,7 +98,7 @@ class AdaptivePolicy:
 
     def compiled(self, k_max: int) -> tuple:
         """What the programs bake in (costs, prior and schedule are data in the state)."""
-        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog)
+        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog, self.probe)
 
 
 @struct.dataclass
@@ -194,7 +199,7 @@ def _observe(accept_BJ, observed_BJ, value_BJ, ema):
 # --- the branches -----------------------------------------------------------------------------------------
 
 def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
-             ema: float):
+             ema: float, probe: bool = True):
     """The draft over the backlog (positions L-n .. L-1), its state at L-1, and the free observations of c_1."""
     n_B = backlog.count_B
     width = backlog.tokens_BW.shape[1]
@@ -206,6 +211,10 @@ def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog,
     logits_BVd = jnp.where(has_B[:, None], jnp.take_along_axis(ext.logits, last, axis=1)[:, 0], spec.draft_logits)
     hidden_BH = jnp.where(has_B[:, None], jnp.take_along_axis(ext.hidden, last, axis=1)[:, 0].astype(
         spec.draft_hidden.dtype), spec.draft_hidden)
+    spec = spec.replace(draft_cache=ext.cache, draft_logits=logits_BVd, draft_hidden=hidden_BH)
+    backlog = backlog.replace(count_B=jnp.zeros_like(n_B))
+    if not probe:
+        return spec, backlog, accept_BJ
     # entry i's token was predicted at position L-n+i-1: by the carried logits for i = 0, by this forward after
     pred_BWVd = jnp.concatenate([spec.draft_logits[:, None], ext.logits[:, :-1]], axis=1)
     if greedy:
@@ -218,12 +227,11 @@ def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog,
     c_B = accept_BJ[:, 0]
     for i in range(width):  # in order, as if observed one step at a time
         c_B = jnp.where(i < n_B, c_B + ema * (obs_BW[:, i] - c_B), c_B)
-    spec = spec.replace(draft_cache=ext.cache, draft_logits=logits_BVd, draft_hidden=hidden_BH)
-    return spec, backlog.replace(count_B=jnp.zeros_like(n_B)), accept_BJ.at[:, 0].set(c_B)
+    return spec, backlog, accept_BJ.at[:, 0].set(c_B)
 
 
 def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
-               max_new_tokens: int, ema: float):
+               max_new_tokens: int, ema: float, probe: bool = True):
     """K = 0: the target over the pending token alone (as plain decoding), its draft input kept in the backlog."""
     key, k_tok = jax.random.split(spec.key)
     lengths_B = spec.target_cache.lengths
@@ -249,14 +257,14 @@ def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlo
     spec = commit(spec, cfg, key, jnp.zeros((b,), jnp.int32), tok_B[:, None], out.cache, spec.draft_cache,
                   spec.draft_logits, spec.draft_hidden, max_new_tokens)
     full = jnp.any(backlog.count_B >= backlog.tokens_BW.shape[1])
-    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema)
+    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     return jax.lax.cond(full, lambda *a: flush(*a, sp), lambda s, bl, acc: (s, bl, acc), spec, backlog, accept_BJ)
 
 
 def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, k: int,
-                     greedy: bool, max_new_tokens: int, ema: float, drafter=None):
+                     greedy: bool, max_new_tokens: int, ema: float, probe: bool = True, drafter=None):
     """K >= 1: catch the draft up if plain steps left a backlog, then one speculative cycle of K drafts."""
-    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema)
+    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     spec, backlog, accept_BJ = jax.lax.cond(jnp.any(backlog.count_B > 0), lambda *a: flush(*a, sp),
                                             lambda s, bl, acc: (s, bl, acc), spec, backlog, accept_BJ)
     live_B = ~spec.done
@@ -269,18 +277,21 @@ def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: 
 
 
 def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecConfig, steps: tuple[int, ...],
-                   greedy: bool, max_new_tokens: int, ema: float, explore_every: int, drafter=None) -> AdaptiveState:
+                   greedy: bool, max_new_tokens: int, ema: float, explore_every: int, probe: bool = True,
+                   drafter=None) -> AdaptiveState:
     """Choose K (the rule, an optimistic choice every `explore_every` cycles, or the schedule), run that branch."""
     spec = state.spec
     live_B = ~spec.done
     remaining_B = max_new_tokens - spec.generated
     rule, gain_BN = choose(state.accept_BJ, state.cost_N, live_B, remaining_B, steps)
     hopeful, _ = choose(optimistic(state.accept_BJ), state.cost_N, live_B, remaining_B, steps)
+    if not probe:  # nothing observes c_1 during plain stretches: explore with the cheapest speculative K
+        hopeful = jnp.maximum(hopeful, sum(1 for k in steps if k == 0))
     choice = jnp.where(spec.cycles % explore_every == explore_every - 1, hopeful, rule)
     forced = state.schedule_P[spec.cycles % state.schedule_len]
     choice = jnp.where(forced >= 0, forced, choice)
 
-    common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema)
+    common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
     branches = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
                 functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
     branches = [lambda s, bl, acc, f=f: f(s, bl, acc, sp) for f in branches]

@@ -40,7 +40,7 @@ def parse_costs(text: str, steps: tuple[int, ...], flag: str = "--speculative-ad
     """A table given as inline JSON or a JSON file: {"0": ms, "1": ms, ...} over exactly the compiled K set, in
     milliseconds per cycle. Returns ((K, seconds), ...); CostTableError naming the flag otherwise."""
     source = text
-    if not text.lstrip().startswith("{"):
+    if not text.lstrip().startswith(("{", "[")):
         try:
             source = Path(text).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
@@ -122,9 +122,8 @@ def remember(key: str, costs: tuple[float, ...], steps: tuple[int, ...]) -> None
 def measure(run_forced: Callable, state, n_branches: int, cycles: int = MEASURE_CYCLES,
             repeats: int = MEASURE_REPEATS) -> tuple[float, ...] | None:
     """Seconds per cycle of each branch: `run_forced(state_copy, branch, cycles)` runs up to `cycles` cycles of
-    that branch on a copy of `state` (donated) and returns the state after; a warm-up call, then the median of
-    `repeats` synchronised calls, each divided by the cycles it ran. None if the state has no cycle left to run."""
-    start = int(state.cycles)
+    that branch on a copy of `state` (donated) and returns (the state after, cycles it ran); a warm-up call, then
+    the median of `repeats` synchronised calls, each divided by the cycles it ran. None if no cycle is left to run."""
     costs = []
     for branch in range(n_branches):
         times = []
@@ -132,10 +131,9 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: int = MEASURE_
             copy = jax.tree.map(jnp.copy, state)
             jax.block_until_ready(copy)
             t0 = time.perf_counter()
-            out = run_forced(copy, branch, cycles)
+            out, ran = run_forced(copy, branch, cycles)
             jax.block_until_ready(out.generated)
             wall = time.perf_counter() - t0
-            ran = int(out.cycles) - start
             if ran < 1:
                 return None
             if rep:

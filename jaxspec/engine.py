@@ -170,9 +170,16 @@ class Engine:
         state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
         sp = sampling.validate().as_arrays()
         if speculative and self.adaptive is not None:
-            state, report, c = self._adaptive_start(state, sp, sampling.greedy, max_new_tokens)
-            compiled, c2 = self._adaptive_loop(state, sp, sampling.greedy, max_new_tokens)
-            compile_s += c + c2
+            state, report, key = self._adaptive_start(state, sampling.greedy)
+            compiled, c = self._adaptive_loop(state, sp, sampling.greedy, max_new_tokens)
+            compile_s += c
+            if key is not None:
+                def run_forced(s, cycles):
+                    start = int(s.cycles)
+                    out = compiled(self.weights, s, sp, jnp.int32(cycles))
+                    return out, int(out.cycles) - start
+
+                state, report = self._adaptive_measure(state, report, key, run_forced)
             t0 = time.perf_counter()
             state = compiled(self.weights, state, sp, jnp.int32(np.iinfo(np.int32).max))
             jax.block_until_ready(state.generated)
@@ -206,13 +213,20 @@ class Engine:
         sp = sampling.validate().as_arrays()
         report = None
         name = "cycle_spec" if speculative else "cycle_base"
+        key = None
         if speculative and self.adaptive is not None:
-            state, report, c = self._adaptive_start(state, sp, sampling.greedy, max_new_tokens)
-            compile_s += c
+            state, report, key = self._adaptive_start(state, sampling.greedy)
             name = "cycle_adaptive"
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
         compiled, c = self._compile(name, _with_progress(step), {}, (self.weights, state, sp), (1,),
                                     baked=(sampling.greedy, max_new_tokens))
+        if key is not None:
+            def run_forced(s, cycles):  # cycles queued back to back, as pipelined streaming runs them
+                for _ in range(cycles):
+                    s, _ = compiled(self.weights, s, sp)
+                return s, cycles
+
+            state, report = self._adaptive_measure(state, report, key, run_forced)
         compile_s += c
         shown = np.zeros(len(prompts), np.int64)
         progress = jax.device_get(_progress(state))  # the prefill's first tokens
@@ -249,9 +263,9 @@ class Engine:
 
     # --- adaptive speculation ----------------------------------------------------------------------
     def _adaptive_kw(self, greedy: bool, max_new_tokens: int) -> dict:
-        steps, ema, explore_every, _ = self.adaptive.compiled(self.k)
+        steps, ema, explore_every, _, probe = self.adaptive.compiled(self.k)
         return dict(cfg=self.cfg, steps=steps, greedy=greedy, max_new_tokens=max_new_tokens, ema=ema,
-                    explore_every=explore_every, drafter=self.drafter)
+                    explore_every=explore_every, probe=probe, drafter=self.drafter)
 
     def _adaptive_loop(self, state, sp, greedy: bool, max_new_tokens: int):
         """The on-device loop of adaptive cycles, (weights, state, sp, cycle limit) -> state; (program, compile s)."""
@@ -259,38 +273,41 @@ class Engine:
         return self._compile("loop_adaptive", loop, {}, (self.weights, state, sp, jnp.int32(0)), (1,),
                              baked=(greedy, max_new_tokens))
 
-    def _adaptive_start(self, spec_state, sp, greedy: bool, max_new_tokens: int):
-        """The prefilled state wrapped for adaptive cycles, with its cost table: given, cached for this device and
-        shape, or measured now with the loop program. Returns (state, report without the cycles, compile s)."""
+    def _adaptive_start(self, spec_state, greedy: bool):
+        """The prefilled state wrapped for adaptive cycles with its cost table when one is given or cached for this
+        device and shape; (state, report without the cycles, cache key or None when the table is still to measure)."""
         policy = self.adaptive
         steps = policy.resolve_steps(self.k)
         aux_width = len(self.cfg.target.aux_layer_ids) * self.cfg.target.hidden_size
-        compile_s, measure_s = 0.0, 0.0
+        key = None
         if policy.costs is not None:
             costs, source = tuple(c for _, c in policy.costs), "given"
-            state = init_adaptive_state(spec_state, aux_width, steps, policy, costs)
         else:
             lat = spec_state.target_cache.latent[0]
             drafter = None if self.drafter is None else getattr(self.drafter, "__qualname__", repr(type(self.drafter)))
             key = adaptive_costs.cost_key(self.cfg, drafter, self.mesh and self.mesh.devices.shape, lat.shape,
                                           str(lat.dtype), greedy, policy.compiled(self.k))
             costs, source = adaptive_costs.cached(key), "cached"
-            state = init_adaptive_state(spec_state, aux_width, steps, policy, costs or [1.0] * len(steps))
-            if costs is None:
-                loop, compile_s = self._adaptive_loop(state, sp, greedy, max_new_tokens)
-                run = lambda s, branch, n: loop(self.weights, s.replace(**forced_schedule(steps, (steps[branch],))),  # noqa: E731
-                                                sp, jnp.int32(n))
-                t0 = time.perf_counter()
-                measured = adaptive_costs.measure(run, state, len(steps))
-                measure_s = time.perf_counter() - t0
-                if measured is None:  # nothing left to generate: any table serves
-                    costs, source = (1.0,) * len(steps), "none"
-                else:
-                    costs, source = measured, "measured"
-                    adaptive_costs.remember(key, costs, steps)
-            state = state.replace(cost_N=jnp.asarray(costs, jnp.float32))
-        report = AdaptiveReport(steps, tuple(float(c) for c in costs), source, measure_s, [], 0.0, 0.0)
-        return state, report, compile_s
+        state = init_adaptive_state(spec_state, aux_width, steps, policy, costs or (1.0,) * len(steps))
+        report = AdaptiveReport(steps, tuple(float(c) for c in costs or ()), source, 0.0, [], 0.0, 0.0)
+        return state, report, (key if costs is None else None)
+
+    def _adaptive_measure(self, state, report: AdaptiveReport, key: str, run_forced):
+        """Time each K with `run_forced(state copy, branch, cycles) -> (state, cycles run)`; the state with the
+        measured table (kept for this device and shape) and the report saying so."""
+        steps = report.steps
+        forced = lambda s, branch, n: run_forced(s.replace(**forced_schedule(steps, (steps[branch],))), n)  # noqa: E731
+        t0 = time.perf_counter()
+        measured = adaptive_costs.measure(forced, state, len(steps))
+        measure_s = time.perf_counter() - t0
+        if measured is None:  # nothing left to generate: any table serves
+            costs, source = (1.0,) * len(steps), "none"
+        else:
+            costs, source = measured, "measured"
+            adaptive_costs.remember(key, costs, steps)
+        report = dataclasses.replace(report, costs_s=tuple(float(c) for c in costs), cost_source=source,
+                                     measure_s=measure_s)
+        return state.replace(cost_N=jnp.asarray(costs, jnp.float32)), report
 
     def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative):
         if max_new_tokens < 1:

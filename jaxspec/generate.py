@@ -40,6 +40,10 @@ JSON_SCHEMA = {
         "histogram": "[int]: cycles that accepted 0..K drafts",
         "per_position": "[float]: P(draft i accepted), i = 1..K",
     },
+    "adaptive": "null, or with --speculative-adaptive: {steps: [int]: the compiled K set, costs_ms: {K: float}: t(K) "
+                "per cycle, cost_source: 'measured' | 'cached' | 'given', measure_s: float, k_per_cycle: [int], "
+                "k_histogram: {K: int}, expected_tokens_per_s: float: the model's E[tokens] / t over the cycles run, "
+                "achieved_tokens_per_s: float}",
     "baseline": "null, or with --baseline: {decode_tokens_per_s, decode_s, steps, speedup, mode: 'device loop'}",
 }
 
@@ -61,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-steps", type=int, default=None,
                    help="draft tokens per cycle (0 = no speculation; default 4 with a drafter)")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
+    p.add_argument("--speculative-adaptive", action="store_true",
+                   help="choose K per cycle on the device among {0, 1, 2, 4} up to --speculative-num-steps (0 = plain "
+                        "decoding) by expected tokens per second")
+    p.add_argument("--speculative-adaptive-costs", type=str, default=None, metavar="JSON",
+                   help='ms per cycle for each K of the adaptive set, inline (\'{"0": 9.5, "1": 11, "2": 12, '
+                        '"4": 14.5}\') or a JSON file (default: measured on the device at start-up)')
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help="tokens verified per cycle incl. the root (chain: num-steps + 1)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -111,6 +121,10 @@ def _check_flags(a) -> int:
         k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else 4
     if k < 0:
         raise UsageError(f"--speculative-num-steps must be >= 0, got {k}")
+    if a.speculative_adaptive and k < 1:
+        raise UsageError("--speculative-adaptive needs --speculative-num-steps >= 1 (the largest K it may choose)")
+    if a.speculative_adaptive_costs is not None and not a.speculative_adaptive:
+        raise UsageError("--speculative-adaptive-costs needs --speculative-adaptive")
     if a.speculative_num_draft_tokens is not None and a.speculative_num_draft_tokens != k + 1:
         raise UsageError(
             f"--speculative-num-draft-tokens {a.speculative_num_draft_tokens} must equal --speculative-num-steps + 1 "
@@ -198,11 +212,21 @@ def run(argv: list[str] | None = None) -> int:
     import jax.numpy as jnp
 
     from convert.checkpoint import load_draft, load_target, read_metadata
+    from jaxspec.adaptive import AdaptivePolicy
+    from jaxspec.adaptive_costs import CostTableError, parse_costs
     from jaxspec.engine import Engine
     from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
     from jaxspec.sampling import SamplingParams
     from jaxspec.tokenizer import StreamDecoder, load_tokenizer
 
+    policy = None
+    if a.speculative_adaptive:
+        policy = AdaptivePolicy()
+        if a.speculative_adaptive_costs is not None:
+            try:
+                policy = AdaptivePolicy(costs=parse_costs(a.speculative_adaptive_costs, policy.resolve_steps(k)))
+            except CostTableError as e:
+                raise UsageError(str(e)) from None
     model_dir = a.model or DEFAULT_MODEL_DIR / "target"
     if not model_dir.is_dir():
         raise UsageError(f"--model {model_dir}: no such checkpoint directory")
@@ -238,7 +262,7 @@ def run(argv: list[str] | None = None) -> int:
     if a.prefill_chunk is not None:
         engine_kw["prefill_chunk"] = a.prefill_chunk
     engine = Engine(SpecConfig(cfg, dcfg, eos), SpecWeights(tw, dw), num_steps=k, max_context=a.max_context,
-                    **engine_kw)
+                    adaptive=policy, **engine_kw)
     sampling = SamplingParams(a.temperature, a.top_k, a.top_p)
     _status("compiling (ahead of time, once per shape)", quiet)
 
@@ -306,12 +330,25 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
             "ms_per_cycle": ms_cycle,
         },
         "acceptance": {
-            "mean_acceptance_length": None if k == 0 else stats.mean_acceptance_length,
+            "mean_acceptance_length": None if k == 0 or not stats.cycles else stats.mean_acceptance_length,
             "histogram": stats.histogram(k) if k else [],
             "per_position": stats.per_position_acceptance(k) if k else [],
         },
+        "adaptive": None,
         "baseline": None,
     }
+    if result.adaptive is not None:
+        ad = result.adaptive
+        out["adaptive"] = {
+            "steps": list(ad.steps),
+            "costs_ms": {str(k_): 1000 * c for k_, c in zip(ad.steps, ad.costs_s)},
+            "cost_source": ad.cost_source,
+            "measure_s": ad.measure_s,
+            "k_per_cycle": ad.k_per_cycle,
+            "k_histogram": {str(k_): n for k_, n in ad.k_histogram.items()},
+            "expected_tokens_per_s": ad.expected_tokens_per_s,
+            "achieved_tokens_per_s": result.decode_tokens_per_s,
+        }
     if baseline is not None:
         out["baseline"] = {
             "decode_tokens_per_s": baseline.decode_tokens_per_s,
@@ -331,9 +368,15 @@ def _print_stats(r: dict, k: int) -> None:
         f"decode: {t['decode_tokens_per_s']:.1f} tok/s over {t['decode_s']:.3f} s, {t['cycles']} "
         + (f"cycles, {t['ms_per_cycle']:.2f} ms/cycle" if t["ms_per_cycle"] is not None else "cycles"),
     ]
-    if k:
+    ad = r["adaptive"]
+    if ad:
+        costs = ", ".join(f"{k_}: {ms:.2f}" for k_, ms in ad["costs_ms"].items())
+        hist = ", ".join(f"K={k_}: {n}" for k_, n in ad["k_histogram"].items())
+        lines.append(f"adaptive: cycles per K {{{hist}}}; cost table ms/cycle {{{costs}}} ({ad['cost_source']}); "
+                     f"expected {ad['expected_tokens_per_s']:.1f} tok/s, achieved {ad['achieved_tokens_per_s']:.1f}")
+    if k and acc["mean_acceptance_length"] is not None:
         lines.append(
-            f"speculation: K={k}, mean acceptance length {acc['mean_acceptance_length']:.2f} "
+            f"speculation: K={k}{' (largest)' if ad else ''}, mean acceptance length {acc['mean_acceptance_length']:.2f} "
             f"(histogram of accepted drafts 0..{k}: {acc['histogram']})"
         )
     if r["baseline"]:

@@ -1,0 +1,284 @@
+"""`python -m bench.adaptive_acceptance`: tokens per second against draft acceptance a for each fixed K and for
+adaptive speculation, on a Kimi-K2.5-shaped model of N layers (real dims, INT4 experts, random weights, a K2.5-shaped
+one-layer EAGLE-3 draft), greedy, every cycle in the engine's on-device loop.
+
+The controllable drafter: a random-weight draft is almost never accepted, so acceptance is set by hand. Each cycle
+runs the EAGLE-3 draft chain as the engine does (its cost and its cache writes are real), then replaces draft j by the
+target's true next token with probability a, independently per position, and otherwise keeps the draft's own
+proposal (moved off the true token when it happens to hit it). The true tokens come from a precomputed greedy
+continuation: the plain decoding run (K = 0) of the same prompts, read at the row's emitted-token count, so each
+position's conditional acceptance is a and E[tokens | K] = 1 + a + ... + a^K. Plain decoding and a verify of K + 1
+tokens may round differently in bf16; where a row's output leaves the continuation its later drafts are all
+rejected, so the report gives the acceptance each run measured beside the a it asked for.
+
+a and the continuation are arguments of the compiled loops (one program per K for every a). Adaptive runs with
+the cost table measured on this device at start-up (`jaxspec.adaptive_costs.measure`) and `probe=False`: its
+free probe would measure the random EAGLE-3 draft, not this drafter. Per (K, a): the median over --repeats of the
+decode loop's wall time after one warm-up run. Writes adaptive-acceptance-<device>-<date>.json, .md and .png
+(tokens/s against a) to --out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.cycle import spec_pair  # noqa: E402
+from bench.report import write_report  # noqa: E402
+from bench.step import random_model  # noqa: E402
+from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
+from jaxspec.adaptive_costs import measure  # noqa: E402
+from jaxspec.baseline_step import baseline_step  # noqa: E402
+from jaxspec.prefill import baseline_prefill, prompt_bucket, spec_prefill  # noqa: E402
+from jaxspec.spec_step import draft_chain, speculative_cycle  # noqa: E402
+from model.kv_cache import round_capacity  # noqa: E402
+
+ACCEPTANCE = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95)
+INT32_MAX = np.iinfo(np.int32).max
+
+
+def controlled_drafter(key, w, cfg, state, k, greedy, sp, *, rate, continuation_BN):
+    """The EAGLE-3 chain's work, then draft j = the true next token with probability `rate`, else a wrong one."""
+    drafts_BK, q, cache = draft_chain(key, w, cfg, state, k, greedy, sp)
+    b, n = continuation_BN.shape
+    index_BK = jnp.clip(state.generated[:, None] + jnp.arange(k)[None], 0, n - 1)
+    truth_BK = jnp.take_along_axis(continuation_BN, index_BK, axis=1)
+    wrong_BK = jnp.where(drafts_BK == truth_BK, (drafts_BK + 1) % cfg.target.vocab_size, drafts_BK)
+    hit_BK = jax.random.uniform(jax.random.fold_in(key, 1), (b, k)) < rate
+    return jnp.where(hit_BK, truth_BK, wrong_BK), q, cache
+
+
+def _until_done(step, state):
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+
+
+def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity: int):
+    """Jitted prefills and loops: plain decoding, fixed K (a, continuation as arguments), adaptive."""
+    greedy_kw = dict(cfg=spec_cfg, greedy=True, max_new_tokens=max_new)
+    base_prefill = jax.jit(functools.partial(baseline_prefill, capacity=capacity, **greedy_kw))
+    spec_prefill_ = jax.jit(functools.partial(spec_prefill, capacity=capacity, k=max(ks + steps),
+                                              max_cycles=max_new, **greedy_kw))
+    base_loop = jax.jit(lambda w, s: _until_done(lambda s: baseline_step(w, s, {}, **greedy_kw), s), donate_argnums=1)
+
+    def fixed(k):
+        def loop(w, s, rate, cont):
+            drafter = functools.partial(controlled_drafter, rate=rate, continuation_BN=cont)
+            return _until_done(lambda s: speculative_cycle(w, s, {}, k=k, drafter=drafter, **greedy_kw), s)
+        return jax.jit(loop, donate_argnums=1)
+
+    _, ema, explore_every, _, probe = policy.compiled(max(steps))
+
+    def adaptive(w, s, rate, cont, limit):
+        drafter = functools.partial(controlled_drafter, rate=rate, continuation_BN=cont)
+        return adaptive_loop(w, s, {}, limit, steps=steps, ema=ema, explore_every=explore_every, probe=probe,
+                             drafter=drafter, **greedy_kw)
+
+    return base_prefill, spec_prefill_, base_loop, {k: fixed(k) for k in ks if k > 0}, jax.jit(adaptive,
+                                                                                                 donate_argnums=1)
+
+
+def _timed(start, run, repeats: int):
+    """Median wall time of `run(start())` (a decode loop on a fresh prefilled state, the prefill not timed) over
+    `repeats` after one warm-up; and the last state it returned."""
+    times = []
+    for rep in range(repeats + 1):
+        state = start()
+        jax.block_until_ready(state)
+        t0 = time.perf_counter()
+        out = run(state)
+        jax.block_until_ready(out.generated)
+        if rep:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def _acceptance(log_BC, k: int) -> float | None:
+    """Measured conditional acceptance: accepted drafts / drafts that had a chance (all earlier ones accepted)."""
+    a = np.asarray(log_BC)
+    a = a[a >= 0]
+    if k == 0 or a.size == 0:
+        return None
+    tried = sum(int(np.sum(a >= j - 1)) for j in range(1, k + 1))
+    return float(np.sum(a)) / tried if tried else None
+
+
+def sweep(args, log) -> dict:
+    cfg, w = random_model(args.layers, args.tiny)
+    spec_cfg, _, sw = spec_pair(w, cfg, args.tiny)
+    jax.block_until_ready(sw.draft)
+    policy = AdaptivePolicy(steps=tuple(args.adaptive_steps), probe=False)
+    steps = policy.resolve_steps(max(args.adaptive_steps))
+    ks = sorted(set(args.k))
+    k_max = max(ks + list(steps))
+    bucket = prompt_bucket(args.prompt_tokens)
+    capacity = round_capacity(max(bucket, args.prompt_tokens + args.max_new_tokens + k_max + 1))
+    base_prefill, sprefill, base_loop, fixed, adaptive = programs(spec_cfg, ks, steps, policy, args.max_new_tokens,
+                                                                  capacity)
+    rng = np.random.default_rng(0)
+    tokens = np.zeros((args.batch, bucket), np.int32)
+    tokens[:, : args.prompt_tokens] = rng.integers(3, cfg.vocab_size, (args.batch, args.prompt_tokens))
+    prompt = (sw, jnp.asarray(tokens), jnp.full((args.batch,), args.prompt_tokens, jnp.int32), jax.random.key(0), {})
+    decoded = args.batch * (args.max_new_tokens - 1)  # tokens after the prefill's first, every run
+
+    seconds, plain = _timed(lambda: base_prefill(*prompt), lambda s: base_loop(sw, s), args.repeats)
+    cont = plain.out_tokens
+    rows = {"K=0": {"tokens_per_s": decoded / seconds, "acceptance": None}}
+    log(f"K=0 (plain decoding): {decoded / seconds:.1f} tok/s")
+    for k, loop in fixed.items():
+        rows[f"K={k}"] = {}
+        for a in args.acceptance:
+            seconds, out = _timed(lambda: sprefill(*prompt), lambda s: loop(sw, s, jnp.float32(a), cont), args.repeats)
+            rows[f"K={k}"][a] = {"tokens_per_s": decoded / seconds, "acceptance": _acceptance(out.accepted_log, k),
+                                 "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
+                                                             cont[:, : args.max_new_tokens]))}
+            log(f"K={k} a={a}: {decoded / seconds:.1f} tok/s, measured acceptance {rows[f'K={k}'][a]['acceptance']}")
+
+    aux_width = len(spec_cfg.target.aux_layer_ids) * spec_cfg.target.hidden_size
+    start = lambda costs: init_adaptive_state(sprefill(*prompt), aux_width, steps, policy, costs)  # noqa: E731
+
+    def run_forced(s, branch, cycles):
+        begin = int(s.cycles)
+        out = adaptive(sw, s.replace(**forced_schedule(steps, (steps[branch],))), jnp.float32(0.0), cont,
+                       jnp.int32(cycles))
+        return out, int(out.cycles) - begin
+
+    costs = measure(run_forced, start((1.0,) * len(steps)), len(steps))
+    log("adaptive cost table (ms per cycle): " + ", ".join(f"K={k}: {1e3 * c:.3f}" for k, c in zip(steps, costs)))
+    rows["adaptive"] = {}
+    for a in args.acceptance:
+        seconds, out = _timed(lambda: start(costs), lambda s: adaptive(sw, s, jnp.float32(a), cont,
+                                                                         jnp.int32(INT32_MAX)), args.repeats)
+        k_log = np.asarray(out.k_log)
+        k_log = k_log[k_log >= 0]
+        rows["adaptive"][a] = {
+            "tokens_per_s": decoded / seconds,
+            "k_histogram": {str(k): int(np.sum(k_log == k)) for k in steps},
+            "expected_tokens_per_s": float(out.expected_tokens / out.expected_s),
+            "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] == cont[:, : args.max_new_tokens])),
+        }
+        log(f"adaptive a={a}: {decoded / seconds:.1f} tok/s, K chosen {rows['adaptive'][a]['k_histogram']}")
+    return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, costs)}, adaptive_steps=list(steps))
+
+
+def summary(result: dict) -> list[dict]:
+    """Per a: tok/s of each fixed K (K = 0 does not depend on a) and adaptive, the best fixed K, adaptive / best."""
+    rows = result["rows"]
+    out = []
+    for a in result["acceptance"]:
+        fixed = {"K=0": rows["K=0"]["tokens_per_s"]}
+        fixed.update({name: r[a]["tokens_per_s"] for name, r in rows.items() if name not in ("K=0", "adaptive")})
+        best = max(fixed, key=fixed.get)
+        ad = rows["adaptive"][a]["tokens_per_s"]
+        out.append(dict(a=a, fixed=fixed, adaptive=ad, best=best, adaptive_over_best=ad / fixed[best]))
+    return out
+
+
+def markdown(result: dict) -> str:
+    names = list(summary(result)[0]["fixed"]) if result["acceptance"] else []
+    lines = [
+        f"# Adaptive speculation against acceptance: {result['device']}, jax {result['jax']}, {result['date']}", "",
+        f"Kimi-K2.5 dims, {result['layers']} layers{' (tiny)' if result['tiny'] else ''}, random weights, batch "
+        f"{result['batch']}, prompt {result['prompt_tokens']} tokens, {result['max_new_tokens']} new tokens, greedy, "
+        f"on-device loop; controllable drafter (bench/adaptive_acceptance.py). Adaptive K set "
+        f"{result['adaptive_steps']}, cost table (ms/cycle, measured here): {result['costs_ms']}. "
+        f"Median of {result['repeats']} runs.", "",
+        "| a | " + " | ".join(f"{n} tok/s" for n in names) + " | adaptive tok/s | best fixed | adaptive / best | "
+        "adaptive K histogram |",
+        "|---" * (len(names) + 5) + "|",
+    ]
+    for row in summary(result):
+        hist = result["rows"]["adaptive"][row["a"]]["k_histogram"]
+        lines.append(f"| {row['a']} | " + " | ".join(f"{row['fixed'][n]:.1f}" for n in names)
+                     + f" | {row['adaptive']:.1f} | {row['best']} | {row['adaptive_over_best']:.3f} | {hist} |")
+    lines += ["", "Measured conditional acceptance per fixed K (asked a -> measured):", ""]
+    for name, r in result["rows"].items():
+        if name not in ("K=0", "adaptive"):
+            lines.append(f"- {name}: " + ", ".join(f"{a} -> {r[a]['acceptance']:.3f}" if r[a]["acceptance"] is not None
+                                                   else f"{a} -> -" for a in result["acceptance"]))
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, acc = result["rows"], result["acceptance"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(acc, [rows["K=0"]["tokens_per_s"]] * len(acc), "k--", label="K=0 (plain decoding)")
+    for name, r in rows.items():
+        if name not in ("K=0", "adaptive"):
+            ax.plot(acc, [r[a]["tokens_per_s"] for a in acc], marker="o", label=name)
+    ax.plot(acc, [rows["adaptive"][a]["tokens_per_s"] for a in acc], "r-", marker="s", linewidth=2.5,
+            label=f"adaptive {result['adaptive_steps']}")
+    ax.set_xlabel("per-position draft acceptance a")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"{result['layers']}-layer K2.5-shaped model, {result['device']}, batch {result['batch']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench.adaptive_acceptance", description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time beside K = 0")
+    p.add_argument("--adaptive-steps", type=int, nargs="+", default=[0, 1, 2, 4], help="the adaptive K set")
+    p.add_argument("--acceptance", type=float, nargs="+", default=list(ACCEPTANCE))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", required=True, help="results folder (JSON, markdown, PNG)")
+    a = p.parse_args(argv)
+    if a.layers < 4:
+        p.error("--layers must be >= 4 (the draft taps three distinct target layers)")
+    if a.batch < 1 or a.prompt_tokens < 1 or a.max_new_tokens < 2 or a.repeats < 1:
+        p.error("--batch, --prompt-tokens, --repeats must be >= 1 and --max-new-tokens >= 2")
+    if any(k < 1 for k in a.k):
+        p.error("--k: fixed K must be >= 1 (K = 0, plain decoding, always runs)")
+    if any(k < 0 for k in a.adaptive_steps) or max(a.adaptive_steps) < 1:
+        p.error("--adaptive-steps: K >= 0 with at least one K >= 1")
+    if any(not 0.0 <= x <= 1.0 for x in a.acceptance):
+        p.error("--acceptance: rates must lie in [0, 1]")
+    return a
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    log = lambda *a: print(*a, flush=True)  # noqa: E731
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+                  layers=args.layers, tiny=args.tiny, batch=args.batch, prompt_tokens=args.prompt_tokens,
+                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, acceptance=list(args.acceptance))
+    result.update(sweep(args, log))
+    result["summary"] = summary(result)
+    out = Path(args.out)
+    stem = f"adaptive-acceptance-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    write_report(result, out, stem, markdown)
+    plot(result, out / f"{stem}.png")
+    log(markdown(result))
+    log(f"wrote {out}/{stem}.json, .md and .png")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

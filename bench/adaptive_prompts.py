@@ -1,0 +1,166 @@
+"""`python -m bench.adaptive_prompts`: the embedded pair (jaxspec/default_model) on prompts of mixed predictability
+(code, prose, random characters) for plain decoding, each fixed K and adaptive speculation, greedy, one prompt at a
+time, every cycle in the engine's on-device loop (`Engine.generate`).
+
+Per prompt and configuration: the median over --repeats of decode tokens per second after one warm-up run (the
+warm-up also measures adaptive's cost table, outside the timed runs), the mean acceptance length, adaptive's K
+histogram and its expected against achieved tokens per second; then each configuration's speed-up over plain
+decoding, the best fixed K and adaptive / best. Writes adaptive-prompts-<device>-<date>.json and .md to --out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bench.report import write_report  # noqa: E402
+from convert.checkpoint import load_draft, load_target  # noqa: E402
+from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
+from jaxspec.engine import Engine  # noqa: E402
+from jaxspec.generate import DEFAULT_MODEL_DIR  # noqa: E402
+from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits  # noqa: E402
+from jaxspec.tokenizer import load_tokenizer  # noqa: E402
+
+# (kind, text): the embedded pair was trained on code and English prose; the random strings are its worst case
+PROMPTS = (
+    ("code", "def fibonacci(n):\n"),
+    ("code", "import numpy as np\n\n\ndef softmax(x):\n    "),
+    ("code", "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"),
+    ("code", "for i in range(10):\n    print("),
+    ("prose", "The history of the city begins"),
+    ("prose", "Once upon a time, in a small village by the sea, there lived"),
+    ("prose", "In this paper we propose a new method for"),
+    ("random", "x7#qP!vz@3Lk9%Tm&2Rw^8Ys*4Nd(6Hj"),
+    ("random", "QZ ww 0x9f kk_p ;; ~~ 771 vRt !? jjj ^^ 42b"),
+    ("random", "8c1e 4f0a 9b2d e7c3 a5f6 0d8b 3e9a c4f1"),
+)
+
+
+def load_pair(dtype):
+    model_dir = DEFAULT_MODEL_DIR / "target"
+    cfg, tw = load_target(model_dir, dtype=dtype)
+    dcfg, dw = load_draft(DEFAULT_MODEL_DIR / "draft", dtype=dtype)
+    cfg = check_draft_fits(cfg, dcfg, dw)
+    tok = load_tokenizer(model_dir)
+    eos = tuple(sorted({*cfg.eos_token_id} | ({tok.token_id("eos_token")} - {None})))
+    return SpecConfig(cfg, dcfg, eos), SpecWeights(tw, dw), tok
+
+
+def encode(tok, text: str) -> list[int]:
+    ids = tok.encode(text)
+    bos = tok.token_id("bos_token")
+    return [bos] + ids if tok.config.get("add_bos_token") and bos is not None else ids
+
+
+def time_engine(engine: Engine, prompt: list[int], max_new: int, repeats: int, speculative: bool) -> dict:
+    """Warm-up run, then the median decode tokens/s of `repeats` runs; acceptance and adaptive figures of the last."""
+    engine.generate([prompt], max_new, speculative=speculative)
+    runs = [engine.generate([prompt], max_new, speculative=speculative) for _ in range(repeats)]
+    last = runs[-1]
+    row = {"tokens_per_s": statistics.median(r.decode_tokens_per_s for r in runs), "tokens": last.tokens[0],
+           "cycles": last.cycles}
+    if speculative:
+        row["mean_acceptance_length"] = last.stats.mean_acceptance_length if last.stats.cycles else None
+    if last.adaptive is not None:
+        row.update(k_histogram={str(k): n for k, n in last.adaptive.k_histogram.items()},
+                   costs_ms={str(k): 1e3 * c for k, c in zip(last.adaptive.steps, last.adaptive.costs_s)},
+                   expected_tokens_per_s=last.adaptive.expected_tokens_per_s)
+    return row
+
+
+def summarise(row: dict) -> dict:
+    base = row["runs"]["baseline"]["tokens_per_s"]
+    fixed = {name: r["tokens_per_s"] for name, r in row["runs"].items() if name.startswith("K=")}
+    best = max(fixed, key=fixed.get)
+    ad = row["runs"]["adaptive"]["tokens_per_s"]
+    return dict(speedup={name: r["tokens_per_s"] / base for name, r in row["runs"].items()}, best_fixed=best,
+                adaptive_over_best=ad / fixed[best], adaptive_over_baseline=ad / base,
+                every_fixed_k_loses=all(v < base for v in fixed.values()))
+
+
+def markdown(result: dict) -> str:
+    names = [n for n in result["prompts"][0]["runs"] if n != "baseline"] if result["prompts"] else []
+    lines = [
+        f"# Adaptive speculation on the embedded pair: {result['device']}, jax {result['jax']}, {result['date']}", "",
+        f"jaxspec/default_model ({result['dtype']}), greedy, {result['max_new_tokens']} new tokens, one prompt at a "
+        f"time in the on-device loop; median of {result['repeats']} runs. Cells: speed-up over plain decoding "
+        "(its tok/s in the first column).", "",
+        "| prompt | kind | plain tok/s | " + " | ".join(names) + " | best fixed | adaptive / best | adaptive K "
+        "histogram |",
+        "|---" * (len(names) + 6) + "|",
+    ]
+    for row in result["prompts"]:
+        s = row["summary"]
+        lines.append(f"| {row['prompt'][:24]!r} | {row['kind']} | {row['runs']['baseline']['tokens_per_s']:.1f} | "
+                     + " | ".join(f"{s['speedup'][n]:.2f}x" for n in names)
+                     + f" | {s['best_fixed']} | {s['adaptive_over_best']:.3f} | "
+                       f"{row['runs']['adaptive']['k_histogram']} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench.adaptive_prompts", description=__doc__.split("\n")[0])
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time")
+    p.add_argument("--adaptive-max", type=int, default=4, help="largest K adaptive may choose (set {0,1,2,4} up to it)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--out", required=True, help="results folder (JSON, markdown)")
+    a = p.parse_args(argv)
+    if any(k < 1 for k in a.k) or a.adaptive_max < 1:
+        p.error("--k and --adaptive-max must be >= 1")
+    if not 1 <= a.prompts <= len(PROMPTS):
+        p.error(f"--prompts must be in 1..{len(PROMPTS)}")
+    if a.max_new_tokens < 2 or a.repeats < 1:
+        p.error("--max-new-tokens must be >= 2 and --repeats >= 1")
+    return a
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    log = lambda *a: print(*a, flush=True)  # noqa: E731
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cfg, w, tok = load_pair(jnp.dtype(args.dtype))
+    engines = {"baseline": Engine(cfg, w, num_steps=max(args.k))}
+    engines.update({f"K={k}": Engine(cfg, w, num_steps=k) for k in sorted(set(args.k))})
+    engines["adaptive"] = Engine(cfg, w, num_steps=args.adaptive_max, adaptive=AdaptivePolicy())
+    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+                  dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=[])
+    for kind, text in PROMPTS[: args.prompts]:
+        prompt = encode(tok, text)
+        runs = {name: time_engine(eng, prompt, args.max_new_tokens, args.repeats, name != "baseline")
+                for name, eng in engines.items()}
+        lossless = all(r["tokens"] == runs["baseline"]["tokens"] for r in runs.values()) if args.dtype == "float32" \
+            else None
+        row = dict(prompt=text, kind=kind, prompt_tokens=len(prompt), runs=runs, same_tokens_as_plain=lossless)
+        row["summary"] = summarise(row)
+        result["prompts"].append(row)
+        log(f"{kind} {text[:24]!r}: plain {runs['baseline']['tokens_per_s']:.1f} tok/s; "
+            + ", ".join(f"{n} {s:.2f}x" for n, s in row["summary"]["speedup"].items() if n != "baseline")
+            + f"; adaptive K {runs['adaptive'].get('k_histogram')}")
+    rows = [r["summary"] for r in result["prompts"]]
+    result["worst_adaptive_over_best"] = min(s["adaptive_over_best"] for s in rows)
+    losing = [r for r in result["prompts"] if r["summary"]["every_fixed_k_loses"]]
+    result["adaptive_over_baseline_where_every_k_loses"] = [r["summary"]["adaptive_over_baseline"] for r in losing]
+    out = Path(args.out)
+    stem = f"adaptive-prompts-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    write_report(result, out, stem, markdown)
+    log(markdown(result))
+    log(f"wrote {out}/{stem}.json and .md")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,173 @@
+"""Adaptive speculation (jaxspec.adaptive): the rule's model, greedy losslessness while K switches (forced schedules
+and the rule itself), streaming, the cost table (measured, cached, never on disk on a CPU), and sampled output
+distributed as plain sampling while K switches between cycles (chi-square)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.adaptive import AdaptivePolicy, choose, expected_tokens, optimistic
+from jaxspec.adaptive_costs import CostTableError, parse_costs
+from jaxspec.engine import Engine
+from jaxspec.sampling import SamplingParams
+from jaxspec.spec_step import draft_chain
+from tests.oracle_drafters import oracle_drafter, wrong_drafter
+from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
+from tests.test_speculative_sampling import VOCAB, _p_value, small_vocab_pair  # noqa: F401 (fixture)
+
+STEPS = (0, 1, 2, 4)
+# costs where speculation pays only with high acceptance: K = 4 wins at c = 1, K = 0 once c_1 <= 0.25
+COSTS = ((0, 1.0), (1, 1.6), (2, 1.8), (4, 2.2))
+
+
+# --- the rule ---------------------------------------------------------------------------------------------
+
+def test_expected_tokens_is_the_accepted_prefix_model():
+    c = jnp.asarray([[0.5, 0.5, 0.5, 0.5], [1.0, 1.0, 0.0, 1.0], [0.9, 0.8, 0.7, 0.6]])
+    got = np.asarray(expected_tokens(c, STEPS, jnp.asarray([100, 100, 100])))
+    want = [[1 + sum(np.prod(row[:j]) for j in range(1, k + 1)) for k in STEPS] for row in np.asarray(c)]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got[1], [1, 2, 3, 3])
+    # a row with 2 tokens left gains nothing from a second draft
+    np.testing.assert_allclose(np.asarray(expected_tokens(c, STEPS, jnp.asarray([2, 1, 100])))[:2],
+                               [[1, 1.5, 1.5, 1.5], [1, 1, 1, 1]])
+
+
+def test_rule_maximises_tokens_per_second_over_the_live_rows():
+    cost = jnp.asarray([c for _, c in COSTS])
+    live = jnp.asarray([True, True])
+    many = jnp.asarray([100, 100])
+    assert int(choose(jnp.ones((2, 4)), cost, live, many, STEPS)[0]) == 3  # K = 4
+    assert int(choose(jnp.full((2, 4), 0.2), cost, live, many, STEPS)[0]) == 0  # plain decoding
+    # one row that accepts everything and one that accepts nothing: 6 tokens / 2.2 beats 2 / 1.0
+    mixed = jnp.asarray([[1.0] * 4, [0.0] * 4])
+    assert int(choose(mixed, cost, live, many, STEPS)[0]) == 3
+    # ... unless the accepting row is finished
+    assert int(choose(mixed, cost, jnp.asarray([False, True]), many, STEPS)[0]) == 0
+    # flat costs: more drafts never lose
+    assert int(choose(jnp.full((2, 4), 0.1), jnp.ones(4), live, many, STEPS)[0]) == 3
+    # optimism lifts only the deeper positions, up to the first one's rate
+    np.testing.assert_allclose(np.asarray(optimistic(jnp.asarray([[0.9, 0.1, 0.95, 0.0]]))), [[0.9, 0.9, 0.95, 0.9]])
+
+
+def test_policy_and_cost_table_validation():
+    assert AdaptivePolicy().resolve_steps(4) == (0, 1, 2, 4)
+    assert AdaptivePolicy().resolve_steps(3) == (0, 1, 2, 3)
+    assert AdaptivePolicy().resolve_steps(8) == (0, 1, 2, 4, 8)
+    assert AdaptivePolicy().resolve_steps(1) == (0, 1)
+    for bad in (AdaptivePolicy(steps=(0,)), AdaptivePolicy(steps=(0, 5)), AdaptivePolicy(ema=0.0),
+                AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(3,))):
+        with pytest.raises(ValueError):
+            bad.validate(4)
+    assert parse_costs('{"0": 10, "1": 12, "2": 13, "4": 16.5}', STEPS) == ((0, 0.01), (1, 0.012), (2, 0.013),
+                                                                            (4, 0.0165))
+    for text, needle in [('{"0": 1}', "compiled set"), ('{"0": 1, "1": 0, "2": 1, "4": 1}', "K=1"),
+                         ("[1, 2]", "JSON object"), ("{nope", "not valid JSON"), ("/no/such/costs.json", "readable"),
+                         ('{"x": 1}', "'x'")]:
+        with pytest.raises(CostTableError) as e:
+            parse_costs(text, STEPS)
+        assert needle in str(e.value) and "--speculative-adaptive-costs" in str(e.value)
+
+
+# --- greedy: lossless while K switches -------------------------------------------------------------------
+
+def mixed_drafter(key, w, cfg, state, k, greedy, sp):
+    """Row 0 proposes the target's continuation, row 1 never does, row 2 the EAGLE-3 draft's own tokens."""
+    right, _, _ = oracle_drafter(key, w, cfg, state, k, greedy, sp)
+    wrong, _, _ = wrong_drafter(key, w, cfg, state, k, greedy, sp)
+    eagle, q, cache = draft_chain(key, w, cfg, state, k, greedy, sp)
+    row = jnp.arange(right.shape[0])[:, None]
+    return jnp.where(row == 0, right, jnp.where(row == 1, wrong, eagle)), q, cache
+
+
+def right_then_wrong_drafter(key, w, cfg, state, k, greedy, sp):
+    """The target's continuation until 12 tokens are out, then never."""
+    right, _, cache = oracle_drafter(key, w, cfg, state, k, greedy, sp)
+    wrong = (right + 1) % cfg.target.vocab_size
+    return jnp.where(state.generated[:, None] < 12, right, wrong), None, cache
+
+
+SCHEDULE = (0, 2, 0, 0, 1, 4, 0)  # plain steps before, between and after cycles of every K
+
+
+def test_forced_k_switching_is_lossless_and_logged(pair, baseline_tokens):
+    cfg, w = pair
+    eng = Engine(cfg, w, num_steps=4, drafter=mixed_drafter,
+                 adaptive=AdaptivePolicy(costs=COSTS, schedule=SCHEDULE, backlog=2))  # backlog 2: full catch-ups too
+    res = eng.generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens
+    ks = res.adaptive.k_per_cycle
+    assert ks == [SCHEDULE[c % len(SCHEDULE)] for c in range(res.cycles)]
+    assert res.adaptive.cost_source == "given" and res.adaptive.measure_s == 0.0
+    assert sum(res.adaptive.k_histogram.values()) == res.cycles
+    for row, (acc, toks) in enumerate(zip(res.accepted, res.tokens)):
+        assert all(a == 0 for a, k in zip(acc, ks) if k == 0)  # a plain step drafts nothing
+        if row == 0:  # the right drafter: every draft accepted while tokens remain
+            assert all(a == k for a, k in zip(acc[:-2], ks) if k > 0)
+        if row == 1:
+            assert all(a == 0 for a in acc)
+        assert 1 + sum(a + 1 for a in acc) >= len(toks) > sum(a + 1 for a in acc[:-1])
+    assert res.stats.cycles == sum(1 for row in res.accepted for a, k in zip(row, ks) if k > 0)
+
+
+@pytest.fixture(scope="module")
+def rule_engine(pair):
+    """The rule on its own: prior 1 (start at K = 4), a fast average so the switch happens within 24 tokens."""
+    cfg, w = pair
+    return Engine(cfg, w, num_steps=4, drafter=right_then_wrong_drafter,
+                  adaptive=AdaptivePolicy(costs=COSTS, prior=1.0, ema=0.5, backlog=4))
+
+
+def test_rule_speculates_while_drafts_are_accepted_then_decodes_plainly(rule_engine, baseline_tokens):
+    res = rule_engine.generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens
+    ks = res.adaptive.k_per_cycle
+    assert ks[:3] == [4, 4, 4]  # 1 + 3 x 5 > 12 tokens of right drafts
+    assert 0 in ks and all(k == 0 for k in ks[ks.index(0):])  # then plain steps, the probe agreeing
+    assert res.adaptive.expected_tokens > 0 and res.adaptive.expected_tokens_per_s > 0
+
+
+def test_streaming_reports_what_the_device_loop_reports(rule_engine):
+    on_device = rule_engine.generate(PROMPTS_3, MAX_NEW)
+    events = list(rule_engine.stream(PROMPTS_3, MAX_NEW))
+    streamed = events[-1]
+    assert [sum((ev[i] for ev in events[:-1]), []) for i in range(3)] == streamed.tokens == on_device.tokens
+    assert streamed.adaptive.k_per_cycle == on_device.adaptive.k_per_cycle
+    assert streamed.accepted == on_device.accepted
+
+
+def test_cost_table_is_measured_once_and_never_written_on_a_cpu(pair, rule_engine, tmp_path, monkeypatch):
+    cfg, w = pair
+    monkeypatch.setenv("JAXSPEC_COST_CACHE", str(tmp_path / "costs"))
+    policy = AdaptivePolicy(prior=1.0, ema=0.5, backlog=4)  # rule_engine's program: costs are data
+    eng = Engine(cfg, w, num_steps=4, drafter=right_then_wrong_drafter, adaptive=policy)
+    first = eng.generate(PROMPTS_3, MAX_NEW)
+    assert first.adaptive.cost_source == "measured" and first.adaptive.measure_s > 0
+    assert len(first.adaptive.costs_s) == 4 and all(0 < c < 10 for c in first.adaptive.costs_s)
+    second = eng.generate(PROMPTS_3, MAX_NEW)
+    assert second.adaptive.cost_source == "cached" and second.adaptive.costs_s == first.adaptive.costs_s
+    assert second.tokens == first.tokens
+    assert not (tmp_path / "costs").exists()
+
+
+# --- sampling: switching K between cycles does not bias the output ----------------------------------------
+
+N_SAMPLES = 20_000
+
+
+@pytest.mark.parametrize("schedule", [(0, 2), (1, 0)], ids=["plain-then-K2", "K1-then-plain"])
+def test_sampled_output_is_unbiased_while_k_switches(small_vocab_pair, schedule):
+    cfg, w = small_vocab_pair
+    sampling = SamplingParams(1.0)
+    prompts = [[1, 2, 3]] * N_SAMPLES
+    costs = ((0, 1.0), (1, 1.0), (2, 1.0))
+    eng = Engine(cfg, w, num_steps=2, adaptive=AdaptivePolicy(costs=costs, schedule=schedule, backlog=2))
+    res = eng.generate(prompts, 3, sampling=sampling, seed=1)
+    assert res.adaptive.k_per_cycle[:2] == list(schedule)
+    base = eng.generate(prompts, 3, sampling=sampling, seed=2, speculative=False)
+
+    def joint(r):
+        t = np.asarray(r.tokens)
+        return t[:, 0] * VOCAB * VOCAB + t[:, 1] * VOCAB + t[:, 2]
+
+    assert _p_value(joint(res), joint(base)) > 1e-3

@@ -1,0 +1,69 @@
+"""The adaptive benchmarks' command lines on tiny settings: bench.adaptive_acceptance (K2.5-shaped, controllable
+drafter; JSON, markdown and the plot) and bench.adaptive_prompts (the embedded pair), and their flag errors."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench import adaptive_acceptance, adaptive_prompts
+from bench.adaptive_acceptance import controlled_drafter
+from jaxspec.prefill import spec_prefill
+from tests.speculative_cases import pair  # noqa: F401 (fixture)
+
+
+def test_controlled_drafter_proposes_the_truth_at_the_asked_rate(pair):
+    """Per position, the true next token with probability a and never by accident otherwise."""
+    cfg, w = pair
+    b, k, n = 64, 4, 40
+    tokens = jnp.tile(jnp.arange(3, 19, dtype=jnp.int32)[None], (b, 1))
+    state = spec_prefill(w, tokens, jnp.full((b,), 16, jnp.int32), jax.random.key(0), {}, cfg=cfg, capacity=64, k=k,
+                         greedy=True, max_new_tokens=n, max_cycles=n)
+    cont = jax.random.randint(jax.random.key(1), (b, n), 0, cfg.target.vocab_size, jnp.int32)
+    for a in (0.0, 0.5, 1.0):
+        drafts, _, _ = controlled_drafter(jax.random.key(2), w, cfg, state, k, True, {}, rate=jnp.float32(a),
+                                          continuation_BN=cont)
+        hit = np.asarray(drafts == cont[:, 1: 1 + k])  # generated = 1: draft j is continuation[1 + j]
+        assert abs(hit.mean() - a) < 0.1
+
+
+def test_acceptance_sweep_cli_writes_table_and_plot(tmp_path):
+    result = adaptive_acceptance.main(["--tiny", "--layers", "4", "--k", "1", "--adaptive-steps", "0", "1",
+                                       "--acceptance", "0", "1", "--prompt-tokens", "8", "--max-new-tokens", "12",
+                                       "--repeats", "1", "--out", str(tmp_path)])
+    stems = {p.suffix: p for p in tmp_path.iterdir()}
+    assert set(stems) == {".json", ".md", ".png"}
+    doc = json.loads(stems[".json"].read_text())
+    assert doc["acceptance"] == [0.0, 1.0] and set(doc["rows"]) == {"K=0", "K=1", "adaptive"}
+    rows = result["rows"]
+    # a = 1: every draft the truth, so the run leaves the plain continuation only if bf16 verify rounds differently
+    assert rows["K=1"][1.0]["acceptance"] == pytest.approx(1.0) or not rows["K=1"][1.0]["same_tokens"]
+    assert rows["K=1"][0.0]["acceptance"] == 0.0
+    assert all(sum(r["k_histogram"].values()) > 0 for r in rows["adaptive"].values())
+    assert "| 1.0 |" in stems[".md"].read_text()
+
+
+def test_prompts_cli_compares_plain_fixed_and_adaptive(tmp_path):
+    result = adaptive_prompts.main(["--k", "1", "--adaptive-max", "1", "--prompts", "1", "--max-new-tokens", "6",
+                                    "--repeats", "1", "--dtype", "float32", "--out", str(tmp_path)])
+    row = result["prompts"][0]
+    assert set(row["runs"]) == {"baseline", "K=1", "adaptive"}
+    assert row["same_tokens_as_plain"] is True
+    assert row["summary"]["speedup"]["baseline"] == 1.0
+    assert sum(row["runs"]["adaptive"]["k_histogram"].values()) == row["runs"]["adaptive"]["cycles"]
+    assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md"}
+
+
+@pytest.mark.parametrize("module, argv, needle", [
+    (adaptive_acceptance, ["--layers", "2"], "--layers"),
+    (adaptive_acceptance, ["--acceptance", "1.5"], "--acceptance"),
+    (adaptive_acceptance, ["--k", "0"], "--k"),
+    (adaptive_prompts, ["--prompts", "0"], "--prompts"),
+    (adaptive_prompts, ["--k", "0"], "--k"),
+])
+def test_bad_flags_are_refused(module, argv, needle, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        module.main(argv + ["--out", str(tmp_path)])
+    assert needle in capsys.readouterr().err
