@@ -32,17 +32,17 @@ from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits  # noqa: E4
 from jaxspec.tokenizer import load_tokenizer  # noqa: E402
 
 # (kind, text): the embedded pair was trained on code and English prose; the random strings are its worst case
-PROMPTS = (
+PROMPTS = (  # kinds interleaved, so --prompts 3 takes one of each
     ("code", "def fibonacci(n):\n"),
-    ("code", "import numpy as np\n\n\ndef softmax(x):\n    "),
-    ("code", "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"),
-    ("code", "for i in range(10):\n    print("),
     ("prose", "The history of the city begins"),
-    ("prose", "Once upon a time, in a small village by the sea, there lived"),
-    ("prose", "In this paper we propose a new method for"),
     ("random", "x7#qP!vz@3Lk9%Tm&2Rw^8Ys*4Nd(6Hj"),
+    ("code", "import numpy as np\n\n\ndef softmax(x):\n    "),
+    ("prose", "Once upon a time, in a small village by the sea, there lived"),
     ("random", "QZ ww 0x9f kk_p ;; ~~ 771 vRt !? jjj ^^ 42b"),
+    ("code", "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"),
+    ("prose", "In this paper we propose a new method for"),
     ("random", "8c1e 4f0a 9b2d e7c3 a5f6 0d8b 3e9a c4f1"),
+    ("code", "for i in range(10):\n    print("),
 )
 
 

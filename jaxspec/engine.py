@@ -137,8 +137,7 @@ class Engine:
     def _compile(self, name: str, fn, static: dict, args: tuple, donate: tuple = (), baked: tuple = ()):
         """`static` are keyword arguments bound into `fn`; `baked` names what `fn` already closes over."""
         leaves = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in jax.tree_util.tree_leaves(args))
-        policy = None if self.adaptive is None else self.adaptive.compiled(self.k)
-        key = (name, self.cfg, self.k, self.drafter, self.mesh, policy, baked, tuple(sorted(static.items())), leaves)
+        key = (name, self.cfg, self.k, self.drafter, self.mesh, baked, tuple(sorted(static.items())), leaves)
         hit = _PROGRAMS.get(key)
         if hit is not None:
             return hit, 0.0
@@ -218,8 +217,9 @@ class Engine:
             state, report, key = self._adaptive_start(state, sampling.greedy)
             name = "cycle_adaptive"
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
+        policy = None if report is None else self.adaptive.compiled(self.k)
         compiled, c = self._compile(name, _with_progress(step), {}, (self.weights, state, sp), (1,),
-                                    baked=(sampling.greedy, max_new_tokens))
+                                    baked=(sampling.greedy, max_new_tokens, policy))
         if key is not None:
             def run_forced(s, cycles):  # cycles queued back to back, as pipelined streaming runs them
                 for _ in range(cycles):
@@ -271,7 +271,7 @@ class Engine:
         """The on-device loop of adaptive cycles, (weights, state, sp, cycle limit) -> state; (program, compile s)."""
         loop = functools.partial(adaptive_loop, **self._adaptive_kw(greedy, max_new_tokens))
         return self._compile("loop_adaptive", loop, {}, (self.weights, state, sp, jnp.int32(0)), (1,),
-                             baked=(greedy, max_new_tokens))
+                             baked=(greedy, max_new_tokens, self.adaptive.compiled(self.k)))
 
     def _adaptive_start(self, spec_state, greedy: bool):
         """The prefilled state wrapped for adaptive cycles with its cost table when one is given or cached for this

@@ -102,6 +102,23 @@ def test_greedy_cli_equals_library_baseline(ckpt, library, k):
         assert doc["acceptance"]["mean_acceptance_length"] >= 1.0
 
 
+def test_adaptive_cli_equals_library_baseline_and_reports_its_choices(ckpt, library):
+    costs = '{"0": 1.0, "1": 1.2, "2": 1.3, "3": 1.5}'
+    r = cli("--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW, "--dtype", "float32",
+            "--speculative-num-steps", 3, "--speculative-adaptive", "--speculative-adaptive-costs", costs, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    _check_schema(doc, JSON_SCHEMA)
+    assert doc["results"][0]["tokens"] == library(PROMPT)
+    ad = doc["adaptive"]
+    assert ad["steps"] == [0, 1, 2, 3] and ad["cost_source"] == "given"
+    assert ad["costs_ms"] == {"0": 1.0, "1": 1.2, "2": 1.3, "3": 1.5}
+    assert len(ad["k_per_cycle"]) == doc["timings"]["cycles"] == sum(ad["k_histogram"].values())
+    assert ad["expected_tokens_per_s"] > 0 and ad["achieved_tokens_per_s"] > 0
+    drafted = sum(1 for k in ad["k_per_cycle"] if k > 0)
+    assert sum(doc["acceptance"]["histogram"]) == drafted
+
+
 def test_streaming_text_and_statistics(ckpt, library):
     text = load_tokenizer(ckpt / "model").decode(library(PROMPT))
     r = cli("--model", ckpt / "model", "--max-new-tokens", MAX_NEW, "--dtype", "float32", "--baseline", stdin=PROMPT)
@@ -138,6 +155,10 @@ ERRORS = [
     (["--prefill-chunk", "100"], "--prefill-chunk"),
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
     (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], "--speculative-num-draft-tokens"),
+    (["--speculative-adaptive", "--speculative-num-steps", "0"], "--speculative-adaptive needs"),
+    (["--speculative-adaptive-costs", '{"0": 1}'], "--speculative-adaptive-costs needs"),
+    (["--speculative-adaptive", "--speculative-adaptive-costs", '{"0": 1}'], "compiled set is K = [0, 1, 2, 4]"),
+    (["--speculative-adaptive", "--speculative-adaptive-costs", "/nonexistent/costs.json"], "readable file"),
     (["--mesh", "3x"], "--mesh"),
     (["--mesh", "64"], "needs 64 devices"),
     (["--no-such-flag"], "unrecognized arguments"),
