@@ -376,7 +376,8 @@ def _print_stats(r: dict, k: int) -> None:
                      f"expected {ad['expected_tokens_per_s']:.1f} tok/s, achieved {ad['achieved_tokens_per_s']:.1f}")
     if k and acc["mean_acceptance_length"] is not None:
         lines.append(
-            f"speculation: K={k}{' (largest)' if ad else ''}, mean acceptance length {acc['mean_acceptance_length']:.2f} "
+            f"speculation: K={k}{' (largest)' if ad else ''}, "
+            f"mean acceptance length {acc['mean_acceptance_length']:.2f} "
             f"(histogram of accepted drafts 0..{k}: {acc['histogram']})"
         )
     if r["baseline"]:

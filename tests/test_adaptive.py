@@ -87,8 +87,8 @@ def right_then_wrong_drafter(key, w, cfg, state, k, greedy, sp):
     return jnp.where(state.generated[:, None] < 12, right, wrong), None, cache
 
 
-SCHEDULE = (0, 2, 0, 0, 1, 4, 0)
-RULE_COSTS = ((0, 1.0), (4, 2.2))  # two branches: half the program to compile  # plain steps before, between and after cycles of every K
+SCHEDULE = (0, 2, 0, 0, 1, 4, 0)  # plain steps before, between and after cycles of every K
+RULE_COSTS = ((0, 1.0), (4, 2.2))  # two branches: half the program to compile
 
 
 def test_forced_k_switching_is_lossless_and_logged(pair, baseline_tokens):
