@@ -69,7 +69,7 @@ def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity
     """Jitted prefills and loops: plain decoding, fixed K (a, continuation as arguments), adaptive."""
     greedy_kw = dict(cfg=spec_cfg, greedy=True, max_new_tokens=max_new)
     base_prefill = jax.jit(functools.partial(baseline_prefill, capacity=capacity, **greedy_kw))
-    spec_prefill_ = jax.jit(functools.partial(spec_prefill, capacity=capacity, k=max(ks + steps),
+    spec_prefill_ = jax.jit(functools.partial(spec_prefill, capacity=capacity, k=max([*ks, *steps]),
                                               max_cycles=max_new, **greedy_kw))
     base_loop = jax.jit(lambda w, s: _until_done(lambda s: baseline_step(w, s, {}, **greedy_kw), s), donate_argnums=1)
 
@@ -241,7 +241,7 @@ def parse_args(argv):
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time beside K = 0")
     p.add_argument("--adaptive-steps", type=int, nargs="+", default=[0, 1, 2, 4], help="the adaptive K set")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(ACCEPTANCE))
