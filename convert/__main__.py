@@ -3,15 +3,7 @@
 SRC holds config.json and *.safetensors (bf16 / f32, FP8 block, INT4 compressed-tensors pack-quantized,
 Kimi-K2.5's `text_config` nesting, or an EAGLE-3 drafter). The kind is read from config.json.
 
-  --dtype {bfloat16,float32,float16}  storage dtype of dense float weights, dequantized ones included (bfloat16)
-  --experts {keep,bf16}               keep: INT4 / FP8 routed experts stay quantized (default);
-                                      bf16: dequantize them to dense --dtype arrays
-  --check                             re-read SRC and compare a sample of converted tensors (after converting;
-                                      if DST is already complete, only check it)
-  --check-samples N                   tensors sampled by --check (24)
-  --restart                           discard an unfinished DST.partial instead of resuming it
-  --overwrite                         replace an existing DST
-  --no-progress                       no progress bar
+Every flag and its default: `python -m convert --help`.
 
 An interrupted run leaves DST.partial; rerunning the same command resumes it. Errors print one line
 naming the file and tensor and exit with status 1; DST then does not exist.
@@ -23,21 +15,28 @@ import argparse
 import sys
 from pathlib import Path
 
+from convert.help_format import DefaultsHelpFormatter
 from convert.safetensors_reader import CheckpointError
 from model.config import ConfigError
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m convert", description="HF safetensors -> jaxspec orbax checkpoint")
+    p = argparse.ArgumentParser(prog="python -m convert", description="HF safetensors -> jaxspec orbax checkpoint",
+                                epilog=__doc__.split("\n\n")[-1].strip(),
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("src", type=Path, help="HF checkpoint directory (config.json + *.safetensors)")
     p.add_argument("dst", type=Path, help="output directory (created atomically)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--experts", default="keep", choices=["keep", "bf16"])
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--check-samples", type=int, default=24)
-    p.add_argument("--restart", action="store_true")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                   help="storage dtype of dense float weights, dequantized ones included")
+    p.add_argument("--experts", default="keep", choices=["keep", "bf16"],
+                   help="keep: INT4 / FP8 routed experts stay quantized; bf16: dequantize them to dense --dtype arrays")
+    p.add_argument("--check", action="store_true",
+                   help="re-read SRC and compare a sample of converted tensors (after converting; if DST is already "
+                        "complete, only check it)")
+    p.add_argument("--check-samples", type=int, default=24, help="tensors sampled by --check")
+    p.add_argument("--restart", action="store_true", help="discard an unfinished DST.partial instead of resuming it")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing DST")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 
 

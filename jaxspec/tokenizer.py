@@ -24,6 +24,8 @@ KIMI_PAT_STR = "|".join(
     ]
 )
 KIMI_NUM_RESERVED_SPECIAL = 256
+# where a checkpoint keeps its chat template, in the order they are read (then tokenizer_config.json's entry)
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 class TokenizerError(ValueError):
@@ -59,8 +61,9 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise TokenizerError(f"{self.name}: the checkpoint has no chat template (tokenizer_config.json "
-                                 "'chat_template' or chat_template.jinja)")
+            where = Path(self.name).parent
+            raise TokenizerError(f"{where}: the checkpoint has no chat template (looked for {CHAT_TEMPLATE_FILES[0]}, "
+                                 f"{CHAT_TEMPLATE_FILES[1]} and 'chat_template' in tokenizer_config.json)")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
         def raise_exception(msg):
@@ -82,7 +85,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _chat_template(directory: Path, config: dict) -> str | None:
-    for name in ("chat_template.jinja", "chat_template.json"):
+    for name in CHAT_TEMPLATE_FILES:
         p = directory / name
         if p.exists():
             return _read_json(p)["chat_template"] if p.suffix == ".json" else p.read_text()
