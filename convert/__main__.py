@@ -20,7 +20,7 @@ from convert.safetensors_reader import CheckpointError
 from model.config import ConfigError
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m convert", description="HF safetensors -> jaxspec orbax checkpoint",
                                 epilog=__doc__.split("\n\n")[-1].strip(),
                                 formatter_class=DefaultsHelpFormatter)
@@ -37,7 +37,11 @@ def parse_args(argv):
     p.add_argument("--restart", action="store_true", help="discard an unfinished DST.partial instead of resuming it")
     p.add_argument("--overwrite", action="store_true", help="replace an existing DST")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> int:

@@ -343,7 +343,7 @@ def parse_mesh(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jaxspec.plan", description=__doc__.split("\n")[0],
                                 formatter_class=DefaultsHelpFormatter)
     p.add_argument("--config", default="kimi-k2.5", choices=KNOWN, help="target model configuration")
@@ -361,7 +361,11 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     p.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS,
                    help="draft tokens per cycle K (the default K of python -m jaxspec.generate)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     try:
         plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
                          draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps)
