@@ -1,7 +1,10 @@
-"""Single PTX instructions for the Triton kernels, each with its plain-jnp equivalent for interpret mode.
+"""Small building blocks of the Pallas (Triton) kernels, each with its plain-jnp form for interpret mode.
 
-Why: Triton leaves a * b + c as FMUL + FADD, and ptxas needs two LOP3 for (a & imm) | imm (one immediate
-per LOP3); in the gemv kernel's profile the two made a third of its instructions.
+Index arithmetic: lax.div / lax.rem truncate, which equals floor division for the non-negative indices the kernels
+use; jnp's floor division emits sign fix-ups that Triton's lowering rejects.
+
+Single PTX instructions: Triton leaves a * b + c as FMUL + FADD, and ptxas needs two LOP3 for (a & imm) | imm (one
+immediate per LOP3); in the gemv kernel's profile the two made a third of its instructions.
 """
 
 from __future__ import annotations
@@ -9,6 +12,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as pl_triton
+
+
+def div(a, b: int):
+    return jax.lax.div(a, jnp.int32(b))
+
+
+def rem(a, b: int):
+    return jax.lax.rem(a, jnp.int32(b))
+
+
+def even_splits(n: int, requested: int) -> tuple[int, int]:
+    """n items (slots, cache blocks) shared by at most `requested` programs -> (programs, items per program)."""
+    splits = max(1, min(requested, n))
+    return splits, -(-n // splits)
 
 
 def _asm(asm: str, constraint: str, dtype, *args):
