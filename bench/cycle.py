@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.bytes_floor import draft_bytes, step_bytes, unique_experts_per_layer
-from bench.moe_path import moe_path, moe_path_recording
+from bench.labs.moe_path import moe_path, moe_path_recording
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import SpecState

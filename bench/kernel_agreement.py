@@ -34,7 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import model.moe as moe_module  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, record_routes  # noqa: E402
+from bench.labs.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, record_routes  # noqa: E402
 from bench.report import fmt, write_report  # noqa: E402
 from bench.step import bench_config, init_weights, random_cache, step_inputs  # noqa: E402
 from model.decoder import forward  # noqa: E402

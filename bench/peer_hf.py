@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
+from bench.labs.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
 from bench.report import fmt, write_json  # noqa: E402
 from bench.step import bench_config, init_weights, make_step, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402

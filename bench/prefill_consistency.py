@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.moe_layer import _rel_err as rel_err  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
+from bench.labs.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
 from bench.peer_hf import build_hf_model, prefill_both  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import bench_config, init_weights, make_step  # noqa: E402

@@ -3,7 +3,7 @@
 - `--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`: XLA records a step's kernels into a CUDA graph with edges
   only where kernels share buffers, so independent kernels (a layer's shared expert beside its routed experts)
   may overlap. The default, LHS, chains them in the latency-hiding scheduler's order. On the H200 it took 4-8% off
-  every B=1 1k step row and gave bit-identical tokens and logits (`python -m bench.graph_mode_check`,
+  every B=1 1k step row and gave bit-identical tokens and logits (`python -m bench.labs.graph_mode_check`,
   bench/results/README.md run 16).
 - `--xla_gpu_per_fusion_autotune_cache_dir=DIR`: XLA's autotuner picks each GEMM's kernel by timing candidates,
   so two processes can compile different kernels and round differently: greedy decoding of the same prompt then

@@ -1,4 +1,4 @@
-"""`python -m bench.moe_block_lab`: one Kimi-K2.5 MoE block (router, routed INT4 experts, bf16 shared expert:
+"""`python -m bench.labs.moe_block_lab`: one Kimi-K2.5 MoE block (router, routed INT4 experts, bf16 shared expert:
 `model.moe.moe`, what a decoder layer calls) under variants of how its parts are launched, against its bytes.
 
 Variants: `default` (the engine's: one CUDA graph, XLA's CONCURRENT scheduling) and `streamN` (the shared expert as
@@ -51,7 +51,7 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=10, help="synchronised runs per chain length")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     args = p.parse_args(argv)
     if min(args.tokens) < 1 or args.rounds < 1 or args.iters < 1:
         p.error("--tokens, --rounds and --iters must be >= 1")

@@ -1,4 +1,4 @@
-"""`python -m bench.router_lab`: one Kimi-K2.5 MoE layer's routing, XLA's path vs the kernels, on this device.
+"""`python -m bench.labs.router_lab`: one Kimi-K2.5 MoE layer's routing, XLA's path vs the kernels, on this device.
 
 Routing = router logits ([T, 7168] x [384, 7168] float32) + noaux_tc top-8. `topk="xla"` is XLA's split-K
 GEMM and its top-k; `topk="kernel"` is model/kernels/router_gemv.py (2 <= T <= 8) + router_topk.py, with the

@@ -1,4 +1,4 @@
-"""`python -m bench.graph_mode_check`: does XLA's CONCURRENT scheduling of a step's CUDA graph give the same tokens
+"""`python -m bench.labs.graph_mode_check`: does XLA's CONCURRENT scheduling of a step's CUDA graph give the same tokens
 as XLA's default (LHS), and how much faster is it? (The engine sets CONCURRENT: `jaxspec.xla_flags`.)
 
 `--xla_gpu_command_buffer_scheduling_mode` orders the kernels XLA records into a step's CUDA graph: LHS (the default)
@@ -36,8 +36,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench.xla_flag_sets import SCHEDULING_MODES as MODES  # noqa: E402
-from bench.xla_flag_sets import flags_of  # noqa: E402
+from bench.labs.xla_flag_sets import SCHEDULING_MODES as MODES  # noqa: E402
+from bench.labs.xla_flag_sets import flags_of  # noqa: E402
 from jaxspec.xla_flags import AUTOTUNE_CACHE_ENV, AUTOTUNE_CACHE_FLAG  # noqa: E402
 from jaxspec.xla_flags import SCHEDULING_FLAG as FLAG  # noqa: E402
 
@@ -46,7 +46,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", nargs="+", default=["LHS", "CONCURRENT", "LHS"], metavar="MODE[+SET...]",
                    help=f"scheduling modes ({', '.join(MODES)}), each optionally with named XLA flag sets on top "
-                        "(bench/xla_flag_sets.py), e.g. CONCURRENT+exclusive-lock")
+                        "(bench/labs/xla_flag_sets.py), e.g. CONCURRENT+exclusive-lock")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps in the device loop")
@@ -58,7 +58,7 @@ def parse_args(argv):
                         "differ; own: each process autotunes for itself (the engine's autotune cache off), which "
                         "shows the autotuner's own run-to-run differences")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per mode's process")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: the JSON path one mode's process writes
     args = p.parse_args(argv)
     for spec in args.modes:
@@ -96,7 +96,7 @@ def run_one_mode(args) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from bench.moe_path import moe_path
+    from bench.labs.moe_path import moe_path
     from bench.step import make_step, random_cache, random_model, step_inputs
     from bench.timing import median_ms
     from model.decoder import forward
@@ -159,7 +159,7 @@ def run_one_mode(args) -> dict:
 
 
 def _child_argv(args, path: Path) -> list[str]:
-    argv = [sys.executable, "-m", "bench.graph_mode_check", "--child", str(path), "--layers", str(args.layers),
+    argv = [sys.executable, "-m", "bench.labs.graph_mode_check", "--child", str(path), "--layers", str(args.layers),
             "--context", str(args.context), "--steps", str(args.steps), "--verify-tokens", str(args.verify_tokens),
             "--iters", str(args.iters)]
     return argv + (["--tiny"] if args.tiny else [])

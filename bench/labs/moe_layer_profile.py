@@ -1,4 +1,4 @@
-"""`python -m bench.moe_layer_profile`: where one MoE layer call's time goes when it is timed alone.
+"""`python -m bench.labs.moe_layer_profile`: where one MoE layer call's time goes when it is timed alone.
 
 The "MoE layer alone" rows (bench.step, bench.moe_layer, the labs) time the engine's routed experts as calls
 chained in one device loop (bench.moe_layer._chained). Up to run 12 a call was a REPS-call chain's time / REPS;
@@ -33,10 +33,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
-from bench.moe_kernel_lab import inputs, moe_layer  # noqa: E402
+from bench.labs.moe_kernel_lab import inputs, moe_layer  # noqa: E402
 from bench.moe_layer import LONG_REPS, REPS, chain_pair, per_call_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step_profile import busy_ns, by_kernel, traced_events  # noqa: E402
+from bench.labs.step_profile import busy_ns, by_kernel, traced_events  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.kernels import moe_kernel_for, moe_wgmma, routed_experts_for_backend, wgmma_config_for  # noqa: E402
 
@@ -111,7 +111,7 @@ def parse_args(argv):
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--hlo", action="store_true",
                    help="also write the chain's optimized HLO per T (moe-layer-profile-...-T<t>.hlo.txt)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     p.add_argument("--choice-groups", type=int, default=1,
                    help="the Mosaic GPU kernel with each token's choices in this many groups (moe_wgmma's "
                         "choice_groups; 1 = the engine's dispatch as it is)")

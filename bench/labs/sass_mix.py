@@ -1,7 +1,7 @@
-"""`python -m bench.sass_mix REPORT.csv`: instruction mix per kernel from Nsight Compute's SASS source page.
+"""`python -m bench.labs.sass_mix REPORT.csv`: instruction mix per kernel from Nsight Compute's SASS source page.
 
 Input: `ncu -i R.ncu-rep --page source --print-source sass --csv > R.csv` of a report taken with the
-SourceCounters section (bench/moe_kernel_lab.py --profile, see bench/results/README.md). Prints, per kernel,
+SourceCounters section (bench/labs/moe_kernel_lab.py --profile, see bench/results/README.md). Prints, per kernel,
 the executed warp instructions by opcode and each opcode's share of the warp-stall samples.
 """
 

@@ -1,4 +1,4 @@
-"""`python -m bench.moe_kernel_lab`: the routed-experts kernel variants of one Kimi-K2.5 INT4 MoE layer, side by side.
+"""`python -m bench.labs.moe_kernel_lab`: the routed-experts kernel variants of one Kimi-K2.5 INT4 MoE layer, side by side.
 
 For tuning model/kernels/__init__.py: each candidate (variant, tiles, scale loading, prefetch, down splits)
 at each token count, the time of one call in a chain (bench.moe_layer.time_moe), its error against the
@@ -87,7 +87,7 @@ def inputs(cfg, router, bias, t, key):
 
 
 def run_for_profiler(fn, cfg, router, bias, experts, t: int, label: str, log=print) -> None:
-    """`fn` (a layer's routed experts) at T tokens, three times, for Nsight Compute (bench/h200_profile.sh)."""
+    """`fn` (a layer's routed experts) at T tokens, three times, for Nsight Compute (bench/scripts/h200_profile.sh)."""
     fn = jax.jit(fn)
     x_TH, ids_TK, weights_TK = inputs(cfg, router, bias, t, jax.random.PRNGKey(t))
     for _ in range(3):

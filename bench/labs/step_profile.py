@@ -1,4 +1,4 @@
-"""`python -m bench.step_profile`: where a decode / verify step's time goes, kernel by kernel (JAX profiler).
+"""`python -m bench.labs.step_profile`: where a decode / verify step's time goes, kernel by kernel (JAX profiler).
 
 Runs `--steps` target steps inside one jitted loop (as `Engine.generate` does) under `jax.profiler.trace`, then
 reads the device's kernel events from the trace (jax.profiler.ProfileData): per step, the time of each kernel
@@ -322,7 +322,7 @@ def parse_args(argv):
                    help="also trace a device-loop call of --steps decode steps and one of 3 x --steps: where a call's "
                         "fixed cost (bench.timing's device_loop_fixed_ms) goes, device and host")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     p.add_argument("--hlo", action="store_true",
                    help="also write the loop's optimized HLO per T (step-profile-...-T<t>.hlo.txt): maps kernel names "
                         "to the ops they fuse")

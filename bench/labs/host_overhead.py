@@ -1,4 +1,4 @@
-"""`python -m bench.host_overhead`: where a synchronised step's time beyond the device's goes (the host round
+"""`python -m bench.labs.host_overhead`: where a synchronised step's time beyond the device's goes (the host round
 trip: `bench.step`'s synchronised median minus its queued mean, ~0.45 ms at B=1 1k on the H200).
 
 On a Kimi-K2.5-shaped model of N layers (INT4 experts, random weights), per token count:
@@ -28,7 +28,7 @@ from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 
-from bench.moe_path import moe_path  # noqa: E402
+from bench.labs.moe_path import moe_path  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import make_step, random_cache, random_model, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
@@ -49,7 +49,7 @@ def parse_args(argv):
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--arg-counts", type=int, nargs="*", default=[1, 10, 30, 60],
                    help="empty programs over this many of the step's arguments (plus one over all of them)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     return p.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""`python -m bench.attention_lab`: MLA attention over the latent cache alone, XLA's absorbed path vs the Pallas kernels.
+"""`python -m bench.labs.attention_lab`: MLA attention over the latent cache alone, XLA's absorbed path vs the Pallas kernels.
 
 K2.5 shapes (64 heads, latent 512, rope 64, v 128), random bf16 queries, cache and w_uv; the cache's capacity is
 rounded up as the engine rounds it. For each batch, context and token count: the median time of everything after

@@ -1,5 +1,5 @@
-"""`python -m bench.tma_stream_lab`: how fast TMA pipelines stream one Kimi-K2.5 MoE layer's routed-expert tiles at
-one token when they do nothing else (bench/tma_stream.py: no int4 conversion, no wgmma), beside XLA reading the
+"""`python -m bench.labs.tma_stream_lab`: how fast TMA pipelines stream one Kimi-K2.5 MoE layer's routed-expert tiles at
+one token when they do nothing else (bench/labs/tma_stream.py: no int4 conversion, no wgmma), beside XLA reading the
 same experts and the engine's kernels on the same tiles.
 
 The question (bench/results/README.md, runs 19-21): at one token the engine's gate_up kernel streams ~3.4 TB/s and
@@ -31,7 +31,7 @@ tiles of ROWS rows (default 64), the grid's row blocks as large.
 Each call is timed as in bench.moe_layer: calls chained in a device loop (each on the next 8 experts, so nothing is
 hoisted), the difference of a 3 x --reps- and a --reps-call chain over the extra calls, medians of synchronised runs
 after warm-up, in round-robin rounds. TB/s = bytes read / time; the byte floor is at 4.3 TB/s. Every stream's
-checksums are compared with numpy (bench.tma_stream.checksums_reference) once, untimed. `--tiny`: small dims in
+checksums are compared with numpy (bench.labs.tma_stream.checksums_reference) once, untimed. `--tiny`: small dims in
 Pallas' interpreter (the CPU check). Writes tma-stream-lab-<platform>-<date>.json and .md to --out.
 """
 
@@ -56,7 +56,7 @@ from bench.bytes_floor import HBM_TBS  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.moe_layer import REPS, per_call_ms  # noqa: E402
 from bench.timing import summarize_rounds  # noqa: E402
-from bench.tma_stream import FOLD_S, Stream, bytes_read, checksums_reference, stream_checksums  # noqa: E402
+from bench.labs.tma_stream import FOLD_S, Stream, bytes_read, checksums_reference, stream_checksums  # noqa: E402
 from model.kernels import moe_wgmma, moe_wgmma_persistent, wgmma_config_for  # noqa: E402
 from model.kernels.moe_wgmma import ROWS  # noqa: E402
 from model.moe import ExpertWeights, experts_gather  # noqa: E402

@@ -2,8 +2,8 @@
 # The issue's whole matrix of `bench.step` (batch x context, every T and K) in one device call, one process per
 # GPU: on an nvidia-h200-x2 machine two (batch, context) pairs run side by side, each alone on its GPU (the host's
 # 32 cores hold both processes' dispatch threads). The first pair also times the MoE layer lab.
-#   PAIRS="1:1024 1:32768" bash bench/h200_matrix.sh      (the default: batch 1, both contexts)
-#   PAIRS="8:1024 8:32768" STEP_BUDGET=420 bash bench/h200_matrix.sh
+#   PAIRS="1:1024 1:32768" bash bench/scripts/h200_matrix.sh      (the default: batch 1, both contexts)
+#   PAIRS="8:1024 8:32768" STEP_BUDGET=420 bash bench/scripts/h200_matrix.sh
 # A pair's process stops starting configurations after STEP_BUDGET s (skipped ones are listed in its JSON) and is
 # killed after STEP_TIMEOUT s. Files: env.txt, step-b<B>-<CTX>.log and b<B>-<CTX>/step-*.json / .md (a folder a pair:
 # the processes start in the same minute, which names their files).

@@ -1,5 +1,5 @@
 """A diagnostic kernel: TMA pipelines that stream the weight tiles of one MoE layer's routed experts and do no
-int4 conversion and no wgmma, so what they take is the streaming alone (bench/tma_stream_lab.py times them).
+int4 conversion and no wgmma, so what they take is the streaming alone (bench/labs/tma_stream_lab.py times them).
 
 Each program adds the first 4 rows of every landed tile (the first 16 of its scales) into a small checksum in shared
 memory and stores it at its end; `checksums_reference` computes the same sums with numpy, which is how the CPU test

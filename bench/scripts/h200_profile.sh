@@ -1,7 +1,7 @@
 #!/bin/bash
 # Nsight Compute over the MoE kernels of one K2.5 layer (one device call on the H200), e.g.
-#   bash bench/h200_profile.sh pairs_32_s8:1 pairs_32_s8:4      (Triton candidates: bench/moe_kernel_lab.py)
-#   LAB=moe_wgmma_lab bash bench/h200_profile.sh 2:4:8:0:p:4     (Mosaic GPU variants: bench/moe_wgmma_lab.py)
+#   bash bench/scripts/h200_profile.sh pairs_32_s8:1 pairs_32_s8:4      (Triton candidates: bench/labs/moe_kernel_lab.py)
+#   LAB=moe_wgmma_lab bash bench/scripts/h200_profile.sh 2:4:8:0:p:4     (Mosaic GPU variants: bench/labs/moe_wgmma_lab.py)
 # Writes $OUT/ncu-profile.txt (the first two kernels of the first call); bench/results/ncu/ncu-1325-pairs-t1.txt came
 # from the first line above, ncu-0107-wgmma-pairs-sequential.txt from the second.
 set -u

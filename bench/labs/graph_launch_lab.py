@@ -1,4 +1,4 @@
-"""`python -m bench.graph_launch_lab`: what the host pays to launch one XLA program's CUDA graph, per kernel in it.
+"""`python -m bench.labs.graph_launch_lab`: what the host pays to launch one XLA program's CUDA graph, per kernel in it.
 
 A synchronised decode step pays ~0.5 ms more than the same steps queued back to back (bench.step), and run 12's
 trace put most of it in the host's `cuGraphLaunch` of the step's one graph (~4 us for each of its 134 kernels).
@@ -24,7 +24,7 @@ import numpy as np
 
 import bench  # noqa: F401  (the engine's XLA flags)
 from bench.report import write_json
-from bench.step_profile import traced_events
+from bench.labs.step_profile import traced_events
 from bench.timing import median_ms
 
 KINDS = ("xla", "triton", "mosaic")
@@ -83,7 +83,7 @@ def parse_args(argv):
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     p.add_argument("--every", type=int, default=4, help="one Pallas kernel per this many links")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     return p.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""`python -m bench.moe_wgmma_lab`: the TMA-pipelined Mosaic GPU MoE (model/kernels/moe_wgmma.py) beside the engine's
+"""`python -m bench.labs.moe_wgmma_lab`: the TMA-pipelined Mosaic GPU MoE (model/kernels/moe_wgmma.py) beside the engine's
 Triton kernel, on one Kimi-K2.5 INT4 MoE layer.
 
 Per token count: the plain reference's output, the engine's Triton kernel (model.kernels.kernel_config_for) and
@@ -8,7 +8,7 @@ chain lengths; with `--rounds`, the median of round-robin rounds), the byte
 floor of the unique experts read, and the kernels one call launches (the optimized HLO's fusions and custom
 calls). `--gate-up-alone` also times the first kernel by itself against its own floor. Records whether XLA copies
 the weights when it reinterprets the uint32 words as int4 (an s4 write in the optimized HLO). `--profile` runs
-one variant for Nsight Compute (`LAB=moe_wgmma_lab bash bench/h200_profile.sh`).
+one variant for Nsight Compute (`LAB=moe_wgmma_lab bash bench/scripts/h200_profile.sh`).
 Writes moe-wgmma-lab-<device>-<date>.json to --out.
 """
 
@@ -31,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
-from bench.moe_kernel_lab import inputs, moe_layer, run_for_profiler  # noqa: E402
+from bench.labs.moe_kernel_lab import inputs, moe_layer, run_for_profiler  # noqa: E402
 from bench.moe_layer import _rel_err, chain_pair, per_call_ms  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.timing import summarize_rounds  # noqa: E402

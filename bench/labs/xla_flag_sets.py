@@ -1,6 +1,6 @@
 """Named sets of XLA flags that the H200 A/B runs compare, each on top of the engine's own (`jaxspec.xla_flags`):
-`bash bench/h200_xla_flags.sh` times `bench.step` under each, `python -m bench.graph_mode_check --modes MODE+SET`
-checks that a set gives the same tokens. `python -m bench.xla_flag_sets NAME` prints one set (for the shell).
+`bash bench/scripts/h200_xla_flags.sh` times `bench.step` under each, `python -m bench.labs.graph_mode_check --modes MODE+SET`
+checks that a set gives the same tokens. `python -m bench.labs.xla_flag_sets NAME` prints one set (for the shell).
 
 The command-buffer ones aimed at the synchronised step's host round trip (~0.5 ms at B=1 1k: bench/results/README.md,
 host-overhead-gpu-20261130-0310). Run 17 measured concurrent-regions, exclusive-lock and trace-cache-64: none moved
