@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench import tma_stream_lab
+from bench.labs import tma_stream_lab
 from bench.labs.tma_stream import Stream, bytes_read, checksums_reference, stream_checksums, tiles_read
 from model.quant import Int4Weight
 
