@@ -16,6 +16,6 @@ for c in "$@"; do
   timeout "${PROFILE_TIMEOUT:-200}" ncu --clock-control none --kernel-name "$KERNELS" --launch-count 2 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-    python3 -m "bench.$LAB" --profile "$c" 2>&1 | grep -v -i "warn"
+    python3 -m "bench.labs.$LAB" --profile "$c" 2>&1 | grep -v -i "warn"
 done > "$OUT/ncu-profile.txt" 2>&1
 tail -n 5 "$OUT/ncu-profile.txt"
