@@ -1,10 +1,10 @@
-"""`python -m bench.moe_block_lab` at tiny dims on CPU: the MoE block's launch variants agree and are timed."""
+"""`python -m bench.labs.moe_block_lab` at tiny dims on CPU: the MoE block's launch variants agree and are timed."""
 
 import json
 
 import pytest
 
-from bench.moe_block_lab import main, shared_stream_of
+from bench.labs.moe_block_lab import main, shared_stream_of
 
 
 def test_moe_block_lab_tiny(tmp_path):

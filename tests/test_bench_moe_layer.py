@@ -39,9 +39,9 @@ def test_moe_layer_chain_rejects_a_grouping_that_does_not_divide_the_calls():
 
 
 def test_moe_layer_profile_tiny(tmp_path):
-    """`python -m bench.moe_layer_profile` times the chain, the grouped chain and the harness alone, and reads one
+    """`python -m bench.labs.moe_layer_profile` times the chain, the grouped chain and the harness alone, and reads one
     call's kernels back from a real trace (XLA's thunks on CPU)."""
-    from bench.moe_layer_profile import main
+    from bench.labs.moe_layer_profile import main
 
     result = main(["--tiny", "--tokens", "1", "--iters", "1", "--out", str(tmp_path)])
     [row] = result["rows"]

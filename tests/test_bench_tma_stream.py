@@ -1,5 +1,5 @@
-"""bench/tma_stream.py's streams read the tiles they say (their checksums against numpy, under Pallas' GPU interpreter)
-and lower to Mosaic GPU at Kimi K2 shapes; bench/tma_stream_lab.py's variants and its CPU run."""
+"""bench/labs/tma_stream.py's streams read the tiles they say (their checksums against numpy, under Pallas' GPU interpreter)
+and lower to Mosaic GPU at Kimi K2 shapes; bench/labs/tma_stream_lab.py's variants and its CPU run."""
 
 import functools
 
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench import tma_stream_lab
-from bench.tma_stream import Stream, bytes_read, checksums_reference, stream_checksums, tiles_read
+from bench.labs import tma_stream_lab
+from bench.labs.tma_stream import Stream, bytes_read, checksums_reference, stream_checksums, tiles_read
 from model.quant import Int4Weight
 
 E, F, H, K = 5, 512, 512, 4
