@@ -96,11 +96,10 @@ def run_one_mode(args) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from bench.labs.moe_path import moe_path
     from bench.step import make_step, random_cache, random_model, step_inputs
     from bench.timing import median_ms
     from model.decoder import forward
-    from model.kernels import routed_experts_for_backend
+    from model.config import Kernels
     from model.kv_cache import round_capacity
 
     cfg, w = random_model(args.layers, args.tiny)
@@ -116,9 +115,8 @@ def run_one_mode(args) -> dict:
             nxt = jnp.argmax(out.logits[:, -1], axis=-1).astype(toks_B1.dtype)[:, None]
             return nxt, out.cache, out_S.at[i].set(nxt[0, 0])
 
-        with moe_path(routed_experts_for_backend):
-            _, cache, tokens_S = jax.lax.fori_loop(0, args.steps, body,
-                                                   (first_B1, cache, jnp.zeros((args.steps,), jnp.int32)))
+        _, cache, tokens_S = jax.lax.fori_loop(0, args.steps, body,
+                                               (first_B1, cache, jnp.zeros((args.steps,), jnp.int32)))
         return tokens_S, cache
 
     greedy_jit = jax.jit(greedy, donate_argnums=(2,))
@@ -135,19 +133,18 @@ def run_one_mode(args) -> dict:
 
     loop = median_ms(loop_call, warmup=1, iters=max(3, args.iters // 2))
 
-    step_fn = make_step(cfg, routed_experts_for_backend)
+    step_fn = make_step(cfg, Kernels())
     rows = {}
     for t in (1, args.verify_tokens):
         toks_BT, pos_BT = step_inputs(cfg, 1, t, args.context, jax.random.PRNGKey(100 + t))
-        with moe_path(routed_experts_for_backend):
-            logits, cache, _ = step_fn(w, toks_BT, pos_BT, fresh_cache())
-            holder["cache"] = cache
+        logits, cache, _ = step_fn(w, toks_BT, pos_BT, fresh_cache())
+        holder["cache"] = cache
 
-            def run():
-                out, holder["cache"], _ = step_fn(w, toks_BT, pos_BT, holder["cache"])
-                return out
+        def run():
+            out, holder["cache"], _ = step_fn(w, toks_BT, pos_BT, holder["cache"])
+            return out
 
-            stats = median_ms(run, warmup=3, iters=args.iters)
+        stats = median_ms(run, warmup=3, iters=args.iters)
         logits_np = np.asarray(logits, np.float32)
         rows[t] = dict(sync_ms=stats["median_ms"], queued_ms=stats["queued_mean_ms"],
                        logits_sha256=hashlib.sha256(logits_np.tobytes()).hexdigest())

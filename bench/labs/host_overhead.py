@@ -28,11 +28,10 @@ from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 
-from bench.labs.moe_path import moe_path  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import make_step, random_cache, random_model, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
-from model.kernels import routed_experts_for_backend  # noqa: E402
+from model.config import Kernels  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
 MARK = "host_overhead_step"
@@ -99,7 +98,7 @@ def main(argv=None):
     cfg, w = random_model(args.layers, args.tiny)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
                   layers=args.layers, context=args.context, xla_flags=os.environ.get("XLA_FLAGS", ""), rows=[])
-    step_fn = make_step(cfg, routed_experts_for_backend)
+    step_fn = make_step(cfg, Kernels())
     empty = jax.jit(lambda w, tokens_BT, positions_BT, cache: tokens_BT + 1)
     for t in args.tokens:
         key = jax.random.PRNGKey(t)
@@ -111,10 +110,9 @@ def main(argv=None):
             out, holder["cache"], _ = step_fn(w, tokens_BT, positions_BT, holder["cache"])
             return out
 
-        with moe_path(routed_experts_for_backend):
-            step = median_ms(run, warmup=3, iters=args.iters)
-            nothing = median_ms(lambda: empty(w, tokens_BT, positions_BT, holder["cache"]), warmup=3, iters=args.iters)
-            traced = trace_steps(run, args.traced)
+        step = median_ms(run, warmup=3, iters=args.iters)
+        nothing = median_ms(lambda: empty(w, tokens_BT, positions_BT, holder["cache"]), warmup=3, iters=args.iters)
+        traced = trace_steps(run, args.traced)
         all_leaves = [tokens_BT, *jax.tree_util.tree_leaves((w, positions_BT, holder["cache"]))]
         leaves = len(all_leaves)
         by_count = {}

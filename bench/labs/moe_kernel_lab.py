@@ -47,9 +47,6 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     # one slot per (token, choice): one token of arithmetic per byte at any T, no slot bookkeeping
     "pairs_32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8, **_P),
                     (1, 2, 4, 8, 16)),
-    # diagnostic, wrong results: the same loads with one FMA per word instead of the dequantization
-    "pairs_32_s8_loads_only": (MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, down_splits=8,
-                                               math="none", **_P), (1, 4)),
     # fewer values per thread (registers: ncu-2258 has the engine's tiles at 96-128, 25-31% occupancy)
     "pairs_32_k32_s8": (MoEKernelConfig(block_f=32, block_h=32, block_k=32, num_warps=4, down_splits=8, **_P), (1, 4)),
     "pairs_64_k32_s8": (MoEKernelConfig(block_f=64, block_h=64, block_k=32, num_warps=4, down_splits=8, **_P), (1, 4)),
@@ -65,7 +62,7 @@ CANDIDATES = {  # name -> (config, token counts it is tried at)
     "mma_64_k64_s8_1stage": (MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=1,
                                              down_splits=8, **_M), (64, 128)),
 }
-# bf16 experts (the HF-peer comparison): gemv tiles step over 256 elements, as model.kernels.kernel_config_for
+# bf16 experts (the HF-peer comparison): gemv tiles step over 256 elements, as model.kernels.dispatch.triton_config_for
 BF16_BLOCK_K = {"gemv": 256, "mma": 64}
 
 
@@ -160,8 +157,6 @@ def main(argv=None):
             if (t not in tokens and not args.tokens) or time.time() - t_start > args.budget_s:
                 continue
             row = dict(name=name, tokens=t, unique_experts=unique, floor_ms=floor, config=kcfg.__dict__)
-            if kcfg.math == "none":
-                row["diagnostic"] = "math='none': loads timed without the dequantization; results wrong"
             try:
                 fn = functools.partial(kernel, cfg=kcfg)
                 row["rel_err"] = _rel_err(jax.jit(fn)(x_TH, experts, ids_TK, weights_TK), ref)

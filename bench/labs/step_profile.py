@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import bench_config, init_weights, make_step, make_step_loop, random_cache, step_inputs  # noqa: E402
-from model.kernels import routed_experts_for_backend  # noqa: E402
+from model.config import Kernels  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
 
@@ -182,7 +182,7 @@ def loop_call_profile(run_loop, steps: int) -> dict:
 def profile_loop_fixed_cost(w, cfg, args, log) -> dict:
     """`--loop-fixed`: one device-loop call of `--steps` decode steps and one of 3 x `--steps`, traced
     (`loop_call_profile`); the difference is the steps, the rest the fixed cost of a call."""
-    loop = make_step_loop(cfg, routed_experts_for_backend)
+    loop = make_step_loop(cfg, Kernels())
     key = jax.random.PRNGKey(1)
     capacity = round_capacity(args.context + 16 + 20 * args.steps)
     holder = {"cache": random_cache(cfg, args.batch, capacity, args.context, key)}
@@ -225,8 +225,8 @@ def profile_cycles(w, cfg, args, k: int, log) -> list[dict]:
     capacity = round_capacity(args.context + 16 + (6 + 4 * args.steps) * (k + 1))  # warm-ups + both profiles
     holder = {"state": initial_state(spec_cfg.target, dcfg, args.batch, args.context, capacity,
                                      jax.random.PRNGKey(100 + k))}
-    cycle, loop = make_cycle(spec_cfg, k, routed_experts_for_backend), make_cycle_loop(
-        spec_cfg, k, routed_experts_for_backend)
+    cycle, loop = make_cycle(spec_cfg, k, Kernels()), make_cycle_loop(
+        spec_cfg, k, Kernels())
 
     def one_per_dispatch():
         ids = None
@@ -343,8 +343,8 @@ def main(argv=None) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     cfg = bench_config(args.layers, args.tiny)
     w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
-    loop = make_step_loop(cfg, routed_experts_for_backend)
-    step = make_step(cfg, routed_experts_for_backend)
+    loop = make_step_loop(cfg, Kernels())
+    step = make_step(cfg, Kernels())
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
                   date=now.isoformat(timespec="seconds"), layers=args.layers, batch=args.batch, context=args.context,
                   steps=args.steps, rows=[])

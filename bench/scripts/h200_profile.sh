@@ -1,16 +1,13 @@
 #!/bin/bash
 # Nsight Compute over the MoE kernels of one K2.5 layer (one device call on the H200), e.g.
 #   bash bench/scripts/h200_profile.sh pairs_32_s8:1 pairs_32_s8:4      (Triton candidates: bench/labs/moe_kernel_lab.py)
-#   LAB=moe_wgmma_lab bash bench/scripts/h200_profile.sh 2:4:8:0:p:4     (Mosaic GPU variants: bench/labs/moe_wgmma_lab.py)
-# Writes $OUT/ncu-profile.txt (the first two kernels of the first call); bench/results/ncu/ncu-1325-pairs-t1.txt came
-# from the first line above, ncu-0107-wgmma-pairs-sequential.txt from the second.
+# Writes $OUT/ncu-profile.txt (the first two kernels of the first call).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
 LAB=${LAB:-moe_kernel_lab}
 mkdir -p "$OUT"
-# the Triton kernels are named moe_*, the Mosaic GPU ones *_mosaic_gpu
-if [ "$LAB" = moe_wgmma_lab ]; then KERNELS=${KERNELS:-regex:mosaic_gpu|fused}; else KERNELS=${KERNELS:-regex:moe_}; fi
+KERNELS=${KERNELS:-regex:moe_}  # the Triton kernels are named moe_*
 for c in "$@"; do
   echo "=== $c"
   timeout "${PROFILE_TIMEOUT:-200}" ncu --clock-control none --kernel-name "$KERNELS" --launch-count 2 \
