@@ -171,7 +171,7 @@ def time_row(row, args, w, cfg, step_fn, prompt_cache, hf, hf_cache, torch_dev, 
                bytes=j["bytes"])
     if hf is None:
         return
-    ids = torch.as_tensor(toks, device=torch_dev, dtype=torch.long)
+    ids = torch.as_tensor(np.array(toks), device=torch_dev, dtype=torch.long)  # a copy: jax's host arrays are read-only
     pos = torch.as_tensor(ctx + np.arange(t), device=torch_dev)[None].expand(b, t)
 
     def hf_step(model=hf):
