@@ -33,7 +33,7 @@ BATCH = [p for p in PROMPTS for _ in range(ROWS_PER_PROMPT)]
 MAX_NEW = 2 * 4 + 2  # the baseline covers the longest run (K = 4)
 LOG10_FAMILY_ALPHA = -3
 SAMPLINGS = {"t1": SamplingParams(1.0), "t0.7_p0.9": SamplingParams(0.7, top_p=0.9), "top_k5": SamplingParams(1.0, top_k=5)}
-BROKEN_K = 2
+BROKEN_K = 1  # every cycle that accepts its draft samples a bonus token: the most bonus tokens per row
 
 
 def log10_p_values(spec_BN: np.ndarray, base_BN: np.ndarray) -> dict[str, float]:
@@ -98,10 +98,9 @@ def test_every_position_matches_the_baseline(pair, baseline, k, sampling):
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_reduced_draft_vocabulary_matches_the_baseline(reduced_vocab_pair, baseline, k):
     cfg, w = reduced_vocab_pair
-    for name in ("t1", "top_k5"):
-        res = Engine(cfg, w, num_steps=k).generate(BATCH, 2 * k + 2, sampling=SAMPLINGS[name], seed=10 + k)
-        ps = log10_p_values(_tokens(res), baseline[name][:, : 2 * k + 2])
-        assert min(ps.values()) > bonferroni_threshold(len(ps)), (name, ps)
+    res = Engine(cfg, w, num_steps=k).generate(BATCH, 2 * k + 2, sampling=SAMPLINGS["t1"], seed=10 + k)
+    ps = log10_p_values(_tokens(res), baseline["t1"][:, : 2 * k + 2])
+    assert min(ps.values()) > bonferroni_threshold(len(ps)), ps
 
 
 class _HostSwitch:
