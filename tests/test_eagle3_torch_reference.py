@@ -105,22 +105,18 @@ def _compare(cfg, w, torch_model):
         h_in = rng.standard_normal((b, t, cfg.aux_width)).astype(np.float32) if wide else h_prev
         pos = start[:, None] + np.arange(t)[None]
         out = fwd(w, cfg, unused, unused, jnp.asarray(tokens), jnp.asarray(h_in), jnp.asarray(pos), cache)
-        want_logits, want_hidden, past = torch_model(torch.from_numpy(tokens), torch.from_numpy(np.asarray(h_in)),
-                                                     torch.from_numpy(pos), past)
-        np.testing.assert_allclose(np.asarray(out.hidden), want_hidden.numpy(), atol=TOL, rtol=0, err_msg=f"stage {stage}")
-        np.testing.assert_allclose(np.asarray(out.logits), want_logits.numpy(), atol=TOL, rtol=0, err_msg=f"stage {stage}")
+        want_logits, want_hidden, past = torch_model(
+            torch.from_numpy(tokens), torch.from_numpy(np.asarray(h_in)), torch.from_numpy(pos), past)
+        for got, want in ((out.hidden, want_hidden), (out.logits, want_logits)):
+            np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=TOL, rtol=0, err_msg=f"stage {stage}")
         cache, h_prev, start = out.cache, want_hidden[:, -1:].numpy(), start + t
     draft_ids = np.arange(cfg.draft_vocab_size)
     np.testing.assert_array_equal(np.asarray(draft_to_target_ids(w, jnp.asarray(draft_ids))), torch_model.hot_ids.numpy())
 
 
 def test_converted_drafter_matches_torch(drafter):
-    _, dst, torch_model = drafter
+    src, dst, torch_model = drafter
     cfg, w = load_draft(dst, make_mesh(), dtype=jnp.float32)
     _compare(cfg, w, torch_model)
-
-
-def test_hf_loaded_drafter_matches_torch(drafter):
-    src, _, torch_model = drafter
-    cfg, w = load_hf_draft(src, np.float32)
-    _compare(cfg, jax.tree.map(jnp.asarray, w), torch_model)
+    # the engine's direct HF loader yields the same weights (test_convert_parity checks every leaf; the config here)
+    assert load_hf_draft(src, np.float32)[0] == cfg
