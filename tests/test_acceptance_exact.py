@@ -41,7 +41,7 @@ def _cases():
         "zeros": (np.array([[0.0, 0.5, 0.5, 0.0], [0.7, 0.0, 0.0, 0.3], [0.2, 0.2, 0.0, 0.6], [0.0, 0.0, 0.25, 0.75]]),
                   np.array([[0.5, 0.5, 0.0, 0.0], [0.0, 0.4, 0.6, 0.0], [0.0, 0.1, 0.9, 0.0]])),
         "ties": (np.full((K + 1, V), 1 / V), np.array([[0.4, 0.4, 0.1, 0.1], [0.25] * 4, [0.5, 0.5, 0.0, 0.0]])),
-        # accept, reject (residual = p), accept, then a one-hot bonus
+        # draft 1 accepted, draft 2 rejected (the residual is p_1 itself); positions 2 and 3 come from later cycles
         "one_hot": (_onehot(1, 2, 0, 3), _onehot(1, 3, 0)),
         "p_equals_q": (np.tile(p_generic[:1], (K + 1, 1)), np.tile(p_generic[:1], (K, 1))),
         "disjoint_support": (np.array([[0.6, 0.4, 0.0, 0.0]] * (K + 1)), np.array([[0.0, 0.0, 0.3, 0.7]] * K)),
@@ -49,8 +49,6 @@ def _cases():
 
 
 CASES = _cases()
-
-
 _ACCEPT_JIT = jax.jit(speculative_sampling_accept)
 _RULES_JIT = jax.jit(accept_by_index)  # one program for the test-only rules, chosen by a traced index
 
@@ -64,9 +62,8 @@ def _run(rule, p_K1V, q_KV, seed):
     rng = np.random.default_rng(seed)
     p32, q32 = p_K1V.astype(np.float32), q_KV.astype(np.float32)
     drafts = np.stack([rng.choice(V, ROWS, p=q_KV[j] / q_KV[j].sum()) for j in range(K)], 1).astype(np.int32)
-    accepted, emitted = rule(jax.random.key(seed), jnp.asarray(drafts),
-                               jnp.broadcast_to(jnp.asarray(q32), (ROWS, K, V)),
-                               jnp.broadcast_to(jnp.asarray(p32), (ROWS, K + 1, V)))
+    accepted, emitted = rule(jax.random.key(seed), jnp.asarray(drafts), jnp.broadcast_to(jnp.asarray(q32), (ROWS, K, V)),
+                             jnp.broadcast_to(jnp.asarray(p32), (ROWS, K + 1, V)))
     accepted, emitted = np.asarray(accepted), np.asarray(emitted)
     fresh = np.stack([rng.choice(V, ROWS, p=p_K1V[j] / p_K1V[j].sum()) for j in range(K + 1)], 1)
     completed = np.where(np.arange(K + 1)[None] <= accepted[:, None], emitted, fresh)

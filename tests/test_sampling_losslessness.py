@@ -28,7 +28,7 @@ def test_every_position_matches_the_baseline(pair, baseline, k, sampling):
     assert min(ps.values()) > bonferroni_threshold(len(ps)), ps
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 4])  # one bonus per accepted draft; the longest chain (each K is a compile)
 def test_reduced_draft_vocabulary_matches_the_baseline(reduced_vocab_pair, baseline, k):
     cfg, w = reduced_vocab_pair
     res = Engine(cfg, w, num_steps=k).generate(BATCH, 2 * k + 2, sampling=SAMPLINGS["t1"], seed=10 + k)

@@ -1,5 +1,6 @@
 """The fused speculative cycle, greedy: lossless for every drafter and K, acceptance, batching, streaming (EOS,
-max_new_tokens, compilation: test_speculative_limits.py; sampling: test_speculative_sampling.py)."""
+max_new_tokens, compilation: test_speculative_limits.py; sampling: test_sampling_losslessness.py and
+test_sampling_broken_rules.py)."""
 
 import pytest
 
