@@ -6,65 +6,110 @@ Kimi-K2.5's `text_config` nesting, or an EAGLE-3 drafter). The kind is read from
   --dtype {bfloat16,float32,float16}  storage dtype of dense float weights, dequantized ones included (bfloat16)
   --experts {keep,bf16}               keep: INT4 / FP8 routed experts stay quantized (default);
                                       bf16: dequantize them to dense --dtype arrays
-  --check                             re-read SRC and compare a sample of converted tensors (after converting;
-                                      if DST is already complete, only check it)
-  --check-samples N                   tensors sampled by --check (24)
+  --check                             verify every file of DST against the SHA-256 digests recorded when it was
+                                      written (after converting; if DST is already complete, only check it)
+  --check-source                      with --check, also re-read SRC and compare a sample of converted tensors
+  --check-samples N                   tensors sampled by --check-source (24; N >= 1)
   --restart                           discard an unfinished DST.partial instead of resuming it
-  --overwrite                         replace an existing DST
+  --overwrite                         replace an existing DST (only a jaxspec checkpoint is ever replaced)
+  --allow-nonfinite                   convert weights holding NaN / Inf (refused by default, naming the tensor)
   --no-progress                       no progress bar
 
-An interrupted run leaves DST.partial; rerunning the same command resumes it. Errors print one line
-naming the file and tensor and exit with status 1; DST then does not exist.
+An interrupted run leaves DST.partial; rerunning the same command resumes it (a source that changed
+meanwhile is refused). One conversion at a time holds DST.lock. Every error prints one line
+`convert: error: ...` naming the file, tensor, key or flag and exits with status 2 (the status of
+`python -m jaxspec.generate` too); DST then does not exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from convert.safetensors_reader import CheckpointError
+from convert.errors import CheckpointError
 from model.config import ConfigError
+
+EXIT_USAGE = 2  # every user error: bad flags, bad input files, a busy or unsafe destination
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(message)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m convert", description="HF safetensors -> jaxspec orbax checkpoint")
+    p = _Parser(prog="python -m convert", description="HF safetensors -> jaxspec orbax checkpoint")
     p.add_argument("src", type=Path, help="HF checkpoint directory (config.json + *.safetensors)")
     p.add_argument("dst", type=Path, help="output directory (created atomically)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--experts", default="keep", choices=["keep", "bf16"])
     p.add_argument("--check", action="store_true")
+    p.add_argument("--check-source", action="store_true")
     p.add_argument("--check-samples", type=int, default=24)
     p.add_argument("--restart", action="store_true")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--allow-nonfinite", action="store_true")
     p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.check_samples < 1:
+        raise UsageError(f"--check-samples must be >= 1, got {args.check_samples}")
+    if args.check_source:
+        args.check = True
+    return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
     # imported here so that `--help` answers without loading jax / orbax
     from convert.check import check_conversion
     from convert.checkpoint import COMPLETE_MARKER
-    from convert.stream import ConvertOptions, convert_checkpoint
+    from convert.dst_lock import DestinationLock
+    from convert.stream import ConvertOptions, check_destination, convert_checkpoint, read_config
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    try:
-        already = args.check and (args.dst / COMPLETE_MARKER).exists() and not args.overwrite
+    read_config(args.src)
+    dst = args.dst.absolute()
+    check_destination(args.src, dst)
+    with DestinationLock(dst):
+        already = args.check and (dst / COMPLETE_MARKER).exists() and not args.overwrite
         if not already:
             opts = ConvertOptions(dtype=args.dtype, experts=args.experts, restart=args.restart,
-                                  overwrite=args.overwrite, progress=not args.no_progress)
-            convert_checkpoint(args.src, args.dst, opts, log)
-        if args.check and check_conversion(args.src, args.dst, args.check_samples, log=log):
-            log(f"convert: error: {args.dst}: --check found tensors that differ from {args.src}")
-            return 1
-    except (CheckpointError, ConfigError) as e:
-        log(f"convert: error: {e}")
-        return 1
+                                  overwrite=args.overwrite, progress=not args.no_progress,
+                                  allow_nonfinite=args.allow_nonfinite)
+            convert_checkpoint(args.src, dst, opts, _log, lock=False)
+        if args.check:
+            bad = check_conversion(args.src, dst, args.check_samples if args.check_source else 0, log=_log)
+            if bad:
+                raise CheckpointError(f"{dst}: --check found {bad} problem{'s' * (bad > 1)} (listed above)")
     return 0
 
 
+def main(argv=None) -> int:
+    try:
+        return run(parse_args(argv))
+    except (UsageError, CheckpointError, ConfigError) as e:
+        _log(f"convert: error: {e}")
+    except OSError as e:  # a read-only or full disk, a permission: name the file
+        where = f"{e.filename}: " if e.filename else ""
+        _log(f"convert: error: {where}{e.strerror or e}")
+    except KeyboardInterrupt:
+        _log("convert: error: interrupted (rerun the same command to resume)")
+        return 130
+    return EXIT_USAGE
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stderr.flush()
+    except BrokenPipeError:  # stderr piped into a reader that left: nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+    sys.exit(code)

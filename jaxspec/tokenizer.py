@@ -69,26 +69,50 @@ class Tokenizer:
         env.globals["raise_exception"] = raise_exception
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
         specials = {k: _token_content(self.config[k]) for k in ("bos_token", "eos_token") if self.config.get(k)}
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **specials
-        )
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **specials
+            )
+        except jinja2.TemplateSyntaxError as e:
+            raise TokenizerError(f"{self.name}: chat template has a syntax error at line {e.lineno}: {e.message}") from None
+        except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
+                RecursionError, MemoryError) as e:
+            if isinstance(e, TokenizerError):
+                raise
+            # a template is data from the checkpoint: its failures (sandbox refusals, range(10**9), bad operands)
+            # are the checkpoint's, reported in one line
+            msg = str(e).splitlines()[0] if str(e) else ""
+            raise TokenizerError(f"{self.name}: chat template failed ({type(e).__name__}: {msg})"[:400]) from None
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
         raise TokenizerError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise TokenizerError(f"{path}: must be a JSON object, not {type(doc).__name__}")
+    return doc
 
 
 def _chat_template(directory: Path, config: dict) -> str | None:
     for name in ("chat_template.jinja", "chat_template.json"):
         p = directory / name
         if p.exists():
-            return _read_json(p)["chat_template"] if p.suffix == ".json" else p.read_text()
-    tpl = config.get("chat_template")
-    if isinstance(tpl, list):  # named templates: take "default"
-        tpl = next((t["template"] for t in tpl if t.get("name") == "default"), None)
+            if p.suffix == ".json":
+                tpl, where = _read_json(p).get("chat_template"), f"{p}: 'chat_template'"
+            else:
+                try:
+                    tpl, where = p.read_text(encoding="utf-8"), str(p)
+                except UnicodeDecodeError as e:
+                    raise TokenizerError(f"{p}: not valid UTF-8 ({e})") from None
+            break
+    else:
+        tpl, where = config.get("chat_template"), "tokenizer_config.json: 'chat_template'"
+        if isinstance(tpl, list):  # named templates: take "default"
+            tpl = next((t.get("template") for t in tpl if isinstance(t, dict) and t.get("name") == "default"), None)
+    if tpl is not None and not isinstance(tpl, str):
+        raise TokenizerError(f"{where} must be a string, got {type(tpl).__name__}")
     return tpl
 
 
