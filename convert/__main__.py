@@ -92,17 +92,29 @@ def run(args) -> int:
     return 0
 
 
+def _kept(args) -> str:
+    """What a failed run leaves: a DST.partial holding converted items, which a rerun resumes."""
+    from convert.checkpoint import partial_dir
+
+    work = partial_dir(args.dst.absolute())
+    if work.is_dir() and not work.is_symlink() and (work / "convert_options.json").is_file():
+        return f" ({work} is kept: rerun to resume it, or pass --restart to discard it)"
+    return ""
+
+
 def main(argv=None) -> int:
+    args = None
     try:
-        return run(parse_args(argv))
+        args = parse_args(argv)
+        return run(args)
     except (UsageError, CheckpointError, ConfigError) as e:
-        _log(f"convert: error: {e}")
+        message = str(e)
     except OSError as e:  # a read-only or full disk, a permission: name the file
-        where = f"{e.filename}: " if e.filename else ""
-        _log(f"convert: error: {where}{e.strerror or e}")
+        message = f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
     except KeyboardInterrupt:
-        _log("convert: error: interrupted (rerun the same command to resume)")
+        _log("convert: error: interrupted" + (_kept(args) if args is not None else ""))
         return 130
+    _log(f"convert: error: {message}" + (_kept(args) if args is not None and "--restart" not in message else ""))
     return EXIT_USAGE
 
 

@@ -156,7 +156,7 @@ def check_digests(dst: Path, meta: dict, log) -> int:
     return len(problems)
 
 
-def check_conversion(src: str | Path, dst: str | Path, samples: int = 0, seed: int = 0,
+def check_conversion(src: str | Path, dst: str | Path, samples: int = 24, seed: int = 0,
                      log: Callable[[str], None] = print) -> int:
     """Number of problems (0: every digest matches and the sample, if any, agrees with the source).
     `samples` > 0 also compares that many source tensors (a drafter: all of them)."""

@@ -38,6 +38,8 @@ from model.eagle3 import draft_config_from_dict
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16"}
 # test hook: SIGKILL ourselves after this many items are saved, as a crash or `kill -9` would
 KILL_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_KILL_AFTER_ITEMS"
+# test hook: SIGSTOP ourselves once this many items are saved (a run caught midway, lock held, for the test to inspect)
+STOP_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_STOP_AFTER_ITEMS"
 # config.json model_type values of the architectures jaxspec converts (K2.5 wraps a kimi_k2 text_config)
 TARGET_MODEL_TYPES = ("deepseek_v3", "kimi_k2", "kimi_k25")
 DRAFT_MODEL_TYPES = ("llama",)
@@ -135,10 +137,13 @@ def release_host_memory() -> None:
         pass
 
 
-def _kill_hook(saved_this_run: int) -> None:
+def _test_hooks(saved_this_run: int) -> None:
     limit = os.environ.get(KILL_AFTER_ITEMS_ENV)
     if limit is not None and saved_this_run >= int(limit):
         os.kill(os.getpid(), signal.SIGKILL)
+    stop = os.environ.get(STOP_AFTER_ITEMS_ENV)
+    if stop is not None and saved_this_run == int(stop):
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, opts: ConvertOptions = ConvertOptions(),
@@ -194,7 +199,7 @@ def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -
             writer.save_item(item, tree)
             del tree
             release_host_memory()
-            _kill_hook(writer.saved)
+            _test_hooks(writer.saved)
         bar.close()
         meta = {
             "kind": "target", "dtype": dtype, "experts": experts, "items": list(plan.items),
