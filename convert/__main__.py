@@ -28,6 +28,8 @@ import os
 import sys
 from pathlib import Path
 
+from convert.destination import check_destination, partial_dir
+from convert.dst_lock import DestinationLock
 from convert.errors import CheckpointError
 from model.config import ConfigError
 
@@ -69,16 +71,15 @@ def _log(message: str) -> None:
 
 
 def run(args) -> int:
-    # imported here so that `--help` answers without loading jax / orbax
-    from convert.check import check_conversion
-    from convert.checkpoint import COMPLETE_MARKER
-    from convert.dst_lock import DestinationLock
-    from convert.stream import ConvertOptions, check_destination, convert_checkpoint, read_config
-
-    read_config(args.src)
     dst = args.dst.absolute()
     check_destination(args.src, dst)
     with DestinationLock(dst):
+        # imported here so that `--help`, and a destination that is refused or busy, answer without loading jax
+        from convert.check import check_conversion
+        from convert.checkpoint import COMPLETE_MARKER
+        from convert.stream import ConvertOptions, convert_checkpoint, read_config
+
+        read_config(args.src)
         already = args.check and (dst / COMPLETE_MARKER).exists() and not args.overwrite
         if not already:
             opts = ConvertOptions(dtype=args.dtype, experts=args.experts, restart=args.restart,
@@ -94,8 +95,6 @@ def run(args) -> int:
 
 def _kept(args) -> str:
     """What a failed run leaves: a DST.partial holding converted items, which a rerun resumes."""
-    from convert.checkpoint import partial_dir
-
     work = partial_dir(args.dst.absolute())
     if work.is_dir() and not work.is_symlink() and (work / "convert_options.json").is_file():
         return f" ({work} is kept: rerun to resume it, or pass --restart to discard it)"

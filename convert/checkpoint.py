@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from convert import tree_schema
+from convert.destination import partial_dir
 from convert.errors import CheckpointError
 from convert.hf_config import draft_config_to_hf, text_config_to_hf
 from convert.integrity import describe_files, describe_tree, verify_manifest
@@ -60,11 +61,6 @@ WEIGHTS_DIR = "weights"
 KEEP_DTYPE_PATTERN = re.compile(r"\.mlp\.(router|router_bias)$")
 ITEM_NAME = re.compile(r"embed|head|draft|layer_\d{3,}")
 VERIFY_LEVELS = ("sizes", "full")
-
-
-def partial_dir(dst: str | Path) -> Path:
-    dst = Path(dst)
-    return dst.with_name(dst.name + ".partial")
 
 
 def _write_json_atomic(path: Path, obj) -> None:

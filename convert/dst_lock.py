@@ -16,12 +16,8 @@ import socket
 import time
 from pathlib import Path
 
+from convert.destination import lock_path
 from convert.errors import CheckpointError
-
-
-def lock_path(dst: str | Path) -> Path:
-    dst = Path(dst)
-    return dst.with_name(dst.name + ".lock")
 
 
 class DestinationLock:
@@ -30,6 +26,7 @@ class DestinationLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "DestinationLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             try:

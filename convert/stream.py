@@ -21,14 +21,15 @@ from typing import Callable
 
 import numpy as np
 
-from convert.checkpoint import CheckpointWriter, dtype_name, partial_dir
-from convert.dst_lock import DestinationLock, lock_path
+from convert.checkpoint import CheckpointWriter, dtype_name
+from convert.destination import check_destination
+from convert.dst_lock import DestinationLock
 from convert.errors import CheckpointError
 from convert.finite import FiniteSource
 from convert.hf_draft_weights import build_draft, plan_draft
 from convert.hf_weights import WeightBuilder
 from convert.progress import CountingSource, progress_bar
-from convert.safe_paths import file_inside, is_within
+from convert.safe_paths import file_inside
 from convert.safetensors_reader import CheckpointReader
 from convert.tokenizer_files import tokenizer_files
 from convert.tensor_plan import check_item_consumed, plan_target
@@ -90,19 +91,6 @@ def check_model_type(raw: dict, supported: tuple[str, ...], where: str) -> None:
     for d, at in ((raw, where), (raw.get("text_config"), where + " text_config")):
         if isinstance(d, dict) and "model_type" in d and d["model_type"] not in supported:
             raise ConfigError(f"{at}: unsupported model_type={d['model_type']!r} (jaxspec converts {', '.join(supported)})")
-
-
-def check_destination(src: Path, dst: Path) -> None:
-    """DST (and its .partial and .lock) must be neither SRC, nor inside it, nor contain it: `--overwrite`
-    or `--restart` would otherwise delete the source."""
-    source = src.resolve()
-    for path in (dst, partial_dir(dst), lock_path(dst)):
-        real = path.resolve()
-        if is_within(real, source):
-            raise CheckpointError(f"{path}: is {'SRC' if real == source else 'inside SRC'} ({source}); "
-                                  "write the conversion elsewhere")
-        if is_within(source, real):
-            raise CheckpointError(f"{path}: contains SRC ({source}); write the conversion elsewhere")
 
 
 def _header_digest(path: Path) -> str:

@@ -37,11 +37,13 @@ def _token_content(tok) -> str:
 class Tokenizer:
     """encode / decode / chat template over one of the two backends."""
 
-    def __init__(self, encode, decode, specials: dict[str, int], config: dict, chat_template: str | None, name: str):
+    def __init__(self, encode, decode, specials: dict[str, int], config: dict, chat_template: str | None, name: str,
+                 chat_template_origin: str | None = None):
         self._encode, self._decode = encode, decode
         self.special_tokens = specials
         self.config = config
         self.chat_template = chat_template
+        self.chat_template_origin = chat_template_origin or name  # the file (and key) the template was read from
         self.name = name
 
     def encode(self, text: str) -> list[int]:
@@ -74,7 +76,8 @@ class Tokenizer:
                 messages=messages, add_generation_prompt=add_generation_prompt, **specials
             )
         except jinja2.TemplateSyntaxError as e:
-            raise TokenizerError(f"{self.name}: chat template has a syntax error at line {e.lineno}: {e.message}") from None
+            raise TokenizerError(f"{self.chat_template_origin}: chat template has a syntax error at line {e.lineno}: "
+                                 f"{e.message}") from None
         except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
                 RecursionError, MemoryError) as e:
             if isinstance(e, TokenizerError):
@@ -82,7 +85,7 @@ class Tokenizer:
             # a template is data from the checkpoint: its failures (sandbox refusals, range(10**9), bad operands)
             # are the checkpoint's, reported in one line
             msg = str(e).splitlines()[0] if str(e) else ""
-            raise TokenizerError(f"{self.name}: chat template failed ({type(e).__name__}: {msg})"[:400]) from None
+            raise TokenizerError(f"{self.chat_template_origin}: chat template failed ({type(e).__name__}: {msg})"[:400]) from None
 
 
 def _read_json(path: Path) -> dict:
@@ -95,7 +98,8 @@ def _read_json(path: Path) -> dict:
     return doc
 
 
-def _chat_template(directory: Path, config: dict) -> str | None:
+def _chat_template(directory: Path, config: dict) -> tuple[str | None, str]:
+    """(template, where it came from)."""
     for name in ("chat_template.jinja", "chat_template.json"):
         p = directory / name
         if p.exists():
@@ -108,12 +112,12 @@ def _chat_template(directory: Path, config: dict) -> str | None:
                     raise TokenizerError(f"{p}: not valid UTF-8 ({e})") from None
             break
     else:
-        tpl, where = config.get("chat_template"), "tokenizer_config.json: 'chat_template'"
+        tpl, where = config.get("chat_template"), f"{directory / 'tokenizer_config.json'}: 'chat_template'"
         if isinstance(tpl, list):  # named templates: take "default"
             tpl = next((t.get("template") for t in tpl if isinstance(t, dict) and t.get("name") == "default"), None)
     if tpl is not None and not isinstance(tpl, str):
         raise TokenizerError(f"{where} must be a string, got {type(tpl).__name__}")
-    return tpl
+    return tpl, where
 
 
 def load_tiktoken_tokenizer(directory: Path) -> Tokenizer:
@@ -127,6 +131,7 @@ def load_tiktoken_tokenizer(directory: Path) -> Tokenizer:
         raise TokenizerError(f"{model_file}: not a tiktoken BPE file ({e})") from None
     config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").exists() else {}
     named = {int(i): _token_content(t) for i, t in (config.get("added_tokens_decoder") or {}).items()}
+    template, origin = _chat_template(directory, config)
     n = len(ranks)
     specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + KIMI_NUM_RESERVED_SPECIAL + 2)}
     enc = tiktoken.Encoding(name=str(model_file), pat_str=KIMI_PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
@@ -135,7 +140,8 @@ def load_tiktoken_tokenizer(directory: Path) -> Tokenizer:
         decode=enc.decode,
         specials=specials,
         config=config,
-        chat_template=_chat_template(directory, config),
+        chat_template=template,
+        chat_template_origin=origin,
         name=str(model_file),
     )
 
@@ -150,12 +156,14 @@ def load_hf_tokenizer(directory: Path) -> Tokenizer:
         raise TokenizerError(f"{path}: not a tokenizers file ({e})") from None
     config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").exists() else {}
     specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    template, origin = _chat_template(directory, config)
     return Tokenizer(
         encode=lambda text: tok.encode(text, add_special_tokens=False).ids,
         decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
         specials=specials,
         config=config,
-        chat_template=_chat_template(directory, config),
+        chat_template=template,
+        chat_template_origin=origin,
         name=str(path),
     )
 
