@@ -74,6 +74,7 @@ def run(args) -> int:
     dst = args.dst.absolute()
     check_destination(args.src, dst)
     with DestinationLock(dst):
+        args.holds_lock = True  # from here on a DST.partial left behind is this run's (or one it resumed)
         # imported here so that `--help`, and a destination that is refused or busy, answer without loading jax
         from convert.check import check_conversion
         from convert.checkpoint import COMPLETE_MARKER
@@ -96,7 +97,7 @@ def run(args) -> int:
 def _kept(args) -> str:
     """What a failed run leaves: a DST.partial holding converted items, which a rerun resumes."""
     work = partial_dir(args.dst.absolute())
-    if work.is_dir() and not work.is_symlink() and (work / "convert_options.json").is_file():
+    if getattr(args, "holds_lock", False) and work.is_dir() and not work.is_symlink() and (work / "convert_options.json").is_file():
         return f" ({work} is kept: rerun to resume it, or pass --restart to discard it)"
     return ""
 

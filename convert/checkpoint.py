@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -153,6 +154,8 @@ class CheckpointWriter:
             (self.work / WEIGHTS_DIR).mkdir(parents=True)
             _write_json_atomic(self.work / OPTIONS_FILE, options)
         self.saved = 0
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-digests")
+        self._pending = None
 
     def item_dir(self, item: str) -> Path:
         return self.work / WEIGHTS_DIR / item
@@ -176,18 +179,43 @@ class CheckpointWriter:
         self._clear(item)
         flat = tree_schema.flat_arrays(tree)
         # a checkpointer per item, closed after it: nothing of an item outlives its save
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(self.item_dir(item), flat)
-            checkpointer.wait_until_finished()
+        try:
+            with ocp.StandardCheckpointer() as checkpointer:
+                checkpointer.save(self.item_dir(item), flat)
+                checkpointer.wait_until_finished()
+        except ValueError as e:  # tensorstore reports a full or read-only disk as a ValueError
+            raise CheckpointError(f"{self.item_dir(item)}: cannot write item {item!r} "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
         nbytes = int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in flat.values()))
-        files = describe_tree(self.work, self.item_dir(item))
-        _write_json_atomic(self.schema_file(item), {"item": item, "tree": tree_schema.describe(tree), "bytes": nbytes,
-                                                    "files": files})
+        schema = {"item": item, "tree": tree_schema.describe(tree), "bytes": nbytes}
+        # hash the item's files (still in the page cache) on a thread while the next item is built: hashlib
+        # releases the GIL, so the digests cost little wall time. The schema file, written after the digests,
+        # still marks the item done; at most one item is pending.
+        self.wait_for_digests()
+        self._pending = self._hasher.submit(self._write_schema, item, schema)
         self.saved += 1
         return nbytes
 
+    def _write_schema(self, item: str, schema: dict) -> None:
+        schema["files"] = describe_tree(self.work, self.item_dir(item))
+        _write_json_atomic(self.schema_file(item), schema)
+
+    def wait_for_digests(self) -> None:
+        """Block until the last saved item's digests and schema file are written (raises what that raised)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        self.wait_for_digests()
+        self._hasher.shutdown()
+
     def discard_if_empty(self) -> None:
         """After a failure: remove DST.partial if this run created it and saved nothing into it."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the failure being handled is the one to report
+            pass
         if self.created and self.saved == 0 and self.work.is_dir():
             shutil.rmtree(self.work, ignore_errors=True)
 
@@ -206,6 +234,7 @@ class CheckpointWriter:
 
     def finish(self, config: dict | Path, metadata: dict, tokenizer_dir: str | Path | None = None) -> Path:
         """Config, metadata with the manifest, tokenizer files, then the marker, then the rename DST.partial -> DST."""
+        self.close()
         if isinstance(config, Path):
             shutil.copyfile(config, self.work / "config.json")
         else:

@@ -125,12 +125,14 @@ def release_host_memory() -> None:
         pass
 
 
-def _test_hooks(saved_this_run: int) -> None:
-    limit = os.environ.get(KILL_AFTER_ITEMS_ENV)
-    if limit is not None and saved_this_run >= int(limit):
+def _test_hooks(writer: CheckpointWriter) -> None:
+    kill, stop = os.environ.get(KILL_AFTER_ITEMS_ENV), os.environ.get(STOP_AFTER_ITEMS_ENV)
+    if kill is None and stop is None:
+        return
+    writer.wait_for_digests()  # "N items saved" means their schema files are on disk
+    if kill is not None and writer.saved >= int(kill):
         os.kill(os.getpid(), signal.SIGKILL)
-    stop = os.environ.get(STOP_AFTER_ITEMS_ENV)
-    if stop is not None and saved_this_run == int(stop):
+    if stop is not None and writer.saved == int(stop):
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -187,7 +189,7 @@ def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -
             writer.save_item(item, tree)
             del tree
             release_host_memory()
-            _test_hooks(writer.saved)
+            _test_hooks(writer)
         bar.close()
         meta = {
             "kind": "target", "dtype": dtype, "experts": experts, "items": list(plan.items),
