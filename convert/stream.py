@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from convert.checkpoint import CheckpointWriter, dtype_name
+from convert.checkpoint import CheckpointWriter
 from convert.destination import check_destination
 from convert.dst_lock import DestinationLock
 from convert.errors import CheckpointError
