@@ -88,7 +88,7 @@ def test_a_second_conversion_into_the_same_destination_is_refused(src, tmp_path)
     assert len(w.layers) == cfg.num_hidden_layers == 3
 
 
-def test_resume_refuses_a_source_edited_since_the_kill(src, tmp_path):
+def test_resume_refuses_a_source_edited_since_the_kill(src, tmp_path, capsys):
     """A shard edited in place (same size) between a kill and the resume: the resume names the shard and keeps
     DST.partial; --restart converts the edited source afresh."""
     own = tmp_path / "src"
@@ -102,7 +102,9 @@ def test_resume_refuses_a_source_edited_since_the_kill(src, tmp_path):
     flip_byte(shard, at=size - 3)  # a data byte of a layer not converted yet
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
     assert shard.stat().st_size == size
-    rc, err = finish(run_cli(own, dst))
+    capsys.readouterr()
+    rc = main([str(own), str(dst), "--no-progress"])  # the resume, in this process
+    err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
     assert "source changed" in lines[0] and shard.name in lines[0] and "--restart" in lines[0]
