@@ -2,7 +2,8 @@
 
 Flags follow SGLang's names where one exists. Text goes to stdout, progress and statistics to stderr;
 `--json` prints one JSON document (schema: JSON_SCHEMA below, also in the README) and nothing else on
-stdout. Every user error prints one line `error: ...` and exits with status 2.
+stdout. Every user error prints one line `error: ...` and exits with status 2 (as `python -m convert` does);
+output into a pipe whose reader has left (`| head`) ends quietly with status 0.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 # like its training text; one ending in a bare newline or in indentation does not.
 DEFAULT_PROMPT = 'def read_lines(path):\n    """Return the lines of the file at path."""\n    with'
 EXIT_USAGE = 2
+SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes
+TOP_K_MAX = 2**31 - 1  # top-k travels as an int32; any k >= the vocabulary keeps everything
 
 JSON_SCHEMA = {
     "model": "str: target checkpoint directory",
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation dtype (default: float32 on CPU, where XLA has no fast bf16 matmul; bfloat16 on "
                         "GPU and TPU)")
     p.add_argument("--max-context", type=int, default=None, help="cap on prompt + new tokens (default: the model's)")
+    p.add_argument("--verify-weights", action="store_true",
+                   help="check every weight file's SHA-256 against the checkpoint's manifest before loading "
+                        "(default: only that each file is there with its recorded size)")
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt positions per prefill step, a power of two >= 16 (default 512; longer prompts run in "
                         "chunks, so attention needs chunk x context of scores, not prompt x context)")
@@ -114,8 +120,10 @@ def _check_flags(a) -> int:
         raise UsageError(f"--temperature must be a finite number >= 0, got {a.temperature}")
     if not 0.0 < a.top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
-    if a.top_k < 0:
-        raise UsageError(f"--top-k must be >= 0, got {a.top_k}")
+    if not 0 <= a.top_k <= TOP_K_MAX:
+        raise UsageError(f"--top-k must be in [0, {TOP_K_MAX}], got {a.top_k}")
+    if not SEED_RANGE[0] <= a.seed < SEED_RANGE[1]:
+        raise UsageError(f"--seed must be in [-2**63, 2**63), got {a.seed}")
     if a.prefill_chunk is not None:
         from jaxspec.prefill import MIN_BUCKET, valid_chunk
 
@@ -174,8 +182,15 @@ def _read_prompts(a) -> tuple[list[str], bool]:
             if not text:
                 raise UsageError(f"--prompt-file {path}: the file is empty")
             return [text], False
-    if not sys.stdin.isatty():
-        text = sys.stdin.read()
+    if sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():  # `<&-` leaves no stdin at all
+        try:
+            data = sys.stdin.buffer.read()
+        except OSError as e:
+            raise UsageError(f"stdin: cannot read the prompt ({e.strerror or e})") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"stdin: the prompt is not valid UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
         if text.strip():
             return [text], False
     return [DEFAULT_PROMPT], False
@@ -194,8 +209,15 @@ def _eos_ids(model_dir: Path, cfg, tokenizer) -> tuple[int, ...]:
     ids = set(cfg.eos_token_id)
     gen = model_dir / "generation_config.json"
     if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        try:
+            doc = json.loads(gen.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError(f"{gen}: not valid JSON ({e})") from None
+        eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
+        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+            raise UsageError(f"{gen}: eos_token_id must be a token id or a list of them, got {doc.get('eos_token_id')!r}")
+        ids.update(eos)
     tok_eos = tokenizer.token_id("eos_token")
     if tok_eos is not None:
         ids.add(tok_eos)
@@ -239,11 +261,12 @@ def run(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     _status(f"loading target {model_dir}", quiet)
-    cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype)
+    verify = "full" if a.verify_weights else "sizes"
+    cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype, verify=verify)
     dcfg = dw = None
     if draft_dir is not None:
         _status(f"loading drafter {draft_dir}", quiet)
-        dcfg, dw = load_draft(draft_dir, mesh=mesh, dtype=dtype)
+        dcfg, dw = load_draft(draft_dir, mesh=mesh, dtype=dtype, verify=verify)
         cfg = check_draft_fits(cfg, dcfg, dw)
     tokenizer = load_tokenizer(model_dir)
     eos = _eos_ids(model_dir, cfg, tokenizer)
@@ -352,15 +375,23 @@ def _print_stats(r: dict, k: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from convert.safetensors_reader import CheckpointError
+    from convert.errors import CheckpointError
     from jaxspec.engine import PromptTooLong
     from jaxspec.tokenizer import TokenizerError
     from model.config import ConfigError
 
     try:
         return run(argv)
+    except BrokenPipeError:
+        # stdout's reader left (`| head -c 20`): stop quietly; point stdout at /dev/null so that the interpreter's
+        # own flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (UsageError, CheckpointError, ConfigError, TokenizerError, PromptTooLong) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # a checkpoint file that cannot be read
+        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
