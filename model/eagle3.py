@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from model.config import ConfigError
+from model.config import ConfigError, check_field_types
 from model.kv_cache import visible_slots, write_slots
 from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
@@ -46,7 +46,19 @@ class DraftConfig:
         return n * (self.target_hidden_size or self.hidden_size)
 
 
+_DRAFT_FIELDS = {
+    "architectures": "strs?", "num_hidden_layers": "int+?", "hidden_size": "int+", "num_attention_heads": "int+",
+    "num_key_value_heads": "int+?", "head_dim": "int+?", "intermediate_size": "int+", "vocab_size": "int+",
+    "draft_vocab_size": "int+?", "rope_theta": "number?", "rms_norm_eps": "number?", "hidden_act": "str?",
+    "rope_scaling": "object?", "rope_parameters": "object?", "eagle_config": "object?", "target_hidden_size": "int+?",
+    "max_position_embeddings": "int+?", "quantization_config": "object?", "model_type": "str?",
+}
+
+
 def draft_config_from_dict(d: dict, where: str = "config.json") -> DraftConfig:
+    check_field_types(d, _DRAFT_FIELDS, where)
+    check_field_types(d.get("eagle_config") or {}, {"eagle_aux_hidden_state_layer_ids": "ints>=0?",
+                                                    "use_aux_hidden_state": "bool?"}, where + " eagle_config")
     archs = d.get("architectures") or []
     if not any("Eagle3" in a for a in archs):
         raise ConfigError(f"{where}: architectures={archs!r} is not an EAGLE-3 drafter (LlamaForCausalLMEagle3)")
