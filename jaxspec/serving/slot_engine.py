@@ -56,10 +56,15 @@ class SlotEngine:
         self.capacity = round_capacity(max_context)
         self.choose_k = choose_k or fixed_k(num_steps)
         self.dtype = self.weights.target.dtype
-        self.state = init_slots(cfg, self.weights, max_batch, self.capacity, self.dtype, with_draft=num_steps > 0)
+        self.reset()
         self._programs: dict[tuple, object] = {}
         self.compile_s = 0.0
         self._last: StepResult | None = None
+
+    def reset(self) -> None:
+        """Every slot idle (after a failed step: its donated state may be gone)."""
+        self.state = init_slots(self.cfg, self.weights, self.max_batch, self.capacity, self.dtype,
+                                with_draft=self.k > 0)
 
     def max_new_tokens(self, prompt_len: int) -> int:
         """The most tokens a prompt of `prompt_len` may ask for: the verify window (K + 1) must fit too."""
