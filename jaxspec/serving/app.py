@@ -88,6 +88,21 @@ class _GenerationFailed(Exception):
     pass
 
 
+class _EventStream(StreamingResponse):
+    """Server-sent events that run `closed()` however the response ends: finished, failed, or the client gone
+    (then the response task is cancelled, possibly before the event generator ever started)."""
+
+    def __init__(self, events, closed):
+        super().__init__(events, media_type="text/event-stream")
+        self.closed = closed
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closed()
+
+
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
@@ -167,8 +182,9 @@ async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest,
         def sse(choices, **extra) -> str:
             return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
 
+        outcome = {"value": "cancelled"}  # what the stream ended as; a client that went away leaves it
+
         async def events():
-            outcome = "cancelled"
             try:
                 if chat:
                     yield sse([_choice(True, "", None, delta=True, first=True)])
@@ -177,15 +193,16 @@ async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest,
                 if gen.include_usage:
                     yield sse([], usage=_usage(prompt_ids, text))
                 yield "data: [DONE]\n\n"
-                outcome = "completed"
+                outcome["value"] = "completed"
             except _GenerationFailed as e:
-                outcome = "failed"
+                outcome["value"] = "failed"
                 yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error', 'code': 500}})}\n\n"
-            finally:  # also when the client went away (the response task is cancelled)
-                service.scheduler.cancel(request)
-                service.metrics.request_done(outcome)
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        def closed():
+            service.scheduler.cancel(request)
+            service.metrics.request_done(outcome["value"])
+
+        return _EventStream(events(), closed)
 
     async def collect():
         parts, final = [], None

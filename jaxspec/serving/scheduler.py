@@ -121,6 +121,7 @@ class Scheduler:
             cancel = np.zeros(self.engine.max_batch, bool)
             cancel[[s for s in freed if s not in self._active]] = True
             self._step(cancel)
+            self._report_occupancy()
         self._end_all("the server shut down before the request finished")
 
     def _drop_cancelled(self) -> list[int]:
