@@ -99,7 +99,8 @@ async def _one(client, model, prompt, max_tokens):
     return "".join(parts), tokens, ttft, itl
 
 
-async def run_level(base_url, model, concurrency, per_worker, max_tokens, offset=0):
+async def run_level(base_url, model, concurrency, per_worker, max_tokens, prompts=PROMPTS, offset=0):
+    """Every result (prompt, (text, tokens, TTFT, ITL) or the exception) and the level's wall time."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
@@ -107,7 +108,7 @@ async def run_level(base_url, model, concurrency, per_worker, max_tokens, offset
 
     async def worker(w):
         for r in range(per_worker):
-            prompt = PROMPTS[(offset + w * per_worker + r) % len(PROMPTS)]
+            prompt = prompts[(offset + w * per_worker + r) % len(prompts)]
             try:
                 results.append((prompt, await _one(client, model, prompt, max_tokens)))
             except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal to the benchmark

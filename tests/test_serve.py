@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import openai
 import pytest
 
+from bench.serve_load import run_level, summarize
 from convert.checkpoint import load_draft, load_target
 from jaxspec.engine import Engine
 from jaxspec.generate import DEFAULT_MODEL_DIR
@@ -21,8 +22,8 @@ from jaxspec.serve import _check, build_parser, build_service
 from jaxspec.serving.app import Service, create_app
 from jaxspec.serving.background import BackgroundServer
 
-MAX_BATCH, MAX_QUEUE, CONTEXT, K = 4, 28, 128, 3
-SOLO_TOKENS = 16  # the reference budget; requests ask for at most this many
+MAX_BATCH, MAX_QUEUE, CONTEXT, K = 4, 32, 128, 3
+SOLO_TOKENS = 12  # the reference budget; requests ask for at most this many
 PROMPTS = ["def fibonacci(n):\n", "import numpy as np\n", "class Stack:\n", "for i in range("]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 
@@ -76,11 +77,11 @@ def test_models_and_health(server):
 
 def test_completion_equals_solo_generate(server, solo):
     prompt = PROMPTS[0]
-    r = client(server).completions.create(model="jaxspec", prompt=prompt, max_tokens=24, temperature=0)
-    text, reason = expected(server, solo[prompt], 24)
+    r = client(server).completions.create(model="jaxspec", prompt=prompt, max_tokens=SOLO_TOKENS, temperature=0)
+    text, reason = expected(server, solo[prompt], SOLO_TOKENS)
     assert r.choices[0].text == text and r.choices[0].finish_reason == reason
     assert r.usage.prompt_tokens == len(server["service"].encode(prompt))
-    assert r.usage.completion_tokens == len(solo[prompt][:24])
+    assert r.usage.completion_tokens == len(solo[prompt])
 
 
 def test_streamed_completion_equals_solo(server, solo):
@@ -139,7 +140,7 @@ def test_chat_without_a_template_is_a_clear_400(server):
 
 
 def test_32_concurrent_streams_each_equal_their_solo_output(server, solo):
-    jobs = [(PROMPTS[i % len(PROMPTS)], 1 + (5 * i) % 12) for i in range(32)]
+    jobs = [(PROMPTS[i % len(PROMPTS)], 1 + (5 * i) % SOLO_TOKENS) for i in range(32)]
 
     async def one(c, prompt, n):
         stream = await c.completions.create(model="jaxspec", prompt=prompt, max_tokens=n, temperature=0, stream=True)
@@ -162,12 +163,13 @@ def test_32_concurrent_streams_each_equal_their_solo_output(server, solo):
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(server):
-    kw = dict(model="jaxspec", prompt=PROMPTS[3], max_tokens=10, temperature=0.8, top_k=50, top_p=0.95, seed=1234)
+    kw = dict(model="jaxspec", prompt=PROMPTS[3], max_tokens=10, temperature=0.8, top_p=0.95, seed=1234,
+              extra_body={"top_k": 50})
     alone = client(server).completions.create(**kw).choices[0].text
 
     async def crowded():
         c = aclient(server)
-        others = [c.completions.create(model="jaxspec", prompt=p, max_tokens=12, temperature=t, seed=i)
+        others = [c.completions.create(model="jaxspec", prompt=p, max_tokens=SOLO_TOKENS, temperature=t, seed=i)
                   for i, (p, t) in enumerate(zip(PROMPTS, [0, 1.0, 0.7]))]
         results = await asyncio.gather(c.completions.create(**kw), *others)
         return results[0].choices[0].text
@@ -186,7 +188,8 @@ def _metric(server, name):
 def test_client_disconnect_frees_the_slot(server, solo):
     cancelled = _metric(server, 'jaxspec_requests_total{outcome="cancelled"}')
     with httpx.stream("POST", server["base"] + "/completions",
-                      json={"prompt": PROMPTS[0], "max_tokens": CONTEXT - 32, "temperature": 0, "stream": True}) as r:
+                      json={"prompt": PROMPTS[0], "max_tokens": CONTEXT - 32, "temperature": 0, "stream": True},
+                      timeout=120) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i >= 2:
                 break  # leaving the block closes the connection mid-stream
@@ -264,6 +267,15 @@ def test_metrics_report_the_work(server):
     assert _metric(server, "jaxspec_cycles_total") > 0
     assert 1.0 <= _metric(server, "jaxspec_mean_acceptance_length") <= K + 1
     assert _metric(server, "jaxspec_queue_length") == 0
+
+
+def test_bench_load_generator_against_the_server(server, solo, tmp_path):
+    """bench.serve_load's load generator at a small level: every greedy output equals its solo output."""
+    texts = {p: expected(server, solo[p], 6)[0] for p in PROMPTS}
+    results, wall = asyncio.run(run_level(server["base"], "jaxspec", 4, 1, 6, prompts=PROMPTS))
+    row = summarize(4, results, wall, texts)
+    assert (row["sent"], row["completed"], row["failed"], row["equal_to_solo"]) == (4, 4, 0, 4)
+    assert row["tokens"] == sum(len(solo[p][:6]) for p in PROMPTS) and row["ttft_ms"]["50"] > 0
 
 
 def test_shutdown_finishes_the_request_in_flight(server, solo):

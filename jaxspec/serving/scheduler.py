@@ -125,6 +125,12 @@ class Scheduler:
         self._end_all("the server shut down before the request finished")
 
     def _drop_cancelled(self) -> list[int]:
+        """Forget cancelled requests (waiting ones too, so they stop counting against the queue's bound); returns
+        the slots they held."""
+        with self._wake:
+            kept = [r for r in self._waiting if not r.cancelled]
+            self._waiting.clear()
+            self._waiting.extend(kept)
         freed = [slot for slot, r in self._active.items() if r.cancelled]
         for slot in freed:
             del self._active[slot]

@@ -37,7 +37,9 @@ class StepResult:
 
 def fixed_k(k: int):
     """The draft length policy of a server with fixed speculation: always `k`. An adaptive policy takes the same
-    place (`SlotEngine(choose_k=...)`): it sees the last step's result and returns one of `ks`."""
+    place (`SlotEngine(choose_k=...)`): it sees the last step's result (None before the first) and returns the K
+    of the next device loop, 1 <= K <= num_steps where the server speculates (the context check reserves
+    num_steps + 1 verify positions; K = 0 there would skip the draft's extend and leave its cache behind)."""
     return lambda last: k
 
 
