@@ -114,9 +114,9 @@ class DraftWeights:
 @struct.dataclass
 class DraftCache:
     # Head-major: the attention's dots batch over (b, kv head), and with a [B, S, Nkv, D] cache XLA's GPU layout
-    # put a transpose of the whole cache in and out of every dispatch (B=8, 32k: 4.3 GB each for K and V, four
-    # transposes of 2.2-2.6 ms a cycle on the H200; bench/results/step-profile-gpu-20261130-0754). A device loop
-    # paid them once per loop, so only the synchronised and streamed cycles showed it.
+    # put a transpose of the whole cache in and out of every dispatch (at long contexts and large batches, more
+    # time than the cycle's own work). A device loop pays them once per loop; synchronised and streamed cycles
+    # paid them every cycle.
     k: jax.Array  # [B, Nkv, S, D]
     v: jax.Array  # [B, Nkv, S, D]
 
