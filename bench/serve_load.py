@@ -178,8 +178,9 @@ def run_mode(a, mode, log) -> dict:
             row = summarize(c, results, wall, solo)
             cycles = _metric(server.base_url, "jaxspec_cycles_total") - cycles0
             row["cycles"] = cycles
-            row["tokens_per_cycle"] = (_metric(server.base_url, "jaxspec_generation_tokens_total") - tokens0) / cycles \
-                if cycles else None
+            # each request's first token comes out of its prefill, not a cycle
+            cycle_tokens = _metric(server.base_url, "jaxspec_generation_tokens_total") - tokens0 - row["completed"]
+            row["tokens_per_cycle"] = cycle_tokens / cycles if cycles else None
             log(f"{mode} concurrency {c}: {row['completed']}/{row['sent']} completed, "
                 f"{fmt(row['tokens_per_s'], 1)} tok/s, TTFT p50 {fmt(row['ttft_ms']['50'], 1)} ms")
             rows.append(row)
@@ -194,7 +195,7 @@ def markdown(result: dict) -> str:
              f"streamed; {result['requests_per_worker']} requests per worker per level; server: "
              f"{result['cycles_per_step']} cycles per host step, context {result['max_context']}. Throughput = output "
              "tokens / the level's wall time; TTFT and inter-token latency (ITL) in ms, percentiles over requests.", "",
-             "| mode | K | concurrency | sent | completed | failed | equal to solo | tok/s | tokens/cycle | "
+             "| mode | K | concurrency | sent | completed | failed | equal to solo | tok/s | tokens/cycle (all slots) | "
              "TTFT p50 | p90 | p99 | ITL p50 | p90 | p99 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in result["modes"]:
