@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from jaxspec.defaults import default_dtype
 from jaxspec.generate import DEFAULT_MODEL_DIR, _eos_ids, _find_draft, _parse_mesh, UsageError
 
 EXIT_USAGE = 2
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", type=Path, default=None,
                    help="a jinja chat template file, replacing the checkpoint's (needed where it has none)")
     p.add_argument("--mesh", type=str, default=None, help="device count (8) or data x model shape (2x4)")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="activation dtype")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                   help="activation dtype (default: float32 on CPU, bfloat16 on GPU, as generate)")
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt positions per prefill step, a power of two >= 16 (default 512)")
     p.add_argument("--warmup-buckets", type=str, default="16,32,64",
@@ -94,6 +96,7 @@ def _check(a) -> tuple[int, list[int]]:
 
 def build_service(a, k: int, buckets: list[int], log=print):
     """Load the pair, compile the programs and return the app's Service (not yet started)."""
+    import jax
     import jax.numpy as jnp
 
     from convert.checkpoint import load_draft, load_target, read_metadata
@@ -120,7 +123,7 @@ def build_service(a, k: int, buckets: list[int], log=print):
             template = a.chat_template.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"--chat-template {a.chat_template}: cannot read ({e.__class__.__name__}: {e})") from None
-    dtype = jnp.dtype(a.dtype)
+    dtype = jnp.dtype(a.dtype or default_dtype(jax.default_backend()))
     log(f"loading target {model_dir}")
     cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype)
     dcfg = dw = None
