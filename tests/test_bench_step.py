@@ -121,3 +121,18 @@ def test_report_shows_the_moe_layer_and_its_whole_block():
                          moe_layer=dict(rows=[row, {**row, "tokens": 4, "block_ms": None}], sweep={})))
     assert "| 1 | 8 | 198.0 | 46.1 | 65.2 | wgmma | 1.41 |" in text
     assert "| 1 | 298.0 | 69.3 | 85.0 | 1.23 |" in text and "| 4 | 298.0" not in text  # T=4's block not timed
+
+
+def test_bench_step_cycles_with_an_mla_drafter(tmp_path):
+    """`--draft-kinds llama mla`: the same cycle with each draft layer, the MLA draft's bytes counting its latent
+    cache (one [C + R] row per slot) and its full-vocabulary head, and both in the report's cycle table."""
+    result = main(["--tiny", "--layers", "3", "--batches", "1", "--contexts", "16", "--tokens", "1", "--cycle-k", "2",
+                   "--iters", "1", "--loop-steps", "0", "--draft-kinds", "llama", "mla", "--out", str(tmp_path)])
+    assert not result["errors"], result["errors"]
+    llama, mla = result["cycles"]
+    assert (llama["draft"], mla["draft"]) == ("llama", "mla") and mla["median_ms"] > 0
+    assert mla["bytes"]["total"] == mla["bytes"]["verify"] + mla["bytes"]["drafts"]
+    assert mla["bytes"]["verify"] == llama["bytes"]["verify"]  # the same target, tokens and routes
+    assert mla["bytes"]["drafts"] > llama["bytes"]["drafts"]  # a 1024-row head beside the llama draft's 256 rows
+    report = next(tmp_path.glob("step-*.md")).read_text()
+    assert "| mla | 1 | 16 | 2 |" in report and "| llama | 1 | 16 | 2 |" in report
