@@ -176,6 +176,7 @@ class TorchMLADrafter:
         x = torch.cat([_rms(e, t[m + "input_layernorm.weight"], eps), _rms(h, t[m + "hidden_norm.weight"], eps)], -1)
         residual = residual + self._attention(x, pos)
         y = _rms(residual, t[m + "post_attention_layernorm.weight"], eps)
-        out = residual + (torch.nn.functional.silu(y @ t[m + "mlp.gate_proj.weight"].T) * (y @ t[m + "mlp.up_proj.weight"].T)) @ t[m + "mlp.down_proj.weight"].T
+        gate, up = y @ t[m + "mlp.gate_proj.weight"].T, y @ t[m + "mlp.up_proj.weight"].T
+        out = residual + (torch.nn.functional.silu(gate) * up) @ t[m + "mlp.down_proj.weight"].T
         normed = _rms(out, t["norm.weight"], eps)
         return normed @ t["lm_head.weight"].T, (normed if c.get("norm_output") else out)
