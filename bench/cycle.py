@@ -7,15 +7,18 @@ prefill of 32k tokens through the reference MoE would cost more device time than
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bench.bytes_floor import draft_bytes, step_bytes, unique_experts_per_layer
-from bench.moe_path import moe_path, moe_path_recording
+from bench.routes import record_routes
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import SpecState
+from model.config import Kernels
 from model.eagle3 import DraftConfig, init_draft_cache
 from model.kv_cache import LatentCache, round_capacity
 from model.sharding import STATE_RULES, replicated, shardings_for
@@ -101,28 +104,32 @@ def _greedy_cycle(spec_cfg: SpecConfig, k: int):
                                               max_new_tokens=MAX_NEW_TOKENS)
 
 
-def make_cycle(spec_cfg: SpecConfig, k: int, moe_impl, sharded: bool = False):
-    """Jitted cycle (state donated) that also returns the verify's router ids [moe layers, B*(K+1), topk]
-    (`sharded`: recorded where the router runs, outside the expert-parallel shard_map)."""
-    one_cycle = _greedy_cycle(spec_cfg, k)
+def _with_kernels(spec_cfg: SpecConfig, kernels: Kernels) -> SpecConfig:
+    return dataclasses.replace(spec_cfg, target=spec_cfg.target.replace(kernels=kernels),
+                               draft=dataclasses.replace(spec_cfg.draft, kernels=kernels))
+
+
+def make_cycle(spec_cfg: SpecConfig, k: int, kernels: Kernels):
+    """Jitted cycle under `kernels` (state donated) that also returns the verify's router ids
+    [moe layers, B*(K+1), topk] (recorded where the router runs: global ids under a mesh too)."""
+    one_cycle = _greedy_cycle(_with_kernels(spec_cfg, kernels), k)
 
     def cycle(w: SpecWeights, state: SpecState):
         recorded = []
-        with moe_path_recording(moe_impl, recorded, sharded):
+        with record_routes(recorded):
             new_state = one_cycle(w, state)
         return new_state, jnp.stack(recorded)
 
     return jax.jit(cycle, donate_argnums=(1,))
 
 
-def make_cycle_loop(spec_cfg: SpecConfig, k: int, moe_impl):
+def make_cycle_loop(spec_cfg: SpecConfig, k: int, kernels: Kernels):
     """`cycles` (an argument: one program for every length) cycles inside one jitted loop (state donated), as
     `Engine.generate` runs them."""
-    one_cycle = _greedy_cycle(spec_cfg, k)
+    one_cycle = _greedy_cycle(_with_kernels(spec_cfg, kernels), k)
 
     def loop(w: SpecWeights, state: SpecState, cycles):
-        with moe_path(moe_impl):
-            return jax.lax.fori_loop(0, cycles, lambda _, s: one_cycle(w, s), state)
+        return jax.lax.fori_loop(0, cycles, lambda _, s: one_cycle(w, s), state)
 
     return jax.jit(loop, donate_argnums=(1,))
 
@@ -148,7 +155,7 @@ def run_cycle(cycle_fn, w, state):
     return run, holder
 
 
-def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batch_contexts, *, tiny: bool,
+def bench_cycles(w, cfg, args, kernels: Kernels, copy_tbs, over_budget, result, log, batch_contexts, *, tiny: bool,
                  loop_cycles: int = 0, mesh=None) -> list[dict]:
     """Median synchronised ms per cycle at each (batch, context) and K; with `loop_cycles`, also the time per
     cycle when that many run inside one jitted loop ("device loop"). With `mesh` (call inside its context): the
@@ -156,13 +163,13 @@ def bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, bat
     llama) in turn."""
     rows = []
     for kind in getattr(args, "draft_kinds", None) or ["llama"]:
-        rows += _bench_kind(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batch_contexts, kind, tiny,
+        rows += _bench_kind(w, cfg, args, kernels, copy_tbs, over_budget, result, log, batch_contexts, kind, tiny,
                             loop_cycles, mesh)
     return rows
 
 
-def _bench_kind(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batch_contexts, kind, tiny, loop_cycles,
-                mesh) -> list[dict]:
+def _bench_kind(w, cfg, args, kernels: Kernels, copy_tbs, over_budget, result, log, batch_contexts, kind, tiny,
+                loop_cycles, mesh) -> list[dict]:
     from bench.bytes_floor import HBM_TBS, floor_ms
     from bench.timing import device_loop_ms, device_loop_steps_run, median_ms
 
@@ -183,13 +190,13 @@ def _bench_kind(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, batc
                 state = initial_state(spec_cfg.target, dcfg, b, c, capacity, sub)
                 if mesh is not None:
                     state = jax.device_put(state, shardings_for(state, mesh, STATE_RULES))
-                cycle_fn = make_cycle(spec_cfg, k, moe_impl, sharded=mesh is not None)
+                cycle_fn = make_cycle(spec_cfg, k, kernels)
                 state, ids = cycle_fn(sw, state)
                 ids = np.asarray(ids)
                 run, holder = run_cycle(cycle_fn, sw, state)
                 stats = median_ms(run, warmup=2, iters=args.iters)
                 if loop_cycles:
-                    loop_fn = make_cycle_loop(spec_cfg, k, moe_impl)
+                    loop_fn = make_cycle_loop(spec_cfg, k, kernels)
 
                     def run_loop(cycles):
                         holder["state"] = loop_fn(sw, holder["state"], jnp.int32(cycles))

@@ -3,8 +3,7 @@
 The CPU tests hold each kernel to its reference in interpret mode; this checks the whole step on the device, where
 the kernels really run. On a Kimi-K2.5-shaped model of N layers (random weights, bf16 and INT4 experts) and a
 random latent cache, per batch, context and T, one step's logits under:
-- `plain`: XLA everywhere (routed experts by `model.moe.plain_routed_experts`, the router's top-k in XLA,
-  `JAXSPEC_MLA_KERNEL=0`), the reference;
+- `plain`: XLA everywhere (`Kernels(moe="off", mla="off", router="off")`), the reference;
 - `engine`: the engine's dispatch (every kernel where it applies);
 - `router`, `experts`, `attention`: one kernel family on, the rest plain, to say which one a difference comes from.
 Each against `plain`: the logits' relative error (all rows, and the worst row), argmax agreement, and how many
@@ -23,7 +22,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
@@ -33,12 +31,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import model.moe as moe_module  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, record_routes  # noqa: E402
+from bench.routes import record_routes  # noqa: E402
 from bench.report import fmt, write_report  # noqa: E402
 from bench.step import bench_config, init_weights, random_cache, step_inputs  # noqa: E402
 from model.decoder import forward  # noqa: E402
-from model.kernels import routed_experts_for_backend  # noqa: E402
+from model.config import Kernels  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
 # which kernel families a variant turns on
@@ -52,32 +49,20 @@ VARIANTS = {
 CHECKED = tuple(v for v in VARIANTS if v != "plain")  # each compared with "plain"
 
 
-@contextlib.contextmanager
-def kernel_families(on: tuple[str, ...]):
-    """Trace-time switches: the router's top-k in XLA unless "router", the plain routed experts unless "experts",
-    the MLA kernels off unless "attention" (each family otherwise takes the engine's own rule)."""
-    saved_route, saved_env = moe_module.route, os.environ.get("JAXSPEC_MLA_KERNEL")
-    if "router" not in on:
-        moe_module.route = functools.partial(saved_route, topk="xla")
-    if "attention" not in on:
-        os.environ["JAXSPEC_MLA_KERNEL"] = "0"
-    experts = routed_experts_for_backend if "experts" in on else PLAIN_ROUTED_EXPERTS
-    try:
-        with moe_path(experts):
-            yield
-    finally:
-        moe_module.route = saved_route
-        if saved_env is None:
-            os.environ.pop("JAXSPEC_MLA_KERNEL", None)
-        else:
-            os.environ["JAXSPEC_MLA_KERNEL"] = saved_env
+def kernel_families(on: tuple[str, ...]) -> Kernels:
+    """The kernel config of a variant: each family in `on` takes the engine's own rule ("auto"), the others the
+    plain XLA path ("off")."""
+    return Kernels(router="auto" if "router" in on else "off", moe="auto" if "experts" in on else "off",
+                   mla="auto" if "attention" in on else "off")
 
 
 def step_logits(w, cfg, tokens_BT, positions_BT, cache, on: tuple[str, ...]):
     """One step's float32 logits [B, T, V] and each MoE layer's expert ids [L, B*T, K], traced under `on`."""
+    cfg = cfg.replace(kernels=kernel_families(on))
+
     def step(w, tokens_BT, positions_BT, cache):
         ids = []
-        with kernel_families(on), record_routes(ids):
+        with record_routes(ids):
             out = forward(w, cfg, tokens_BT, positions_BT, cache)
         return out.logits.astype(jnp.float32), jnp.stack(ids)
 

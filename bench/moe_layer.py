@@ -15,13 +15,14 @@ import numpy as np
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes
 from bench.timing import median_ms
-from model.kernels import fused_routed_experts, kernel_config_for, moe_kernel_for
-from model.kernels.moe_gather import MoEKernelConfig, check_shapes, routed_experts_pallas
+from model.kernels.dispatch import fused_routed_experts, moe_kernel_for, triton_config_for
+from model.kernels.moe_gather import routed_experts_pallas
+from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
 from model.moe import ExpertWeights, MoEWeights, experts_gather, moe
 from model.quant import dequantize
 from model.router import route
 
-CANDIDATES = (  # the engine's configs first (model.kernels.kernel_config_for), then earlier engine choices
+CANDIDATES = (  # the engine's configs first (model.kernels.dispatch.triton_config_for), then earlier choices
     MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8, slots="pairs"),
     MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=8, variant="gemv", down_splits=8, slots="pairs"),
     MoEKernelConfig(block_f=32, block_h=32, block_k=64, num_warps=4, variant="gemv", down_splits=8),
@@ -108,11 +109,11 @@ def moe_block_bytes(layer: MoEWeights, unique: int, x_TH) -> int:
     return nbytes((layer.router, layer.router_bias, layer.shared)) + unique * per_expert + 2 * x_TH.nbytes
 
 
-def _moe_block(x_TH, layer: MoEWeights, ids_TK, weights_TK, *, cfg, shared_stream: int | None = None):
+def _moe_block(x_TH, layer: MoEWeights, ids_TK, weights_TK, *, cfg):
     """The whole block as a decoder layer calls it (`model.moe.moe`: routing, routed experts, shared expert); it
     routes x itself, so the chain's ids and weights go unused."""
     del ids_TK, weights_TK
-    return moe(x_TH[None], layer, cfg, shared_stream=shared_stream)[0]
+    return moe(x_TH[None], layer, cfg)[0]
 
 
 def time_moe_block(layer: MoEWeights, cfg, x_TH, ids_TK, weights_TK, iters: int = 10) -> dict:
@@ -125,7 +126,7 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
     experts = layer.experts
     per_expert = nbytes(experts) // experts.num_experts
     rows, sweep, step_inputs = [], {}, {}
-    engine_configs = dict.fromkeys(kernel_config_for(t, experts) for t in tokens_list)  # ordered: stable cfg numbers
+    engine_configs = dict.fromkeys(triton_config_for(t, experts) for t in tokens_list)  # ordered: stable cfg numbers
     candidates = tuple(candidates) + tuple(c for c in engine_configs if c not in candidates)
     for t in tokens_list:
         key, kx = jax.random.split(key)
@@ -153,19 +154,20 @@ def bench_moe_layer(layer: MoEWeights, cfg, tokens_list=(1, 4), key=jax.random.P
                 log(f"  moe T={t} cfg{i} failed: {type(e).__name__}: {str(e)[:300]}")
                 traceback.print_exc(limit=2)
         rows.append(row)
-    # the row's kernel figures are those of the engine's own dispatch (model.kernels.fused_routed_experts): the
+    # the row's kernel figures are those of the engine's own dispatch (model.kernels.dispatch): the
     # Mosaic GPU kernel where it applies (its Triton counterpart stays in the sweep), else a Triton config
     engine_ok = True
     for row in rows:
         t = row["tokens"]
         x_TH, ids_TK, weights_TK, ref_out = step_inputs[t]  # the same inputs (and reference) as the sweep's row
-        variant = moe_kernel_for(t, experts)
-        triton = kernel_config_for(t, experts)
+        variant = moe_kernel_for(t, experts, cfg.kernels)
+        triton = triton_config_for(t, experts)
+        engine_kernel = functools.partial(fused_routed_experts, kernel=variant)
         row.update(kernel_variant=variant, kernel_slots=triton.slots if variant == "gemv" else None,
                    triton_config=candidates.index(triton))
         try:
-            err = _rel_err(jax.jit(fused_routed_experts)(x_TH, experts, ids_TK, weights_TK), ref_out)
-            ms = time_moe(fused_routed_experts, x_TH, experts, ids_TK, weights_TK, iters=iters)["ms"]
+            err = _rel_err(jax.jit(engine_kernel)(x_TH, experts, ids_TK, weights_TK), ref_out)
+            ms = time_moe(engine_kernel, x_TH, experts, ids_TK, weights_TK, iters=iters)["ms"]
         except Exception as e:
             row["kernel_error"] = f"{type(e).__name__}: {e}"[:800]
             log(f"  moe T={t} engine kernel ({variant}) failed: {row['kernel_error'][:300]}")
@@ -205,7 +207,7 @@ def bench_bf16_kernel(layer: MoEWeights, cfg, num_experts: int = 64,
         weights_TK, ids_TK = route(x_TH, layer.router[:num_experts], layer.router_bias[:num_experts], small_cfg)
         unique = int(np.unique(np.asarray(ids_TK)).size)
         floor_bytes = unique * per_expert
-        kernel_cfg = kernel_config_for(t, experts)  # what the engine's dispatch runs
+        kernel_cfg = triton_config_for(t, experts)  # what the engine's dispatch runs
         fn = functools.partial(routed_experts_pallas, cfg=kernel_cfg)
         row = dict(kernel_config=kernel_cfg.__dict__, tokens=t, experts_in_layer=num_experts, unique_experts=unique, bytes=floor_bytes,
                    floor_ms_4p3=floor_ms(floor_bytes, HBM_TBS))

@@ -26,12 +26,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path  # noqa: E402
 from bench.report import fmt, write_json  # noqa: E402
-from bench.step import bench_config, init_weights, make_step, step_inputs  # noqa: E402
+from bench.step import PATH_KERNELS, bench_config, init_weights, make_step, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
-from model.kernels import routed_experts_for_backend  # noqa: E402
 from model.kv_cache import init_latent_cache, round_capacity  # noqa: E402
 from model.moe import MoEWeights  # noqa: E402
 
@@ -235,8 +233,7 @@ def prefill_both(prefill_fn, w, cfg, hf, prompt, cache, chunk: int, torch_dev: s
     for start in range(0, prompt.shape[1], chunk):
         piece = prompt[:, start:start + chunk]
         positions = np.broadcast_to(np.arange(start, start + piece.shape[1]), piece.shape)
-        with moe_path(PLAIN_ROUTED_EXPERTS):  # traced here on the first call of each chunk shape
-            cache = prefill_fn(w, jnp.asarray(piece, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
+        cache = prefill_fn(w, jnp.asarray(piece, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
         if hf is not None:
             with torch.no_grad():
                 hf_cache = hf(input_ids=torch.as_tensor(piece, device=torch_dev), past_key_values=hf_cache,
@@ -270,8 +267,9 @@ def main(argv=None) -> dict:
     # the engine's own dispatch (model.kernels): the bf16 kernels on GPU; --reference for the XLA path
     use_kernel = on_gpu and not args.reference
     res["moe_path"] = "pallas kernel (bf16 variants, model.kernels dispatch)" if use_kernel else "plain XLA reference"
-    step_fn = make_step(cfg, routed_experts_for_backend if use_kernel else PLAIN_ROUTED_EXPERTS)
-    prefill_fn = jax.jit(lambda w, t, p, c: forward(w, cfg, t, p, c).cache)
+    step_fn = make_step(cfg, PATH_KERNELS["kernel" if use_kernel else "reference"])
+    plain = cfg.replace(kernels=PATH_KERNELS["reference"])  # the plain XLA MoE path for the prompt
+    prefill_fn = jax.jit(lambda w, t, p, c: forward(w, plain, t, p, c).cache)
     torch_dev = "cuda" if torch.cuda.is_available() else "cpu"
     hf = None
     try:

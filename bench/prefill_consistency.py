@@ -23,10 +23,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.moe_layer import _rel_err as rel_err  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS  # noqa: E402
 from bench.peer_hf import build_hf_model, prefill_both  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step import bench_config, init_weights, make_step  # noqa: E402
+from bench.step import PATH_KERNELS, bench_config, init_weights, make_step  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kv_cache import init_latent_cache, round_capacity  # noqa: E402
 
@@ -50,8 +49,9 @@ def main(argv=None) -> dict:
     w = init_weights(cfg, jax.random.PRNGKey(0), experts="bf16")
     torch_dev = "cuda" if torch.cuda.is_available() else "cpu"
     hf = build_hf_model(cfg, w, torch_dev)
-    step_fn = make_step(cfg, PLAIN_ROUTED_EXPERTS)  # the plain path on both prefills: only the chunking differs
-    prefill_fn = jax.jit(lambda w, t, p, c: forward(w, cfg, t, p, c).cache)
+    step_fn = make_step(cfg, PATH_KERNELS["reference"])  # the plain path on both prefills: only the chunking differs
+    plain = cfg.replace(kernels=PATH_KERNELS["reference"])
+    prefill_fn = jax.jit(lambda w, t, p, c: forward(w, plain, t, p, c).cache)
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(args.batch, args.context))
     token_BT = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(args.batch, 1))
     pos_BT = np.full((args.batch, 1), args.context)

@@ -35,13 +35,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.moe_path import PLAIN_ROUTED_EXPERTS, moe_path, moe_path_recording  # noqa: E402
+from bench.routes import record_routes  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
-from model.kernels import kernel_config_for, moe_kernel_for, routed_experts_for_backend, wgmma_config_for  # noqa: E402
+from model.config import Kernels  # noqa: E402
+from model.kernels.dispatch import moe_kernel_for, triton_config_for, wgmma_config_for  # noqa: E402
 from model.kv_cache import LatentCache, round_capacity  # noqa: E402
 from model.sharding import (CACHE_RULES, TARGET_RULES, make_mesh, mesh_context, parse_mesh_spec,  # noqa: E402
                             shardings_for)
@@ -75,30 +76,35 @@ def random_model(layers: int, tiny: bool):
 
 def _kernel_record(tokens: int, experts, cfg) -> dict:
     """The MoE kernel the engine dispatches to at this many tokens, and its settings."""
-    variant = moe_kernel_for(tokens, experts)
+    variant = moe_kernel_for(tokens, experts, cfg.kernels)
     if variant == "wgmma":
         return {"variant": "wgmma", **wgmma_config_for(experts, cfg.num_experts_per_tok, tokens)}
-    return kernel_config_for(tokens, experts).__dict__
+    return triton_config_for(tokens, experts).__dict__
 
 
-def make_step(cfg, moe_impl, sharded: bool = False):
-    """Jitted target forward (cache donated) returning logits, the cache and the router ids of each MoE layer.
+# the two paths every benchmark compares: the engine's kernels as dispatched, and the plain XLA routed experts
+PATH_KERNELS = {"kernel": Kernels(), "reference": Kernels(moe="off")}
 
-    `sharded`: the ids are recorded where the router runs (outside the expert-parallel shard_map)."""
+
+def make_step(cfg, kernels: Kernels):
+    """Jitted target forward under `kernels` (cache donated) returning logits, the cache and the router ids of
+    each MoE layer."""
+    cfg = cfg.replace(kernels=kernels)
 
     def step(w, tokens_BT, positions_BT, cache):
         recorded = []
-        with moe_path_recording(moe_impl, recorded, sharded):
+        with record_routes(recorded):
             out = forward(w, cfg, tokens_BT, positions_BT, cache)
         return out.logits, out.cache, jnp.stack(recorded)
 
     return jax.jit(step, donate_argnums=(3,))
 
 
-def make_step_loop(cfg, moe_impl):
+def make_step_loop(cfg, kernels: Kernels):
     """`steps` (an argument: one program for every length) decode/verify steps in one jitted device loop, each fed
     the previous step's argmax tokens (as the engine's on-device generation is): the per-step time without a host
     round trip per step."""
+    cfg = cfg.replace(kernels=kernels)
 
     def loop(w, tokens_BT, positions_BT, cache, steps):
         def body(_, carry):
@@ -106,8 +112,7 @@ def make_step_loop(cfg, moe_impl):
             out = forward(w, cfg, toks, positions_BT, c)
             return jnp.argmax(out.logits, axis=-1).astype(toks.dtype), out.cache
 
-        with moe_path(moe_impl):
-            return jax.lax.fori_loop(0, steps, body, (tokens_BT, cache))
+        return jax.lax.fori_loop(0, steps, body, (tokens_BT, cache))
 
     return jax.jit(loop, donate_argnums=(3,))
 
@@ -175,13 +180,13 @@ def check_prefix_layers(cfg, layers: int) -> None:
                          f"{cfg.num_hidden_layers - 1} (--layers - 1), not {layers}")
 
 
-def prefix_model(w, cfg, layers: int, moe_impl):
+def prefix_model(w, cfg, layers: int, kernels: Kernels):
     """The first `layers` layers of `w` (the same arrays) with their config, step and device loop."""
     check_prefix_layers(cfg, layers)
     pcfg = cfg.replace(num_hidden_layers=layers,
                        aux_layer_ids=tuple(i for i in cfg.eagle_aux_layers if i < layers) or (0,))
     pw = dataclasses.replace(w, layers=w.layers[:layers])
-    return dict(w=pw, cfg=pcfg, step=make_step(pcfg, moe_impl), loop=make_step_loop(pcfg, moe_impl))
+    return dict(w=pw, cfg=pcfg, step=make_step(pcfg, kernels), loop=make_step_loop(pcfg, kernels))
 
 
 def layer_slope(full: dict, prefix: dict, layers: int, prefix_layers: int) -> dict:
@@ -362,43 +367,41 @@ def main(argv=None) -> dict:
                                for t in sorted({b * t for b in args.batches for t in args.tokens})} if kernel_ok else {}
     log(f"MoE path for the steps: {result['moe_path']}")
 
-    loops = {"reference": PLAIN_ROUTED_EXPERTS}
-    if kernel_ok:
-        loops["kernel"] = routed_experts_for_backend
-    steps = {path: make_step(cfg, impl, sharded=mesh is not None) for path, impl in loops.items()}
+    loops = {path: PATH_KERNELS[path] for path in (("reference", "kernel") if kernel_ok else ("reference",))}
+    steps = {path: make_step(cfg, kernels) for path, kernels in loops.items()}
     plan = [("kernel" if kernel_ok else "reference", b, c, t)
             for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
     if kernel_ok:  # the XLA reference path side by side, where the targets are
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])
-    moe_impl = loops["kernel" if kernel_ok else "reference"]
+    kernels = loops["kernel" if kernel_ok else "reference"]
     cycles = args.cycle_k and args.layers >= 3
     if cycles:
         from bench.cycle import bench_cycles
     prefix = None
     if args.prefix_layers:
-        prefix = dict(prefix_model(w, cfg, args.prefix_layers, moe_impl), path="kernel" if kernel_ok else "reference")
+        prefix = dict(prefix_model(w, cfg, args.prefix_layers, kernels), path="kernel" if kernel_ok else "reference")
     if mesh is not None:  # traced inside the mesh (the MoE finds it there): every step, then every cycle
         with mesh_context(mesh):
             run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh)
             if cycles:
                 pairs = [(b, c) for b in args.batches for c in args.contexts]
-                result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, pairs,
+                result["cycles"] += bench_cycles(w, cfg, args, kernels, copy_tbs, over_budget, result, log, pairs,
                                                  tiny=args.tiny, mesh=mesh)
     else:
         # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
         run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget,
                   save, log, loops, prefix=prefix)
         if cycles:
-            result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, [first],
+            result["cycles"] += bench_cycles(w, cfg, args, kernels, copy_tbs, over_budget, result, log, [first],
                                              tiny=args.tiny, loop_cycles=args.loop_steps)
             save()
         run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget,
                   save, log, loops)
         if cycles:
             rest = [(b, c) for b in args.batches for c in args.contexts if (b, c) != first]
-            result["cycles"] += bench_cycles(w, cfg, args, moe_impl, copy_tbs, over_budget, result, log, rest,
+            result["cycles"] += bench_cycles(w, cfg, args, kernels, copy_tbs, over_budget, result, log, rest,
                                              tiny=args.tiny)
             save()
     result["wall_s"] = time.time() - t_start

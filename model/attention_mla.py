@@ -9,18 +9,17 @@ output, so attention reads only the cached normalized latent [C] and roped key [
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from model.config import TextConfig
-from model.kv_cache import LONG_CAPACITY, visible_slots, write_slots
+from model.kernels.dispatch import mla_kernel_applies
+from model.kernels.mla_decode import mla_decode_attention
+from model.kv_cache import visible_slots, write_slots
 from model.norms import rms_norm
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
-from model.sharding import single_device_program
 
 # HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
 LORA_NORM_EPS = 1e-6
@@ -34,7 +33,7 @@ class MLAWeights:
     kv_a_proj: Weight  # [C+R, H]
     kv_a_norm: jax.Array  # [C]
     # [N, C, Dn]: k_nope rows of kv_b_proj, transposed so the absorbed query contracts Dn along the minor axis
-    # (stored [N, Dn, C], XLA transposed it at every dispatch of a step: bench/results/README.md, run 15)
+    # (stored [N, Dn, C], XLA would transpose it at every dispatch of a step)
     w_uk: jax.Array
     w_uv: jax.Array  # [N, Dv, C]  v rows of kv_b_proj
     o_proj: jax.Array  # [H, N, Dv]
@@ -89,8 +88,6 @@ def attend_decompressed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w:
 def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
     """`attend_absorbed` with the attention after the query absorption in two Pallas kernels (flash decoding over
     the visible slots, then the combine of its splits)."""
-    from model.kernels.mla_decode import mla_decode_attention
-
     dt = q_nope.dtype
     q_lat_BTNC = jnp.einsum("btnd,ncd->btnc", q_nope, w.w_uk.astype(dt))
     return mla_decode_attention(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv,
@@ -99,38 +96,6 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
                    "absorbed_kernel": attend_absorbed_kernel}
-# On one GPU, decode / verify steps with batch x tokens <= 8 over caches of up to 4096 slots run the kernels, and
-# decode at batch 8 over longer caches (below); JAXSPEC_MLA_KERNEL=0 turns them off, =1 forces them for any batch
-# and capacity at T <= 16. The plain XLA path runs everywhere else (CPU, sharded programs, prefill, long caches,
-# large batches) and is what tests hold the kernels to. Measured on the H200 (bench/results/README.md): at 1k the
-# kernels save 65 us per 4-layer step at T=1 and 13 at T=4 (run 8); the attention alone (run 9 lab, us per layer,
-# kernel vs XLA, tiles of model.kernels.mla_decode.config_for) at 1k: B=1 T=1 23 vs 32, B=1 T=4 28 vs 39, B=8 T=1
-# 46 vs 73, but B=8 T=4 101-124 vs 77; at 4k B=8 T=4 172-185 vs 167; at 32k B=1 T=1 74-118 vs 72.
-MLA_KERNEL_MAX_QUERY_TOKENS = 8  # batch x tokens: 1, 4 and 8 measured faster than XLA, 32 slower
-MLA_KERNEL_MAX_TOKENS = 16  # the ceiling even when forced: prefill never takes the kernels
-# Beyond 4096 slots (model.kv_cache.LONG_CAPACITY), decode (T = 1) at batch 8 (mla_decode.LONG_CACHE_MIN_BATCH)
-# still takes them, with 32-row blocks (config_for): the attention lab at B=8, 32k measured 219.6 us a layer
-# against XLA's 330.2 (attention-lab-gpu-20261129-1743); at B=1 and at T > 1 XLA's path measured as fast or faster.
-
-
-def _use_kernel(path: str, batch: int, tokens: int, capacity: int, cfg: TextConfig, backend: str | None = None) -> bool:
-    setting = os.environ.get("JAXSPEC_MLA_KERNEL", "auto")
-    if path != "absorbed" or setting == "0" or (backend or jax.default_backend()) != "gpu":
-        return False
-    if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
-        return False
-    from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, config_for
-
-    long_cache_decode = tokens == 1 and batch >= LONG_CACHE_MIN_BATCH
-    if setting != "1" and (batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS
-                           or (capacity > LONG_CAPACITY and not long_cache_decode)):
-        return False
-    try:
-        check_config(config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads, batch), capacity,
-                     cfg.kv_lora_rank)
-    except ValueError:
-        return False
-    return True
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
@@ -142,7 +107,7 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin, norm_eps)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
-    if _use_kernel(path, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
+    if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
     out_BTNV = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
     return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR

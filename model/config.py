@@ -35,6 +35,35 @@ class QuantConfig:
     ignore: tuple[str, ...] = ()  # compressed-tensors: module names / "re:" patterns left unquantized
 
 
+KERNEL_CHOICES = {
+    "moe": ("auto", "off", "wgmma", "triton"),
+    "mla": ("auto", "off", "on"),
+    "router": ("auto", "off", "on"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """Which implementation each kernel family runs: data on the model config, so a program's kernels are part of
+    its static key and tests and bench switch them with `dataclasses.replace`.
+
+    "auto" picks by backend and shape (`model.kernels.dispatch`): the GPU kernels where they serve the shapes they
+    were tuned for on one GPU, the plain XLA reference elsewhere (CPU, sharded programs, prefill). "off" always runs
+    the plain XLA reference. moe "wgmma" / "triton" names the routed-experts kernel (Mosaic GPU on Hopper, or the
+    Triton gemv / mma pair) wherever its shapes fit; mla / router "on" takes the kernel for every shape it can
+    compute (off the GPU in Pallas' interpret mode: slow, for tests)."""
+
+    moe: str = "auto"
+    mla: str = "auto"
+    router: str = "auto"
+
+    def __post_init__(self):
+        for family, allowed in KERNEL_CHOICES.items():
+            value = getattr(self, family)
+            if value not in allowed:
+                raise ConfigError(f"kernels.{family}={value!r}: expected one of {', '.join(allowed)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
     """The text backbone of a Kimi K2 / DeepseekV3 checkpoint."""
@@ -72,6 +101,7 @@ class TextConfig:
     aux_layer_ids: tuple[int, ...] | None = None
     model_type: str = "deepseek_v3"
     weight_prefix: str = ""  # "language_model." for K2.5's multimodal wrapper
+    kernels: Kernels = Kernels()  # how this model runs, not what it is: never read from or written to a checkpoint
 
     @property
     def qk_head_dim(self) -> int:

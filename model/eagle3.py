@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from model.attention_mla import MLAWeights, mla
-from model.config import ConfigError, TextConfig, YarnRope, parse_rope_scaling
+from model.config import ConfigError, Kernels, TextConfig, YarnRope, parse_rope_scaling
 from model.kv_cache import visible_slots, write_slots
 from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
@@ -58,6 +58,7 @@ class DraftConfig:
     fc_norm: bool = False  # EAGLE-3.1: RMSNorm on each aux chunk before fc
     norm_output: bool = False  # EAGLE-3.1: the next step's h is the final-normed output (else the pre-norm one)
     norm_before_residual: bool = False  # vLLM option: the residual carries hidden_norm(h) instead of h
+    kernels: Kernels = Kernels()  # the MLA draft's attention kernel (model.kernels.dispatch), as the target's
 
     @property
     def aux_count(self) -> int:
@@ -78,6 +79,7 @@ class DraftConfig:
             n_shared_experts=0, first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=1.0,
             norm_topk_prob=False, rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
             rope_scaling=self.rope_scaling, max_position_embeddings=self.max_position_embeddings,
+            kernels=self.kernels,
         )
 
 
@@ -201,9 +203,9 @@ class DraftWeights:
 @struct.dataclass
 class DraftCache:
     # Head-major: the attention's dots batch over (b, kv head), and with a [B, S, Nkv, D] cache XLA's GPU layout
-    # put a transpose of the whole cache in and out of every dispatch (B=8, 32k: 4.3 GB each for K and V, four
-    # transposes of 2.2-2.6 ms a cycle on the H200; bench/results/step-profile-gpu-20261130-0754). A device loop
-    # paid them once per loop, so only the synchronised and streamed cycles showed it.
+    # put a transpose of the whole cache in and out of every dispatch (at long contexts and large batches, more
+    # time than the cycle's own work). A device loop pays them once per loop; synchronised and streamed cycles
+    # paid them every cycle.
     k: jax.Array  # [B, Nkv, S, D]
     v: jax.Array  # [B, Nkv, S, D]
 

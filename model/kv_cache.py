@@ -31,9 +31,8 @@ class LatentCache:
 
 CAPACITY_MULTIPLE = 64  # the attention kernels step through the cache in blocks of up to 64 slots
 # Longer caches go through XLA's attention (model.attention_mla: all but decode at batch 8), whose context GEMM at
-# one sequence splits the slots into 64 chunks: with a capacity that is not a multiple of 64 x 8 XLA padded the
-# whole latent cache of every layer first, every step (B=1, 32k: 33.6 MB, 21.8 us a layer;
-# bench/results/step-profile-gpu-20261130-0838)
+# one sequence splits the slots into 64 chunks: with a capacity that is not a multiple of 64 x 8 XLA pads the
+# whole latent cache of every layer first, every step
 LONG_CAPACITY = 4096
 LONG_CAPACITY_MULTIPLE = 512
 

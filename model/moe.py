@@ -4,19 +4,22 @@ Two plain-XLA reference paths compute the routed experts:
 - gather: pull only the selected experts' weights (few tokens: decode, verify);
 - dense: run every expert on every token and weight the results (many tokens: prefill), which reads
   each expert once instead of materializing T*K weight copies.
-GPU kernels (bench/, issue 6) are held to these.
+The GPU kernels (model/kernels/, chosen by `model.kernels.dispatch` from the config's `Kernels`) are held to these.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from model.config import TextConfig
+from model.config import Kernels, TextConfig
+from model.kernels.dispatch import fused_routed_experts, moe_kernel_for
 from model.mlp import MLPWeights, swiglu
 from model.moe_parallel import routed_experts_parallel
-from model.quant import Weight, dequantize, linear
+from model.quant import Weight, dequantize
 from model.router import route
 
 
@@ -65,44 +68,22 @@ def plain_routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Ar
     return plain(x_TH, experts, ids_TK, weights_TK)
 
 
-def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
-    """Per-device dispatch: the fused Pallas MoE on GPU when the shapes fit, else a plain reference path."""
-    from model.kernels import fused_moe_applies, fused_routed_experts  # lazy: the kernels import this module
-
-    if fused_moe_applies(x_TH, experts):
-        return fused_routed_experts(x_TH, experts, ids_TK, weights_TK)
+def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, weights_TK: jax.Array,
+                   kernels: Kernels = Kernels()) -> jax.Array:
+    """Per-device routed experts: the GPU kernel `kernels` and the shapes select, else a plain reference path."""
+    kernel = moe_kernel_for(x_TH.shape[0], experts, kernels)
+    if kernel is not None:
+        return fused_routed_experts(x_TH, experts, ids_TK, weights_TK, kernel)
     return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 
-def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig, shared_stream: int | None = None) -> jax.Array:
-    """Routed experts plus the shared expert. `shared_stream` (GPU): XLA runs the shared expert on that CUDA stream
-    (`shared_expert`), where it may overlap the routing and the routed experts; measured no faster on the H200 (one
-    K2.5 block: 97.4 against 95.9 us at one token, bench/results/README.md run 21), so the decoder leaves it off."""
+def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig) -> jax.Array:
+    """Routed experts (expert-parallel over the ambient mesh, if any) plus the shared expert."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
     weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
-    y_TH = routed_experts_parallel(x_TH, w.experts, ids_TK, weights_TK)  # = routed_experts without a mesh
+    per_device = functools.partial(routed_experts, kernels=cfg.kernels)
+    y_TH = routed_experts_parallel(x_TH, w.experts, ids_TK, weights_TK, per_device)
     if w.shared is not None:
-        y_TH = y_TH + shared_expert(x_TH, w.shared, shared_stream)
+        y_TH = y_TH + swiglu(x_TH, w.shared)
     return y_TH.reshape(b, t, h)
-
-
-def shared_expert(x_TH: jax.Array, shared: MLPWeights, stream: int | None = None) -> jax.Array:
-    """The shared expert's SwiGLU; with `stream`, as a call that XLA places on GPU stream `stream` (jax's
-    `compute_on("gpu_stream:N")`; other backends ignore the annotation): it needs neither the router nor the routed
-    experts, so on a stream of its own it can stream its 88 MB while they wait on their launches and tails."""
-    if stream is None:
-        return swiglu(x_TH, shared)
-    from jax.experimental import compute_on as jax_compute_on
-
-    # jax 0.10 names the function form compute_on2 (its compute_on is a context manager); jax 0.11 compute_on
-    on_stream = getattr(jax_compute_on, "compute_on2", None) or jax_compute_on.compute_on
-    return on_stream(_swiglu_without_calls, compute_type=f"gpu_stream:{stream}",
-                     out_memory_spaces=jax.memory.Space.Device)(x_TH, shared)
-
-
-def _swiglu_without_calls(x_TH: jax.Array, w: MLPWeights) -> jax.Array:
-    """`swiglu` with SiLU written out (jax.nn.silu is a jitted function of its own): XLA cannot place a call nested in
-    a stream-annotated computation ("No ExecutionStreamId found", jax 0.11.2 on the H200). The same operations."""
-    g = linear(x_TH, w.gate)
-    return linear(g * jax.lax.logistic(g) * linear(x_TH, w.up), w.down)

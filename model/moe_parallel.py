@@ -3,9 +3,8 @@
 The routed experts [E, ...] are split over every device of the mesh by the partition rules
 (`LOGICAL_TO_MESH["experts"]`), so device d holds experts [d*E/D, (d+1)*E/D). Inside a `shard_map` each
 device sees all T tokens and all T*K routing choices (both are tiny and replicated), keeps the
-(token, choice) pairs whose expert it holds, zeroes the weight of the others, and runs the ordinary
-per-device dispatch `model.moe.routed_experts` (plain XLA here, the Pallas kernel on GPU) over its local
-experts. Every routed (token, choice) pair is computed on exactly one device, so the psum over the
+(token, choice) pairs whose expert it holds, zeroes the weight of the others, and runs the caller's per-device
+routed experts (`model.moe.routed_experts`: plain XLA here, the Pallas kernel on GPU) over its local experts. Every routed (token, choice) pair is computed on exactly one device, so the psum over the
 expert axes is the reference sum, only added up in another order.
 
 The mesh is JAX's ambient one (`jax.set_mesh`, which `mesh_context` enters while a program is traced):
@@ -13,6 +12,8 @@ without one, or when the experts do not divide over it, the single-device refere
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -37,25 +38,25 @@ def local_choices(ids_TK: jax.Array, weights_TK: jax.Array, first_expert, num_lo
     anyway (its first real choice), so a kernel that reads each distinct expert once reads no extra one."""
     local_TK = ids_TK - first_expert
     mine_TK = (local_TK >= 0) & (local_TK < num_local)
-    mine_P, local_P = mine_TK.reshape(-1), local_TK.reshape(-1)
-    filler = jnp.where(mine_P.any(), local_P[jnp.argmax(mine_P)], 0)
+    mine_U, local_U = mine_TK.reshape(-1), local_TK.reshape(-1)
+    filler = jnp.where(mine_U.any(), local_U[jnp.argmax(mine_U)], 0)
     return jnp.where(mine_TK, local_TK, filler).astype(jnp.int32), jnp.where(mine_TK, weights_TK, 0.0)
 
 
-def routed_experts_parallel(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array) -> jax.Array:
-    """Same result as `model.moe.routed_experts`, computed expert-parallel over the ambient mesh."""
-    import model.moe as moe_ref  # late: model.moe calls this function, and the dispatch may be swapped
-
+def routed_experts_parallel(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array,
+                            per_device_experts: Callable) -> jax.Array:
+    """`per_device_experts(x_TH, experts, ids_TK, weights_TK)` over all experts, computed expert-parallel over the
+    ambient mesh (each device over the experts it holds); without a mesh, that function on all experts."""
     mesh = ambient_mesh()
     axes = None if mesh is None else expert_axes(experts.num_experts, mesh)
     if axes is None:
-        return moe_ref.routed_experts(x_TH, experts, ids_TK, weights_TK)
+        return per_device_experts(x_TH, experts, ids_TK, weights_TK)
 
     def per_device(x_TH, local_experts, ids_TK, weights_TK):
         n = local_experts.num_experts
         first = jax.lax.axis_index(axes) * n  # experts are split over `axes`, the first axis major
         local_ids_TK, local_weights_TK = local_choices(ids_TK, weights_TK, first, n)
-        y_TH = moe_ref.routed_experts(x_TH, local_experts, local_ids_TK, local_weights_TK)
+        y_TH = per_device_experts(x_TH, local_experts, local_ids_TK, local_weights_TK)
         return jax.lax.psum(y_TH, axes)
 
     expert_specs = jax.tree_util.tree_map(lambda _: P(axes), experts)

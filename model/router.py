@@ -6,15 +6,10 @@ import jax
 import jax.numpy as jnp
 
 from model.config import TextConfig
-from model.sharding import single_device_program
-
-
-def chosen_weights(scores_TE: jax.Array, ids_TK: jax.Array, norm_topk_prob: bool, scaling: float) -> jax.Array:
-    """The unbiased routing weights of the chosen experts (normalised, scaled): [T, K] float32."""
-    weights_TK = jnp.take_along_axis(scores_TE, ids_TK, axis=1)
-    if norm_topk_prob:
-        weights_TK = weights_TK / (weights_TK.sum(-1, keepdims=True) + 1e-20)
-    return weights_TK * scaling
+from model.router_weights import chosen_weights
+from model.kernels import router_gemv
+from model.kernels.dispatch import router_kernel_applies
+from model.kernels.router_topk import route_topk
 
 
 def router_logits(x_TH: jax.Array, router_EH: jax.Array) -> jax.Array:
@@ -23,34 +18,20 @@ def router_logits(x_TH: jax.Array, router_EH: jax.Array) -> jax.Array:
                       precision=jax.lax.Precision.HIGHEST)
 
 
-def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig, topk: str = "auto"):
+def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig):
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
 
-    topk: "xla" (the plain path below), "kernel" (the logits by model/kernels/router_gemv.py between its
-    MIN_TOKENS and MAX_TOKENS, the top-k by model/kernels/router_topk.py; interpret mode off the GPU) or
-    "auto": the kernel on one GPU for as many tokens as the MoE kernels take (model.kernels.MAX_KERNEL_TOKENS:
-    decode, verify) when there is one expert group (Kimi K2), else XLA (prefill, training batches, sharded
-    programs)."""
-    if topk not in ("auto", "xla", "kernel"):
-        raise ValueError(f"topk must be 'auto', 'xla' or 'kernel', not {topk!r}")
-    on_gpu = jax.default_backend() == "gpu"
-    if topk == "auto":
-        from model.kernels import MAX_KERNEL_TOKENS  # lazy: model.kernels imports model modules
-
-        topk = ("kernel" if on_gpu and cfg.n_group <= 1 and x_TH.shape[0] <= MAX_KERNEL_TOKENS
-                and single_device_program() else "xla")
-    if topk == "kernel":
-        if cfg.n_group > 1:
-            raise ValueError("the top-k kernel routes one expert group; n_group > 1 takes topk='xla'")
-        from model.kernels import router_gemv  # lazy: model.kernels imports model modules
-        from model.kernels.router_topk import route_topk
-
+    With the router kernel (`cfg.kernels.router`, `model.kernels.dispatch.router_kernel_applies`): the logits by
+    model/kernels/router_gemv.py between its MIN_TOKENS and MAX_TOKENS, the top-k by model/kernels/router_topk.py
+    (Pallas interpret mode off the GPU). Otherwise the plain XLA path below, which is also the kernels' reference."""
+    if router_kernel_applies(cfg.kernels, x_TH.shape[0], cfg):
+        interpret = jax.default_backend() != "gpu"
         if router_gemv.MIN_TOKENS <= x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # verify: the GEMV's partial sums
-            logits = router_gemv.router_logit_partials(x_TH, router_EH, not on_gpu)
+            logits = router_gemv.router_logit_partials(x_TH, router_EH, interpret)
         else:
             logits = router_logits(x_TH, router_EH)
         return route_topk(logits, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-                          not on_gpu)
+                          interpret)
     logits_TE = router_logits(x_TH, router_EH)
     scores_TE = jax.nn.sigmoid(logits_TE)
     choice_TE = scores_TE + bias_E.astype(jnp.float32)

@@ -81,7 +81,7 @@ def test_kernel_bf16_within_rounding():
 
 def test_attention_path_with_kernel_matches_absorbed():
     """model.attention_mla's "absorbed_kernel" path (k_nope absorbed into q, v out of the context) equals
-    "absorbed" (float32); the decoder takes it on a GPU for T <= 16 (JAXSPEC_MLA_KERNEL=0 turns it off)."""
+    "absorbed" (float32); the decoder takes it on a GPU for T <= 16 unless `Kernels(mla="off")`."""
     from model.attention_mla import ATTENTION_PATHS, MLAWeights
     from model.configs import known_config
 
@@ -133,30 +133,37 @@ def test_lowers_to_triton_at_k25_shapes(t):
     assert "mla_partial" in text and "mla_combine" in text
 
 
-def test_kernel_dispatch_rule(monkeypatch):
-    """GPU only, batch x tokens <= 8, capacity <= 4096 (beyond: decode at batch 8 only) unless JAXSPEC_MLA_KERNEL=1
-    forces it (T <= 16); =0 turns it off."""
-    from model.attention_mla import _use_kernel
+def test_kernel_dispatch_rule():
+    """GPU only, batch x tokens <= 8, capacity <= 4096 (beyond: decode at batch 8 only) unless `Kernels(mla="on")`
+    forces it (T <= 16); "off" turns it off."""
+    from model.config import Kernels
     from model.configs import known_config
+    from model.kernels.dispatch import mla_kernel_applies
 
     cfg = known_config("kimi-k2.5")
-    monkeypatch.delenv("JAXSPEC_MLA_KERNEL", raising=False)
-    assert _use_kernel("absorbed", 1, 4, 1088, cfg, backend="gpu")
-    assert _use_kernel("absorbed", 8, 1, 1088, cfg, backend="gpu")
-    assert not _use_kernel("absorbed", 8, 4, 1088, cfg, backend="gpu")  # XLA's batched GEMMs measured faster
-    assert not _use_kernel("absorbed", 1, 4, 1088, cfg, backend="cpu")
-    assert not _use_kernel("absorbed", 1, 32, 1088, cfg, backend="gpu")  # prefill
-    assert not _use_kernel("absorbed", 1, 1, 32832, cfg, backend="gpu")  # long cache: XLA measured as good or better
-    assert _use_kernel("absorbed", 8, 1, 32832, cfg, backend="gpu")  # ... but at batch 8 the 32-row tiles win
-    assert not _use_kernel("absorbed", 4, 2, 32832, cfg, backend="gpu")  # verify over a long cache: XLA
-    assert not _use_kernel("absorbed", 1, 1, 1000, cfg, backend="gpu")  # not a multiple of the kernel's blocks
-    assert not _use_kernel("decompressed", 1, 1, 1088, cfg, backend="gpu")
-    monkeypatch.setenv("JAXSPEC_MLA_KERNEL", "1")
-    assert _use_kernel("absorbed", 1, 1, 32832, cfg, backend="gpu")
-    assert _use_kernel("absorbed", 8, 4, 1088, cfg, backend="gpu")
-    assert not _use_kernel("absorbed", 1, 32, 1088, cfg, backend="gpu")  # never for prefill
-    monkeypatch.setenv("JAXSPEC_MLA_KERNEL", "0")
-    assert not _use_kernel("absorbed", 1, 1, 1088, cfg, backend="gpu")
+    auto, on, off = Kernels(), Kernels(mla="on"), Kernels(mla="off")
+    assert mla_kernel_applies(auto, 1, 4, 1088, cfg, backend="gpu")
+    assert mla_kernel_applies(auto, 8, 1, 1088, cfg, backend="gpu")
+    assert not mla_kernel_applies(auto, 8, 4, 1088, cfg, backend="gpu")  # XLA's batched GEMMs measured faster
+    assert not mla_kernel_applies(auto, 1, 4, 1088, cfg, backend="cpu")
+    assert not mla_kernel_applies(auto, 1, 32, 1088, cfg, backend="gpu")  # prefill
+    assert not mla_kernel_applies(auto, 1, 1, 32832, cfg, backend="gpu")  # long cache: XLA as good or better
+    assert mla_kernel_applies(auto, 8, 1, 32832, cfg, backend="gpu")  # ... but at batch 8 the 32-row tiles win
+    assert not mla_kernel_applies(auto, 4, 2, 32832, cfg, backend="gpu")  # verify over a long cache: XLA
+    assert not mla_kernel_applies(auto, 1, 1, 1000, cfg, backend="gpu")  # not a multiple of the kernel's blocks
+    assert mla_kernel_applies(on, 1, 1, 32832, cfg, backend="gpu")
+    assert mla_kernel_applies(on, 8, 4, 1088, cfg, backend="gpu")
+    assert not mla_kernel_applies(on, 1, 32, 1088, cfg, backend="gpu")  # never for prefill
+    assert not mla_kernel_applies(off, 1, 1, 1088, cfg, backend="gpu")
+
+
+def test_kernel_config_is_validated():
+    from model.config import ConfigError, Kernels
+
+    with pytest.raises(ConfigError, match="kernels.mla='maybe'"):
+        Kernels(mla="maybe")
+    with pytest.raises(ConfigError, match="kernels.moe"):
+        Kernels(moe="on")
 
 
 def test_tiles_by_shape():

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.kernels import kernel_config_for, routed_experts_for_backend
+from model.kernels.dispatch import MAX_KERNEL_TOKENS, triton_config_for
 from model.kernels.expert_slots import expert_slots
 from model.kernels.int4_tile import nibble_float, nibble_offset, repeat_last, shifted_words
-from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
+from model.kernels.moe_gather import routed_experts_pallas
+from model.kernels.moe_tiles import MoEKernelConfig
 from model.moe import ExpertWeights, experts_gather, routed_experts
 from model.quant import Int4Weight, dequantize, unpack_int4
 
@@ -142,23 +143,18 @@ def test_kernel_options_keep_the_result(int4_experts, variant, scales, prefetch,
     assert _rel_err(kernel(x, int4_experts, ids, w), experts_gather(x, int4_experts, ids, w)) < 1e-5
 
 
-def test_math_none_is_a_diagnostic_and_other_math_is_refused(int4_experts):
-    """math="none" times the loads alone: it runs and its results are wrong; an unknown math is refused."""
-    ids, w = _routing(3, seed=14)
-    x = jax.random.normal(jax.random.PRNGKey(8), (3, H), jnp.float32)
-    cfg = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant="gemv", slots="pairs", math="none")
-    out = routed_experts_pallas(x, int4_experts, ids, w, cfg=cfg, interpret=True)
-    assert out.shape == x.shape and not np.allclose(np.asarray(out), np.asarray(experts_gather(x, int4_experts, ids, w)))
-    with pytest.raises(ValueError, match="math must be"):
-        routed_experts_pallas(x, int4_experts, ids, w, cfg=dataclasses.replace(cfg, math="f16"), interpret=True)
-
-
 def test_backend_dispatch_is_reference_on_cpu(int4_experts):
+    """Off the GPU no kernel config selects a kernel: `routed_experts` is the plain reference path."""
+    from model.config import Kernels
+    from model.kernels.dispatch import moe_kernel_for
+    from model.moe import plain_routed_experts
+
     ids, w = _routing(2, seed=9)
     x = jax.random.normal(jax.random.PRNGKey(4), (2, H), jnp.float32)
-    np.testing.assert_array_equal(
-        np.asarray(routed_experts_for_backend(x, int4_experts, ids, w)), np.asarray(routed_experts(x, int4_experts, ids, w))
-    )
+    for kernels in (Kernels(), Kernels(moe="wgmma"), Kernels(moe="triton"), Kernels(moe="off")):
+        assert moe_kernel_for(2, int4_experts, kernels) is None
+        np.testing.assert_array_equal(np.asarray(routed_experts(x, int4_experts, ids, w, kernels)),
+                                      np.asarray(plain_routed_experts(x, int4_experts, ids, w)))
 
 
 def _pretend_h200():
@@ -176,7 +172,7 @@ def _pretend_h200():
     return restore
 
 
-@pytest.mark.parametrize("variant", ["mma", "gemv", "engine"])  # engine: what kernel_config_for dispatches at T=4
+@pytest.mark.parametrize("variant", ["mma", "gemv", "engine"])  # engine: what triton_config_for dispatches at T=4
 @pytest.mark.parametrize("fmt", ["int4", "bf16"])
 def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     e, f, h, k, t = 384, 2048, 7168, 8, 4
@@ -188,7 +184,7 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
     experts = ExpertWeights(mat(f, h), mat(f, h), mat(h, f))
     restore = _pretend_h200()
     try:
-        cfg = kernel_config_for(t, experts) if variant == "engine" else MoEKernelConfig(
+        cfg = triton_config_for(t, experts) if variant == "engine" else MoEKernelConfig(
             block_k=64 if fmt == "int4" else 256, variant=variant, prefetch=variant == "gemv", down_splits=4)
         lowered = jax.jit(functools.partial(routed_experts_pallas, cfg=cfg)).trace(
             sds((t, h), jnp.bfloat16), experts, sds((t, k), jnp.int32), sds((t, k), jnp.float32)
@@ -204,13 +200,10 @@ def test_lowers_to_triton_at_kimi_shapes(fmt, variant):
 @pytest.mark.parametrize("tokens", [1, 16, 64, 65, 100, 128])
 def test_int4_prefill_buckets_take_the_pairs_kernel(tokens):
     """Up to MAX_KERNEL_TOKENS (the 128-token prefill bucket) INT4 experts run the one-slot-per-pair kernel: the
-    mma tiles asked the H200 for 286720 bytes of shared memory at 128 tokens and did not compile
-    (bench/results/moe-lab-gpu-20261130-0312.json), and at 64 tokens took 12.7 ms against the pairs' 3.7."""
-    from model.kernels import MAX_KERNEL_TOKENS
-
+    mma tiles need more shared memory than Hopper has at 128 tokens, and were slower at 64."""
     sds = jax.ShapeDtypeStruct
     mat = lambda o, i: Int4Weight(sds((384, o, i // 8), jnp.uint32), sds((384, o, i // 32), jnp.bfloat16))  # noqa: E731
     experts = ExpertWeights(mat(2048, 7168), mat(2048, 7168), mat(7168, 2048))
     assert tokens <= MAX_KERNEL_TOKENS
-    cfg = kernel_config_for(tokens, experts)
+    cfg = triton_config_for(tokens, experts)
     assert (cfg.variant, cfg.slots) == ("gemv", "pairs")

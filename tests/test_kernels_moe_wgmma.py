@@ -3,8 +3,8 @@
 On CPU the kernels run under Pallas' GPU interpreter (the same pipelines, index maps, splits and column
 order; a dot_general stands in for the register-operand wgmma and its int4 conversion, which the interpreter
 lacks). The same kernels are also lowered to Mosaic GPU at Kimi K2 shapes, which runs Mosaic's layout and
-lowering checks without a GPU. The GPU result is held to the reference by bench/moe_wgmma_lab.py and
-bench/moe_layer.py (bench/results/).
+lowering checks without a GPU. On the GPU, bench/moe_layer.py and bench/kernel_agreement.py hold it to the
+reference.
 """
 
 import functools
@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.kernels import moe_kernel_for, moe_wgmma, wgmma_config_for
+from model.config import Kernels
+from model.kernels import moe_wgmma
+from model.kernels.dispatch import moe_kernel_for, wgmma_config_for
 from model.moe import ExpertWeights, experts_gather
 from model.quant import Int4Weight, dequantize
 
@@ -46,13 +48,12 @@ def _rel_err(out, ref):
     return np.linalg.norm(out - ref) / np.linalg.norm(ref)
 
 
-@pytest.mark.parametrize("t,gate_up_splits,down_splits,convert,permute_h", [
-    (1, 1, 4, "pairs", "after"), (2, 2, 2, "pairs", "before"), (1, 2, 1, "mosaic", "after")])
-def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, convert, permute_h):
+@pytest.mark.parametrize("t,gate_up_splits,down_splits,down_k_splits", [(1, 1, 4, 1), (2, 2, 2, 1), (1, 2, 1, 1)])
+def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, down_k_splits):
     x = jax.random.normal(jax.random.PRNGKey(t), (t, H)).astype(jnp.bfloat16)
     ids, w = _routing(t, t)
     fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=gate_up_splits,
-                                   down_splits=down_splits, convert=convert, permute_h=permute_h, interpret=True))
+                                   down_splits=down_splits, down_k_splits=down_k_splits, interpret=True))
     out = fn(x, experts, ids, w)
     ref = experts_gather(x.astype(jnp.float32), experts, ids, w)
     assert out.shape == (t, H) and out.dtype == jnp.bfloat16
@@ -60,42 +61,12 @@ def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, co
     assert _rel_err(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("t,groups,down_splits", [(1, 2, 4), (2, 2, 2), (1, 4, 4)])
-def test_choice_groups_match_reference(experts, t, groups, down_splits):
-    """Each group of choices through its own gate_up -> down chain: the same sum, whatever the grouping (the down
-    kernel's splits of the choices shrink to fit a group)."""
-    x = jax.random.normal(jax.random.PRNGKey(10 + t), (t, H)).astype(jnp.bfloat16)
-    ids, w = _routing(t, 10 + t)
-    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, down_splits=down_splits,
-                                   permute_h="before", choice_groups=groups, interpret=True))
-    grouped = fn(x, experts, ids, w)
-    assert _rel_err(grouped, experts_gather(x.astype(jnp.float32), experts, ids, w)) < 1e-2
-    one = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, down_splits=down_splits,
-                                    permute_h="before", interpret=True))(x, experts, ids, w)
-    assert _rel_err(grouped, one) < 5e-3  # the same products; only the order of the f32 sums differs
-
-
-def test_gate_up_sums_of_a_group_are_its_choices(experts):
-    """`group` (g, G): the kernel's slots are each token's choices g * K/G .. of the routing's K."""
-    t = 2
-    x = jax.random.normal(jax.random.PRNGKey(3), (t, H)).astype(jnp.bfloat16)
-    ids, _ = _routing(t, 3)
-    expert_U = ids.reshape(-1)
-    whole = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=K, interpret=True)
-    half = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=K // 2, group=(1, 2),
-                                  interpret=True)
-    picked = np.asarray(whole).reshape(1, 2, t, K, F)[:, :, :, K // 2:].reshape(1, 2, t * K // 2, F)
-    np.testing.assert_allclose(np.asarray(half), picked, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("slots_inner", [False, True])
-def test_gate_up_sums_are_the_two_products(experts, slots_inner):
-    """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H, in either grid
-    order (two slots share expert 0)."""
+def test_gate_up_sums_are_the_two_products(experts):
+    """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H (two slots share
+    expert 0)."""
     x = jax.random.normal(jax.random.PRNGKey(5), (2, H)).astype(jnp.bfloat16)
     expert_U, token_U = jnp.asarray([4, 0, 0, 5], jnp.int32), jnp.asarray([0, 0, 1, 1], jnp.int32)
-    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=2, splits=2, slots_inner=slots_inner,
-                                interpret=True)
+    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=2, splits=2, interpret=True)
     assert gu.shape == (2, 2, 4, F)
     xs = x.astype(jnp.float32)[token_U]
     for m, weight in enumerate((experts.gate, experts.up)):
@@ -107,12 +78,13 @@ def test_gate_up_sums_are_the_two_products(experts, slots_inner):
 @pytest.mark.parametrize("splits,k_splits", [(1, 2), (2, 2)])
 def test_down_sums_split_over_choices_and_F(splits, k_splits):
     """The second kernel alone: row s * k_splits + ks holds token t's down(h) over split s of its choices and share
-    ks of F; all rows together are the token's whole sum."""
+    ks of F; all rows together are the token's whole sum. h comes in the kernel's column order (`permute_K`)."""
     e, f, h, choices = 3, 512, 256, 2
     down = _int4(jax.random.PRNGKey(8), e, h, f)
     h_UF = jax.random.normal(jax.random.PRNGKey(9), (2 * choices, f)).astype(jnp.bfloat16)
     expert_U = jnp.asarray([2, 0, 0, 1], jnp.int32)
-    y = moe_wgmma.down_sums(h_UF, down, expert_U, choices=choices, splits=splits, k_splits=k_splits, interpret=True)
+    y = moe_wgmma.down_sums(moe_wgmma.permute_K(h_UF), down, expert_U, choices=choices, splits=splits,
+                            k_splits=k_splits, interpret=True)
     assert y.shape == (splits * k_splits, 2, h)
     dense = dequantize(down, jnp.float32)[expert_U]  # [U, H, F]
     per_slot = np.einsum("uf,uhf->uh", np.asarray(h_UF, np.float32), np.asarray(dense))
@@ -143,7 +115,7 @@ def test_column_order_is_a_permutation_within_groups():
 
 def test_block_diagonal_puts_each_group_in_its_row():
     v = (jnp.arange(512, dtype=jnp.float32) % 250 + 1).reshape(1, 512)  # nonzero integers, exact in bf16
-    bd = np.asarray(moe_wgmma.block_diagonal_SNGK(v), np.float32)[0]
+    bd = np.asarray(moe_wgmma.block_diagonal_UNGK(v), np.float32)[0]
     assert bd.shape == (2, moe_wgmma.GROUPS, 256)  # tiles, groups, columns of a tile
     np.testing.assert_array_equal(bd.sum(1).reshape(512), np.asarray(v[0]))  # every value once, in its tile
     for k in (0, 31, 32, 255, 256, 300, 511):
@@ -172,16 +144,11 @@ def test_unsupported_shapes_are_refused(experts):
         moe_wgmma.routed_experts_wgmma(x, experts, ids, w, down_splits=3, interpret=True)
     with pytest.raises(ValueError, match="gate_up_splits=3"):
         moe_wgmma.routed_experts_wgmma(x, experts, ids, w, gate_up_splits=3, interpret=True)
-    with pytest.raises(ValueError, match="convert must be"):
-        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, convert="f16", interpret=True)
-    with pytest.raises(ValueError, match="permute_h must be 'after' or 'before'"):
-        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, permute_h="never", interpret=True)
-    with pytest.raises(ValueError, match="choice_groups=3"):
-        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, choice_groups=3, interpret=True)
 
 
 def test_engine_picks_it_only_on_hopper(experts):
-    assert moe_kernel_for(1, experts) != "wgmma"  # CPU
+    assert moe_kernel_for(1, experts) is None  # CPU: the plain path, whatever the kernel config names
+    assert moe_kernel_for(1, experts, Kernels(moe="wgmma")) is None
     cfg = wgmma_config_for(experts, K)
     assert cfg["down_splits"] == 4 and cfg["gate_up_splits"] == 2  # H / 256 = 2 tiles
 
@@ -195,42 +162,13 @@ def test_gate_up_splits_follow_the_token_count():
     assert [wgmma_config_for(k2, 8, t)["down_k_splits"] for t in (1, 2, 4)] == [2, 1, 1]
 
 
-@pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (4, {"convert": "mosaic", "overlap": True}),
-                                       (4, {"permute_h": "after", "down_stages": 2}), (32, {"slots_inner": True}),
-                                       (1, {"gate_up_splits": 7, "down_k_splits": 2}), (4, {"overlap": 2}),
-                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "halves": 3}),
-                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "choice_groups": 2}),
-                                       (1, {"gate_up_splits": 7, "down_k_splits": 2, "down_row_blocks": 4})])
+@pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (32, {}), (1, {"gate_up_splits": 7, "down_k_splits": 2})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct
     w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
     experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
-    fn = functools.partial(moe_wgmma.routed_experts_wgmma, **{**wgmma_config_for(experts, 8), **options})
+    fn = functools.partial(moe_wgmma.routed_experts_wgmma, **{**wgmma_config_for(experts, 8, t), **options})
     lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
                                 sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
-    # both kernels (of every group of choices) became Mosaic GPU custom calls
-    assert text.count("mosaic_gpu") >= 2 * options.get("choice_groups", 1)
-
-
-def test_diagnostic_without_conversion_computes_weights_of_ones(experts):
-    """convert="none" (bench's diagnostic) feeds the wgmma ones in place of each tile: the result of experts whose every
-    int4 value is 1 (nibble 9) under the same scales, so the streamed tiles' bytes never matter."""
-    ones = lambda w: Int4Weight(jnp.full_like(w.packed, 0x99999999), w.scale)  # noqa: E731
-    experts_1 = ExpertWeights(ones(experts.gate), ones(experts.up), ones(experts.down))
-    x = jax.random.normal(jax.random.PRNGKey(5), (1, H)).astype(jnp.bfloat16)
-    ids, w = _routing(1, 5)
-    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, convert="none", interpret=True))
-    out = fn(x, experts, ids, w)
-    assert _rel_err(out, experts_gather(x.astype(jnp.float32), experts_1, ids, w)) < 1e-2
-
-
-def test_down_row_blocks_match_reference(experts):
-    """The down kernel streaming two blocks of 64 H rows a step (one wgmma each) computes the same layer."""
-    x = jax.random.normal(jax.random.PRNGKey(5), (1, H)).astype(jnp.bfloat16)
-    ids, w = _routing(1, 5)
-    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, down_row_blocks=2, interpret=True))
-    assert _rel_err(fn(x, experts, ids, w), experts_gather(x.astype(jnp.float32), experts, ids, w)) < 1e-2
-    with pytest.raises(ValueError, match="row_blocks=3"):
-        moe_wgmma.routed_experts_wgmma(x, experts, ids, w, down_row_blocks=3, interpret=True)
+    assert lowered.as_text().count("mosaic_gpu") >= 2  # both kernels became Mosaic GPU custom calls

@@ -5,9 +5,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from model.config import Kernels
 from model.configs import known_config
+from model.kernels.dispatch import router_kernel_applies
 from model.kernels.router_topk import route_topk
-from model.router import route
+from model.router import route as model_route
+
+
+def route(x, router, bias, cfg, topk):
+    """`model.router.route` with the top-k kernel on ("kernel", interpret mode here) or off ("xla")."""
+    return model_route(x, router, bias, cfg.replace(kernels=Kernels(router="on" if topk == "kernel" else "off")))
 
 
 @pytest.mark.parametrize("experts, k, norm, tokens", [(384, 8, True, 4), (24, 3, False, 5), (16, 4, True, 1),
@@ -19,8 +26,8 @@ def test_route_kernel_equals_xla_route(experts, k, norm, tokens):
     x = jax.random.normal(ks[0], (tokens, 32))
     router = jax.random.normal(ks[1], (experts, 32)) * 0.2
     bias = jax.random.normal(ks[2], (experts,)) * 0.05
-    w_ref, ids_ref = route(x, router, bias, cfg, topk="xla")
-    w, ids = route(x, router, bias, cfg, topk="kernel")
+    w_ref, ids_ref = route(x, router, bias, cfg, "xla")
+    w, ids = route(x, router, bias, cfg, "kernel")
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(ids_ref))
     np.testing.assert_allclose(np.asarray(w), np.asarray(w_ref), rtol=1e-6, atol=1e-7)
     assert w.shape == (tokens, k) and ids.dtype == jnp.int32
@@ -43,7 +50,7 @@ def test_kernel_route_has_the_xla_gradient():
     bias, probe = jax.random.normal(ks[2], (24,)) * 0.05, jax.random.normal(ks[3], (3, 4))
 
     def loss(x, router, bias, topk):
-        w, _ = route(x, router, bias, cfg, topk=topk)
+        w, _ = route(x, router, bias, cfg, topk)
         return jnp.sum(w * probe)
 
     for argnum in (0, 1, 2):
@@ -53,13 +60,14 @@ def test_kernel_route_has_the_xla_gradient():
 
 
 def test_group_limited_routing_stays_on_xla():
+    """The kernel routes one expert group: with n_group > 1 even `router="on"` runs the XLA path."""
     cfg = known_config("kimi-k2.5").replace(n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=2,
                                             hidden_size=8)
+    assert not router_kernel_applies(Kernels(router="on"), 1, cfg)
+    assert router_kernel_applies(Kernels(router="on"), 1, cfg.replace(n_group=1, topk_group=1))
     x, router, bias = jnp.ones((1, 8)), jnp.ones((16, 8)), jnp.zeros((16,))
-    with pytest.raises(ValueError, match="n_group"):
-        route(x, router, bias, cfg, topk="kernel")
-    with pytest.raises(ValueError, match="topk must be"):
-        route(x, router, bias, cfg, topk="sort")
+    for got, want in zip(route(x, router, bias, cfg, "kernel"), route(x, router, bias, cfg, "xla")):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_lowers_to_triton_at_k25_shapes():
@@ -99,8 +107,8 @@ def test_router_gemv_partials_sum_to_the_logits():
     assert partials.shape == (4, 4, 48)
     np.testing.assert_allclose(np.asarray(partials.sum(0)), np.asarray(router_logits(x, router)), rtol=1e-5, atol=1e-5)
     cfg = known_config("kimi-k2.5").replace(n_routed_experts=48, hidden_size=1024)
-    w_ref, ids_ref = route(x, router, jnp.zeros((48,)), cfg, topk="xla")
-    w, ids = route(x, router, jnp.zeros((48,)), cfg, topk="kernel")
+    w_ref, ids_ref = route(x, router, jnp.zeros((48,)), cfg, "xla")
+    w, ids = route(x, router, jnp.zeros((48,)), cfg, "kernel")
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(ids_ref))
     np.testing.assert_allclose(np.asarray(w), np.asarray(w_ref), rtol=1e-5)
     with pytest.raises(ValueError, match="at most 8 tokens"):
@@ -109,7 +117,7 @@ def test_router_gemv_partials_sum_to_the_logits():
     probe = jax.random.normal(jax.random.PRNGKey(22), (4, cfg.num_experts_per_tok))
 
     def loss(x, router, topk):
-        return jnp.sum(route(x, router, jnp.zeros((48,)), cfg, topk=topk)[0] * probe)
+        return jnp.sum(route(x, router, jnp.zeros((48,)), cfg, topk)[0] * probe)
 
     xf = x.astype(jnp.float32)  # each split's cotangent reaches its own chunk of H (four splits here)
     for argnum in (0, 1):

@@ -16,7 +16,8 @@ from jax.sharding import PartitionSpec as P
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_program
-from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas
+from model.kernels.moe_gather import routed_experts_pallas
+from model.kernels.moe_tiles import MoEKernelConfig
 from model.moe import moe
 from model.moe_parallel import routed_experts_parallel
 from model.sharding import make_mesh, mesh_context, shardings_for
@@ -81,9 +82,9 @@ def test_expert_parallel_moe_equals_reference_int4(tokens):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
 
 
-def test_pallas_kernel_runs_as_the_per_device_expert_computation(monkeypatch):
-    """The per-device step calls `model.moe.routed_experts`; swapped for the fused Pallas MoE (interpret mode
-    on CPU), each device runs the kernel over its 2 local experts and the psum equals the reference."""
+def test_pallas_kernel_runs_as_the_per_device_expert_computation():
+    """With the fused Pallas MoE (interpret mode on CPU) as the per-device computation, each device runs the kernel
+    over its 2 local experts and the psum equals the reference."""
     import model.moe as moe_module
 
     e, f, h, k, t = 16, 16, 32, 4, 3
@@ -98,9 +99,9 @@ def test_pallas_kernel_runs_as_the_per_device_expert_computation(monkeypatch):
 
     kernel = functools.partial(routed_experts_pallas, cfg=MoEKernelConfig(block_f=16, block_h=16, block_k=16),
                                interpret=True)
-    monkeypatch.setattr(moe_module, "routed_experts", kernel)
     mesh = make_mesh((2, 4))
     sharded = jax.device_put(experts, shardings_for(experts, mesh, ((r".", ("experts", None, None)),)))
     with mesh_context(mesh):
-        got = jax.jit(routed_experts_parallel)(x_TH, sharded, ids_TK, weights_TK)
+        got = jax.jit(functools.partial(routed_experts_parallel, per_device_experts=kernel))(
+            x_TH, sharded, ids_TK, weights_TK)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)

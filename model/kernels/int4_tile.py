@@ -42,8 +42,7 @@ def nibble_float(shifted: dict[int, jax.Array], j: int, ptx: bool = False) -> ja
 def nibble_offsets_PTW(v_PTW: jax.Array) -> jax.Array:
     """sum_j nibble_offset(j) * v[j]: what the nibble floats add to a word's dot product, per (token, word).
 
-    Plain XLA, before the kernels: computed inside them instead (x read strided) it measured slower on the
-    H200, 110 vs 98 us at one token and 314 vs 281 at four (bench/results/moe-lab-gpu-20261129-1533.json).
+    Plain XLA, before the kernels: computed inside them instead, x is read strided and the kernels ran slower.
     Written as a weighted sum, not an einsum, so XLA fuses it into one elementwise pass instead of calling a
     GEMM."""
     v = v_PTW.astype(jnp.float32)

@@ -5,7 +5,7 @@ context, the w_uv projection); tests hold the kernels to it in interpret mode on
 
 Why: XLA runs that part as ~12 kernels per layer (two score GEMMs, mask, max, exp, sum, pads, the context GEMM,
 its reduction, the w_uv GEMM), each a launch of 1-5 us for a sub-microsecond floor at 1k context, and it reads
-every slot of the cache's capacity, not only the visible ones (bench/results/step-profile-gpu-20261129-1724*).
+every slot of the cache's capacity, not only the visible ones.
 
 1. `mla_partial` (flash decoding): rows are (token, head) pairs, row t * N + n, of q_lat [B, T*N, C] and
    q_rope [B, T*N, R] against the cache's latent [B, S, C] and roped key [B, S, R]. Grid (batch, block of rows,
@@ -17,12 +17,10 @@ every slot of the cache's capacity, not only the visible ones (bench/results/ste
 2. `mla_combine`: grid (batch, block of rows, block of C): combines the splits and normalises, one launch
    instead of XLA's several; XLA's GEMM then projects the context out through w_uv [N, V, C].
 
-Measured on the H200 (bench/results/README.md, run 8): at 1k context the step is 65 us faster at T=1 and 13 us
-at T=4 (4 layers); at 32k kernel 1 reads each cache block once per 16 rows and walks its share block by block,
-and loses at B=1 T=1 and B=8 T=4, so the engine uses these kernels for caches of up to 4096 slots (longer ones
-only for decode at batch 8, in 32-row blocks: `config_for`); at 1k and 4k
-they also lose to XLA's batched GEMMs at B=8, T=4 (run 9 lab), so only for batch x tokens <= 8
-(model/attention_mla.py). Tiles by shape: `config_for`.
+Kernel 1 reads each cache block once per block of rows and walks its share block by block, which pays at short
+caches and few query rows but not over long caches or many rows, where XLA's batched GEMMs win: the dispatch
+(model/kernels/dispatch.py, `mla_kernel_applies`) bounds where the kernels run (docs/performance.md has the
+measurements). Tiles by shape: `config_for`.
 """
 
 from __future__ import annotations
@@ -78,11 +76,8 @@ def config_for(capacity: int, latent_dim: int, rows: int = 1, batch: int = 1) ->
     sequences, shrunk to powers of two that divide these shapes (small test models).
 
     Decode (rows <= 64, K2.5's 64 heads at one token) keeps the defaults, but for long caches at batch >= 8
-    takes 32-row blocks, which read the cache half as often (attention alone at B=8, 32k: 219.6 us against the
-    defaults' 294.1 and XLA's 330.2; bench/results/attention-lab-gpu-20261129-1743). Verify steps change the
-    split: the attention alone at B=1, T=4 measured on the H200 (bench/results/README.md, run 9 lab, us per call)
-    at 1k 16 rows x 8 splits 28.1 vs the defaults' 39.6 (XLA 38.8), at 4k 32 rows x 16 splits 38.4 vs 57.7 (XLA
-    48.4)."""
+    takes 32-row blocks, which read the cache half as often. Verify steps (more than 64 rows) take 8 splits over
+    short caches and 32-row blocks over longer ones: the fastest tiles measured for each (docs/performance.md)."""
     base = MLAKernelConfig()
     if rows <= 64 and batch >= LONG_CACHE_MIN_BATCH and capacity > LONG_CAPACITY:
         base = dataclasses.replace(base, block_q=32)
@@ -179,8 +174,7 @@ def mla_combine(o_BXRC, m_BXR, l_BXR, dtype, *, cfg: MLAKernelConfig, interpret:
     """Kernel 2: combine the splits and normalise -> the context [B, R, C] in `dtype`.
 
     Grid (batch, block of rows, block of C): each partial is read once. Projecting through w_uv inside this kernel
-    (a program per row) read w_uv once per token and measured 17.7 us at four tokens on the H200; XLA's GEMM
-    after it reads w_uv once."""
+    (a program per row) reads w_uv once per token; XLA's GEMM after it reads w_uv once."""
     b, x, r, c = o_BXRC.shape
     kernel = functools.partial(_combine_kernel, block_r=cfg.combine_rows, block_c=cfg.block_c, splits=x)
     return pl.pallas_call(

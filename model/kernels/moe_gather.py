@@ -7,9 +7,9 @@ Two kernels, each reading every selected expert once (slots from `expert_slots`)
    where c[u, t] is token t's routing weight for the slot's expert (0 when t did not choose it).
 2. down: grid (block of H rows). y[h, t] = sum over used slots u of down[e_u, h, :] . h[u, :, t].
 The T tokens ride along as the N side of a small matrix product (padded to 16+), so T = 1..16 tokens cost
-about the same bytes as one: weights are read once per slot, never per (token, choice) pair. Measured on the
-H200 the dequantized tiles' trip through shared memory costs more than those bytes save: up to
-PAIRS_MAX_TOKENS (model/kernels/__init__.py) the engine runs moe_gemv.py's one-slot-per-pair kernel instead.
+about the same bytes as one: weights are read once per slot, never per (token, choice) pair. On the
+GPU the dequantized tiles' trip through shared memory costs more than those bytes save at few tokens, where the
+dispatch (model/kernels/dispatch.py) runs moe_gemv.py's one-slot-per-pair kernel instead.
 
 INT4 weights stay packed in HBM and are dequantized in registers (see int4_tile.py): nibble j of each
 word is a "part" dotted with the inputs 8*w + j, so the wrapper lays x out j-major ([8, H/8, T]) and the
@@ -19,7 +19,6 @@ for its own inputs. bf16 weights are the same code with one part.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -31,48 +30,11 @@ from model.kernels.expert_slots import expert_slots, split_range
 from model.kernels.index_math import div, even_splits, rem
 from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
 from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
+from model.kernels.moe_tiles import MoEKernelConfig, check_shapes, parts_of, token_tile, weight_arrays, words_per_group
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
 
-MIN_TOKEN_TILE = 16  # Triton's dot needs every dimension >= 16
-
-
-@dataclasses.dataclass(frozen=True)
-class MoEKernelConfig:
-    block_f: int = 32  # gate_up: rows of F per program
-    block_h: int = 32  # down: rows of H per program
-    block_k: int = 64  # words (int4) or elements (bf16) of the contracted dim per loop step and part
-    num_warps: int = 4
-    num_stages: int = 3
-    variant: str = "mma"  # "mma": tensor-core dots (any T <= 128); "gemv": CUDA-core FMAs, moe_gemv.py
-    scales: str = "gather"  # int4 group scales: "gather" one per word by index, "join" per group then repeated
-    prefetch: bool = False  # gemv: issue the next step's loads before this step's arithmetic
-    down_splits: int = 1  # down kernel: programs per block of H rows, each over a share of the slots
-    slots: str = "unique"  # gemv: "unique" one slot per distinct expert, "pairs" one per (token, choice)
-    # gemv int4 arithmetic: "f32" (exact nibble floats, f32 FMAs) or "none", a lab diagnostic: the words read as
-    # floats, one FMA each (wrong results), so the loads are timed alone. H200, one layer (bench/results/moe-lab-
-    # gpu-20261129-2220 / -2253): none 83.5 / 85.9 us at T=1 against 97.3 / 91.8, 233.2 / 236.0 at T=4 against
-    # 268.7 / 269.1: without any dequantization the kernels still run at 1.8x / 1.3x the floor.
-    math: str = "f32"
-
-
-def token_tile(t: int) -> int:
-    return max(MIN_TOKEN_TILE, 1 << (t - 1).bit_length())
-
-
-def _parts(w) -> int:
-    return 8 if isinstance(w, Int4Weight) else 1
-
-
-def _weight_arrays(w) -> tuple[jax.Array, ...]:
-    return (w.packed, w.scale) if isinstance(w, Int4Weight) else (w,)
-
-
-def _words_per_group(w) -> int:
-    return w.group_size // 8 if isinstance(w, Int4Weight) else 1
-
-
-def _load_parts(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, gather, ptx):
+def _loadparts_of(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, gather, ptx):
     """One [rows, block_k] tile of expert e -> `parts` operands [rows, block_k] in `dtype`.
 
     INT4: nibble j as the exact float q + offset_j (moe_gemv.nibble_float), then one FMA gives q * scale,
@@ -107,8 +69,8 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, words
             acc_g, acc_u = acc
             k0 = i * cfg.block_k
             gather = cfg.scales == "gather"
-            g_parts = _load_parts(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
-            u_parts = _load_parts(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
+            g_parts = _loadparts_of(gate_w, gate_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
+            u_parts = _loadparts_of(up_w, up_s, e, rows, k0, cfg.block_k, parts, words_per_group, dt, gather, ptx)
             for j in range(parts):
                 x_j = x_ref[j, pl.ds(k0, cfg.block_k), :]
                 acc_g += jnp.dot(g_parts[j], x_j, preferred_element_type=jnp.float32)
@@ -135,7 +97,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows
         u = first_slot + div(i, n_k)
         k0 = rem(i, n_k) * cfg.block_k
         e = expert_ref[u]
-        d_parts = _load_parts(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt,
+        d_parts = _loadparts_of(down_w, down_s, e, pl.ds(r0, cfg.block_h), k0, cfg.block_k, parts, words_per_group, dt,
                               cfg.scales == "gather", ptx)
         for j in range(parts):
             h_j = h_ref[u, pl.ds(j * rows_per_part + k0, cfg.block_k), :]
@@ -144,21 +106,6 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, words_per_group, rows
 
     zeros = jnp.zeros((cfg.block_h, h_ref.shape[-1]), jnp.float32)
     y_ref[pl.program_id(1), pl.ds(r0, cfg.block_h), :] = jax.lax.fori_loop(0, slots * n_k, step, zeros)
-
-
-def check_shapes(experts, cfg: MoEKernelConfig) -> None:
-    """Raise ValueError when the tiles do not divide these expert shapes."""
-    e, f, h = experts.gate.shape
-    parts = _parts(experts.gate)
-    wpg = _words_per_group(experts.gate)
-    if wpg & (wpg - 1):
-        raise ValueError(f"group size {experts.gate.group_size} must be 8 * a power of two")
-    for name, n, b in (("F/parts", f // parts, cfg.block_f), ("F/parts", f // parts, cfg.block_k),
-                       ("H/parts", h // parts, cfg.block_k), ("H", h, cfg.block_h)):
-        if n % b or b % wpg:
-            raise ValueError(f"{name}={n} is not a multiple of block {b} (or block not of whole groups)")
-    if _parts(experts.down) != parts:
-        raise ValueError("gate/up and down must share one storage format")
 
 
 def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelConfig = MoEKernelConfig(),
@@ -172,7 +119,7 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     check_shapes(experts, cfg)
     t, hidden = x_TH.shape
     num_experts, f, _ = experts.gate.shape
-    parts, wpg = _parts(experts.gate), _words_per_group(experts.gate)
+    parts, wpg = parts_of(experts.gate), words_per_group(experts.gate)
     tp = token_tile(t)
     dt = x_TH.dtype
     slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), tp)
@@ -191,16 +138,16 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
         interpret=interpret,
         name="moe_gate_up",
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PWT,
-      *_weight_arrays(experts.gate), *_weight_arrays(experts.up))
+      *weight_arrays(experts.gate), *weight_arrays(experts.up))
 
     splits, slots_per_split = even_splits(u, cfg.down_splits)
     down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=slots_per_split, **common)
-    y_SHT = pl.pallas_call(
+    y_PHT = pl.pallas_call(
         down,
         out_shape=jax.ShapeDtypeStruct((splits, hidden, tp), jnp.float32),
         grid=(hidden // cfg.block_h, splits),
         compiler_params=params,
         interpret=interpret,
         name="moe_down",
-    )(slots.expert_U, slots.num_used, h_UPT, *_weight_arrays(experts.down))
-    return jnp.sum(y_SHT, axis=0)[:, :t].T.astype(dt)
+    )(slots.expert_U, slots.num_used, h_UPT, *weight_arrays(experts.down))
+    return jnp.sum(y_PHT, axis=0)[:, :t].T.astype(dt)

@@ -4,14 +4,14 @@ Plain reference: `model.moe.experts_gather`. Same two-kernel structure as moe_ga
 over (slot, block of F rows), then down over blocks of H rows looping over the used slots), but the
 products are elementwise FMAs accumulated in registers and reduced once per program, not tensor-core dots.
 Why: with one token a dot pads the token side to 16 and routes every dequantized tile through shared
-memory; the first H200 run measured that at 6x the INT4 byte floor, issue-bound on the dequantization.
+memory, which leaves the kernel issue-bound on the dequantization far above the INT4 byte floor.
 
 INT4: nibble j becomes the exact float q + offset_j in one LOP3 (int4_tile.nibble_float), multiplied into
 a per-word sum with FMAs; the offsets are removed once per word as sum_j offset_j x_j, which depends on x
 alone and is computed by XLA before the kernel (`nibble_offsets_PTW`); the group scale is applied once per
 word. Per value at one token: ~0.5 shift, one LOP3, one FFMA. The products are explicit FMAs (PTX
 `fma.rn.f32`, model/kernels/ptx.py): Triton leaves a * b + c as two instructions, which the first profile
-(ncu, bench/results/) showed as 40% of the kernel's instructions.
+(Nsight Compute) showed as 40% of the kernel's instructions.
 
 Group scales are loaded one per word with an index array (`scale_tile`): the same [rows, words] shape and
 layout as the words, so no join/reshape (a layout change through shared memory in Triton) sits in the
@@ -39,6 +39,7 @@ from jax.experimental.pallas import triton as pl_triton
 from model.kernels.expert_slots import ExpertSlots, expert_slots, split_range
 from model.kernels.index_math import div, even_splits, rem
 from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
+from model.kernels.moe_tiles import check_shapes
 from model.kernels.ptx import fma
 from model.quant import Int4Weight
 
@@ -60,20 +61,15 @@ def _load_tile(w_ref, s_ref, e, rows, k0, block_k, wpg, gather):
     return words, scale_tile(s_ref, e, rows, k0, block_k, wpg, gather)
 
 
-def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool, math: str = "f32"):
+def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool):
     """For each token: acc += sum over parts of W_part * v_part (scaled), on unreduced [rows, block_k] f32 tiles.
 
     `tile` is (words,) for bf16 or (words, scales) for int4; `vectors_by_token[t][j]` is the [block_k] f32
-    input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_PTW` ([block_k]).
-    `math="none"` (lab diagnostic) multiplies the raw words read as floats: the same loads with one FMA per
-    word instead of the dequantization, so wrong results."""
+    input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_PTW` ([block_k])."""
     if len(tile) == 1:  # bf16 weights: one part
         v = tile[0].astype(jnp.float32)
         return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
     words, scale = tile
-    if math == "none":
-        v = jax.lax.bitcast_convert_type(words, jnp.float32) * scale
-        return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
     shifted = shifted_words(words)
     parts = len(vectors_by_token[0])
     sums = [None] * len(vectors_by_token)
@@ -99,7 +95,7 @@ def _pipelined_loop(n, load, compute, acc, prefetch: bool):
 
 
 def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, rows_per_part, block_f, block_k,
-                    tokens, choices, n_k, gather, prefetch, ptx, math):
+                    tokens, choices, n_k, gather, prefetch, ptx):
     """h[u, j, i, w] for the tokens slot u computes: all `tokens` (unique slots) or token u // choices (pairs).
 
     x_ref is [parts, T, H/parts] with the offsets [T, H/parts] in refs (XLA laid them out)."""
@@ -126,8 +122,8 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
             k0 = i * block_k
             xs = [[x_ref[j, t, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for t in token_ids]
             offs = [None if xoff_ref is None else xoff_ref[t, pl.ds(k0, block_k)] for t in token_ids]
-            return (_accumulate(tiles[0], xs, offs, acc_g, ptx, math),
-                    _accumulate(tiles[1], xs, offs, acc_u, ptx, math))
+            return (_accumulate(tiles[0], xs, offs, acc_g, ptx),
+                    _accumulate(tiles[1], xs, offs, acc_u, ptx))
 
         zeros = tuple(jnp.zeros((block_f, block_k), jnp.float32) for _ in token_ids)
         acc_g, acc_u = _pipelined_loop(n_k, load, compute, (zeros, zeros), prefetch)
@@ -137,7 +133,7 @@ def _gate_up_kernel(expert_ref, num_ref, combine_ref, x_ref, *refs, parts, wpg, 
 
 
 def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, block_h, block_k, tokens, choices, n_k,
-                 splits, slots_per_split, gather, prefetch, ptx, math):
+                 splits, slots_per_split, gather, prefetch, ptx):
     """y[split, t, rows]: unique slots sum all tokens over split's slots; pairs sum token t's choices of the split."""
     if parts > 1:
         hoff_ref, down_w, down_s, y_ref = refs
@@ -164,7 +160,7 @@ def _down_kernel(expert_ref, num_ref, h_ref, *refs, parts, wpg, rows_per_part, b
         k0 = rem(i, n_k) * block_k
         hs = [[h_ref[u, j, c, pl.ds(k0, block_k)].astype(jnp.float32) for j in range(parts)] for _, c in outputs]
         offs = [None if hoff_ref is None else hoff_ref[u, c, pl.ds(k0, block_k)] for _, c in outputs]
-        return _accumulate(tile, hs, offs, acc, ptx, math)
+        return _accumulate(tile, hs, offs, acc, ptx)
 
     zeros = tuple(jnp.zeros((block_h, block_k), jnp.float32) for _ in outputs)
     acc = _pipelined_loop(slots * n_k, load, compute, zeros, prefetch)
@@ -181,8 +177,6 @@ def _pair_slots(ids_TK, weights_TK) -> ExpertSlots:
 
 def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather`; `cfg` is a MoEKernelConfig (tiles, warps, slots, splits)."""
-    from model.kernels.moe_gather import check_shapes
-
     check_shapes(experts, cfg)
     if cfg.slots not in ("unique", "pairs"):
         raise ValueError(f"MoEKernelConfig.slots must be 'unique' or 'pairs', not {cfg.slots!r}")
@@ -200,13 +194,11 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     # pairs: each token's choices split across programs; unique: all slots split across programs
     splits, slots_per_split = even_splits(choices if pairs else u, cfg.down_splits)
     x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    if cfg.math not in ("f32", "none"):
-        raise ValueError(f"MoEKernelConfig.math must be 'f32' or 'none', not {cfg.math!r}")
     x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
-                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret, math=cfg.math)
+                  gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
     h_UPTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
@@ -218,7 +210,7 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
     h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
 
-    y_STH = pl.pallas_call(
+    y_PTH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, splits=splits,
                           slots_per_split=slots_per_split, **common),
         out_shape=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
@@ -227,4 +219,4 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         interpret=interpret,
         name="moe_down_gemv",
     )(slots.expert_U, slots.num_used, h_UPTW, *h_off, *arrays(experts.down))
-    return jnp.sum(y_STH, axis=0).astype(dt)
+    return jnp.sum(y_PTH, axis=0).astype(dt)

@@ -1,7 +1,7 @@
 """Single PTX instructions for the Triton kernels, each with its plain-jnp equivalent for interpret mode.
 
 Why: Triton leaves a * b + c as FMUL + FADD, and ptxas needs two LOP3 for (a & imm) | imm (one immediate
-per LOP3); the H200 profile of the gemv kernel (bench/results/) counted both as a third of its instructions.
+per LOP3); in the gemv kernel's profile the two made a third of its instructions.
 """
 
 from __future__ import annotations

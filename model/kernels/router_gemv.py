@@ -1,8 +1,7 @@
 """Router logits for decode and verify: a Pallas (Triton) GEMV over the [E, H] float32 router, split over H.
 
 Plain reference: the einsum in `model.router.route` (float32, Precision.HIGHEST). Why: at 2-8 tokens XLA
-runs it as a split-K GEMM plus a reduction launch, 9.5 + 1.3 us per MoE layer on the H200 for 11 MB of
-router (2.6 us at 4.3 TB/s; bench/results/step-profile-gpu-20261129-2223.json), because the [T, 384]
+runs it as a split-K GEMM plus a reduction launch, several times the router's byte floor, because the [T, 384]
 output gives its tiles little to share out. Here program (block of E rows, split of H) reads its
 [block_e, H / splits] share once and multiplies it in float32 (exact products, as HIGHEST) into every
 token's partial sum; the top-k kernel (router_topk.py) adds the splits' partials as it loads the logits, so the
@@ -20,24 +19,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 
-# Outside [MIN_TOKENS, MAX_TOKENS] XLA's einsum runs. Routing of one K2.5 layer on the H200 (chained, us;
-# bench/results/router-lab-gpu-20261129-2252): kernels 17.6 / 19.0 / 29.4 / 40.2 at T = 1 / 4 / 8 / 16, XLA
-# 16.7 / 27.9 / 28.8 / 29.7. In the step (step-profile-gpu-20261129-2223 / -2253) XLA computes one token's
-# logits as a single reduction, 4.5 us against the GEMV's 5.0; at T = 4 a split-K GEMM + reduction, 10.8 vs 8.4.
+# Outside [MIN_TOKENS, MAX_TOKENS] XLA's einsum runs: at one token it is a single reduction as fast as the GEMV,
+# above eight tokens a GEMM.
 MIN_TOKENS = 2
 MAX_TOKENS = 8
 BLOCK_E = 16  # router rows per program
 BLOCK_K = 256  # hidden elements per loop step
-# Loop steps per program. 1: H = 7168 gives 28 splits, 24 x 28 = 672 programs of 16 KB, each load issued at
-# once: 5.0 / 8.4 us per layer at T = 1 / 4 in the step (step-profile-gpu-20261129-2253), 2 steps 5.3 / 8.8
-# (-2238); XLA's GEMM + reduction 9.5 + 1.3 us at T = 4. Still 2-3x the 2.6 us of bytes: launch and latency.
+# Loop steps per program. 1: H = 7168 gives 28 splits, 24 x 28 = 672 programs of 16 KB, each load issued at once.
 STEPS = 1
 
 
 def tiles(experts: int, hidden: int) -> tuple[int, int, int]:
-    """(block_e, block_k, splits) for these shapes: the defaults, shrunk to powers of two that divide them.
-
-    Read at trace time: bench.router_lab sets STEPS to time the alternatives."""
+    """(block_e, block_k, splits) for these shapes: the defaults, shrunk to powers of two that divide them."""
     block_e = math.gcd(experts, BLOCK_E)
     block_k = math.gcd(hidden, BLOCK_K)
     steps = hidden // block_k
@@ -92,15 +85,15 @@ def _fwd(x_TH, router_EH, interpret):
     return _partials(x_TH, router_EH, interpret), (x_TH, router_EH)
 
 
-def _bwd(interpret, res, g_STE):
+def _bwd(interpret, res, g_PTE):
     """Partial s is x[:, chunk s] @ router[:, chunk s].T: each chunk of H gets its own split's cotangent."""
     x_TH, router_EH = res
-    s, t, e = g_STE.shape
+    s, t, e = g_PTE.shape
     hi = jax.lax.Precision.HIGHEST
-    x_TSC = x_TH.astype(jnp.float32).reshape(t, s, -1)
-    router_ESC = router_EH.astype(jnp.float32).reshape(e, s, -1)
-    dx = jnp.einsum("ste,esc->tsc", g_STE, router_ESC, precision=hi).reshape(x_TH.shape).astype(x_TH.dtype)
-    drouter = jnp.einsum("ste,tsc->esc", g_STE, x_TSC, precision=hi).reshape(router_EH.shape).astype(router_EH.dtype)
+    x_TPH = x_TH.astype(jnp.float32).reshape(t, s, -1)
+    router_EPH = router_EH.astype(jnp.float32).reshape(e, s, -1)
+    dx = jnp.einsum("ste,esc->tsc", g_PTE, router_EPH, precision=hi).reshape(x_TH.shape).astype(x_TH.dtype)
+    drouter = jnp.einsum("ste,tsc->esc", g_PTE, x_TPH, precision=hi).reshape(router_EH.shape).astype(router_EH.dtype)
     return dx, drouter
 
 

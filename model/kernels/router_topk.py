@@ -1,9 +1,8 @@
 """`noaux_tc` top-k routing (one expert group) after the router GEMV: a Pallas (Triton) kernel, one program per token.
 
 Plain reference: `model.router.route` from the logits on (sigmoid, bias-corrected choice, top-k, unbiased
-weights, normalisation, scaling). Why: XLA runs that as ~5 launches per MoE layer on the H200 (bias add, a
-sort kernel of 5.6 us, the weights' gather, sum, scale; bench/results/step-profile-gpu-20261129-1724.json),
-where the work is a few hundred floats per token. The kernel keeps a token's E scores in registers and takes
+weights, normalisation, scaling). Why: XLA runs that as ~5 launches per MoE layer on a GPU (bias add, a
+sort kernel, the weights' gather, sum, scale), where the work is a few hundred floats per token. The kernel keeps a token's E scores in registers and takes
 the k largest by k rounds of max / lowest index of the max / mask, the order and tie rule of `lax.top_k`.
 Group-limited routing (n_group > 1, DeepSeek-V3) stays on the XLA path.
 """
@@ -17,10 +16,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from model.router_weights import chosen_weights
 
-# Warps per token's program. One warp (the k rounds of max / min as warp shuffles only) measured the same on the
-# H200: 5.3 / 5.7 us per layer at T = 1 / 4 against 5.1 / 5.4 (step profiles 2253 / 2238; router lab 2252 within
-# its noise). Read at trace time (bench.router_lab sets it).
+
+# Warps per token's program (one warp, shuffles only, ran as fast: docs/performance.md).
 NUM_WARPS = 4
 
 
@@ -72,7 +71,7 @@ def route_topk(logits_TE: jax.Array, bias_E: jax.Array, k: int, norm_topk_prob: 
                interpret: bool = False):
     """(weights [T, k] float32, expert ids [T, k] int32) from router logits [T, E], as `model.router.route`.
 
-    The logits may also come as [S, T, E] partial sums over S (router_gemv.py), added here as they load.
+    The logits may also come as [P, T, E] partial sums over P (router_gemv.py), added here as they load.
     Differentiable in the logits like the XLA path (the bias only chooses, so it gets no gradient)."""
     return _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret)
 
@@ -84,8 +83,7 @@ def _route_topk_fwd(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
 
 def _route_topk_bwd(k, norm_topk_prob, scaling, interpret, res, cotangents):
     logits_TE, bias_E, ids_TK = res
-    from model.router import chosen_weights  # the XLA path's weights: its gradient is the reference's
-
+    # the XLA path's weights: its gradient is the reference's
     summed_TE = logits_TE.sum(0) if logits_TE.ndim == 3 else logits_TE  # partials: each split adds with weight 1
     _, pullback = jax.vjp(lambda lg: chosen_weights(jax.nn.sigmoid(lg.astype(jnp.float32)), ids_TK, norm_topk_prob,
                                                     scaling), summed_TE)
@@ -97,8 +95,8 @@ route_topk.defvjp(_route_topk_fwd, _route_topk_bwd)
 
 
 def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
-    partials_STE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
-    _, t, e = partials_STE.shape
+    partials_PTE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
+    _, t, e = partials_PTE.shape
     k_pad = _next_pow2(k)
     kernel = functools.partial(_topk_kernel, experts=e, k=k, norm=norm_topk_prob, scale=float(scaling))
     w_TK, ids_TK = pl.pallas_call(
@@ -108,5 +106,5 @@ def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
         compiler_params=pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name="router_topk",
-    )(partials_STE.astype(jnp.float32), bias_E.astype(jnp.float32))
+    )(partials_PTE.astype(jnp.float32), bias_E.astype(jnp.float32))
     return w_TK[:, :k], ids_TK[:, :k]  # a no-op for k = 8 (every Kimi / DeepSeek config)

@@ -1,0 +1,138 @@
+"""Which implementation runs each kernel family, from (backend, shapes, `model.config.Kernels`).
+
+The model's layers ask here; the answer is a plain Python value at trace time, so a program's kernels follow from
+its config and shapes alone. `Kernels(...)="auto"` takes a GPU kernel only where it serves the shapes it was tuned
+for on one GPU (the measurements behind each bound are in docs/performance.md); everywhere else, and always with
+"off", the plain XLA reference beside each kernel runs.
+
+Routed experts (`moe_kernel_for`):
+- INT4 experts on Hopper up to WGMMA_MAX_TOKENS tokens (decode, verify): moe_wgmma.py, Mosaic GPU, weight tiles
+  streamed into shared memory by TMA, products on tensor cores;
+- otherwise up to PAIRS_MAX_TOKENS: moe_gemv.py, Triton, one slot per (token, choice) on CUDA cores;
+- above (up to MAX_KERNEL_TOKENS): moe_gather.py, Triton, tensor-core dots over the unique experts;
+- prefill buckets beyond MAX_KERNEL_TOKENS: the plain dense path.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from model.config import Kernels, TextConfig
+from model.kernels import moe_wgmma
+from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, config_for
+from model.kernels.moe_gather import routed_experts_pallas
+from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
+from model.kv_cache import LONG_CAPACITY
+from model.quant import Fp8Weight, Int4Weight
+from model.sharding import single_device_program
+
+# Above this many tokens (prefill buckets) the kernels' per-slot pass stops paying: the plain dense path runs.
+MAX_KERNEL_TOKENS = 128
+# One slot per (token, choice) on CUDA cores up to this many tokens, tensor-core dots over the unique experts above
+# (INT4 prefill buckets of 64 measured fastest with pairs; at 128 the mma tiles exceed Hopper's shared memory).
+PAIRS_MAX_TOKENS = {"int4": 128, "bf16": 4}
+# The Mosaic GPU kernel takes decode and every verify up to batch 8 x 8 tokens; beyond, it has not been measured.
+WGMMA_MAX_TOKENS = 64
+# gate_up splits H 7 ways (Kimi's 28 tiles in 4-tile shares) up to this many tokens, 4 ways above.
+SEVEN_SPLITS_MAX_TOKENS = 8
+
+# MLA decode kernels: batch x tokens up to this (larger query blocks ran faster through XLA's batched GEMMs), and
+# never beyond MLA_KERNEL_MAX_TOKENS tokens even when forced (prefill never takes them).
+MLA_KERNEL_MAX_QUERY_TOKENS = 8
+MLA_KERNEL_MAX_TOKENS = 16
+
+
+def on_hopper() -> bool:
+    dev = jax.devices()[0]
+    return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9")
+
+
+# --- routed experts --------------------------------------------------------------------------------------------
+def triton_config_for(tokens: int, experts) -> MoEKernelConfig:
+    """The Triton kernels' tiles for this token count: one slot per (token, choice) on CUDA cores at few tokens,
+    tensor-core dots over the unique experts above."""
+    int4 = isinstance(experts.gate, Int4Weight)
+    if tokens <= PAIRS_MAX_TOKENS["int4" if int4 else "bf16"]:
+        return MoEKernelConfig(block_f=32, block_h=32, block_k=64 if int4 else 256, num_warps=4, variant="gemv",
+                               down_splits=8, slots="pairs")
+    # wgmma tiles of 64 rows; two stages keep the shared memory (dequantized tiles + inputs) under 227 KB
+    return MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8)
+
+
+def wgmma_config_for(experts, choices: int, tokens: int = 1) -> dict:
+    """moe_wgmma's splits for these shapes: gate_up the first of 7, 4, 2, 1 that divides H's tiles (7 only up to
+    SEVEN_SPLITS_MAX_TOKENS tokens: more programs in flight at few tokens), down as many splits of the choices as
+    divide them up to 8; at one token the down kernel also splits F in two (its programs then fill the GPU in
+    whole waves)."""
+    tiles = experts.gate.shape[-1] // moe_wgmma.TILE_K
+    candidates = (7, 4, 2, 1) if tokens <= SEVEN_SPLITS_MAX_TOKENS else (4, 2, 1)
+    return dict(stages=moe_wgmma.STAGES, gate_up_splits=next(s for s in candidates if tiles % s == 0),
+                down_splits=next(s for s in (8, 4, 2, 1) if choices % s == 0),
+                down_k_splits=2 if tokens == 1 and (experts.down.shape[-1] // moe_wgmma.TILE_K) % 2 == 0 else 1)
+
+
+def _triton_fits(tokens: int, experts) -> bool:
+    try:
+        check_shapes(experts, triton_config_for(tokens, experts))
+    except ValueError:
+        return False
+    return True
+
+
+def moe_kernel_for(tokens: int, experts, kernels: Kernels = Kernels()) -> str | None:
+    """'wgmma' (moe_wgmma.py), 'gemv' / 'mma' (the Triton kernels, `triton_config_for`), or None for the plain
+    XLA path."""
+    if kernels.moe == "off" or isinstance(experts.gate, Fp8Weight) or tokens > MAX_KERNEL_TOKENS:
+        return None
+    if jax.default_backend() != "gpu":  # under a mesh too: model.moe_parallel runs this per device
+        return None
+    wgmma_fits = tokens <= WGMMA_MAX_TOKENS and moe_wgmma.supports(experts) and on_hopper()
+    if kernels.moe in ("auto", "wgmma") and wgmma_fits:
+        return "wgmma"
+    if kernels.moe in ("auto", "triton") and _triton_fits(tokens, experts):
+        return triton_config_for(tokens, experts).variant
+    return None
+
+
+def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array, kernel: str) -> jax.Array:
+    """The kernel `moe_kernel_for` named, with its tuned tiles for this token count: [T, H] -> [T, H]."""
+    tokens = x_TH.shape[0]
+    if kernel == "wgmma":
+        return moe_wgmma.routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK,
+                                              **wgmma_config_for(experts, ids_TK.shape[1], tokens))
+    return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=triton_config_for(tokens, experts))
+
+
+# --- MLA attention ---------------------------------------------------------------------------------------------
+def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int, cfg: TextConfig,
+                       backend: str | None = None) -> bool:
+    """The MLA decode kernels (mla_decode.py) for this absorbed attention step? "auto": on one GPU, batch x tokens
+    <= MLA_KERNEL_MAX_QUERY_TOKENS over caches of up to LONG_CAPACITY slots, and decode at batch >=
+    LONG_CACHE_MIN_BATCH over longer caches; "on": any batch and capacity up to MLA_KERNEL_MAX_TOKENS tokens,
+    on one GPU."""
+    if kernels.mla == "off" or (backend or jax.default_backend()) != "gpu":
+        return False
+    if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
+        return False
+    long_cache_decode = tokens == 1 and batch >= LONG_CACHE_MIN_BATCH
+    if kernels.mla == "auto" and (batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS
+                                  or (capacity > LONG_CAPACITY and not long_cache_decode)):
+        return False
+    try:
+        check_config(config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads, batch), capacity,
+                     cfg.kv_lora_rank)
+    except ValueError:
+        return False
+    return True
+
+
+# --- routing ---------------------------------------------------------------------------------------------------
+def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> bool:
+    """The router's top-k kernel (router_topk.py, with router_gemv.py's logits at 2-8 tokens)? It routes one expert
+    group only. "auto": on one GPU for as many tokens as the MoE kernels take (decode, verify); "on": wherever it
+    can (off the GPU in Pallas' interpret mode)."""
+    if kernels.router == "off" or cfg.n_group > 1:
+        return False
+    if kernels.router == "on":
+        return True
+    return jax.default_backend() == "gpu" and tokens <= MAX_KERNEL_TOKENS and single_device_program()
