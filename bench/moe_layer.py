@@ -29,9 +29,8 @@ CANDIDATES = (  # the engine's configs first (model.kernels.dispatch.triton_conf
     MoEKernelConfig(block_f=64, block_h=64, block_k=64, num_warps=4, num_stages=2, variant="mma", down_splits=8),
 )
 REPS = 20  # layer calls chained inside one jit, so per-call host dispatch does not count
-# A jitted chain also pays a fixed cost per run, before and after its loop's first iteration (~0.3 ms on the H200:
-# bench/moe_layer_profile.py's timeline, moe-layer-profile-gpu-20261130-0537), 15 us a call at REPS = 20 that a
-# layer inside a model never pays. So a call is timed as the difference of a chain of LONG_REPS calls and one of
+# A jitted chain also pays a fixed cost per run, before and after its loop's first iteration, that a layer inside a
+# model never pays. So a call is timed as the difference of a chain of LONG_REPS calls and one of
 # REPS, divided by the extra calls.
 LONG_REPS = 3 * REPS
 

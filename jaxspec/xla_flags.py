@@ -2,12 +2,12 @@
 
 - `--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`: XLA records a step's kernels into a CUDA graph with edges
   only where kernels share buffers, so independent kernels (a layer's shared expert beside its routed experts)
-  may overlap. The default, LHS, chains them in the latency-hiding scheduler's order. On the H200 it took 4-8% off
-  every B=1 1k step row and gave bit-identical tokens and logits (`python -m bench.graph_mode_check`,
-  bench/results/README.md run 16).
+  may overlap. The default, LHS, chains them in the latency-hiding scheduler's order. On the H200 it is faster at
+  every B=1 1k step and gives bit-identical tokens and logits (`python -m bench.labs.graph_mode_check`; the
+  figures are in docs/performance.md).
 - `--xla_gpu_per_fusion_autotune_cache_dir=DIR`: XLA's autotuner picks each GEMM's kernel by timing candidates,
   so two processes can compile different kernels and round differently: greedy decoding of the same prompt then
-  diverged between runs (run 16, from the tenth token on a random model). With the choices kept in DIR every run
+  diverged between processes (on a random model, from the tenth token on). With the choices kept in DIR every run
   on the machine compiles the first run's kernels (and skips the autotuning). DIR is $JAXSPEC_AUTOTUNE_CACHE, by
   default ~/.cache/jaxspec/xla-autotune/jaxlib-<version> ($XDG_CACHE_HOME is honoured); JAXSPEC_AUTOTUNE_CACHE=off
   leaves the autotuner to each process, as does a directory that cannot be created or whose path holds whitespace

@@ -1,9 +1,9 @@
-"""`python -m bench.graph_launch_lab`: programs of N links, their kernels counted from a real profiler trace and
+"""`python -m bench.labs.graph_launch_lab`: programs of N links, their kernels counted from a real profiler trace and
 the per-kernel cost fitted over N (on CPU the XLA programs only; the Pallas kinds need the GPU)."""
 
 import pytest
 
-from bench.graph_launch_lab import main, make_program
+from bench.labs.graph_launch_lab import main, make_program
 
 
 def test_programs_of_more_links_launch_more_kernels(tmp_path):
@@ -22,7 +22,7 @@ def test_program_computes_the_chain():
     import jax.numpy as jnp
     import numpy as np
 
-    from bench.graph_launch_lab import SHAPE
+    from bench.labs.graph_launch_lab import SHAPE
 
     x = jnp.full(SHAPE, 2.0, jnp.float32)
     expect = np.full(SHAPE, 2.0)

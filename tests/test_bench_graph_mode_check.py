@@ -1,12 +1,12 @@
-"""`python -m bench.graph_mode_check` at tiny dims on CPU: one process per CUDA-graph scheduling mode, the tokens and
+"""`python -m bench.labs.graph_mode_check` at tiny dims on CPU: one process per CUDA-graph scheduling mode, the tokens and
 logits of each compared with the first (a CPU has no CUDA graph, so they must be identical)."""
 
 import json
 
 import pytest
 
-from bench.graph_mode_check import AUTOTUNE_CACHE_FLAG, FLAG, _with_mode
-from bench.graph_mode_check import main as graph_mode_check
+from bench.labs.graph_mode_check import AUTOTUNE_CACHE_FLAG, FLAG, _with_mode
+from bench.labs.graph_mode_check import main as graph_mode_check
 
 
 def test_modes_run_in_their_own_processes_and_agree(tmp_path):

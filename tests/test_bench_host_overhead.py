@@ -1,12 +1,12 @@
-"""Smoke test at tiny dims on CPU: `python -m bench.host_overhead` takes a synchronised step's host time apart."""
+"""Smoke test at tiny dims on CPU: `python -m bench.labs.host_overhead` takes a synchronised step's host time apart."""
 
 import json
 
-from bench.host_overhead import main as host_overhead
+from bench.labs.host_overhead import main as host_overhead
 
 
 def test_host_overhead_tiny(tmp_path):
-    """`python -m bench.host_overhead` on CPU: the step synchronised and queued, the empty program over the same
+    """`python -m bench.labs.host_overhead` on CPU: the step synchronised and queued, the empty program over the same
     arguments, and the host events of a traced step (no device plane on a CPU, so no device columns)."""
     result = host_overhead(["--tiny", "--layers", "3", "--tokens", "1", "--context", "16", "--iters", "2",
                             "--traced", "2", "--arg-counts", "1", "10", "500", "--out", str(tmp_path)])

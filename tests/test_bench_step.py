@@ -1,5 +1,5 @@
 """Smoke tests at tiny dims on CPU: `python -m bench.step` times a decode step and a K=1 speculative cycle
-(synchronised and inside a jitted loop) and the decode step's floor adds up; `python -m bench.step_profile` reads a
+(synchronised and inside a jitted loop) and the decode step's floor adds up; `python -m bench.labs.step_profile` reads a
 trace (on a mesh: test_bench_step_mesh.py)."""
 
 import json
@@ -77,8 +77,8 @@ def test_device_loop_time_is_the_slope_between_two_loop_lengths():
 
 
 def test_step_profile_tiny(tmp_path):
-    """`python -m bench.step_profile` reads kernel events back from a real jax.profiler trace (XLA's thunks on CPU)."""
-    from bench.step_profile import main as profile_main
+    """`python -m bench.labs.step_profile` reads kernel events back from a real jax.profiler trace (XLA's thunks on CPU)."""
+    from bench.labs.step_profile import main as profile_main
 
     result = profile_main(["--tiny", "--layers", "3", "--tokens", "1", "--steps", "2", "--context", "16",
                            "--out", str(tmp_path)])

@@ -1,9 +1,9 @@
-"""`python -m bench.step_profile --cycle-k`: speculative cycles traced one dispatch per cycle and in one device
+"""`python -m bench.labs.step_profile --cycle-k`: speculative cycles traced one dispatch per cycle and in one device
 loop, so the two can be compared kernel by kernel (its own file so that `--dist loadfile` can balance it)."""
 
 import pytest
 
-from bench.step_profile import main
+from bench.labs.step_profile import main
 
 
 def test_step_profile_traces_cycles_both_ways(tmp_path):

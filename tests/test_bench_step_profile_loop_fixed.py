@@ -1,7 +1,7 @@
-"""`python -m bench.step_profile --loop-fixed`: device-loop calls of N and 3N decode steps traced, so a call's fixed
+"""`python -m bench.labs.step_profile --loop-fixed`: device-loop calls of N and 3N decode steps traced, so a call's fixed
 cost can be taken apart (device kernels and idle gaps, host events) from a real jax.profiler trace."""
 
-from bench.step_profile import idle_gaps, main
+from bench.labs.step_profile import idle_gaps, main
 
 
 def test_idle_gaps_finds_the_stretches_without_a_kernel():

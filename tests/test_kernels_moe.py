@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from model.kernels.dispatch import MAX_KERNEL_TOKENS, triton_config_for
-from model.kernels.expert_slots import expert_slots
+from model.kernels.moe_tiles import expert_slots
 from model.kernels.int4_tile import nibble_float, nibble_offset, repeat_last, shifted_words
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig

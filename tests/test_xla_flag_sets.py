@@ -1,4 +1,4 @@
-"""The named XLA flag sets of the H200 A/B runs (`bench.xla_flag_sets`): XLA knows every flag and value in them
+"""The named XLA flag sets of the H200 A/B runs (`bench.labs.xla_flag_sets`): XLA knows every flag and value in them
 (an unknown one would abort the process that reads XLA_FLAGS), and an unknown set name is refused."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.xla_flag_sets import FLAG_SETS, NEWER_XLA_ONLY, flags_of
+from bench.labs.xla_flag_sets import FLAG_SETS, NEWER_XLA_ONLY, flags_of
 
 
 def test_xla_accepts_every_flag_set():
@@ -26,8 +26,8 @@ def test_xla_accepts_every_flag_set():
 def test_unknown_set_is_refused_by_name():
     with pytest.raises(KeyError, match="no-such-set"):
         flags_of(["lhs", "no-such-set"])
-    shell = subprocess.run([sys.executable, "-m", "bench.xla_flag_sets", "no-such-set"], capture_output=True,
+    shell = subprocess.run([sys.executable, "-m", "bench.labs.xla_flag_sets", "no-such-set"], capture_output=True,
                            text=True, timeout=60)
     assert shell.returncode != 0 and "no-such-set" in shell.stderr
-    assert subprocess.run([sys.executable, "-m", "bench.xla_flag_sets", "exclusive-lock"], capture_output=True,
+    assert subprocess.run([sys.executable, "-m", "bench.labs.xla_flag_sets", "exclusive-lock"], capture_output=True,
                           text=True, timeout=60, check=True).stdout.strip() == FLAG_SETS["exclusive-lock"]

@@ -1,6 +1,6 @@
 """Held-out evaluation of a shipped pair through the real engine (jaxspec.engine.Engine).
 
-    python -m jaxspec.training.engine_eval jaxspec/default_model --json bench/results/default_model_eval.json
+    python -m jaxspec.training.engine_eval jaxspec/default_model --json /tmp/default_model_eval.json
 
 Prompts are taken from held-out stdlib files (same hash split as training) at random offsets; the
 engine generates greedily with chain drafting (K draft tokens per cycle), and the baseline (no draft)

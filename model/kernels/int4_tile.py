@@ -7,7 +7,7 @@ in the same j-major order beforehand.
 
 Nibble -> float in 1.5 integer instructions per value: four shifted copies of each word (w << 15, w << 7,
 w >> 1, w >> 9) put every nibble at mantissa bits [15, 19) (even j) or [19, 23) (odd j); one and/or (one
-LOP3, model.kernels.ptx.and_or) sets the exponent so the bits read as the float 256 + n or 16 + n exactly
+LOP3, model.kernels.triton_ops.and_or) sets the exponent so the bits read as the float 256 + n or 16 + n exactly
 (n = q + 8), i.e. q + nibble_offset(j). No int -> float conversion (a slow instruction on the GPU).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from model.kernels.ptx import and_or
+from model.kernels.triton_ops import and_or
 
 # nibble j of a word is moved to mantissa bits [15, 19) (even j) or [19, 23) (odd j) by one of these shifts
 _SOURCE_SHIFT = (15, 15, 7, 7, -1, -1, -9, -9)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.index_math import div
+from model.kernels.triton_ops import div
 from model.kv_cache import LONG_CAPACITY
 
 _NEG = -1e30  # finite "minus infinity": a fully masked block must not produce inf - inf

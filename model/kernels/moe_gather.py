@@ -26,12 +26,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import expert_slots, split_range
-from model.kernels.index_math import div, even_splits, rem
 from model.kernels.int4_tile import nibble_float, nibble_offset, shifted_words
 from model.kernels.moe_gemv import routed_experts_gemv, scale_tile
-from model.kernels.moe_tiles import MoEKernelConfig, check_shapes, parts_of, token_tile, weight_arrays, words_per_group
-from model.kernels.ptx import fma
+from model.kernels.moe_tiles import (MoEKernelConfig, check_shapes, expert_slots, parts_of, split_range, token_tile,
+                                     weight_arrays, words_per_group)
+from model.kernels.triton_ops import div, even_splits, fma, rem
 from model.quant import Int4Weight
 
 def _loadparts_of(w_ref, s_ref, e, rows, k0, block_k, parts, words_per_group, dtype, gather, ptx):

@@ -10,7 +10,7 @@ INT4: nibble j becomes the exact float q + offset_j in one LOP3 (int4_tile.nibbl
 a per-word sum with FMAs; the offsets are removed once per word as sum_j offset_j x_j, which depends on x
 alone and is computed by XLA before the kernel (`nibble_offsets_PTW`); the group scale is applied once per
 word. Per value at one token: ~0.5 shift, one LOP3, one FFMA. The products are explicit FMAs (PTX
-`fma.rn.f32`, model/kernels/ptx.py): Triton leaves a * b + c as two instructions, which the first profile
+`fma.rn.f32`, model/kernels/triton_ops.py): Triton leaves a * b + c as two instructions, which the first profile
 (Nsight Compute) showed as 40% of the kernel's instructions.
 
 Group scales are loaded one per word with an index array (`scale_tile`): the same [rows, words] shape and
@@ -36,11 +36,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.expert_slots import ExpertSlots, expert_slots, split_range
-from model.kernels.index_math import div, even_splits, rem
 from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
-from model.kernels.moe_tiles import check_shapes
-from model.kernels.ptx import fma
+from model.kernels.moe_tiles import ExpertSlots, check_shapes, expert_slots, split_range
+from model.kernels.triton_ops import div, even_splits, fma, rem
 from model.quant import Int4Weight
 
 
