@@ -17,6 +17,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # PyTorch share
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
+import inspect  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -96,6 +97,19 @@ def hf_tensors(w, cfg) -> dict:
     return out
 
 
+def hf_cache_kwargs(model, cache) -> dict:
+    """The KV-cache arguments of a HF forward under the name this transformers takes: `cache` in 5.x, where the old
+    `past_key_values` warns and goes away in 5.40; `past_key_values` before."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
+def hf_returned_cache(out):
+    """The cache a HF forward returned (`cache` in 5.x, `past_key_values` before)."""
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
 def build_hf_model(cfg, w, device: str):
     import torch
     from transformers import DeepseekV3ForCausalLM
@@ -157,12 +171,12 @@ def time_row(row, args, w, cfg, step_fn, prompt_cache, hf, hf_cache, torch_dev, 
                bytes=j["bytes"])
     if hf is None:
         return
-    ids = torch.as_tensor(toks, device=torch_dev, dtype=torch.long)
+    ids = torch.as_tensor(np.array(toks), device=torch_dev, dtype=torch.long)  # a copy: jax's host arrays are read-only
     pos = torch.as_tensor(ctx + np.arange(t), device=torch_dev)[None].expand(b, t)
 
     def hf_step(model=hf):
         with torch.no_grad():
-            o = model(input_ids=ids, position_ids=pos, past_key_values=hf_cache, use_cache=True)
+            o = model(input_ids=ids, position_ids=pos, **hf_cache_kwargs(model, hf_cache))
         if hasattr(hf_cache, "crop"):
             hf_cache.crop(-t)  # drop the T tokens just written (negative = remove)
         return o.logits
@@ -236,8 +250,8 @@ def prefill_both(prefill_fn, w, cfg, hf, prompt, cache, chunk: int, torch_dev: s
         cache = prefill_fn(w, jnp.asarray(piece, jnp.int32), jnp.asarray(positions, jnp.int32), cache)
         if hf is not None:
             with torch.no_grad():
-                hf_cache = hf(input_ids=torch.as_tensor(piece, device=torch_dev), past_key_values=hf_cache,
-                              use_cache=True).past_key_values
+                hf_cache = hf_returned_cache(hf(input_ids=torch.as_tensor(piece, device=torch_dev),
+                                                **hf_cache_kwargs(hf, hf_cache)))
     return cache, hf_cache
 
 

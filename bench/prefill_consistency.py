@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.moe_layer import _rel_err as rel_err  # noqa: E402
-from bench.peer_hf import build_hf_model, prefill_both  # noqa: E402
+from bench.peer_hf import build_hf_model, hf_cache_kwargs, prefill_both  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import PATH_KERNELS, bench_config, init_weights, make_step  # noqa: E402
 from model.decoder import forward  # noqa: E402
@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
                                                         jnp.asarray(pos_BT, jnp.int32), jcache)[0], np.float32)
         with torch.no_grad():
             out = hf(input_ids=torch.as_tensor(token_BT, device=torch_dev), position_ids=torch.as_tensor(pos_BT, device=torch_dev),
-                     past_key_values=hcache, use_cache=True)
+                     **hf_cache_kwargs(hf, hcache))
         logits[("hf", chunk)] = out.logits.float().cpu().numpy()
     a, b = args.chunks
     res = dict(device=dev.device_kind, jax=jax.__version__, torch=torch.__version__, date=now.isoformat(timespec="seconds"),

@@ -1,4 +1,5 @@
-"""`--check`: re-read the source and compare a random sample of its tensors with the converted ones.
+"""`--check`: verify a converted checkpoint's files against the digests recorded when they were written; with
+`--check-source`, also re-read the source and compare a random sample of its tensors with the converted ones.
 
 Converted arrays are mapped back to HF's layout (heads re-joined, kv_b_proj re-concatenated, expert e
 sliced out of the stack) independently of the builder, so a layout or storage bug shows up as a
@@ -13,9 +14,11 @@ import re
 from pathlib import Path
 from typing import Callable
 
+import jax
 import numpy as np
 
 from convert.checkpoint import load_item_numpy, read_metadata
+from convert.integrity import verify_manifest
 from convert.hf_draft_weights import build_draft, plan_draft
 from convert.hf_weights import WeightBuilder
 from convert.kimi_tensors import LinearSpec, PlainSpec, layer_prefix, target_items
@@ -129,8 +132,6 @@ def check_draft(src: Path, dst: Path, raw: dict, log) -> int:
     got = load_item_numpy(dst, "draft")
     want = build_draft(reader, cfg, names, got.fc.dtype)
     bad = 0
-    import jax
-
     for (path, g), (_, w) in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree_util.tree_flatten_with_path(want)[0]):
         if not _same(np.ascontiguousarray(g), np.ascontiguousarray(w)):
             bad += 1
@@ -140,11 +141,30 @@ def check_draft(src: Path, dst: Path, raw: dict, log) -> int:
     return bad
 
 
+def check_digests(dst: Path, meta: dict, log) -> int:
+    """Every file of the manifest present, of its size and SHA-256; -> the number of problems."""
+    manifest = meta.get("manifest")
+    if manifest is None:
+        log(f"check: {dst} records no digests (converted before checkpoints carried a manifest); "
+            "--check-source compares it with the source instead")
+        return 1
+    problems = verify_manifest(dst, manifest, full=True)
+    for p in problems:
+        log(f"check: BAD {p}")
+    n = len(manifest) if isinstance(manifest, dict) else 0
+    log(f"check: {n - len(problems)} of {n} files match their recorded SHA-256")
+    return len(problems)
+
+
 def check_conversion(src: str | Path, dst: str | Path, samples: int = 24, seed: int = 0,
                      log: Callable[[str], None] = print) -> int:
-    """Number of mismatching tensors (0: the sample agrees with the source)."""
+    """Number of problems (0: every digest matches and the sample, if any, agrees with the source).
+    `samples` > 0 also compares that many source tensors (a drafter: all of them)."""
     src, dst = Path(src), Path(dst)
     meta = read_metadata(dst)
+    bad = check_digests(dst, meta, log)
+    if bad or samples <= 0:
+        return bad
     raw = read_config(src)
     if meta["kind"] == "draft":
         return check_draft(src, dst, raw, log)

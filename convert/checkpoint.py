@@ -11,6 +11,13 @@
 A conversion writes into DST.partial and renames it to DST only when everything, marker included, is
 there; loading refuses a directory without the marker. Each item is its own orbax checkpoint, so a
 rerun after an interruption keeps every item whose schema file exists and redoes the rest.
+
+jaxspec_checkpoint.json's `manifest` lists every other file (the marker aside) with its size and SHA-256,
+hashed as it was written (convert/integrity.py). Loading checks presence and sizes, or every digest with
+`verify="full"`. Checkpoints written before the manifest existed load unverified.
+
+Replacing (`overwrite`) and discarding (`restart`) only ever remove a directory that is a jaxspec
+checkpoint or a conversion's DST.partial: never anything the converter did not write.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import json
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -29,8 +37,10 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from convert import tree_schema
+from convert.destination import partial_dir
+from convert.errors import CheckpointError
 from convert.hf_config import draft_config_to_hf, text_config_to_hf
-from convert.safetensors_reader import CheckpointError
+from convert.integrity import describe_files, describe_tree, verify_manifest
 from convert.tokenizer_files import copy_tokenizer_files
 from model.config import TextConfig, load_text_config
 from model.decoder import KimiWeights
@@ -50,11 +60,8 @@ OPTIONS_FILE = "convert_options.json"  # in DST.partial only: what the unfinishe
 WEIGHTS_DIR = "weights"
 # float32 on purpose (routing decisions are made in float32): never cast on load
 KEEP_DTYPE_PATTERN = re.compile(r"\.mlp\.(router|router_bias)$")
-
-
-def partial_dir(dst: str | Path) -> Path:
-    dst = Path(dst)
-    return dst.with_name(dst.name + ".partial")
+ITEM_NAME = re.compile(r"embed|head|draft|layer_\d{3,}")
+VERIFY_LEVELS = ("sizes", "full")
 
 
 def _write_json_atomic(path: Path, obj) -> None:
@@ -66,6 +73,45 @@ def _write_json_atomic(path: Path, obj) -> None:
 # ------------------------------------------------------------------------------------------------------
 # writing
 # ------------------------------------------------------------------------------------------------------
+def is_checkpoint_dir(path: Path) -> bool:
+    """A directory a jaxspec conversion wrote (complete or not): what `overwrite` may replace."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    return (path / COMPLETE_MARKER).is_file() or (path / METADATA_FILE).is_file() or (path / OPTIONS_FILE).is_file()
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {what} is missing") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: {what} is not valid JSON ({e})") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: {what} is a directory") from None
+
+
+def describe_source_change(started, now) -> str | None:
+    """How the source of an unfinished conversion differs from today's (None: the same)."""
+    if started == now:
+        return None
+    if not (isinstance(started, dict) and isinstance(now, dict)):
+        return f"source {started!r} is now {now!r}"
+    if started.get("path") != now.get("path"):
+        return f"source path {started.get('path')} is now {now.get('path')}"
+    a, b = started.get("files") or {}, now.get("files") or {}
+    for name in sorted(set(a) | set(b)):
+        if name not in b:
+            return f"shard {name} is gone"
+        if name not in a:
+            return f"shard {name} is new"
+        if a[name] != b[name]:
+            what = [k for k in sorted(set(a[name]) | set(b[name]))
+                    if not isinstance(a[name], dict) or a[name].get(k) != b[name].get(k)]
+            return f"shard {name} changed ({', '.join(what) or 'identity'})"
+    return "the source's description changed"
+
+
 class CheckpointWriter:
     """Writes items into DST.partial; `finish` makes DST appear in one rename."""
 
@@ -73,15 +119,33 @@ class CheckpointWriter:
         self.dst = Path(dst).absolute()  # orbax refuses relative paths
         self.work = partial_dir(self.dst)
         self.overwrite = overwrite
-        options = {**options, "format_version": FORMAT_VERSION}  # never resume a partial of another layout
-        if self.dst.exists() and not overwrite:
-            raise CheckpointError(f"{self.dst}: already exists (pass --overwrite to replace it)")
+        options = json.loads(json.dumps({**options, "format_version": FORMAT_VERSION}))  # never resume another layout
+        if self.dst.exists() or self.dst.is_symlink():
+            if not overwrite:
+                raise CheckpointError(f"{self.dst}: already exists (pass --overwrite to replace it)")
+            if not is_checkpoint_dir(self.dst):
+                raise CheckpointError(f"{self.dst}: not a jaxspec checkpoint, so --overwrite will not replace it "
+                                      "(remove it yourself, or choose another destination)")
+        if self.work.is_symlink() or (self.work.exists() and not self.work.is_dir()):
+            raise CheckpointError(f"{self.work}: exists and is not a conversion's work directory; remove it yourself")
         if self.work.exists() and restart:
+            if not is_checkpoint_dir(self.work) and not (self.work / WEIGHTS_DIR).is_dir():
+                raise CheckpointError(f"{self.work}: not a conversion's work directory, so --restart will not remove it")
             shutil.rmtree(self.work)
-        if self.work.exists():
+        self.created = not self.work.exists()
+        if not self.created:
             opts = self.work / OPTIONS_FILE
-            started = json.loads(opts.read_text()) if opts.exists() else None
-            if started != json.loads(json.dumps(options)):
+            if not opts.is_file():
+                raise CheckpointError(f"{self.work}: an unfinished conversion without {OPTIONS_FILE} cannot be resumed; "
+                                      "pass --restart to discard it")
+            started = _read_json(opts, "the unfinished conversion's options")
+            if not isinstance(started, dict):
+                started = {"options": started}
+            change = describe_source_change(started.get("source"), options.get("source"))
+            if change is not None and "format_version" in started and started.get("kind") == options.get("kind"):
+                raise CheckpointError(f"{self.work}: the source changed since this unfinished conversion started "
+                                      f"({change}); pass --restart to convert it afresh")
+            if started != options:
                 raise CheckpointError(
                     f"{self.work}: an unfinished conversion with other options is there "
                     f"({started} vs {options}); pass --restart to discard it"
@@ -89,6 +153,9 @@ class CheckpointWriter:
         else:
             (self.work / WEIGHTS_DIR).mkdir(parents=True)
             _write_json_atomic(self.work / OPTIONS_FILE, options)
+        self.saved = 0
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-digests")
+        self._pending = None
 
     def item_dir(self, item: str) -> Path:
         return self.work / WEIGHTS_DIR / item
@@ -107,31 +174,88 @@ class CheckpointWriter:
                 shutil.rmtree(p)
 
     def save_item(self, item: str, tree) -> int:
-        """Save one item (numpy or jax arrays); returns its bytes. The schema file marks it done."""
+        """Save one item (numpy or jax arrays); returns its bytes. The schema file, written last with the
+        digests of the item's files, marks it done."""
         self._clear(item)
         flat = tree_schema.flat_arrays(tree)
         # a checkpointer per item, closed after it: nothing of an item outlives its save
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(self.item_dir(item), flat)
-            checkpointer.wait_until_finished()
+        try:
+            with ocp.StandardCheckpointer() as checkpointer:
+                checkpointer.save(self.item_dir(item), flat)
+                checkpointer.wait_until_finished()
+        except ValueError as e:  # tensorstore reports a full or read-only disk as a ValueError
+            raise CheckpointError(f"{self.item_dir(item)}: cannot write item {item!r} "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
         nbytes = int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in flat.values()))
-        _write_json_atomic(self.schema_file(item), {"item": item, "tree": tree_schema.describe(tree), "bytes": nbytes})
+        schema = {"item": item, "tree": tree_schema.describe(tree), "bytes": nbytes}
+        # hash the item's files (still in the page cache) on a thread while the next item is built: hashlib
+        # releases the GIL, so the digests cost little wall time. The schema file, written after the digests,
+        # still marks the item done; at most one item is pending.
+        self.wait_for_digests()
+        self._pending = self._hasher.submit(self._write_schema, item, schema)
+        self.saved += 1
         return nbytes
 
+    def _write_schema(self, item: str, schema: dict) -> None:
+        schema["files"] = describe_tree(self.work, self.item_dir(item))
+        _write_json_atomic(self.schema_file(item), schema)
+
+    def wait_for_digests(self) -> None:
+        """Block until the last saved item's digests and schema file are written (raises what that raised)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        self.wait_for_digests()
+        self._hasher.shutdown()
+
+    def discard_if_empty(self) -> None:
+        """After a failure: remove DST.partial if this run created it and saved nothing into it."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the failure being handled is the one to report
+            pass
+        if self.created and self.saved == 0 and self.work.is_dir():
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def _manifest(self, items: list[str], extra: list[Path]) -> dict:
+        manifest = {}
+        for item in items:
+            if not self.is_done(item):
+                raise CheckpointError(f"{self.item_dir(item)}: item {item!r} was never saved; the conversion is "
+                                      "incomplete (rerun it to resume)")
+            schema = _read_json(self.schema_file(item), f"schema of item {item!r}")
+            files = schema.get("files") if isinstance(schema, dict) else None
+            # an item saved by a converter from before the manifest existed: hash it now
+            manifest.update(files if isinstance(files, dict) else describe_tree(self.work, self.item_dir(item)))
+        manifest.update(describe_files(self.work, [self.schema_file(i) for i in items] + extra))
+        return manifest
+
     def finish(self, config: dict | Path, metadata: dict, tokenizer_dir: str | Path | None = None) -> Path:
-        """Config, metadata, tokenizer files, then the marker, then the rename DST.partial -> DST."""
+        """Config, metadata with the manifest, tokenizer files, then the marker, then the rename DST.partial -> DST."""
+        self.close()
         if isinstance(config, Path):
-            shutil.copy2(config, self.work / "config.json")
+            shutil.copyfile(config, self.work / "config.json")
         else:
             (self.work / "config.json").write_text(json.dumps(config, indent=2))
         copied = copy_tokenizer_files(tokenizer_dir, self.work) if tokenizer_dir is not None else []
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "tokenizer_files": copied, **metadata}
+        manifest = self._manifest(list(metadata.get("items", [])), [self.work / n for n in ["config.json", *copied]])
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "tokenizer_files": copied, **metadata,
+                "manifest": manifest}
         _write_json_atomic(self.work / METADATA_FILE, meta)
         (self.work / OPTIONS_FILE).unlink(missing_ok=True)
         (self.work / COMPLETE_MARKER).write_text("complete\n")
         if self.dst.exists() and self.overwrite:
-            shutil.rmtree(self.dst)
-        os.replace(self.work, self.dst)
+            # move the old checkpoint aside first: DST is, at every instant, the old or the new checkpoint
+            old = self.dst.with_name(self.dst.name + ".replaced")
+            if is_checkpoint_dir(old):
+                shutil.rmtree(old)
+            os.replace(self.dst, old)
+            os.replace(self.work, self.dst)
+            shutil.rmtree(old)
+        else:
+            os.replace(self.work, self.dst)
         return self.dst
 
 
@@ -202,10 +326,14 @@ def save_draft(path: str | Path, weights: DraftWeights, config: DraftConfig | di
 # ------------------------------------------------------------------------------------------------------
 def read_metadata(path: str | Path, kind: str | None = None) -> dict:
     path = Path(path).absolute()  # orbax refuses relative paths
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory (a converted checkpoint is one)")
     if not (path / COMPLETE_MARKER).exists():
         hint = " (an interrupted conversion? rerun `python -m convert` to resume it)" if partial_dir(path).exists() else ""
         raise CheckpointError(f"{path}: not a complete jaxspec checkpoint: {COMPLETE_MARKER} is missing{hint}")
-    meta = json.loads((path / METADATA_FILE).read_text())
+    meta = _read_json(path / METADATA_FILE, "checkpoint metadata")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path / METADATA_FILE}: checkpoint metadata is not a JSON object")
     if meta.get("format") != FORMAT or meta.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(
             f"{path / METADATA_FILE}: format {meta.get('format')!r} v{meta.get('format_version')} is not "
@@ -213,11 +341,51 @@ def read_metadata(path: str | Path, kind: str | None = None) -> dict:
         )
     if kind is not None and meta.get("kind") != kind:
         raise CheckpointError(f"{path}: holds a {meta.get('kind')} checkpoint, not a {kind}")
+    items = meta.get("items")
+    if not isinstance(items, list) or not all(isinstance(i, str) and ITEM_NAME.fullmatch(i) for i in items):
+        raise CheckpointError(f"{path / METADATA_FILE}: 'items' must list item names (embed, layer_000.., head, draft)")
     return meta
 
 
+def verify_checkpoint(path: str | Path, meta: dict, level: str = "sizes", items=None) -> None:
+    """Compare the checkpoint's files with its manifest: presence and sizes ("sizes") or every SHA-256 ("full").
+    `items` restricts the check to those items' files (and the files beside the weights)."""
+    if level not in VERIFY_LEVELS:
+        raise ValueError(f"verify level {level!r}: choose one of {VERIFY_LEVELS}")
+    path = Path(path).absolute()
+    manifest = meta.get("manifest")
+    if manifest is None:  # written before checkpoints carried a manifest
+        return
+    only = None
+    if items is not None:
+        wanted = {f"{WEIGHTS_DIR}/{i}" for i in items} | {f"{WEIGHTS_DIR}/{i}.json" for i in items}
+        only = lambda name: (not name.startswith(WEIGHTS_DIR + "/") or name in wanted  # noqa: E731
+                             or "/".join(name.split("/")[:2]) in wanted)
+    problems = verify_manifest(path, manifest, full=level == "full", only=only)
+    if isinstance(manifest, dict):
+        for item in meta["items"] if items is None else items:
+            if f"{WEIGHTS_DIR}/{item}.json" not in manifest:
+                problems.append(f"{path / WEIGHTS_DIR / (item + '.json')}: item {item!r} is not in the manifest")
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CheckpointError(f"{problems[0]}{more}")
+
+
 def item_schema(path: Path, item: str):
-    return json.loads((path / WEIGHTS_DIR / (item + ".json")).read_text())["tree"]
+    doc = _read_json(path / WEIGHTS_DIR / (item + ".json"), f"schema of item {item!r}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("tree"), dict):
+        raise CheckpointError(f"{path / WEIGHTS_DIR / (item + '.json')}: not a weight schema (no 'tree' object)")
+    return doc["tree"]
+
+
+def abstract_item(path: Path, item: str):
+    """The item's abstract tree from its schema, every structural problem as a CheckpointError."""
+    try:
+        return tree_schema.abstract(item_schema(path, item))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path / WEIGHTS_DIR / (item + '.json')}: malformed weight schema ({e!r})") from None
 
 
 def _is_quant_container(x) -> bool:
@@ -252,8 +420,12 @@ def _restore_item(path: Path, item: str, abstract_item, shardings_item):
     flat_targets = tree_schema.flat_arrays(targets)
     if not flat_targets:
         return abstract_item
-    restored = ocp.StandardCheckpointer().restore(path / WEIGHTS_DIR / item, flat_targets)
-    return tree_schema.unflatten(targets, restored)
+    try:
+        restored = ocp.StandardCheckpointer().restore(path / WEIGHTS_DIR / item, flat_targets)
+        return tree_schema.unflatten(targets, restored)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # orbax / tensorstore on damaged or mismatched files
+        raise CheckpointError(f"{path / WEIGHTS_DIR / item}: cannot restore item {item!r} "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 def _upgrade_layer_v1(layer, swap):
@@ -270,14 +442,19 @@ def _default_shardings(tree):
     return jax.tree_util.tree_map(lambda _: SingleDeviceSharding(device), tree)
 
 
-def load_target(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[TextConfig, KimiWeights]:
+def load_target(path: str | Path, mesh: Mesh | None = None, dtype=None,
+                verify: str = "sizes") -> tuple[TextConfig, KimiWeights]:
     """Restore a converted target straight into NamedShardings (TARGET_RULES on `mesh`), or onto the
-    default device without a mesh. `dtype` casts dense float weights (None: bfloat16; "stored": no cast)."""
+    default device without a mesh. `dtype` casts dense float weights (None: bfloat16; "stored": no cast).
+    `verify`: "sizes" checks the manifest's files are there with their sizes, "full" every digest too."""
     path = Path(path).absolute()  # orbax refuses relative paths
     meta = read_metadata(path, "target")
+    verify_checkpoint(path, meta, verify)
     cfg = load_text_config(path)
     items = meta["items"]
-    abstract_w = load_dtypes(assemble_kimi_weights({k: tree_schema.abstract(item_schema(path, k)) for k in items}), dtype)
+    if sorted(k for k in items if not k.startswith("layer_")) != ["embed", "head"]:
+        raise CheckpointError(f"{path / METADATA_FILE}: a target's items are embed, layer_000.. and head, not {items}")
+    abstract_w = load_dtypes(assemble_kimi_weights({k: abstract_item(path, k) for k in items}), dtype)
     if len(abstract_w.layers) != cfg.num_hidden_layers:
         raise CheckpointError(f"{path}: {len(abstract_w.layers)} layers saved, config.json says {cfg.num_hidden_layers}")
     shardings = shardings_for(abstract_w, mesh, TARGET_RULES) if mesh is not None else _default_shardings(abstract_w)
@@ -289,13 +466,15 @@ def load_target(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple
     return cfg, assemble_kimi_weights(restored)
 
 
-def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[DraftConfig, DraftWeights]:
-    """Restore a converted EAGLE-3 draft, replicated over `mesh` (or on the default device); `dtype` as
-    for `load_target`."""
+def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=None,
+               verify: str = "sizes") -> tuple[DraftConfig, DraftWeights]:
+    """Restore a converted EAGLE-3 draft, replicated over `mesh` (or on the default device); `dtype` and
+    `verify` as for `load_target`."""
     path = Path(path).absolute()  # orbax refuses relative paths
-    read_metadata(path, "draft")
+    meta = read_metadata(path, "draft")
+    verify_checkpoint(path, meta, verify)
     cfg = load_draft_config(path)
-    abstract_w = load_dtypes(tree_schema.abstract(item_schema(path, "draft")), dtype)
+    abstract_w = load_dtypes(abstract_item(path, "draft"), dtype)
     if mesh is not None:
         shardings = jax.tree_util.tree_map(lambda _: NamedSharding(mesh, P()), abstract_w)
     else:
@@ -306,11 +485,16 @@ def load_draft(path: str | Path, mesh: Mesh | None = None, dtype=None) -> tuple[
 def load_item_numpy(path: str | Path, item: str):
     """One item as host numpy arrays in its stored dtypes (the check mode; no device involved)."""
     path = Path(path).absolute()  # orbax refuses relative paths
-    like = tree_schema.abstract(item_schema(path, item))
+    like = abstract_item(path, item)
     keys = tree_schema.flat_arrays(like)
     args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in keys}
-    flat = ocp.PyTreeCheckpointer().restore(path / WEIGHTS_DIR / item, args=ocp.args.PyTreeRestore(restore_args=args))
-    tree = tree_schema.unflatten(like, flat)
+    try:
+        flat = ocp.PyTreeCheckpointer().restore(path / WEIGHTS_DIR / item, args=ocp.args.PyTreeRestore(restore_args=args))
+        tree = tree_schema.unflatten(like, flat)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path / WEIGHTS_DIR / item}: cannot restore item {item!r} ({type(e).__name__})") from None
     if item.startswith("layer_") and read_metadata(path)["format_version"] == 1:
         tree = _upgrade_layer_v1(tree, lambda a: np.ascontiguousarray(np.swapaxes(a, 1, 2)))
     return tree

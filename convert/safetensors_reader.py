@@ -2,13 +2,19 @@
 
 Reads one tensor at a time straight from the file, into numpy with ml_dtypes for bf16 / fp8: the
 safetensors package's numpy backend cannot represent bf16 and its flax backend cannot represent fp8.
-Every structural problem (missing shard, truncated file, bad header) raises CheckpointError naming the
-file and tensor.
+
+A checkpoint is untrusted input, so every header is checked strictly before a byte of data is read: a
+JSON object of {name: {dtype, shape, data_offsets}} (no duplicate keys), known dtypes, offsets that are
+non-negative, ordered, contiguous from the data start to the end of the file with nothing overlapping,
+`end - begin == numel * itemsize`, and a sane header length; the safetensors package then opens the file
+as a second, independent opinion. Every file named by an index stays inside the checkpoint directory.
+Every problem raises CheckpointError naming the file and tensor.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -16,10 +22,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not match its config; names the file and tensor."""
-
+from convert.errors import CheckpointError
+from convert.safe_paths import file_inside
 
 DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -27,6 +31,81 @@ DTYPES = {
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }
+# the safetensors format's own limit on the JSON header
+MAX_HEADER_BYTES = 100 * 2**20
+ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def _no_duplicate_keys(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError(f"duplicate key {k!r}")
+        d[k] = v
+    return d
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_header(path: Path, raw: bytes, data_bytes: int) -> tuple[dict, dict]:
+    """The JSON header of a safetensors file -> ({name: entry}, metadata); refuses anything off-spec."""
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a safetensors file (header: {e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a safetensors file (header is a JSON {type(header).__name__}, not an object)")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path}: safetensors __metadata__ must map strings to strings")
+    spans = []
+    for name, e in header.items():
+        where = f"{path}: tensor '{name}'"
+        if not isinstance(e, dict) or set(e) != ENTRY_KEYS:
+            got = sorted(e) if isinstance(e, dict) else type(e).__name__
+            raise CheckpointError(f"{where}: header entry must be an object with keys {sorted(ENTRY_KEYS)}, got {got}")
+        if e["dtype"] not in DTYPES:
+            raise CheckpointError(f"{where} has unsupported dtype {e['dtype']!r}")
+        shape, offsets = e["shape"], e["data_offsets"]
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise CheckpointError(f"{where} has an invalid shape {shape!r} (a list of non-negative integers)")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) and o >= 0 for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{where} has invalid data_offsets {offsets!r} (two non-negative integers, begin <= end)")
+        begin, end = offsets
+        expected = math.prod(shape) * np.dtype(DTYPES[e["dtype"]]).itemsize
+        if end - begin != expected:
+            raise CheckpointError(f"{where} has {end - begin} bytes, shape {shape} of {e['dtype']} needs {expected}")
+        spans.append((begin, end, name))
+    spans.sort()
+    at = 0
+    for begin, end, name in spans:
+        if end > data_bytes:
+            raise CheckpointError(
+                f"{path}: truncated safetensors file: tensor '{name}' ends at data byte {end}, the file holds {data_bytes}"
+            )
+        if begin < at:
+            raise CheckpointError(f"{path}: tensor '{name}' overlaps the tensor before it (data_offsets begin {begin} < {at})")
+        if begin > at:
+            raise CheckpointError(f"{path}: tensor '{name}' leaves a gap of {begin - at} bytes before it (data_offsets begin {begin})")
+        at = end
+    if at != data_bytes:
+        raise CheckpointError(f"{path}: {data_bytes - at} bytes after the last tensor are not described by the header")
+    return header, metadata
+
+
+def _second_opinion(path: Path) -> None:
+    """The safetensors package's own header validation (it does not need to read a tensor for it)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="numpy"):
+            pass
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: the safetensors library rejects this file ({e})") from None
 
 
 class SafetensorsFile:
@@ -41,26 +120,17 @@ class SafetensorsFile:
                 (n,) = struct.unpack("<Q", raw)
                 if n > size - 8:
                     raise CheckpointError(f"{self.path}: truncated safetensors file (header of {n} bytes)")
-                header = json.loads(f.read(n))
+                if n < 2 or n > MAX_HEADER_BYTES:
+                    raise CheckpointError(f"{self.path}: not a safetensors file (header length {n})")
+                header_bytes = f.read(n)
         except FileNotFoundError:
             raise CheckpointError(f"{self.path}: file not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{self.path}: not a safetensors file ({e})") from None
-        self.metadata = header.pop("__metadata__", {}) or {}
+        except IsADirectoryError:
+            raise CheckpointError(f"{self.path}: is a directory, not a safetensors file") from None
         self.data_start = 8 + n
-        self.entries: dict[str, dict] = header
-        for name, e in header.items():
-            if e.get("dtype") not in DTYPES:
-                raise CheckpointError(f"{self.path}: tensor '{name}' has unsupported dtype {e.get('dtype')!r}")
-            begin, end = e["data_offsets"]
-            expected = int(np.prod(e["shape"], dtype=np.int64)) * np.dtype(DTYPES[e["dtype"]]).itemsize
-            if end - begin != expected:
-                raise CheckpointError(f"{self.path}: tensor '{name}' has {end - begin} bytes, shape needs {expected}")
-            if self.data_start + end > size:
-                raise CheckpointError(
-                    f"{self.path}: truncated safetensors file: tensor '{name}' ends at byte "
-                    f"{self.data_start + end}, file has {size}"
-                )
+        self.size = size
+        self.entries, self.metadata = parse_header(self.path, header_bytes, size - self.data_start)
+        _second_opinion(self.path)
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -86,25 +156,41 @@ class SafetensorsFile:
         return np.frombuffer(buf, dtype=self.dtype(name)).reshape(e["shape"])
 
 
+def read_weight_map(index: Path) -> dict[str, str]:
+    try:
+        doc = json.loads(index.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{index}: invalid index ({e})") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{index}: is a directory, not an index file") from None
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: invalid index ('weight_map' must be an object of tensor name -> file name)")
+    for name, fname in weight_map.items():
+        if not isinstance(fname, str) or not fname:
+            raise CheckpointError(f"{index}: invalid index: tensor '{name}' maps to {fname!r}, not a file name")
+    return weight_map
+
+
 class CheckpointReader:
     """All tensors of a HF checkpoint directory, by name, read lazily."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        index = self.directory / "model.safetensors.index.json"
+        index = self.directory / INDEX_NAME
         self.files: dict[str, SafetensorsFile] = {}
         self.where: dict[str, str] = {}
-        self.index_path: Path | None = index if index.exists() else None
-        if index.exists():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise CheckpointError(f"{index}: invalid index ({e})") from None
+        self.index_path: Path | None = None
+        if index.exists() or index.is_symlink():
+            self.index_path = file_inside(self.directory, INDEX_NAME, "the index")
+            weight_map = read_weight_map(index)
             for fname in sorted(set(weight_map.values())):
-                if not (self.directory / fname).exists():
-                    first = next(n for n, f in weight_map.items() if f == fname)
-                    raise CheckpointError(f"{self.directory / fname}: shard named in {index.name} is missing (holds '{first}')")
-                self.files[fname] = SafetensorsFile(self.directory / fname)
+                first = next(n for n, f in weight_map.items() if f == fname)
+                path = self.directory / fname
+                if not path.exists() and not path.is_symlink():
+                    raise CheckpointError(f"{path}: shard named in {index.name} is missing (holds '{first}')")
+                file_inside(self.directory, fname, f"shard named in {index.name} (holds '{first}')")
+                self.files[fname] = SafetensorsFile(path)
             for name, fname in weight_map.items():
                 if name not in self.files[fname].entries:
                     raise CheckpointError(f"{self.directory / fname}: tensor '{name}' named in {index.name} is not in the file")
@@ -114,8 +200,11 @@ class CheckpointReader:
             if not shards:
                 raise CheckpointError(f"{self.directory}: no *.safetensors files")
             for p in shards:
+                file_inside(self.directory, p.name, "safetensors file")
                 self.files[p.name] = SafetensorsFile(p)
                 for name in self.files[p.name].keys():
+                    if name in self.where:
+                        raise CheckpointError(f"{p}: tensor '{name}' is also in {self.directory / self.where[name]}")
                     self.where[name] = p.name
 
     def names(self) -> list[str]:
@@ -143,3 +232,6 @@ class CheckpointReader:
         if name not in self.where:
             raise CheckpointError(f"{self.directory}: missing tensor '{name}'")
         return name
+
+
+__all__ = ["CheckpointError", "CheckpointReader", "DTYPES", "SafetensorsFile", "parse_header"]

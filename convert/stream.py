@@ -7,10 +7,13 @@ one item (a layer's experts), never the model. Items already saved by an interru
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import hashlib
 import json
 import os
+import struct
 import signal
 import sys
 from pathlib import Path
@@ -18,11 +21,17 @@ from typing import Callable
 
 import numpy as np
 
-from convert.checkpoint import CheckpointWriter, dtype_name
+from convert.checkpoint import CheckpointWriter
+from convert.destination import check_destination
+from convert.dst_lock import DestinationLock
+from convert.errors import CheckpointError
+from convert.finite import FiniteSource
 from convert.hf_draft_weights import build_draft, plan_draft
 from convert.hf_weights import WeightBuilder
 from convert.progress import CountingSource, progress_bar
-from convert.safetensors_reader import CheckpointError, CheckpointReader
+from convert.safe_paths import file_inside
+from convert.safetensors_reader import CheckpointReader
+from convert.tokenizer_files import tokenizer_files
 from convert.tensor_plan import check_item_consumed, plan_target
 from model.config import ConfigError, text_config_from_dict
 from model.eagle3 import draft_config_from_dict
@@ -30,6 +39,11 @@ from model.eagle3 import draft_config_from_dict
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16"}
 # test hook: SIGKILL ourselves after this many items are saved, as a crash or `kill -9` would
 KILL_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_KILL_AFTER_ITEMS"
+# test hook: SIGSTOP ourselves once this many items are saved (a run caught midway, lock held, for the test to inspect)
+STOP_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_STOP_AFTER_ITEMS"
+# config.json model_type values of the architectures jaxspec converts (K2.5 wraps a kimi_k2 text_config)
+TARGET_MODEL_TYPES = ("deepseek_v3", "kimi_k2", "kimi_k25")
+DRAFT_MODEL_TYPES = ("llama",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +51,9 @@ class ConvertOptions:
     dtype: str = "bfloat16"  # dense float weights (and dequantized ones) are stored in this dtype
     experts: str = "keep"  # "keep": INT4 / FP8 experts stay quantized; "bf16": dequantize them to `dtype`
     restart: bool = False  # discard an unfinished DST.partial instead of resuming it
-    overwrite: bool = False  # replace an existing DST
+    overwrite: bool = False  # replace an existing DST (only a jaxspec checkpoint)
     progress: bool = True
+    allow_nonfinite: bool = False  # convert weights holding NaN / Inf instead of refusing them
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -52,23 +67,52 @@ def _log(message: str) -> None:
 
 
 def read_config(src: Path) -> dict:
-    path = src / "config.json"
+    if not src.is_dir():
+        raise ConfigError(f"{src}: {'not a directory' if src.exists() else 'no such directory'} "
+                          "(SRC is a HF checkpoint directory holding config.json)")
+    path = file_inside(src, "config.json", "config file")
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except json.JSONDecodeError as e:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a JSON object, not a {type(raw).__name__}")
+    return raw
 
 
 def checkpoint_kind(raw: dict) -> str:
     archs = raw.get("architectures") or []
-    return "draft" if any("Eagle3" in a for a in archs) else "target"
+    if not isinstance(archs, list):
+        raise ConfigError(f"config.json: 'architectures' must be a list of strings, got {archs!r}")
+    return "draft" if any(isinstance(a, str) and "Eagle3" in a for a in archs) else "target"
+
+
+def check_model_type(raw: dict, supported: tuple[str, ...], where: str) -> None:
+    for d, at in ((raw, where), (raw.get("text_config"), where + " text_config")):
+        if isinstance(d, dict) and "model_type" in d and d["model_type"] not in supported:
+            raise ConfigError(f"{at}: unsupported model_type={d['model_type']!r} (jaxspec converts {', '.join(supported)})")
+
+
+def _header_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        (n,) = struct.unpack("<Q", raw)
+        return hashlib.sha256(raw + f.read(n)).hexdigest()
 
 
 def source_fingerprint(src: Path, reader: CheckpointReader) -> dict:
-    """What a resumed run must find unchanged: the source path and the size of every shard."""
-    return {"path": str(src.resolve()), "files": {n: os.path.getsize(src / n) for n in sorted(reader.files)}}
+    """What a resumed run must find unchanged: the source path, config.json, and every shard's size,
+    modification time and header digest (an in-place edit changes the mtime; a re-saved file its header)."""
+    files = {}
+    for name in ["config.json", *sorted(reader.files)]:
+        st = (src / name).stat()
+        ident = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if name == "config.json":
+            ident["sha256"] = hashlib.sha256((src / name).read_bytes()).hexdigest()
+        else:
+            ident["header_sha256"] = _header_digest(src / name)
+        files[name] = ident
+    return {"path": str(src.resolve()), "files": files}
 
 
 def release_host_memory() -> None:
@@ -81,23 +125,38 @@ def release_host_memory() -> None:
         pass
 
 
-def _kill_hook(saved_this_run: int) -> None:
-    limit = os.environ.get(KILL_AFTER_ITEMS_ENV)
-    if limit is not None and saved_this_run >= int(limit):
+def _test_hooks(writer: CheckpointWriter) -> None:
+    kill, stop = os.environ.get(KILL_AFTER_ITEMS_ENV), os.environ.get(STOP_AFTER_ITEMS_ENV)
+    if kill is None and stop is None:
+        return
+    writer.wait_for_digests()  # "N items saved" means their schema files are on disk
+    if kill is not None and writer.saved >= int(kill):
         os.kill(os.getpid(), signal.SIGKILL)
+    if stop is not None and writer.saved == int(stop):
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, opts: ConvertOptions = ConvertOptions(),
-                       log: Callable[[str], None] = _log) -> Path:
-    src, dst = Path(src), Path(dst)
+                       log: Callable[[str], None] = _log, *, lock: bool = True) -> Path:
+    """Convert SRC into DST; `lock=False` when the caller already holds DST's lock (DestinationLock)."""
+    src, dst = Path(src), Path(dst).absolute()
     raw = read_config(src)
-    if checkpoint_kind(raw) == "draft":
-        return convert_draft(src, dst, raw, opts, log)
-    return convert_target(src, dst, raw, opts, log)
+    check_destination(src, dst)
+    tokenizer_files(src)  # a tokenizer symlink leaving SRC fails now, not after the weights are converted
+    with DestinationLock(dst) if lock else contextlib.nullcontext():
+        if checkpoint_kind(raw) == "draft":
+            return convert_draft(src, dst, raw, opts, log)
+        return convert_target(src, dst, raw, opts, log)
+
+
+def _source(reader: CheckpointReader, opts: ConvertOptions):
+    return reader if opts.allow_nonfinite else FiniteSource(reader)
 
 
 def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -> Path:
-    cfg = text_config_from_dict(raw, where=str(src / "config.json"))
+    where = str(src / "config.json")
+    check_model_type(raw, TARGET_MODEL_TYPES, where)
+    cfg = text_config_from_dict(raw, where=where)
     dtype = DTYPES[opts.dtype]
     reader = CheckpointReader(src)
     text = raw.get("text_config", raw)
@@ -114,37 +173,43 @@ def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -
         experts = "none"
     options = {"kind": "target", "dtype": dtype, "experts": experts, "source": source_fingerprint(src, reader)}
     writer = CheckpointWriter(dst, options, restart=opts.restart, overwrite=opts.overwrite)
-    done = [item for item in plan.items if writer.is_done(item)]
-    if done:
-        log(f"convert: resuming {writer.work}: {len(done)} of {len(plan.items)} items already converted")
-    bar = progress_bar(plan.total_bytes, sum(plan.item_bytes[i] for i in done), opts.progress)
-    builder = WeightBuilder(CountingSource(reader, bar.update), cfg, np.dtype(dtype), dequantize_experts=dequantize)
-    saved = 0
-    for item, names in plan.items.items():
-        if item in done:
-            continue
-        builder.used = set()
-        tree = builder.item(item)
-        check_item_consumed(item, names, builder.used)
-        writer.save_item(item, tree)
-        del tree
-        release_host_memory()
-        saved += 1
-        _kill_hook(saved)
-    bar.close()
-    meta = {
-        "kind": "target", "dtype": dtype, "experts": experts, "items": list(plan.items),
-        "source": {"path": str(src.resolve()), "quantization": None if cfg.quant is None else cfg.quant.method,
-                   "tensors": len(reader.names()), "bytes": plan.total_bytes},
-        "skipped": {"vision": len(plan.skipped_vision), "mtp": len(plan.skipped_mtp)},
-    }
-    out = writer.finish(src / "config.json", meta, src)
+    try:
+        done = [item for item in plan.items if writer.is_done(item)]
+        if done:
+            log(f"convert: resuming {writer.work}: {len(done)} of {len(plan.items)} items already converted")
+        bar = progress_bar(plan.total_bytes, sum(plan.item_bytes[i] for i in done), opts.progress)
+        builder = WeightBuilder(CountingSource(_source(reader, opts), bar.update), cfg, np.dtype(dtype),
+                                dequantize_experts=dequantize)
+        for item, names in plan.items.items():
+            if item in done:
+                continue
+            builder.used = set()
+            tree = builder.item(item)
+            check_item_consumed(item, names, builder.used)
+            writer.save_item(item, tree)
+            del tree
+            release_host_memory()
+            _test_hooks(writer)
+        bar.close()
+        meta = {
+            "kind": "target", "dtype": dtype, "experts": experts, "items": list(plan.items),
+            "source": {"path": str(src.resolve()), "quantization": None if cfg.quant is None else cfg.quant.method,
+                       "tensors": len(reader.names()), "bytes": plan.total_bytes},
+            "skipped": {"vision": len(plan.skipped_vision), "mtp": len(plan.skipped_mtp)},
+        }
+        if source_fingerprint(src, reader) != options["source"]:
+            raise CheckpointError(f"{src}: the source changed while it was being converted; rerun with --restart")
+        out = writer.finish(src / "config.json", meta, src)
+    except BaseException:
+        writer.discard_if_empty()
+        raise
     log(f"convert: wrote {out} ({len(plan.items)} items, experts {experts}, dtype {dtype})")
     return out
 
 
 def convert_draft(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -> Path:
     where = str(src / "config.json")
+    check_model_type(raw, DRAFT_MODEL_TYPES, where)
     cfg = draft_config_from_dict(raw, where)
     q = raw.get("quantization_config")
     if q:
@@ -154,15 +219,21 @@ def convert_draft(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) ->
     reader = CheckpointReader(src)
     names = plan_draft(reader, cfg, raw)
     options = {"kind": "draft", "dtype": dtype, "source": source_fingerprint(src, reader)}
-    writer = CheckpointWriter(dst, options, restart=opts.restart, overwrite=opts.overwrite)
     total = sum(reader.nbytes(n) for n in names)
-    if not writer.is_done("draft"):
-        bar = progress_bar(total, 0, opts.progress)
-        writer.save_item("draft", build_draft(CountingSource(reader, bar.update), cfg, names, np.dtype(dtype)))
-        bar.close()
-    meta = {"kind": "draft", "dtype": dtype, "experts": None, "items": ["draft"],
-            "source": {"path": str(src.resolve()), "tensors": len(names), "bytes": total}}
-    out = writer.finish(src / "config.json", meta, src)
+    # a drafter is one small item: build (and so validate) it whole before anything is written
+    bar = progress_bar(total, 0, opts.progress)
+    weights = build_draft(CountingSource(_source(reader, opts), bar.update), cfg, names, np.dtype(dtype))
+    bar.close()
+    writer = CheckpointWriter(dst, options, restart=opts.restart, overwrite=opts.overwrite)
+    try:
+        if not writer.is_done("draft"):
+            writer.save_item("draft", weights)
+        meta = {"kind": "draft", "dtype": dtype, "experts": None, "items": ["draft"],
+                "source": {"path": str(src.resolve()), "tensors": len(names), "bytes": total}}
+        out = writer.finish(src / "config.json", meta, src)
+    except BaseException:
+        writer.discard_if_empty()
+        raise
     log(f"convert: wrote {out} (EAGLE-3 drafter, dtype {dtype})")
     return out
 

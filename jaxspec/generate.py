@@ -2,7 +2,8 @@
 
 Flags follow SGLang's names where one exists. Text goes to stdout, progress and statistics to stderr;
 `--json` prints one JSON document (schema: JSON_SCHEMA below, also in the README) and nothing else on
-stdout. Every user error prints one line `error: ...` and exits with status 2.
+stdout. Every user error prints one line `error: ...` and exits with status 2 (as `python -m convert` does);
+output into a pipe whose reader has left (`| head`) ends quietly with status 0.
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ import sys
 import time
 from pathlib import Path
 
+from jaxspec.defaults import DEFAULT_NUM_STEPS, default_dtype
+from jaxspec.generate_display import echo_prompt, format_speedup
+from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
+
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
-DEFAULT_PROMPT = "def fibonacci(n):\n"
+# The embedded model's tokenizer (byte-level BPE on Python sources) joins a newline with the indentation after it
+# and the last space with the next word ("\n   ", " with"), so a prompt that ends at a word reads to the model
+# like its training text; one ending in a bare newline or in indentation does not.
+DEFAULT_PROMPT = 'def read_lines(path):\n    """Return the lines of the file at path."""\n    with'
 EXIT_USAGE = 2
+SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes
+TOP_K_MAX = 2**31 - 1  # top-k travels as an int32; any k >= the vocabulary keeps everything
 
 JSON_SCHEMA = {
     "model": "str: target checkpoint directory",
@@ -40,7 +50,9 @@ JSON_SCHEMA = {
         "histogram": "[int]: cycles that accepted 0..K drafts",
         "per_position": "[float]: P(draft i accepted), i = 1..K",
     },
-    "baseline": "null, or with --baseline: {decode_tokens_per_s, decode_s, steps, speedup, mode: 'device loop'}",
+    "baseline": "null, or with --baseline (jaxspec/speedup.py): {decode_tokens_per_s, decode_s, steps, "
+                "speculative_decode_tokens_per_s, speedup, speedup_min, speedup_max, rounds, mode: 'device loop'}: "
+                "medians over interleaved rounds of both runs, speedup_min/max the rounds' extremes",
 }
 
 
@@ -59,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", type=Path, default=None,
                    help="converted EAGLE-3 drafter (default: MODEL/draft, then a sibling directory named draft)")
     p.add_argument("--speculative-num-steps", type=int, default=None,
-                   help="draft tokens per cycle (0 = no speculation; default 4 with a drafter)")
+                   help=f"draft tokens per cycle (0 = no speculation; default {DEFAULT_NUM_STEPS})")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help="tokens verified per cycle incl. the root (chain: num-steps + 1)")
@@ -74,10 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--batch-file", type=Path, default=None, help="one prompt per line, generated as one batch")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON document (see the README for its schema)")
-    p.add_argument("--baseline", action="store_true", help="also time decoding without speculation, same target")
+    p.add_argument("--baseline", action="store_true",
+                   help="also time decoding without speculation on the same target: both timed alike, in "
+                        "interleaved rounds; prints the median speedup and its range")
+    p.add_argument("--baseline-rounds", type=int, default=DEFAULT_ROUNDS,
+                   help=f"rounds of each run --baseline times (default {DEFAULT_ROUNDS})")
     p.add_argument("--mesh", type=str, default=None, help="device count (8) or data x model shape (2x4)")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="activation dtype")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                   help="activation dtype (default: float32 on CPU, where XLA has no fast bf16 matmul; bfloat16 on "
+                        "GPU and TPU)")
     p.add_argument("--max-context", type=int, default=None, help="cap on prompt + new tokens (default: the model's)")
+    p.add_argument("--verify-weights", action="store_true",
+                   help="check every weight file's SHA-256 against the checkpoint's manifest before loading "
+                        "(default: only that each file is there with its recorded size)")
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt positions per prefill step, a power of two >= 16 (default 512; longer prompts run in "
                         "chunks, so attention needs chunk x context of scores, not prompt x context)")
@@ -99,8 +120,10 @@ def _check_flags(a) -> int:
         raise UsageError(f"--temperature must be a finite number >= 0, got {a.temperature}")
     if not 0.0 < a.top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {a.top_p}")
-    if a.top_k < 0:
-        raise UsageError(f"--top-k must be >= 0, got {a.top_k}")
+    if not 0 <= a.top_k <= TOP_K_MAX:
+        raise UsageError(f"--top-k must be in [0, {TOP_K_MAX}], got {a.top_k}")
+    if not SEED_RANGE[0] <= a.seed < SEED_RANGE[1]:
+        raise UsageError(f"--seed must be in [-2**63, 2**63), got {a.seed}")
     if a.prefill_chunk is not None:
         from jaxspec.prefill import MIN_BUCKET, valid_chunk
 
@@ -108,7 +131,7 @@ def _check_flags(a) -> int:
             raise UsageError(f"--prefill-chunk must be a power of two >= {MIN_BUCKET}, got {a.prefill_chunk}")
     k = a.speculative_num_steps
     if k is None:
-        k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else 4
+        k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else DEFAULT_NUM_STEPS
     if k < 0:
         raise UsageError(f"--speculative-num-steps must be >= 0, got {k}")
     if a.speculative_num_draft_tokens is not None and a.speculative_num_draft_tokens != k + 1:
@@ -116,6 +139,11 @@ def _check_flags(a) -> int:
             f"--speculative-num-draft-tokens {a.speculative_num_draft_tokens} must equal --speculative-num-steps + 1 "
             f"= {k + 1} for chain drafting (topk 1)"
         )
+    if a.baseline and k == 0:
+        raise UsageError("--baseline compares speculative decoding with plain decoding: it needs "
+                         "--speculative-num-steps >= 1 (with 0 the run is already the baseline)")
+    if a.baseline_rounds < 1:
+        raise UsageError(f"--baseline-rounds must be >= 1, got {a.baseline_rounds}")
     return k
 
 
@@ -154,8 +182,15 @@ def _read_prompts(a) -> tuple[list[str], bool]:
             if not text:
                 raise UsageError(f"--prompt-file {path}: the file is empty")
             return [text], False
-    if not sys.stdin.isatty():
-        text = sys.stdin.read()
+    if sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():  # `<&-` leaves no stdin at all
+        try:
+            data = sys.stdin.buffer.read()
+        except OSError as e:
+            raise UsageError(f"stdin: cannot read the prompt ({e.strerror or e})") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"stdin: the prompt is not valid UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
         if text.strip():
             return [text], False
     return [DEFAULT_PROMPT], False
@@ -174,8 +209,15 @@ def _eos_ids(model_dir: Path, cfg, tokenizer) -> tuple[int, ...]:
     ids = set(cfg.eos_token_id)
     gen = model_dir / "generation_config.json"
     if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        try:
+            doc = json.loads(gen.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError(f"{gen}: not valid JSON ({e})") from None
+        eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
+        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+            raise UsageError(f"{gen}: eos_token_id must be a token id or a list of them, got {doc.get('eos_token_id')!r}")
+        ids.update(eos)
     tok_eos = tokenizer.token_id("eos_token")
     if tok_eos is not None:
         ids.add(tok_eos)
@@ -212,15 +254,19 @@ def run(argv: list[str] | None = None) -> int:
         raise UsageError(f"no drafter found beside {model_dir} (pass --draft DIR, or --speculative-num-steps 0)")
     if draft_dir is not None and not draft_dir.is_dir():
         raise UsageError(f"--draft {draft_dir}: no such checkpoint directory")
+    import jax
+
+    a.dtype = a.dtype or default_dtype(jax.default_backend())
     dtype = jnp.dtype(a.dtype)
 
     t0 = time.perf_counter()
     _status(f"loading target {model_dir}", quiet)
-    cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype)
+    verify = "full" if a.verify_weights else "sizes"
+    cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype, verify=verify)
     dcfg = dw = None
     if draft_dir is not None:
         _status(f"loading drafter {draft_dir}", quiet)
-        dcfg, dw = load_draft(draft_dir, mesh=mesh, dtype=dtype)
+        dcfg, dw = load_draft(draft_dir, mesh=mesh, dtype=dtype, verify=verify)
         cfg = check_draft_fits(cfg, dcfg, dw)
     tokenizer = load_tokenizer(model_dir)
     eos = _eos_ids(model_dir, cfg, tokenizer)
@@ -244,6 +290,7 @@ def run(argv: list[str] | None = None) -> int:
 
     stream = not (a.json or batch)
     if stream:
+        echo_prompt(prompts_text[0], sys.stdout)
         decoder = StreamDecoder(tokenizer)
         result = None
         for event in engine.stream(prompts, a.max_new_tokens, sampling, seed=a.seed):
@@ -258,18 +305,10 @@ def run(argv: list[str] | None = None) -> int:
         result = engine.generate(prompts, a.max_new_tokens, sampling, seed=a.seed)
 
     baseline = None
-    if a.baseline and k > 0:
-        _status("timing the baseline (no speculation)", quiet)
-        # timed the way the speculative run was (streamed, or one on-device loop): a streamed cycle pays a host
-        # round trip that the device loop does not, which for a small model is most of its time
-        if stream:
-            run_baseline = lambda: list(engine.stream(prompts, a.max_new_tokens, sampling, seed=a.seed,  # noqa: E731
-                                                      speculative=False))[-1]
-        else:
-            run_baseline = lambda: engine.generate(prompts, a.max_new_tokens, sampling, seed=a.seed,  # noqa: E731
-                                                   speculative=False)
-        run_baseline()  # warm-up run
-        baseline = run_baseline()
+    if a.baseline:
+        _status(f"timing speculative and plain decoding alike, {a.baseline_rounds} interleaved rounds", quiet)
+        baseline = measure_speedup(engine, prompts, a.max_new_tokens, sampling, a.seed, streamed=stream,
+                                   rounds=a.baseline_rounds)
 
     texts = [tokenizer.decode(t) for t in result.tokens]
     report = _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline, stream)
@@ -313,13 +352,7 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
         "baseline": None,
     }
     if baseline is not None:
-        out["baseline"] = {
-            "decode_tokens_per_s": baseline.decode_tokens_per_s,
-            "decode_s": baseline.decode_s,
-            "steps": baseline.cycles,
-            "speedup": result.decode_tokens_per_s / baseline.decode_tokens_per_s,
-            "mode": "stream" if stream else "device loop",
-        }
+        out["baseline"] = baseline.as_dict()
     return out
 
 
@@ -337,23 +370,28 @@ def _print_stats(r: dict, k: int) -> None:
             f"(histogram of accepted drafts 0..{k}: {acc['histogram']})"
         )
     if r["baseline"]:
-        b = r["baseline"]
-        how = "streamed the same way" if b["mode"] == "stream" else "in one on-device loop, as above"
-        lines.append(f"baseline (no speculation, same target, {how}): {b['decode_tokens_per_s']:.1f} tok/s "
-                     f"-> speedup {b['speedup']:.2f}x")
+        lines.append(format_speedup(r["baseline"]))
     print("\n".join(lines), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from convert.safetensors_reader import CheckpointError
+    from convert.errors import CheckpointError
     from jaxspec.engine import PromptTooLong
     from jaxspec.tokenizer import TokenizerError
     from model.config import ConfigError
 
     try:
         return run(argv)
+    except BrokenPipeError:
+        # stdout's reader left (`| head -c 20`): stop quietly; point stdout at /dev/null so that the interpreter's
+        # own flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (UsageError, CheckpointError, ConfigError, TokenizerError, PromptTooLong) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # a checkpoint file that cannot be read
+        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

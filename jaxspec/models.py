@@ -42,6 +42,8 @@ def check_draft_fits(cfg: TextConfig, dcfg: DraftConfig, dw: DraftWeights | None
             f"draft aux layers {list(aux)} do not fit a target of {cfg.num_hidden_layers} layers "
             f"(need {dcfg.aux_count} distinct ids in range)"
         )
+    if len(set(aux)) != 3:  # the target emits one state per distinct layer; the drafter's fc expects 3
+        raise ConfigError(f"draft aux layers {list(aux)} repeat a layer (need 3 distinct ids)")
     if dw is not None and dw.lm_head is None and dcfg.draft_vocab_size != cfg.vocab_size:
         raise ConfigError("draft has no lm_head but a reduced draft_vocab_size")
     return cfg.replace(aux_layer_ids=tuple(sorted(aux)))

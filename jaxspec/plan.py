@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from convert.help_format import DefaultsHelpFormatter
+from jaxspec.defaults import DEFAULT_NUM_STEPS
 from jaxspec.prefill import DEFAULT_CHUNK
 from model.config import TextConfig
 from model.configs import KNOWN, known_config
@@ -235,7 +237,7 @@ def abstract_mesh(shape: tuple[int, int]) -> AbstractMesh:
 
 
 def make_plan(config: str, devices: int, device_memory: int, context: int, batch: int, *, mesh_shape=None,
-              draft: str | None = "default", experts: str | None = None, num_steps: int = 3) -> Plan:
+              draft: str | None = "default", experts: str | None = None, num_steps: int = DEFAULT_NUM_STEPS) -> Plan:
     cfg = known_config(config)
     if experts is None:
         experts = cfg.quant.method if cfg.quant else "bf16"
@@ -344,20 +346,29 @@ def parse_mesh(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxspec.plan", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="kimi-k2.5", choices=KNOWN)
-    p.add_argument("--draft", default="default", help=f"draft config ({', '.join(KNOWN_DRAFTS)}) or 'none'")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxspec.plan", description=__doc__.split("\n")[0],
+                                formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--config", default="kimi-k2.5", choices=KNOWN, help="target model configuration")
+    p.add_argument("--draft", default="default",
+                   help=f"draft config ({', '.join(KNOWN_DRAFTS)}), 'none', or 'default': the drafter published for "
+                        "--config")
     p.add_argument("--experts", choices=("int4", "fp8", "bf16"), default=None,
                    help="routed expert storage (default: the checkpoint's)")
-    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--devices", type=int, default=8, help="devices the model is split over")
     p.add_argument("--mesh", type=parse_mesh, default=None, help="data x model, e.g. 1x8 (default 1xDEVICES)")
-    p.add_argument("--device-memory", type=parse_bytes, default=parse_bytes("141GB"))
+    p.add_argument("--device-memory", type=parse_bytes, default="141GB",
+                   help="memory of one device (GB = 10**9 bytes, GiB = 2**30)")
     p.add_argument("--context", type=int, default=131072,
                    help="tokens per sequence (prompt + new); caches are sized as the engine rounds them")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--num-steps", type=int, default=3, help="draft tokens per cycle K")
-    a = p.parse_args(argv)
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS,
+                   help="draft tokens per cycle K (the default K of python -m jaxspec.generate)")
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     try:
         plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
                          draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps)

@@ -47,10 +47,11 @@ def processed_probs(logits_XV: jax.Array, temperature, top_k, top_p) -> jax.Arra
     kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(k - 1, scaled.shape[:-1])[..., None], axis=-1)
     scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
     probs = jax.nn.softmax(scaled, axis=-1)
-    # nucleus: keep tokens whose preceding cumulative mass (in descending order) is < top_p
+    # nucleus: keep tokens whose preceding cumulative mass (in descending order) is < top_p. top_p = 1 keeps every
+    # token: the float32 running mass reaches 1.0 before the end of a long tail, which `< 1` alone would cut off.
     sorted_probs = -jnp.sort(-probs, axis=-1)
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = mass_before < top_p
+    keep_sorted = (mass_before < top_p) | (top_p >= 1.0)
     cutoff = jnp.min(jnp.where(keep_sorted, sorted_probs, jnp.inf), axis=-1, keepdims=True)
     probs = jnp.where(probs >= cutoff, probs, 0.0)
     return probs / probs.sum(-1, keepdims=True)

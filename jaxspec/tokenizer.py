@@ -24,6 +24,8 @@ KIMI_PAT_STR = "|".join(
     ]
 )
 KIMI_NUM_RESERVED_SPECIAL = 256
+# where a checkpoint keeps its chat template, in the order they are read (then tokenizer_config.json's entry)
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 class TokenizerError(ValueError):
@@ -37,11 +39,13 @@ def _token_content(tok) -> str:
 class Tokenizer:
     """encode / decode / chat template over one of the two backends."""
 
-    def __init__(self, encode, decode, specials: dict[str, int], config: dict, chat_template: str | None, name: str):
+    def __init__(self, encode, decode, specials: dict[str, int], config: dict, chat_template: str | None, name: str,
+                 chat_template_origin: str | None = None):
         self._encode, self._decode = encode, decode
         self.special_tokens = specials
         self.config = config
         self.chat_template = chat_template
+        self.chat_template_origin = chat_template_origin or name  # the file (and key) the template was read from
         self.name = name
 
     def encode(self, text: str) -> list[int]:
@@ -59,8 +63,9 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise TokenizerError(f"{self.name}: the checkpoint has no chat template (tokenizer_config.json "
-                                 "'chat_template' or chat_template.jinja)")
+            where = Path(self.name).parent
+            raise TokenizerError(f"{where}: the checkpoint has no chat template (looked for {CHAT_TEMPLATE_FILES[0]}, "
+                                 f"{CHAT_TEMPLATE_FILES[1]} and 'chat_template' in tokenizer_config.json)")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
         def raise_exception(msg):
@@ -69,27 +74,53 @@ class Tokenizer:
         env.globals["raise_exception"] = raise_exception
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
         specials = {k: _token_content(self.config[k]) for k in ("bos_token", "eos_token") if self.config.get(k)}
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **specials
-        )
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **specials
+            )
+        except jinja2.TemplateSyntaxError as e:
+            raise TokenizerError(f"{self.chat_template_origin}: chat template has a syntax error at line {e.lineno}: "
+                                 f"{e.message}") from None
+        except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
+                RecursionError, MemoryError) as e:
+            if isinstance(e, TokenizerError):
+                raise
+            # a template is data from the checkpoint: its failures (sandbox refusals, range(10**9), bad operands)
+            # are the checkpoint's, reported in one line
+            msg = str(e).splitlines()[0] if str(e) else ""
+            raise TokenizerError(f"{self.chat_template_origin}: chat template failed ({type(e).__name__}: {msg})"[:400]) from None
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
         raise TokenizerError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise TokenizerError(f"{path}: must be a JSON object, not {type(doc).__name__}")
+    return doc
 
 
-def _chat_template(directory: Path, config: dict) -> str | None:
-    for name in ("chat_template.jinja", "chat_template.json"):
+def _chat_template(directory: Path, config: dict) -> tuple[str | None, str]:
+    """(template, where it came from)."""
+    for name in CHAT_TEMPLATE_FILES:
         p = directory / name
         if p.exists():
-            return _read_json(p)["chat_template"] if p.suffix == ".json" else p.read_text()
-    tpl = config.get("chat_template")
-    if isinstance(tpl, list):  # named templates: take "default"
-        tpl = next((t["template"] for t in tpl if t.get("name") == "default"), None)
-    return tpl
+            if p.suffix == ".json":
+                tpl, where = _read_json(p).get("chat_template"), f"{p}: 'chat_template'"
+            else:
+                try:
+                    tpl, where = p.read_text(encoding="utf-8"), str(p)
+                except UnicodeDecodeError as e:
+                    raise TokenizerError(f"{p}: not valid UTF-8 ({e})") from None
+            break
+    else:
+        tpl, where = config.get("chat_template"), f"{directory / 'tokenizer_config.json'}: 'chat_template'"
+        if isinstance(tpl, list):  # named templates: take "default"
+            tpl = next((t.get("template") for t in tpl if isinstance(t, dict) and t.get("name") == "default"), None)
+    if tpl is not None and not isinstance(tpl, str):
+        raise TokenizerError(f"{where} must be a string, got {type(tpl).__name__}")
+    return tpl, where
 
 
 def load_tiktoken_tokenizer(directory: Path) -> Tokenizer:
@@ -103,6 +134,7 @@ def load_tiktoken_tokenizer(directory: Path) -> Tokenizer:
         raise TokenizerError(f"{model_file}: not a tiktoken BPE file ({e})") from None
     config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").exists() else {}
     named = {int(i): _token_content(t) for i, t in (config.get("added_tokens_decoder") or {}).items()}
+    template, origin = _chat_template(directory, config)
     n = len(ranks)
     specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + KIMI_NUM_RESERVED_SPECIAL + 2)}
     enc = tiktoken.Encoding(name=str(model_file), pat_str=KIMI_PAT_STR, mergeable_ranks=ranks, special_tokens=specials)
@@ -111,7 +143,8 @@ def load_tiktoken_tokenizer(directory: Path) -> Tokenizer:
         decode=enc.decode,
         specials=specials,
         config=config,
-        chat_template=_chat_template(directory, config),
+        chat_template=template,
+        chat_template_origin=origin,
         name=str(model_file),
     )
 
@@ -126,12 +159,14 @@ def load_hf_tokenizer(directory: Path) -> Tokenizer:
         raise TokenizerError(f"{path}: not a tokenizers file ({e})") from None
     config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").exists() else {}
     specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    template, origin = _chat_template(directory, config)
     return Tokenizer(
         encode=lambda text: tok.encode(text, add_special_tokens=False).ids,
         decode=lambda ids: tok.decode(ids, skip_special_tokens=False),
         specials=specials,
         config=config,
-        chat_template=_chat_template(directory, config),
+        chat_template=template,
+        chat_template_origin=origin,
         name=str(path),
     )
 

@@ -9,9 +9,10 @@
   so two processes can compile different kernels and round differently: greedy decoding of the same prompt then
   diverged between processes (on a random model, from the tenth token on). With the choices kept in DIR every run
   on the machine compiles the first run's kernels (and skips the autotuning). DIR is $JAXSPEC_AUTOTUNE_CACHE, by
-  default ~/.cache/jaxspec/xla-autotune/jaxlib-<version> ($XDG_CACHE_HOME is honoured); JAXSPEC_AUTOTUNE_CACHE=off
-  leaves the autotuner to each process, as does a directory that cannot be created or whose path holds whitespace
-  (XLA_FLAGS is split on it).
+  default ~/.cache/jaxspec/xla-autotune/jaxlib-<version> ($XDG_CACHE_HOME is honoured) where a GPU backend can
+  start (a JAX GPU plugin is installed and JAX_PLATFORMS, if set, names a GPU platform): a CPU-only machine gets no
+  directory. JAXSPEC_AUTOTUNE_CACHE=off leaves the autotuner to each process, as does a directory that cannot be
+  created or whose path holds whitespace (XLA_FLAGS is split on it).
 
 A flag already in XLA_FLAGS is left as the user set it. On a CPU both flags change nothing. Importing `jaxspec` (or
 `bench`) applies them, so that must happen before the first JAX computation; otherwise `apply` warns that they
@@ -20,7 +21,9 @@ did not take effect.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pkgutil
 import sys
 import warnings
 from importlib import metadata
@@ -29,18 +32,41 @@ from pathlib import Path
 SCHEDULING_FLAG = "--xla_gpu_command_buffer_scheduling_mode"
 AUTOTUNE_CACHE_FLAG = "--xla_gpu_per_fusion_autotune_cache_dir"
 AUTOTUNE_CACHE_ENV = "JAXSPEC_AUTOTUNE_CACHE"
+GPU_PLATFORMS = ("cuda", "rocm", "gpu")
 
 
 def _has_flag(xla_flags: str, flag: str) -> bool:
     return any(f == flag or f.startswith(flag + "=") for f in xla_flags.split())
 
 
+def jax_gpu_plugin_installed() -> bool:
+    """Whether a JAX GPU plugin (jax-cuda*-plugin, jax-rocm*-plugin) is installed, found the way JAX finds plugins
+    (the `jax_plugins` entry points and namespace package) without importing JAX."""
+    if any(ep.name for ep in metadata.entry_points(group="jax_plugins")):
+        return True
+    spec = importlib.util.find_spec("jax_plugins")
+    return bool(spec and spec.submodule_search_locations
+                and any(pkgutil.iter_modules(spec.submodule_search_locations)))
+
+
+def gpu_backend_possible(environ=os.environ) -> bool:
+    """Whether JAX may start a GPU backend in this process: JAX_PLATFORMS names one, or it is unset and a GPU plugin
+    is installed."""
+    platforms = environ.get("JAX_PLATFORMS", "").lower()
+    if platforms.strip():
+        return any(p.strip() in GPU_PLATFORMS for p in platforms.split(","))
+    return jax_gpu_plugin_installed()
+
+
 def default_autotune_cache_dir(environ=os.environ) -> Path | None:
-    """Where autotune choices are kept: $JAXSPEC_AUTOTUNE_CACHE, None if it is 'off', else under the user cache,
-    one directory per jaxlib version (another XLA may time and name its candidates differently)."""
+    """Where autotune choices are kept: $JAXSPEC_AUTOTUNE_CACHE, None if it is 'off'; else, where a GPU backend can
+    start, under the user cache, one directory per jaxlib version (another XLA may time and name its candidates
+    differently); else None (XLA:CPU does not autotune)."""
     chosen = environ.get(AUTOTUNE_CACHE_ENV)
     if chosen is not None:
         return None if chosen.strip().lower() in ("", "off") else Path(chosen).expanduser()
+    if not gpu_backend_possible(environ):
+        return None
     try:
         version = metadata.version("jaxlib")
     except metadata.PackageNotFoundError:

@@ -145,6 +145,62 @@ def _require(d: dict, key: str, where: str) -> Any:
     return d[key]
 
 
+# JSON types of config.json fields, checked before any is used: a hand-edited or hostile file says which
+# key is wrong instead of failing inside int() or .get(). "int+": a positive integer; "?": may be null.
+_FIELD_KINDS = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "int+": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
+    "int>=0": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), "a finite number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "strs": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "ints>=0": (lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
+                "a list of non-negative integers"),
+    "int|ints": (lambda v: (isinstance(v, int) and not isinstance(v, bool))
+                 or (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)),
+                 "an integer or a list of integers"),
+}
+
+
+def check_field_types(d: dict, fields: dict[str, str], where: str) -> None:
+    """Each present key of `fields` has its JSON type ("?" suffix: null allowed)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: must be a JSON object, not {type(d).__name__}")
+    for key, kind in fields.items():
+        if key not in d:
+            continue
+        v = d[key]
+        if kind.endswith("?"):
+            if v is None:
+                continue
+            kind = kind[:-1]
+        ok, expected = _FIELD_KINDS[kind]
+        if not ok(v):
+            raise ConfigError(f"{where}: '{key}' must be {expected}, got {v!r}"[:300])
+
+
+_TEXT_FIELDS = {
+    "vocab_size": "int+", "hidden_size": "int+", "num_hidden_layers": "int+", "num_attention_heads": "int+",
+    "kv_lora_rank": "int+", "qk_nope_head_dim": "int+", "qk_rope_head_dim": "int+", "v_head_dim": "int+",
+    "intermediate_size": "int+", "q_lora_rank": "int+?", "moe_intermediate_size": "int>=0?",
+    "n_routed_experts": "int>=0?", "num_experts_per_tok": "int>=0?", "n_shared_experts": "int>=0?",
+    "first_k_dense_replace": "int>=0?", "n_group": "int+?", "topk_group": "int+?", "num_key_value_heads": "int+?",
+    "moe_layer_freq": "int+?", "num_nextn_predict_layers": "int>=0?", "max_position_embeddings": "int+?",
+    "routed_scaling_factor": "number?", "rms_norm_eps": "number?", "rope_theta": "number?",
+    "norm_topk_prob": "bool?", "rope_interleave": "bool?", "attention_bias": "bool?", "tie_word_embeddings": "bool?",
+    "rope_scaling": "object?", "rope_parameters": "object?", "quantization_config": "object?",
+    "topk_method": "str?", "scoring_func": "str?", "hidden_act": "str?", "model_type": "str?",
+    "bos_token_id": "int?", "pad_token_id": "int?", "eos_token_id": "int|ints?",
+}
+_WRAPPER_FIELDS = {
+    "architectures": "strs?", "text_config": "object", "quantization_config": "object?", "model_type": "str?",
+    "eagle_aux_hidden_state_layer_ids": "ints>=0?", "bos_token_id": "int?", "pad_token_id": "int?",
+    "eos_token_id": "int|ints?",
+}
+
+
 def _check(ok: bool, key: str, value: Any, expected: str, where: str) -> None:
     if not ok:
         raise ConfigError(f"{where}: unsupported {key}={value!r} (jaxspec supports {expected})")
@@ -203,6 +259,8 @@ def _parse_quant(q: dict | None, where: str) -> QuantConfig | None:
 
 def text_config_from_dict(raw: dict, where: str = "config.json") -> TextConfig:
     """Validate a HF config dict (DeepseekV3, Kimi K2 / K2-Thinking, or K2.5 with `text_config`)."""
+    check_field_types(raw, _WRAPPER_FIELDS, where)
+    check_field_types(raw.get("text_config", raw), _TEXT_FIELDS, where + (" text_config" if "text_config" in raw else ""))
     archs = raw.get("architectures") or ["DeepseekV3ForCausalLM"]
     _check(any(a in _SUPPORTED_ARCHS for a in archs), "architectures", archs, sorted(_SUPPORTED_ARCHS), where)
     prefix = ""

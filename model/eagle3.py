@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from model.attention_mla import MLAWeights, mla
-from model.config import ConfigError, Kernels, TextConfig, YarnRope, parse_rope_scaling
+from model.config import ConfigError, Kernels, TextConfig, YarnRope, check_field_types, parse_rope_scaling
 from model.kv_cache import visible_slots, write_slots
 from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
@@ -107,7 +107,24 @@ def _int_key(d: dict, key: str, where: str) -> int:
         raise ConfigError(f"{where}: {key}={d[key]!r} is not an integer") from None
 
 
+_DRAFT_FIELDS = {
+    "architectures": "strs?", "num_hidden_layers": "int+?", "hidden_size": "int+", "num_attention_heads": "int+",
+    "num_key_value_heads": "int+?", "head_dim": "int+?", "intermediate_size": "int+", "vocab_size": "int+",
+    "draft_vocab_size": "int+?", "rope_theta": "number?", "rms_norm_eps": "number?", "hidden_act": "str?",
+    "rope_scaling": "object?", "rope_parameters": "object?", "eagle_config": "object?", "target_hidden_size": "int+?",
+    "max_position_embeddings": "int+?", "quantization_config": "object?", "model_type": "str?",
+    # MLA drafters
+    "q_lora_rank": "int+?", "kv_lora_rank": "int+?", "qk_nope_head_dim": "int+?", "qk_rope_head_dim": "int+?",
+    "v_head_dim": "int+?", "attention_bias": "bool?", "tie_word_embeddings": "bool?",
+    # EAGLE-3.1
+    "fc_norm": "bool?", "norm_output": "bool?", "norm_before_residual": "bool?",
+}
+
+
 def draft_config_from_dict(d: dict, where: str = "config.json") -> DraftConfig:
+    check_field_types(d, _DRAFT_FIELDS, where)
+    check_field_types(d.get("eagle_config") or {}, {"eagle_aux_hidden_state_layer_ids": "ints>=0?",
+                                                    "use_aux_hidden_state": "bool?"}, where + " eagle_config")
     archs = d.get("architectures") or []
     if any(a in MLA_ARCHS for a in archs):
         attention = "mla"

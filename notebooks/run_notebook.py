@@ -3,7 +3,10 @@
     python notebooks/run_notebook.py --model k25-random --layers 4 --out notebooks/figures/gpu \\
         --executed /tmp/benchmark.executed.ipynb                     # on a GPU (real K2.5 dims)
     python notebooks/run_notebook.py --model k25-random --tiny --layers 3 --tokens 1,2,3,4 --ks 1,2,3 \\
-        --context 64 --iters 3 --out notebooks/figures                # on a CPU (bench.step.TINY_DIMS)
+        --context 64 --iters 3 --executed out/notebook/executed.ipynb   # on a CPU (bench.step.TINY_DIMS)
+
+The plots and results.json go to --out, by default out/notebook/ (ignored by git): a run never rewrites the
+figures committed under notebooks/figures/ unless --out names them.
 
 Each option sets the notebook's JAXSPEC_NB_* environment variable (see its parameter cell). By default the
 notebook runs in a Jupyter kernel through nbclient; `--as-script` runs its code cells in order in this process
@@ -19,6 +22,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -49,9 +53,9 @@ def parse_args(argv):
     p.add_argument("--model-dir", help="the default pair's directory (default jaxspec/default_model)")
     p.add_argument("--layers", type=int)
     p.add_argument("--tiny", action="store_true", help="bench.step.TINY_DIMS (CPU)")
-    p.add_argument("--out", help="directory for the plots and results.json (default notebooks/figures)")
+    p.add_argument("--out", help="directory for the plots and results.json (default out/notebook, ignored by git)")
     p.add_argument("--tokens", help="comma-separated T for the decode/verify steps (default 1,...,8)")
-    p.add_argument("--ks", help="comma-separated draft lengths K for the cycles (default 1,2,3,4)")
+    p.add_argument("--ks", help="comma-separated draft lengths K for the cycles (default 1 .. generate's K)")
     p.add_argument("--context", type=int)
     p.add_argument("--iters", type=int)
     p.add_argument("--max-new-tokens", type=int)
@@ -69,16 +73,25 @@ def notebook_env(args) -> dict[str, str]:
     return env
 
 
+def execute_in_kernel(nb, timeout: int) -> None:
+    """Run `nb` in a local Jupyter kernel (cwd = the repository). The kernel talks to this process over IPC
+    sockets in a private temporary directory: over TCP, ipykernel warns that the traffic is unencrypted."""
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    with tempfile.TemporaryDirectory(prefix="jaxspec-kernel-") as sockets:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
+        NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(REPO)}}).execute()
+
+
 def run_with_nbclient(executed: Path, timeout: int) -> int:
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO)}})
     status = 0
     try:
-        client.execute()
+        execute_in_kernel(nb, timeout)
     except CellExecutionError as e:
         print(e, file=sys.stderr)
         status = 1

@@ -1,11 +1,14 @@
-"""`python -m jaxspec.generate` driven as a subprocess: outputs equal the library's, the JSON schema, errors.
+"""`python -m jaxspec.generate`: outputs equal the library's, the JSON schema, the --baseline figures, errors.
 
-The error cases call `jaxspec.generate.main` in this process (each subprocess pays a JAX import); one flag error and
-one checkpoint error still go through `python -m` for the real exit status and the whole of stderr."""
+Most cases call `jaxspec.generate.main` in this process: each subprocess pays a JAX import, a checkpoint load and the
+compiled programs' load, where in-process runs share the library engine's compiled programs. Three runs still go
+through `python -m`: the streamed run from stdin (stdout holds exactly the text), one flag error and one checkpoint
+error (the real exit status and the whole of stderr)."""
 
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +40,16 @@ def cli(*args, stdin=None, timeout=240):
 
 def cli_in_process(capsys, *args):
     """(exit status, stderr) of `jaxspec.generate.main`: the code `python -m jaxspec.generate` exits with."""
+    code, _, err = cli_json(capsys, *args)
+    return code, err
+
+
+def cli_json(capsys, *args):
+    """(exit status, stdout, stderr) of `jaxspec.generate.main` in this process."""
     capsys.readouterr()
     code = generate_main([str(a) for a in args])
-    return code, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +95,15 @@ def _check_schema(doc, schema):
 
 
 @pytest.mark.parametrize("k", [0, 3])
-def test_greedy_cli_equals_library_baseline(ckpt, library, k):
+def test_greedy_cli_equals_library_baseline(ckpt, library, k, capsys):
     want = library(PROMPT)
-    r = cli("--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW, "--dtype", "float32",
-            "--speculative-num-steps", k, "--json")
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    # no --dtype: float32 on a CPU, as the library engine runs
+    code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
+                              "--speculative-num-steps", k, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
     _check_schema(doc, JSON_SCHEMA)
+    assert doc["dtype"] == "float32"
     res = doc["results"][0]
     assert res["tokens"] == want
     assert res["prompt_tokens"] == len(load_tokenizer(ckpt / "model").encode(PROMPT))
@@ -102,29 +114,53 @@ def test_greedy_cli_equals_library_baseline(ckpt, library, k):
         assert doc["acceptance"]["mean_acceptance_length"] >= 1.0
 
 
+def _printed_speedup(stderr: str) -> tuple[float, float, float, float]:
+    """(mean acceptance length, speedup, its min, its max) as the statistics lines print them."""
+    mal = float(re.search(r"mean acceptance length ([0-9.]+)", stderr).group(1))
+    m = re.search(r"-> speedup ([0-9.]+)x \(([0-9.]+)-([0-9.]+)x over 3 rounds\)", stderr)
+    assert m, stderr
+    return mal, *map(float, m.groups())
+
+
 def test_streaming_text_and_statistics(ckpt, library):
     text = load_tokenizer(ckpt / "model").decode(library(PROMPT))
-    r = cli("--model", ckpt / "model", "--max-new-tokens", MAX_NEW, "--dtype", "float32", "--baseline", stdin=PROMPT)
+    r = cli("--model", ckpt / "model", "--max-new-tokens", MAX_NEW, "--speculative-num-steps", 3, "--baseline",
+            "--baseline-rounds", 3, stdin=PROMPT)
     assert r.returncode == 0, r.stderr
-    assert r.stdout == text + "\n"
+    assert r.stdout == text + "\n"  # a pipe: no echoed prompt, no escape codes
     for needle in ("prompt tokens:", "prefill:", "compile:", "tok/s", "mean acceptance length", "ms/cycle", "baseline"):
         assert needle in r.stderr
-    assert "baseline (no speculation, same target, streamed the same way)" in r.stderr  # like with like
+    assert "both streamed, median of 3 interleaved rounds" in r.stderr  # like with like
+    # a cycle costs at least a plain step, so no honest speedup exceeds the tokens a cycle yields
+    mal, speedup, low, high = _printed_speedup(r.stderr)
+    assert low <= speedup <= high and speedup <= mal
 
 
-def test_batch_file_matches_single_prompts(ckpt, library, tmp_path):
+def test_baseline_in_the_device_loop_is_bounded_by_acceptance(ckpt, capsys):
+    code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
+                              "--speculative-num-steps", 3, "--baseline", "--baseline-rounds", 3, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    b, mal = doc["baseline"], doc["acceptance"]["mean_acceptance_length"]
+    assert b["mode"] == "device loop" and b["rounds"] == 3
+    assert b["speedup_min"] <= b["speedup"] <= b["speedup_max"] and b["speedup"] <= mal
+
+
+def test_batch_file_matches_single_prompts(ckpt, library, tmp_path, capsys):
     f = tmp_path / "prompts.txt"
     f.write_text("\n".join(BATCH) + "\n")
-    r = cli("--model", ckpt / "model", "--batch-file", f, "--max-new-tokens", MAX_NEW, "--dtype", "float32", "--json")
-    assert r.returncode == 0, r.stderr
-    got = [x["tokens"] for x in json.loads(r.stdout)["results"]]
+    code, out, err = cli_json(capsys, "--model", ckpt / "model", "--batch-file", f, "--max-new-tokens", MAX_NEW,
+                              "--dtype", "float32", "--json")
+    assert code == 0, err
+    got = [x["tokens"] for x in json.loads(out)["results"]]
     assert got == [library(p) for p in BATCH]
 
 
-def test_chat_template_is_applied(ckpt):
-    r = cli("--model", ckpt / "model", "--prompt", "hi", "--chat", "--max-new-tokens", 2, "--json")
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+def test_chat_template_is_applied(ckpt, capsys):
+    code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", "hi", "--chat", "--max-new-tokens", 2,
+                              "--json")
+    assert code == 0, err
+    doc = json.loads(out)
     tok = load_tokenizer(ckpt / "model")
     assert doc["results"][0]["prompt_tokens"] == len(tok.encode("<|im_user|>user<|im_middle|>hi<|im_end|>"
                                                                  "<|im_assistant|>assistant<|im_middle|>"))
@@ -138,6 +174,8 @@ ERRORS = [
     (["--prefill-chunk", "100"], "--prefill-chunk"),
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
     (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], "--speculative-num-draft-tokens"),
+    (["--baseline", "--speculative-num-steps", "0"], "--baseline compares speculative decoding with plain"),
+    (["--baseline", "--baseline-rounds", "0"], "--baseline-rounds"),
     (["--mesh", "3x"], "--mesh"),
     (["--mesh", "64"], "needs 64 devices"),
     (["--no-such-flag"], "unrecognized arguments"),

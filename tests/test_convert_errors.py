@@ -1,4 +1,4 @@
-"""Bad input: one error line naming the file and tensor, exit status 1, and no output directory."""
+"""Bad input: one error line naming the file and tensor, exit status 2, and no output directory."""
 
 import json
 import shutil
@@ -60,7 +60,7 @@ def convert_fails(src, tmp_path, capsys, *needles):
     dst = tmp_path / "dst"
     rc = main([str(src), str(dst), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1
+    assert rc == 2
     assert len(err) == 1, err
     line = err[0]
     assert line.startswith("convert: error: "), line
@@ -185,7 +185,7 @@ def test_mtp_layer_is_skipped_with_one_line(src, tmp_path, capsys):
 def test_existing_destination_is_not_replaced(src, tmp_path, capsys):
     (tmp_path / "dst").mkdir()
     rc = main([str(src), str(tmp_path / "dst"), "--no-progress"])
-    assert rc == 1 and "already exists (pass --overwrite" in capsys.readouterr().err
+    assert rc == 2 and "already exists (pass --overwrite" in capsys.readouterr().err
 
 
 def test_drafter_with_inconsistent_t2d(tmp_path, capsys):
@@ -209,12 +209,12 @@ def test_drafter_with_unknown_tensor(tmp_path, capsys):
 
 
 def test_cli_exit_status_and_single_line(src, tmp_path):
-    """The real entry point, in a subprocess: status 1 and exactly one stderr line."""
+    """The real entry point, in a subprocess: status 2 and exactly one stderr line."""
     fname = index(src)["weight_map"]["model.embed_tokens.weight"]
     (src / fname).unlink()
     r = subprocess.run([sys.executable, "-m", "convert", str(src), str(tmp_path / "dst")], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1
+    assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convert: error: ") and fname in lines[0], r.stderr
     assert not (tmp_path / "dst").exists()

@@ -1,10 +1,11 @@
 """The fused speculative cycle, greedy: lossless for every drafter and K, acceptance, batching, streaming (EOS,
-max_new_tokens, compilation: test_speculative_limits.py; sampling: test_speculative_sampling.py)."""
+max_new_tokens, compilation: test_speculative_limits.py; sampling: test_sampling_losslessness.py and
+test_sampling_broken_rules.py)."""
 
 import pytest
 
 from jaxspec.engine import Engine
-from tests.oracle_drafters import oracle_drafter, wrong_drafter
+from tests.oracle_drafters import drafts_right_for, oracle_drafter, partial_oracle_drafter, wrong_drafter
 from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
 
 
@@ -25,6 +26,19 @@ def test_greedy_speculation_equals_baseline(pair, baseline_tokens, k, drafter_na
     # every cycle's tokens are accounted for: first token from prefill, then accepted + 1 per cycle
     for row, toks in zip(res.accepted, res.tokens):
         assert 1 + sum(a + 1 for a in row) >= len(toks) > sum(a + 1 for a in row[:-1])
+
+
+def test_greedy_partial_acceptance_is_exact(pair, baseline_tokens):
+    """A drafter right for exactly the first m drafts (m from 0 to K, per row and per cycle): every cycle accepts
+    exactly m, and the tokens are the baseline's (accepting one draft too many would emit a wrong token)."""
+    cfg, w = pair
+    k = 4
+    res = Engine(cfg, w, num_steps=k, drafter=partial_oracle_drafter).generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens
+    for row, log in enumerate(res.accepted):
+        assert log == [drafts_right_for(k, row, cycle) for cycle in range(len(log))]
+    assert {a for log in res.accepted for a in log} == set(range(k + 1))
+    assert all(len(set(log)) >= 3 for log in res.accepted)
 
 
 def test_batch_one_equals_batch_three(pair, baseline_tokens):

@@ -18,9 +18,14 @@ def test_reduced_draft_vocab_is_lossless():
 
 
 def _compile_events():
+    """Every XLA compilation the process asks for: compiled by the backend, or served by the persistent compilation
+    cache (tests/conftest.py turns it on; a cache hit fires no backend-compile event)."""
     events = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda name, *a, **k: events.append(name) if "backend_compile" in name else None
+    )
+    jax.monitoring.register_event_listener(
+        lambda name, *a, **k: events.append(name) if name == "/jax/compilation_cache/cache_hits" else None
     )
     return events
 
@@ -33,6 +38,7 @@ def test_one_compilation_per_static_shape(pair):
     list(eng.stream([[11, 12, 13]], 60))  # streaming: one compiled cycle dispatched per cycle
     assert first.cycles >= 20
     count, n_events = eng.compile_count, len(events)
+    assert n_events >= count > 0  # the listeners see the compilations (fresh or from the persistent cache)
     # same bucket (16), other tokens and lengths: nothing compiles, neither on device nor while streaming
     second = eng.generate([[9, 8, 7, 6, 5, 4, 3, 2, 1]], 60)
     streamed = list(eng.stream([[14, 15, 16, 17]], 60))

@@ -56,8 +56,10 @@ def test_hf_tokenizer_json(tmp_path):
     assert t.decode(ids) == TEXT and t.token_id("eos_token") == t.special_tokens["<eos>"]
     dec = StreamDecoder(t)
     assert "".join([dec.push([i]) for i in ids] + [dec.flush()]) == TEXT
-    with pytest.raises(TokenizerError, match="no chat template"):
+    with pytest.raises(TokenizerError, match="no chat template") as e:
         t.apply_chat_template([{"role": "user", "content": "x"}])
+    for looked_for in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json", str(tmp_path)):
+        assert looked_for in str(e.value)
 
 
 def test_missing_and_broken_tokenizers(tmp_path):

@@ -22,8 +22,10 @@ def test_flags_added_where_the_user_set_none(tmp_path):
 def test_autotune_cache_directory_from_the_environment(tmp_path):
     assert xla_flags.default_autotune_cache_dir({AUTOTUNE_CACHE_ENV: "off"}) is None
     assert xla_flags.default_autotune_cache_dir({AUTOTUNE_CACHE_ENV: str(tmp_path / "c")}) == tmp_path / "c"
-    default = xla_flags.default_autotune_cache_dir({"XDG_CACHE_HOME": str(tmp_path)})
+    default = xla_flags.default_autotune_cache_dir({"XDG_CACHE_HOME": str(tmp_path), "JAX_PLATFORMS": "cuda"})
     assert default.parent == tmp_path / "jaxspec" / "xla-autotune" and default.name.startswith("jaxlib-0.")
+    # XLA:CPU does not autotune: a CPU-only process gets no cache directory unless the user names one
+    assert xla_flags.default_autotune_cache_dir({"XDG_CACHE_HOME": str(tmp_path), "JAX_PLATFORMS": "cpu"}) is None
 
 
 def test_apply_creates_the_directory_and_keeps_a_user_setting(tmp_path):
@@ -60,3 +62,11 @@ def test_importing_jaxspec_sets_the_flags_before_jax_starts(tmp_path):
     assert out[0] == "6"  # XLA accepted the flags
     assert out[1].split() == ["--xla_force_host_platform_device_count=2", f"{SCHEDULING_FLAG}=CONCURRENT",
                               f"{AUTOTUNE_CACHE_FLAG}={tmp_path / 'cache'}"]
+
+
+def test_importing_jaxspec_on_a_cpu_machine_creates_no_cache_directory(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in (AUTOTUNE_CACHE_ENV, "XDG_CACHE_HOME")}
+    env.update(HOME=str(tmp_path), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    out = subprocess.run([sys.executable, "-c", "import os, jaxspec; print(os.environ['XLA_FLAGS'])"], env=env,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert AUTOTUNE_CACHE_FLAG not in out and not (tmp_path / ".cache").exists()

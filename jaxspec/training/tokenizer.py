@@ -14,6 +14,17 @@ from jaxspec.training.corpus import SourceFile
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 
+# The model saw only Python sources, so it has no role tokens and no chat training: the template marks the turns
+# with plain-text comment lines the tokenizer encodes like any code, which makes `generate --chat` work and shows
+# a code model's continuation of a request written as a comment.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}# assistant:\n{% endif %}"
+)
+# beside tokenizer.json: the special tokens by name, a BOS before each prompt (files began with one), the template
+TOKENIZER_CONFIG = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "add_bos_token": True,
+                    "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE}
+
 
 def train_tokenizer(files: list[SourceFile], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())

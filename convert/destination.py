@@ -1,0 +1,33 @@
+"""Where a conversion writes: DST, its work directory DST.partial and its lock file DST.lock, all beside each
+other, and none of them allowed to be, lie inside, or contain the source (`--overwrite` or `--restart` would
+otherwise delete it). Light on imports, so that a refused run answers before jax loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from convert.errors import CheckpointError
+from convert.safe_paths import is_within
+
+
+def partial_dir(dst: str | Path) -> Path:
+    dst = Path(dst)
+    return dst.with_name(dst.name + ".partial")
+
+
+def lock_path(dst: str | Path) -> Path:
+    dst = Path(dst)
+    return dst.with_name(dst.name + ".lock")
+
+
+def check_destination(src: str | Path, dst: str | Path) -> None:
+    """Refuse a DST (or DST.partial / DST.lock) that is SRC, is inside it, or contains it (resolved paths)."""
+    source = Path(src).resolve()
+    dst = Path(dst).absolute()
+    for path in (dst, partial_dir(dst), lock_path(dst)):
+        real = path.resolve()
+        if is_within(real, source):
+            raise CheckpointError(f"{path}: is {'SRC' if real == source else 'inside SRC'} ({source}); "
+                                  "write the conversion elsewhere")
+        if is_within(source, real):
+            raise CheckpointError(f"{path}: contains SRC ({source}); write the conversion elsewhere")

@@ -1,0 +1,34 @@
+"""What generate shows a person: the prompt echoed (dimmed) only on a terminal, the speedup line with its spread."""
+
+import io
+
+from jaxspec.generate_display import DIM, RESET, echo_prompt, format_speedup
+from jaxspec.speedup import SpeedupMeasurement
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_prompt_echoed_dimmed_on_a_terminal_only(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    tty, pipe = _Terminal(), io.StringIO()
+    echo_prompt("def f(x):", tty)
+    echo_prompt("def f(x):", pipe)
+    assert tty.getvalue() == f"{DIM}def f(x):{RESET}" and pipe.getvalue() == ""
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = _Terminal()
+    echo_prompt("def f(x):", plain)
+    assert plain.getvalue() == "def f(x):"
+
+
+def test_speedup_is_the_median_of_paired_rounds_with_its_range():
+    m = SpeedupMeasurement(mode="stream", speculative_tokens_per_s=(200.0, 300.0, 240.0),
+                           baseline_tokens_per_s=(100.0, 100.0, 200.0), baseline_steps=15, baseline_decode_s=0.1)
+    assert m.speedups == (2.0, 3.0, 1.2) and m.speedup == 2.0 and m.rounds == 3
+    d = m.as_dict()
+    assert (d["speedup_min"], d["speedup_max"], d["decode_tokens_per_s"]) == (1.2, 3.0, 100.0)
+    line = format_speedup(d)
+    assert "speedup 2.00x (1.20-3.00x over 3 rounds)" in line and "both streamed" in line
