@@ -268,16 +268,16 @@ def _llama_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, ca
     n, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     cos, sin = cos_sin(positions_BT, inv_frequencies(d, cfg.rope_theta, None))
     q_BTND = apply_neox(linear(x_BT2H, w.q_proj).reshape(b, t, n, d), cos, sin)
-    k_BTKD = apply_neox(linear(x_BT2H, w.k_proj).reshape(b, t, nkv, d), cos, sin)
-    v_BTKD = linear(x_BT2H, w.v_proj).reshape(b, t, nkv, d)
-    k_cache = write_slots(cache.k, k_BTKD, positions_BT, slot_axis=2)
-    v_cache = write_slots(cache.v, v_BTKD, positions_BT, slot_axis=2)
-    q_BTKGD = q_BTND.reshape(b, t, nkv, n // nkv, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q_BTKGD, k_cache.astype(q_BTND.dtype), preferred_element_type=jnp.float32)
+    k_BTND = apply_neox(linear(x_BT2H, w.k_proj).reshape(b, t, nkv, d), cos, sin)
+    v_BTND = linear(x_BT2H, w.v_proj).reshape(b, t, nkv, d)
+    k_cache = write_slots(cache.k, k_BTND, positions_BT, slot_axis=2)
+    v_cache = write_slots(cache.v, v_BTND, positions_BT, slot_axis=2)
+    q_BTNJD = q_BTND.reshape(b, t, nkv, n // nkv, d)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q_BTNJD, k_cache.astype(q_BTND.dtype), preferred_element_type=jnp.float32)
     mask = visible_slots(positions_BT, k_cache.shape[2])[:, None, None]
     probs = jax.nn.softmax(jnp.where(mask, scores * d**-0.5, -jnp.inf), axis=-1).astype(q_BTND.dtype)
-    out_BTKGD = jnp.einsum("bkgts,bksd->btkgd", probs, v_cache.astype(q_BTND.dtype))
-    return linear(out_BTKGD.reshape(b, t, n * d), w.o_proj), DraftCache(k_cache, v_cache)
+    out_BTNJD = jnp.einsum("bkgts,bksd->btkgd", probs, v_cache.astype(q_BTND.dtype))
+    return linear(out_BTNJD.reshape(b, t, n * d), w.o_proj), DraftCache(k_cache, v_cache)
 
 
 def _mla_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: DraftLatentCache):
