@@ -52,9 +52,12 @@ def step_bytes(w: KimiWeights, cfg, batch: int, tokens: int, context: int, uniqu
 
 
 def draft_bytes(dw, dcfg, batch: int, tokens: int, context: int) -> int:
-    """One draft forward over `tokens` positions: all draft weights but the (target-shared) embedding, its KV."""
+    """One draft forward over `tokens` positions: all draft weights but the (target-shared) embedding, its cache."""
     weights = nbytes(dw) - (nbytes(dw.embed) if dw.embed is not None else 0)
-    kv = 2 * batch * (context + tokens) * dcfg.num_key_value_heads * dcfg.head_dim * 2
+    if dcfg.attention == "mla":  # one latent + rope key per slot, shared by the heads
+        kv = batch * (context + tokens) * (dcfg.kv_lora_rank + dcfg.qk_rope_head_dim) * 2
+    else:
+        kv = 2 * batch * (context + tokens) * dcfg.num_key_value_heads * dcfg.head_dim * 2
     return weights + kv
 
 

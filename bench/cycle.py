@@ -27,8 +27,23 @@ MAX_NEW_TOKENS = 4096
 LOG_CYCLES = 256
 
 
-def k25_draft_config(cfg, tiny: bool) -> DraftConfig:
-    """A one-layer EAGLE-3 draft shaped like the SpecForge Kimi recipe (REFERENCE.md section 5)."""
+DRAFT_KINDS = ("llama", "mla")
+
+
+def k25_draft_config(cfg, tiny: bool, kind: str = "llama") -> DraftConfig:
+    """A one-layer EAGLE-3 draft: "llama" shaped like the SpecForge Kimi recipe (REFERENCE.md section 5), "mla" like
+    the public MLA drafters (model/configs/drafts/kimi-k2.5-eagle3-mla.json: the target's attention shape, a full
+    vocabulary), with the EAGLE-3.1 fc_norm, norm_output and YaRN of the K2.6 / K2.7 ones."""
+    if kind == "mla":
+        return DraftConfig(
+            hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_attention_heads, head_dim=cfg.qk_head_dim,
+            intermediate_size=512 if tiny else 18432, vocab_size=cfg.vocab_size, draft_vocab_size=cfg.vocab_size,
+            rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps, aux_layer_ids=cfg.eagle_aux_layers,
+            attention="mla", q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,
+            qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+            rope_scaling=cfg.rope_scaling, fc_norm=True, norm_output=True,
+        )
     return DraftConfig(
         hidden_size=cfg.hidden_size,
         num_attention_heads=4 if tiny else 64,
@@ -55,8 +70,7 @@ def initial_state(cfg, dcfg, batch: int, context: int, capacity: int, key, dtype
         k_rope=tuple(_random_like(next(keys), (batch, capacity, cfg.qk_rope_head_dim), dtype) for _ in range(n)),
         lengths=jnp.full((batch,), context, jnp.int32),
     )
-    dcache = init_draft_cache(dcfg, batch, capacity, dtype)
-    dcache = dcache.replace(k=_random_like(next(keys), dcache.k.shape, dtype), v=_random_like(next(keys), dcache.v.shape, dtype))
+    dcache = jax.tree.map(lambda x: _random_like(next(keys), x.shape, dtype), init_draft_cache(dcfg, batch, capacity, dtype))
     return SpecState(
         target_cache=cache,
         draft_cache=dcache,
@@ -72,12 +86,13 @@ def initial_state(cfg, dcfg, batch: int, context: int, capacity: int, key, dtype
     )
 
 
-def spec_pair(w, cfg, tiny: bool):
-    """The target weights `w` with a random K2.5-shaped one-layer draft: (SpecConfig, DraftConfig, SpecWeights)."""
+def spec_pair(w, cfg, tiny: bool, kind: str = "llama"):
+    """The target weights `w` with a random K2.5-shaped one-layer draft of `kind` (DRAFT_KINDS), with its own
+    lm_head: (SpecConfig, DraftConfig, SpecWeights)."""
     from jaxspec.models import check_draft_fits
     from model.init import init_draft_weights
 
-    dcfg = k25_draft_config(cfg, tiny)
+    dcfg = k25_draft_config(cfg, tiny, kind)
     spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
     dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
     return spec_cfg, dcfg, SpecWeights(target=w, draft=dw)
@@ -90,7 +105,8 @@ def _greedy_cycle(spec_cfg: SpecConfig, k: int):
 
 
 def _with_kernels(spec_cfg: SpecConfig, kernels: Kernels) -> SpecConfig:
-    return dataclasses.replace(spec_cfg, target=spec_cfg.target.replace(kernels=kernels))
+    return dataclasses.replace(spec_cfg, target=spec_cfg.target.replace(kernels=kernels),
+                               draft=dataclasses.replace(spec_cfg.draft, kernels=kernels))
 
 
 def make_cycle(spec_cfg: SpecConfig, k: int, kernels: Kernels):
@@ -139,16 +155,25 @@ def run_cycle(cycle_fn, w, state):
     return run, holder
 
 
-
 def bench_cycles(w, cfg, args, kernels: Kernels, copy_tbs, over_budget, result, log, batch_contexts, *, tiny: bool,
                  loop_cycles: int = 0, mesh=None) -> list[dict]:
     """Median synchronised ms per cycle at each (batch, context) and K; with `loop_cycles`, also the time per
     cycle when that many run inside one jitted loop ("device loop"). With `mesh` (call inside its context): the
-    draft replicated and the state laid out as the engine lays it out."""
+    draft replicated and the state laid out as the engine lays it out. Each of `args.draft_kinds` (default
+    llama) in turn."""
+    rows = []
+    for kind in getattr(args, "draft_kinds", None) or ["llama"]:
+        rows += _bench_kind(w, cfg, args, kernels, copy_tbs, over_budget, result, log, batch_contexts, kind, tiny,
+                            loop_cycles, mesh)
+    return rows
+
+
+def _bench_kind(w, cfg, args, kernels: Kernels, copy_tbs, over_budget, result, log, batch_contexts, kind, tiny,
+                loop_cycles, mesh) -> list[dict]:
     from bench.bytes_floor import HBM_TBS, floor_ms
     from bench.timing import device_loop_ms, device_loop_steps_run, median_ms
 
-    spec_cfg, dcfg, sw = spec_pair(w, cfg, tiny)
+    spec_cfg, dcfg, sw = spec_pair(w, cfg, tiny, kind)
     if mesh is not None:
         sw = SpecWeights(target=w, draft=jax.device_put(sw.draft, replicated(sw.draft, mesh)))
     rows = []
@@ -156,7 +181,7 @@ def bench_cycles(w, cfg, args, kernels: Kernels, copy_tbs, over_budget, result, 
     for b, c in batch_contexts:
         for k in args.cycle_k:
             if over_budget():
-                result["skipped"].append(f"cycle B={b} ctx={c} K={k}")
+                result["skipped"].append(f"cycle {kind} B={b} ctx={c} K={k}")
                 continue
             key, sub = jax.random.split(key)
             try:
@@ -179,7 +204,7 @@ def bench_cycles(w, cfg, args, kernels: Kernels, copy_tbs, over_budget, result, 
 
                     stats.update(device_loop_ms(run_loop, loop_cycles, args.iters))
                 floor = cycle_floor(sw, spec_cfg, b, c, k, ids)
-                row = dict(batch=b, context=c, k=k, **stats, bytes=floor,
+                row = dict(draft=kind, batch=b, context=c, k=k, **stats, bytes=floor,
                            floor_ms_4p3=floor_ms(floor["total"], HBM_TBS),
                            floor_ms_copy=floor_ms(floor["total"], copy_tbs))
                 row["ratio_4p3"] = row["median_ms"] / row["floor_ms_4p3"]
@@ -189,11 +214,11 @@ def bench_cycles(w, cfg, args, kernels: Kernels, copy_tbs, over_budget, result, 
                     loop_note = (f" (device loop {row['device_loop_ms']:.3f} ms + {row['device_loop_fixed_ms']:.3f} a loop, "
                                  f"ratio {row['device_loop_ratio_4p3']:.2f}; loop / N {row['device_loop_chained_ms']:.3f})")
                 rows.append(row)
-                log(f"cycle B={b} ctx={c} K={k}: {row['median_ms']:.3f} ms, floor {row['floor_ms_4p3']:.3f} ms, "
+                log(f"cycle {kind} B={b} ctx={c} K={k}: {row['median_ms']:.3f} ms, floor {row['floor_ms_4p3']:.3f} ms, "
                     f"ratio {row['ratio_4p3']:.2f}{loop_note}")
                 del holder, state
             except Exception as e:
-                result["errors"].append(f"cycle B={b} ctx={c} K={k}: {type(e).__name__}: {e}"[:2000])
+                result["errors"].append(f"cycle {kind} B={b} ctx={c} K={k}: {type(e).__name__}: {e}"[:2000])
                 import traceback
 
                 traceback.print_exc()

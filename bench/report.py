@@ -137,17 +137,18 @@ def markdown(result: dict) -> str:
     cycles = result.get("cycles") or []
     if cycles:
         lines += ["## Speculative cycles (K drafts + verify K+1 + accept + draft extend, one jit)", "",
-                  "| B | context | K | median ms | queued ms | device loop ms | loop fixed ms | loop / N ms | GB | "
+                  "| draft | B | context | K | median ms | queued ms | device loop ms | loop fixed ms | loop / N ms | GB | "
                   "floor 4.3 (ms) | x floor | loop x floor | cycle / decode = break-even tokens per cycle | "
                   "same, device loops |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in cycles:
             path = "kernel" if _decode_ms(steps, r["batch"], r["context"], "kernel") else "reference"
             dec = _decode_ms(steps, r["batch"], r["context"], path)
             dec_loop = _decode_ms(steps, r["batch"], r["context"], path, "device_loop_ms")
             loop = r.get("device_loop_ms")
             lines.append(
-                f"| {r['batch']} | {r['context']} | {r['k']} | {r['median_ms']:.3f} | {r['queued_mean_ms']:.3f} | "
+                f"| {r.get('draft', 'llama')} | {r['batch']} | {r['context']} | {r['k']} | {r['median_ms']:.3f} | "
+                f"{r['queued_mean_ms']:.3f} | "
                 f"{_loop_cells(r)} | {r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
                 f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {fmt(dec and r['median_ms'] / dec, 2)} | "
                 f"{fmt(loop and dec_loop and loop / dec_loop, 2)} |")

@@ -287,6 +287,9 @@ def parse_args(argv):
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8])
     p.add_argument("--cycle-k", type=int, nargs="*", default=[1, 2, 3, 4])
+    p.add_argument("--draft-kinds", nargs="+", choices=("llama", "mla"), default=["llama"],
+                   help="draft layers timed in the cycles: llama (LlamaForCausalLMEagle3) and / or mla "
+                        "(Eagle3DeepseekV2ForCausalLM, EAGLE-3.1, the target's attention shape)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--loop-steps", type=int, default=10,
                    help="also time steps inside one jitted loop, this many and 3x as many (the per-step time is "

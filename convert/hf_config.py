@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from model.config import TextConfig
-from model.eagle3 import DraftConfig
+from model.eagle3 import DraftConfig, aux_ids_to_hf
 
 
 def text_config_to_hf(cfg: TextConfig) -> dict:
@@ -60,15 +60,15 @@ def text_config_to_hf(cfg: TextConfig) -> dict:
 
 
 def draft_config_to_hf(cfg: DraftConfig) -> dict:
-    """A LlamaForCausalLMEagle3 config.json that `draft_config_from_dict` parses back to `cfg`."""
+    """A LlamaForCausalLMEagle3 / Eagle3DeepseekV2ForCausalLM config.json that `draft_config_from_dict` parses back
+    to `cfg`."""
     d = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+        "architectures": ["LlamaForCausalLMEagle3" if cfg.attention == "llama" else "Eagle3DeepseekV2ForCausalLM"],
+        "model_type": "llama" if cfg.attention == "llama" else "kimi_k2",
         "num_hidden_layers": 1,
         "hidden_size": cfg.hidden_size,
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
         "intermediate_size": cfg.intermediate_size,
         "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -79,8 +79,22 @@ def draft_config_to_hf(cfg: DraftConfig) -> dict:
         "tie_word_embeddings": False,
         "eagle_config": {"use_aux_hidden_state": True},
     }
+    if cfg.attention == "llama":
+        d["head_dim"] = cfg.head_dim
+    else:
+        d.update(q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
+                 qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim)
+        if cfg.rope_scaling is not None:
+            y = cfg.rope_scaling
+            d["rope_scaling"] = {
+                "type": "yarn", "factor": y.factor, "original_max_position_embeddings": y.original_max_position_embeddings,
+                "beta_fast": y.beta_fast, "beta_slow": y.beta_slow, "mscale": y.mscale, "mscale_all_dim": y.mscale_all_dim,
+            }
+    for flag in ("fc_norm", "norm_output", "norm_before_residual"):
+        if getattr(cfg, flag):
+            d[flag] = True
     if cfg.aux_layer_ids is not None:
-        d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
+        d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_ids_to_hf(cfg.aux_layer_ids)
     if cfg.target_hidden_size is not None:
         d["target_hidden_size"] = cfg.target_hidden_size
     return d

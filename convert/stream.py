@@ -41,9 +41,10 @@ DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp3
 KILL_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_KILL_AFTER_ITEMS"
 # test hook: SIGSTOP ourselves once this many items are saved (a run caught midway, lock held, for the test to inspect)
 STOP_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_STOP_AFTER_ITEMS"
-# config.json model_type values of the architectures jaxspec converts (K2.5 wraps a kimi_k2 text_config)
+# config.json model_type values of the architectures jaxspec converts (K2.5 wraps a kimi_k2 text_config); MLA
+# drafters carry their target's (TorchSpec writes kimi_k2, DeepseekV3Config deepseek_v3)
 TARGET_MODEL_TYPES = ("deepseek_v3", "kimi_k2", "kimi_k25")
-DRAFT_MODEL_TYPES = ("llama",)
+DRAFT_MODEL_TYPES = ("llama", "deepseek_v2", "deepseek_v3", "kimi_k2")
 
 
 @dataclasses.dataclass(frozen=True)

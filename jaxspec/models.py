@@ -37,9 +37,10 @@ def check_draft_fits(cfg: TextConfig, dcfg: DraftConfig, dw: DraftWeights | None
     if (dcfg.target_hidden_size or dcfg.hidden_size) != cfg.hidden_size:
         raise ConfigError(f"draft hidden size {dcfg.target_hidden_size or dcfg.hidden_size} != target hidden_size {cfg.hidden_size}")
     aux = dcfg.aux_layer_ids if dcfg.aux_layer_ids is not None else cfg.eagle_aux_layers
-    if len(aux) != 3 or not all(0 <= i < cfg.num_hidden_layers for i in aux):
+    if len(aux) != dcfg.aux_count or len(set(aux)) != len(aux) or not all(0 <= i < cfg.num_hidden_layers for i in aux):
         raise ConfigError(
-            f"draft aux layers {list(aux)} do not fit a target of {cfg.num_hidden_layers} layers (need 3 ids in range)"
+            f"draft aux layers {list(aux)} do not fit a target of {cfg.num_hidden_layers} layers "
+            f"(need {dcfg.aux_count} distinct ids in range)"
         )
     if len(set(aux)) != 3:  # the target emits one state per distinct layer; the drafter's fc expects 3
         raise ConfigError(f"draft aux layers {list(aux)} repeat a layer (need 3 distinct ids)")

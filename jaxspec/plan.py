@@ -38,7 +38,8 @@ from model.sharding import (CACHE_RULES, DRAFT_RULES, MESH_AXES, TARGET_RULES, L
 
 GB = 10**9
 DEFAULT_DRAFT = {"kimi-k2.5": "kimi-k2.5-eagle3", "kimi-k2-thinking": "kimi-k2.5-eagle3",
-                 "kimi-k2-instruct": "kimi-k2.5-eagle3", "kimi-k2-instruct-0905": "kimi-k2.5-eagle3"}
+                 "kimi-k2-instruct": "kimi-k2.5-eagle3", "kimi-k2-instruct-0905": "kimi-k2.5-eagle3",
+                 "kimi-k2.6": "kimi-k2.6-eagle3.1-mla", "kimi-k2.7-code": "kimi-k2.7-coder-eagle3.1-mla"}
 
 WEIGHT_CATEGORIES = ("attention", "dense", "shared", "routed experts", "embed", "lm_head", "norms/router",
                      "fc (aux states)", "draft vocab map")
@@ -70,7 +71,9 @@ def abstract_target(cfg: TextConfig, experts: str, dtype=jnp.bfloat16):
 
 
 def abstract_draft(dcfg: DraftConfig, dtype=jnp.bfloat16):
-    d2t = None if dcfg.draft_vocab_size == dcfg.vocab_size else np.zeros(dcfg.draft_vocab_size, np.int32)
+    """The draft's weights with its own lm_head (published drafters ship one, full-vocabulary ones included:
+    vLLM loads it from the drafter) and the target's embeddings."""
+    d2t = np.zeros(dcfg.draft_vocab_size, np.int32)
     return jax.eval_shape(lambda k: init_draft_weights(dcfg, k, dtype, d2t=d2t), jax.random.key(0))
 
 
@@ -89,7 +92,7 @@ def weight_category(path: str) -> str:
         return "lm_head"
     if re.search(r"norm$|\.router(_bias)?$", path):
         return "norms/router"
-    if ".attn." in path or re.fullmatch(r"[qkvo]_proj", path):
+    if ".attn." in path or re.fullmatch(r"[qkvo]_proj", path) or path.startswith("mla."):
         return "attention"
     if ".mlp.experts." in path:
         return "routed experts"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import jax
 from flax import struct
 
-from model.eagle3 import DraftCache
+from model.eagle3 import DraftCache, DraftLatentCache
 from model.kv_cache import LatentCache
 
 
 @struct.dataclass
 class SpecState:
     target_cache: LatentCache  # lengths [B] = L: tokens committed to the target cache
-    draft_cache: DraftCache
+    draft_cache: DraftCache | DraftLatentCache  # the Llama draft's K/V or the MLA draft's latent cache
     pending: jax.Array  # [B] int32: x_L, emitted but not yet run through the target
     draft_logits: jax.Array  # [B, Vd] float32: the draft's first proposal for the next cycle (position L-1)
     draft_hidden: jax.Array  # [B, H]: the draft's output at position L-1, the h of its second step

@@ -39,18 +39,19 @@ class MLAWeights:
     o_proj: jax.Array  # [H, N, Dv]
 
 
-def project_query(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin):
-    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R]."""
-    q_in = x_BTH if w.q_a_proj is None else rms_norm(linear(x_BTH, w.q_a_proj), w.q_a_norm, LORA_NORM_EPS)
-    q_BTNK = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
-    q_nope, q_rope = q_BTNK[..., : cfg.qk_nope_head_dim], q_BTNK[..., cfg.qk_nope_head_dim :]
+def project_query(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
+    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R]. `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters
+    build it with their rms_norm_eps)."""
+    q_in = x_BTH if w.q_a_proj is None else rms_norm(linear(x_BTH, w.q_a_proj), w.q_a_norm, norm_eps)
+    q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
+    q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
     return q_nope, apply_interleaved(q_rope, cos, sin)
 
 
-def project_latent(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin):
+def project_latent(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
     """-> normalized latent [B, T, C], roped shared key [B, T, R]: what the cache stores."""
     kv_BTX = linear(x_BTH, w.kv_a_proj)
-    latent_BTC = rms_norm(kv_BTX[..., : cfg.kv_lora_rank], w.kv_a_norm, LORA_NORM_EPS)
+    latent_BTC = rms_norm(kv_BTX[..., : cfg.kv_lora_rank], w.kv_a_norm, norm_eps)
     k_rope_BTR = apply_interleaved(kv_BTX[..., cfg.kv_lora_rank :][:, :, None, :], cos, sin)[:, :, 0, :]
     return latent_BTC, k_rope_BTR
 
@@ -74,14 +75,14 @@ def attend_absorbed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLA
 def attend_decompressed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
     dt = q_nope.dtype
     k_nope_BSND = jnp.einsum("bsc,ncd->bsnd", latent_BSC.astype(dt), w.w_uk.astype(dt))
-    v_BSNV = jnp.einsum("bsc,nvc->bsnv", latent_BSC.astype(dt), w.w_uv.astype(dt))
+    v_BSND = jnp.einsum("bsc,nvc->bsnv", latent_BSC.astype(dt), w.w_uv.astype(dt))
     n = k_nope_BSND.shape[2]
     k_rope_BSNR = jnp.broadcast_to(k_rope_BSR[:, :, None, :].astype(dt), (*k_rope_BSR.shape[:2], n, k_rope_BSR.shape[-1]))
-    k_BSNK = jnp.concatenate([k_nope_BSND, k_rope_BSNR], axis=-1)
-    q_BTNK = jnp.concatenate([q_nope, q_rope], axis=-1)
-    scores_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK, k_BSNK, preferred_element_type=jnp.float32)
+    k_BSND = jnp.concatenate([k_nope_BSND, k_rope_BSNR], axis=-1)
+    q_BTND = jnp.concatenate([q_nope, q_rope], axis=-1)
+    scores_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTND, k_BSND, preferred_element_type=jnp.float32)
     probs_BNTS = _softmax_masked(scores_BNTS, positions_BT, cfg.softmax_scale).astype(dt)
-    return jnp.einsum("bnts,bsnv->btnv", probs_BNTS, v_BSNV)
+    return jnp.einsum("bnts,bsnv->btnv", probs_BNTS, v_BSND)
 
 
 def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
@@ -97,15 +98,16 @@ ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompres
                    "absorbed_kernel": attend_absorbed_kernel}
 
 
-def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed"):
+def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
+        norm_eps: float = LORA_NORM_EPS):
     """One MLA layer: write the T new tokens into the cache, attend, project out.
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_nope, q_rope = project_query(x_BTH, w, cfg, cos, sin)
-    latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin)
+    q_nope, q_rope = project_query(x_BTH, w, cfg, cos, sin, norm_eps)
+    latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin, norm_eps)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
     if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
-    out_BTNV = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
-    return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR
+    out_BTND = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
+    return jnp.einsum("btnv,hnv->bth", out_BTND, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR

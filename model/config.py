@@ -206,7 +206,7 @@ def _check(ok: bool, key: str, value: Any, expected: str, where: str) -> None:
         raise ConfigError(f"{where}: unsupported {key}={value!r} (jaxspec supports {expected})")
 
 
-def _parse_rope(d: dict, where: str) -> YarnRope | None:
+def parse_rope_scaling(d: dict, where: str) -> YarnRope | None:
     rs = d.get("rope_scaling")
     if rs is None:
         rp = d.get("rope_parameters")  # transformers v5 spelling
@@ -319,7 +319,7 @@ def text_config_from_dict(raw: dict, where: str = "config.json") -> TextConfig:
         norm_topk_prob=bool(d.get("norm_topk_prob", False)),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         rope_theta=float(d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
-        rope_scaling=_parse_rope(d, where),
+        rope_scaling=parse_rope_scaling(d, where),
         max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
         bos_token_id=d.get("bos_token_id", raw.get("bos_token_id")),
         eos_token_id=eos_ids,

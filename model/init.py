@@ -48,6 +48,22 @@ def _mlp(keys, hidden, inter, dtype):
     )
 
 
+def _mla_weights(keys, cfg: TextConfig, h_out: int, h_in: int, dtype) -> MLAWeights:
+    """MLA weights reading an input of width h_in (the target: H; an MLA draft: its 2H concat) and writing h_out."""
+    n, dn, r, dv, c = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    q_in = h_in if cfg.q_lora_rank is None else cfg.q_lora_rank
+    return MLAWeights(
+        q_a_proj=None if cfg.q_lora_rank is None else _normal(keys, (cfg.q_lora_rank, h_in), dtype, h_in),
+        q_a_norm=None if cfg.q_lora_rank is None else _norm_weight(keys, cfg.q_lora_rank, dtype),
+        q_b_proj=_normal(keys, (n, dn + r, q_in), dtype, q_in),
+        kv_a_proj=_normal(keys, (c + r, h_in), dtype, h_in),
+        kv_a_norm=_norm_weight(keys, c, dtype),
+        w_uk=_normal(keys, (n, c, dn), dtype, c),
+        w_uv=_normal(keys, (n, dv, c), dtype, c),
+        o_proj=_normal(keys, (h_out, n, dv), dtype, n * dv),
+    )
+
+
 def init_kimi_weights(cfg: TextConfig, key, dtype=jnp.bfloat16, experts: str = "bf16") -> KimiWeights:
     """`experts`: "bf16" (dense, in `dtype`) or "int4" (packed with bf16 group scales)."""
     keys = _Keys(key)
@@ -56,17 +72,7 @@ def init_kimi_weights(cfg: TextConfig, key, dtype=jnp.bfloat16, experts: str = "
     group = cfg.quant.group_size if cfg.quant and cfg.quant.method == "int4" else 32
 
     def layer(i):
-        q_in = h if cfg.q_lora_rank is None else cfg.q_lora_rank
-        attn = MLAWeights(
-            q_a_proj=None if cfg.q_lora_rank is None else _normal(keys, (cfg.q_lora_rank, h), dtype, h),
-            q_a_norm=None if cfg.q_lora_rank is None else _norm_weight(keys, cfg.q_lora_rank, dtype),
-            q_b_proj=_normal(keys, (n, dn + r, q_in), dtype, q_in),
-            kv_a_proj=_normal(keys, (c + r, h), dtype, h),
-            kv_a_norm=_norm_weight(keys, c, dtype),
-            w_uk=_normal(keys, (n, c, dn), dtype, c),
-            w_uv=_normal(keys, (n, dv, c), dtype, c),
-            o_proj=_normal(keys, (h, n, dv), dtype, n * dv),
-        )
+        attn = _mla_weights(keys, cfg, h, h, dtype)
         if cfg.is_moe_layer(i):
             e, f = cfg.n_routed_experts, cfg.moe_intermediate_size
             if experts == "int4":
@@ -98,18 +104,22 @@ def init_draft_weights(cfg: DraftConfig, key, dtype=jnp.bfloat16, *, own_embed=F
     keys = _Keys(key)
     h, n, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     reduced = d2t is not None
+    llama = cfg.attention == "llama"
+    ht = cfg.target_hidden_size or h
     return DraftWeights(
         fc=_normal(keys, (h, cfg.aux_width), dtype, cfg.aux_width),
         input_norm=_norm_weight(keys, h, dtype),
         hidden_norm=_norm_weight(keys, h, dtype),
         post_attention_norm=_norm_weight(keys, h, dtype),
-        q_proj=_normal(keys, (n * d, 2 * h), dtype, 2 * h),
-        k_proj=_normal(keys, (nkv * d, 2 * h), dtype, 2 * h),
-        v_proj=_normal(keys, (nkv * d, 2 * h), dtype, 2 * h),
-        o_proj=_normal(keys, (h, n * d), dtype, n * d),
+        q_proj=_normal(keys, (n * d, 2 * h), dtype, 2 * h) if llama else None,
+        k_proj=_normal(keys, (nkv * d, 2 * h), dtype, 2 * h) if llama else None,
+        v_proj=_normal(keys, (nkv * d, 2 * h), dtype, 2 * h) if llama else None,
+        o_proj=_normal(keys, (h, n * d), dtype, n * d) if llama else None,
         mlp=_mlp(keys, h, cfg.intermediate_size, dtype),
         final_norm=_norm_weight(keys, h, dtype),
         lm_head=_normal(keys, (cfg.draft_vocab_size, h), dtype, h) if reduced else None,
         embed=jax.random.normal(keys(), (cfg.vocab_size, h), jnp.float32).astype(dtype) if own_embed else None,
         d2t=None if d2t is None else jnp.asarray(np.asarray(d2t), jnp.int32),
+        mla=None if llama else _mla_weights(keys, cfg.mla_config, h, 2 * h, dtype),
+        fc_norm=jnp.stack([_norm_weight(keys, ht, dtype) for _ in range(cfg.aux_count)]) if cfg.fc_norm else None,
     )

@@ -38,8 +38,8 @@ def local_choices(ids_TK: jax.Array, weights_TK: jax.Array, first_expert, num_lo
     anyway (its first real choice), so a kernel that reads each distinct expert once reads no extra one."""
     local_TK = ids_TK - first_expert
     mine_TK = (local_TK >= 0) & (local_TK < num_local)
-    mine_U, local_U = mine_TK.reshape(-1), local_TK.reshape(-1)
-    filler = jnp.where(mine_U.any(), local_U[jnp.argmax(mine_U)], 0)
+    mine_P, local_P = mine_TK.reshape(-1), local_TK.reshape(-1)
+    filler = jnp.where(mine_P.any(), local_P[jnp.argmax(mine_P)], 0)
     return jnp.where(mine_TK, local_TK, filler).astype(jnp.int32), jnp.where(mine_TK, weights_TK, 0.0)
 
 

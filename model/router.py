@@ -37,11 +37,11 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
     choice_TE = scores_TE + bias_E.astype(jnp.float32)
     if cfg.n_group > 1:
         t, e = choice_TE.shape
-        grouped_TGX = choice_TE.reshape(t, cfg.n_group, e // cfg.n_group)
-        group_score_TG = jax.lax.top_k(grouped_TGX, 2)[0].sum(-1)
-        _, keep_TJ = jax.lax.top_k(group_score_TG, cfg.topk_group)
-        group_kept_TG = jnp.zeros_like(group_score_TG, dtype=bool).at[jnp.arange(t)[:, None], keep_TJ].set(True)
-        kept_TE = jnp.repeat(group_kept_TG, e // cfg.n_group, axis=1)
+        grouped = choice_TE.reshape(t, cfg.n_group, e // cfg.n_group)
+        group_scores = jax.lax.top_k(grouped, 2)[0].sum(-1)
+        _, kept_groups = jax.lax.top_k(group_scores, cfg.topk_group)
+        group_kept = jnp.zeros_like(group_scores, dtype=bool).at[jnp.arange(t)[:, None], kept_groups].set(True)
+        kept_TE = jnp.repeat(group_kept, e // cfg.n_group, axis=1)
         choice_TE = jnp.where(kept_TE, choice_TE, -jnp.inf)
     _, ids_TK = jax.lax.top_k(choice_TE, cfg.num_experts_per_tok)
     return chosen_weights(scores_TE, ids_TK, cfg.norm_topk_prob, cfg.routed_scaling_factor), ids_TK.astype(jnp.int32)

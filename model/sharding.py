@@ -46,6 +46,7 @@ DRAFT_RULES: tuple[tuple[str, tuple], ...] = ()
 CACHE_RULES: tuple[tuple[str, tuple], ...] = (
     (r"(^|\.)(latent|k_rope)\.\d+$", ("batch", None, None)),  # target MLA latent cache [B, S, C|R]
     (r"(^|draft_cache\.)(k|v)$", ("batch", None, None, None)),  # draft KV cache [B, Nkv, S, D]
+    (r"(^|draft_cache\.)(latent|k_rope)$", ("batch", None, None)),  # MLA draft latent cache [B, S, C|R]
     (r"(^|\.)lengths$", ("batch",)),
 )
 

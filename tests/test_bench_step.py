@@ -14,7 +14,8 @@ from bench.timing import device_loop_ms
 
 def test_bench_step_tiny(tmp_path):
     result = main(["--tiny", "--layers", "3", "--batches", "1", "--contexts", "16", "--tokens", "1",
-                   "--cycle-k", "1", "--iters", "1", "--loop-steps", "2", "--out", str(tmp_path)])
+                   "--cycle-k", "1", "--iters", "1", "--loop-steps", "2", "--draft-kinds", "llama", "mla",
+                   "--out", str(tmp_path)])
     assert not result["errors"], result["errors"]
     [row] = result["steps"]
     parts = row["bytes"]
@@ -25,7 +26,11 @@ def test_bench_step_tiny(tmp_path):
     # 2 and 6 steps in one jitted loop; on a busy CPU the slope between them is noise, so only its presence is checked
     assert math.isfinite(row["device_loop_ms"]) and math.isfinite(row["device_loop_ratio_4p3"])
     assert row["device_loop_chained_ms"] > 0
-    [cycle] = result["cycles"]
+    cycle, mla = result["cycles"]
+    assert (cycle["draft"], mla["draft"]) == ("llama", "mla") and mla["median_ms"] > 0
+    # the MLA draft (a full-vocabulary head, one latent row per slot) beside the Llama-shaped one (256-row head)
+    assert mla["bytes"]["drafts"] > cycle["bytes"]["drafts"]
+    assert mla["bytes"]["total"] == mla["bytes"]["verify"] + mla["bytes"]["drafts"]
     assert cycle["k"] == 1 and cycle["median_ms"] > 0 and cycle["device_loop_chained_ms"] > 0  # 2 and 6 cycles
     assert math.isfinite(cycle["device_loop_ms"]) and math.isfinite(cycle["device_loop_fixed_ms"])
     assert cycle["bytes"]["total"] == cycle["bytes"]["verify"] + cycle["bytes"]["drafts"]
@@ -33,6 +38,7 @@ def test_bench_step_tiny(tmp_path):
     assert saved["steps"][0]["bytes"]["total"] == parts["total"]
     report = next(tmp_path.glob("step-*.md")).read_text()
     assert "| 1 | 16 | 1 |" in report and "## Speculative cycles" in report
+    assert "| llama | 1 | 16 | 1 |" in report and "| mla | 1 | 16 | 1 |" in report
 
 
 def test_one_moe_layer_as_the_step_minus_its_prefix(tmp_path):
@@ -121,3 +127,4 @@ def test_report_shows_the_moe_layer_and_its_whole_block():
                          moe_layer=dict(rows=[row, {**row, "tokens": 4, "block_ms": None}], sweep={})))
     assert "| 1 | 8 | 198.0 | 46.1 | 65.2 | wgmma | 1.41 |" in text
     assert "| 1 | 298.0 | 69.3 | 85.0 | 1.23 |" in text and "| 4 | 298.0" not in text  # T=4's block not timed
+

@@ -39,13 +39,13 @@ def nibble_float(shifted: dict[int, jax.Array], j: int, ptx: bool = False) -> ja
     return jax.lax.bitcast_convert_type(and_or(shifted[_SOURCE_SHIFT[j]], mask, bits, ptx), jnp.float32)
 
 
-def nibble_offsets_PTW(v_PTW: jax.Array) -> jax.Array:
+def nibble_offsets_OTW(v_OTW: jax.Array) -> jax.Array:
     """sum_j nibble_offset(j) * v[j]: what the nibble floats add to a word's dot product, per (token, word).
 
     Plain XLA, before the kernels: computed inside them instead, x is read strided and the kernels ran slower.
     Written as a weighted sum, not an einsum, so XLA fuses it into one elementwise pass instead of calling a
     GEMM."""
-    v = v_PTW.astype(jnp.float32)
+    v = v_OTW.astype(jnp.float32)
     return sum(nibble_offset(j) * v[j] for j in range(v.shape[0]))
 
 

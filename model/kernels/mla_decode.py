@@ -137,11 +137,11 @@ def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, s
     rows = t * n
     rows_p = -(-rows // cfg.block_q) * cfg.block_q
     dt = q_lat_BTNC.dtype
-    q_BRC = q_lat_BTNC.reshape(b, rows, c)
-    qr_BRR = q_rope_BTNR.reshape(b, rows, r).astype(dt)
+    q_BQC = q_lat_BTNC.reshape(b, rows, c)
+    qr_BQR = q_rope_BTNR.reshape(b, rows, r).astype(dt)
     if rows_p != rows:  # only for head counts that are not a multiple of block_q (small test models)
         pad = ((0, 0), (0, rows_p - rows), (0, 0))
-        q_BRC, qr_BRR = jnp.pad(q_BRC, pad), jnp.pad(qr_BRR, pad)
+        q_BQC, qr_BQR = jnp.pad(q_BQC, pad), jnp.pad(qr_BQR, pad)
     kernel = functools.partial(_partial_kernel, heads=n, tokens=t, block_q=cfg.block_q, block_s=cfg.block_s,
                                splits=cfg.splits, scale=scale)
     return pl.pallas_call(
@@ -153,29 +153,29 @@ def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, s
         compiler_params=pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="mla_partial",
-    )(positions_BT.astype(jnp.int32), q_BRC, qr_BRR, latent_BSC.astype(dt), k_rope_BSR.astype(dt))
+    )(positions_BT.astype(jnp.int32), q_BQC, qr_BQR, latent_BSC.astype(dt), k_rope_BSR.astype(dt))
 
 
 def _combine_kernel(o_ref, m_ref, l_ref, ctx_ref, *, block_r, block_c, splits):
     b = pl.program_id(0)
     rows = pl.ds(pl.program_id(1) * block_r, block_r)
     cols = pl.ds(pl.program_id(2) * block_c, block_c)
-    m_R = jnp.max(m_ref[b, :, rows], axis=0)
-    acc_RC = jnp.zeros((block_r, block_c), jnp.float32)
-    l_R = jnp.zeros((block_r,), jnp.float32)
+    m_Q = jnp.max(m_ref[b, :, rows], axis=0)
+    acc_QC = jnp.zeros((block_r, block_c), jnp.float32)
+    l_Q = jnp.zeros((block_r,), jnp.float32)
     for x in range(splits):
-        w_R = jnp.exp(m_ref[b, x, rows] - m_R)  # an empty split has m = -1e30: weight 0
-        acc_RC += w_R[:, None] * o_ref[b, x, rows, cols]
-        l_R += w_R * l_ref[b, x, rows]
-    ctx_ref[b, rows, cols] = (acc_RC / l_R[:, None]).astype(ctx_ref.dtype)
+        w_Q = jnp.exp(m_ref[b, x, rows] - m_Q)  # an empty split has m = -1e30: weight 0
+        acc_QC += w_Q[:, None] * o_ref[b, x, rows, cols]
+        l_Q += w_Q * l_ref[b, x, rows]
+    ctx_ref[b, rows, cols] = (acc_QC / l_Q[:, None]).astype(ctx_ref.dtype)
 
 
-def mla_combine(o_BXRC, m_BXR, l_BXR, dtype, *, cfg: MLAKernelConfig, interpret: bool = False) -> jax.Array:
+def mla_combine(o_BZQC, m_BZQ, l_BZQ, dtype, *, cfg: MLAKernelConfig, interpret: bool = False) -> jax.Array:
     """Kernel 2: combine the splits and normalise -> the context [B, R, C] in `dtype`.
 
     Grid (batch, block of rows, block of C): each partial is read once. Projecting through w_uv inside this kernel
     (a program per row) reads w_uv once per token; XLA's GEMM after it reads w_uv once."""
-    b, x, r, c = o_BXRC.shape
+    b, x, r, c = o_BZQC.shape
     kernel = functools.partial(_combine_kernel, block_r=cfg.combine_rows, block_c=cfg.block_c, splits=x)
     return pl.pallas_call(
         kernel,
@@ -184,17 +184,17 @@ def mla_combine(o_BXRC, m_BXR, l_BXR, dtype, *, cfg: MLAKernelConfig, interpret:
         compiler_params=pl_triton.CompilerParams(num_warps=cfg.combine_warps, num_stages=1),
         interpret=interpret,
         name="mla_combine",
-    )(o_BXRC, m_BXR, l_BXR)
+    )(o_BZQC, m_BZQ, l_BZQ)
 
 
-def combine_splits(o_BXRC, m_BXR, l_BXR) -> jax.Array:
+def combine_splits(o_BZQC, m_BZQ, l_BZQ) -> jax.Array:
     """Plain XLA combine of kernel 1's splits -> the normalised context [B, R, C] (float32); reference for kernel 2."""
-    m_BR = jnp.max(m_BXR, axis=1)
-    w_BXR = jnp.exp(m_BXR - m_BR[:, None])
-    return jnp.einsum("bxr,bxrc->brc", w_BXR, o_BXRC) / jnp.sum(w_BXR * l_BXR, axis=1)[..., None]
+    m_BQ = jnp.max(m_BZQ, axis=1)
+    w_BZQ = jnp.exp(m_BZQ - m_BQ[:, None])
+    return jnp.einsum("bxr,bxrc->brc", w_BZQ, o_BZQC) / jnp.sum(w_BZQ * l_BZQ, axis=1)[..., None]
 
 
-def mla_decode_attention(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, w_uv_NVC, scale: float, *,
+def mla_decode_attention(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, w_uv_NDC, scale: float, *,
                          cfg: MLAKernelConfig | None = None, interpret: bool = False) -> jax.Array:
     """softmax(q_lat . latent + q_rope . k_rope) . latent . w_uv^T over the visible slots -> [B, T, N, V]."""
     b, t, n, c = q_lat_BTNC.shape
@@ -204,4 +204,4 @@ def mla_decode_attention(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positi
     o, m, l = mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale, cfg=cfg,
                           interpret=interpret)
     ctx_BTNC = mla_combine(o, m, l, dt, cfg=cfg, interpret=interpret)[:, : t * n].reshape(b, t, n, c)
-    return jnp.einsum("btnc,nvc->btnv", ctx_BTNC, w_uv_NVC.astype(dt))
+    return jnp.einsum("btnc,nvc->btnv", ctx_BTNC, w_uv_NDC.astype(dt))

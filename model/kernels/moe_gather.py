@@ -124,29 +124,29 @@ def routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, *, cfg: MoEKernelCo
     slots = expert_slots(ids_TK, weights_TK, min(num_experts, ids_TK.size), tp)
     u = slots.expert_U.shape[0]
     # element parts * w + j of each row -> x[j, w, t] (j-major, matching the nibble parts)
-    x_PWT = jnp.pad(x_TH, ((0, tp - t), (0, 0))).reshape(tp, hidden // parts, parts).transpose(2, 1, 0)
+    x_OWT = jnp.pad(x_TH, ((0, tp - t), (0, 0))).reshape(tp, hidden // parts, parts).transpose(2, 1, 0)
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, words_per_group=wpg, rows_per_part=f // parts, cfg=cfg, ptx=not interpret)
 
     gate_up = functools.partial(_gate_up_kernel, n_k=hidden // parts // cfg.block_k, **common)
-    h_UPT = pl.pallas_call(
+    h_UFT = pl.pallas_call(
         gate_up,
         out_shape=jax.ShapeDtypeStruct((u, f, tp), dt),
         grid=(u, f // cfg.block_f),
         compiler_params=params,
         interpret=interpret,
         name="moe_gate_up",
-    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PWT,
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_OWT,
       *weight_arrays(experts.gate), *weight_arrays(experts.up))
 
     splits, slots_per_split = even_splits(u, cfg.down_splits)
     down = functools.partial(_down_kernel, n_k=f // parts // cfg.block_k, slots_per_split=slots_per_split, **common)
-    y_PHT = pl.pallas_call(
+    y_ZHT = pl.pallas_call(
         down,
         out_shape=jax.ShapeDtypeStruct((splits, hidden, tp), jnp.float32),
         grid=(hidden // cfg.block_h, splits),
         compiler_params=params,
         interpret=interpret,
         name="moe_down",
-    )(slots.expert_U, slots.num_used, h_UPT, *weight_arrays(experts.down))
-    return jnp.sum(y_PHT, axis=0)[:, :t].T.astype(dt)
+    )(slots.expert_U, slots.num_used, h_UFT, *weight_arrays(experts.down))
+    return jnp.sum(y_ZHT, axis=0)[:, :t].T.astype(dt)

@@ -8,7 +8,7 @@ memory, which leaves the kernel issue-bound on the dequantization far above the 
 
 INT4: nibble j becomes the exact float q + offset_j in one LOP3 (int4_tile.nibble_float), multiplied into
 a per-word sum with FMAs; the offsets are removed once per word as sum_j offset_j x_j, which depends on x
-alone and is computed by XLA before the kernel (`nibble_offsets_PTW`); the group scale is applied once per
+alone and is computed by XLA before the kernel (`nibble_offsets_OTW`); the group scale is applied once per
 word. Per value at one token: ~0.5 shift, one LOP3, one FFMA. The products are explicit FMAs (PTX
 `fma.rn.f32`, model/kernels/triton_ops.py): Triton leaves a * b + c as two instructions, which the first profile
 (Nsight Compute) showed as 40% of the kernel's instructions.
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.int4_tile import nibble_float, nibble_offsets_PTW, repeat_last, shifted_words
+from model.kernels.int4_tile import nibble_float, nibble_offsets_OTW, repeat_last, shifted_words
 from model.kernels.moe_tiles import ExpertSlots, check_shapes, expert_slots, split_range
 from model.kernels.triton_ops import div, even_splits, fma, rem
 from model.quant import Int4Weight
@@ -63,7 +63,7 @@ def _accumulate(tile, vectors_by_token, offsets_by_token, accs, ptx: bool):
     """For each token: acc += sum over parts of W_part * v_part (scaled), on unreduced [rows, block_k] f32 tiles.
 
     `tile` is (words,) for bf16 or (words, scales) for int4; `vectors_by_token[t][j]` is the [block_k] f32
-    input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_PTW` ([block_k])."""
+    input of part j (inputs parts * w + j); `offsets_by_token[t]` its `nibble_offsets_OTW` ([block_k])."""
     if len(tile) == 1:  # bf16 weights: one part
         v = tile[0].astype(jnp.float32)
         return tuple(fma(v, vs[0][None, :], acc, ptx) for vs, acc in zip(vectors_by_token, accs))
@@ -191,24 +191,24 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
     tokens_per_slot = 1 if pairs else t
     # pairs: each token's choices split across programs; unique: all slots split across programs
     splits, slots_per_split = even_splits(choices if pairs else u, cfg.down_splits)
-    x_PTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
-    x_off = (nibble_offsets_PTW(x_PTW),) if int4 else ()  # bf16 weights have no nibble offsets
+    x_OTW = x_TH.reshape(t, hidden // parts, parts).transpose(2, 0, 1)  # element parts*w + j -> [j, t, w]
+    x_off = (nibble_offsets_OTW(x_OTW),) if int4 else ()  # bf16 weights have no nibble offsets
     arrays = lambda w: (w.packed, w.scale) if int4 else (w,)  # noqa: E731
     params = pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     common = dict(parts=parts, wpg=wpg, rows_per_part=f // parts, block_k=cfg.block_k, tokens=t, choices=choices,
                   gather=cfg.scales == "gather", prefetch=cfg.prefetch, ptx=not interpret)
 
-    h_UPTW = pl.pallas_call(
+    h_UOTW = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_f=cfg.block_f, n_k=hidden // parts // cfg.block_k, **common),
         out_shape=jax.ShapeDtypeStruct((u, parts, tokens_per_slot, f // parts), jnp.float32),  # [slot, j, token, w]
         grid=(u, f // cfg.block_f),
         compiler_params=params,
         interpret=interpret,
         name="moe_gate_up_gemv",
-    )(slots.expert_U, slots.num_used, slots.combine_UT, x_PTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
-    h_off = (jax.vmap(nibble_offsets_PTW)(h_UPTW),) if int4 else ()
+    )(slots.expert_U, slots.num_used, slots.combine_UT, x_OTW, *x_off, *arrays(experts.gate), *arrays(experts.up))
+    h_off = (jax.vmap(nibble_offsets_OTW)(h_UOTW),) if int4 else ()
 
-    y_PTH = pl.pallas_call(
+    y_ZTH = pl.pallas_call(
         functools.partial(_down_kernel, block_h=cfg.block_h, n_k=f // parts // cfg.block_k, splits=splits,
                           slots_per_split=slots_per_split, **common),
         out_shape=jax.ShapeDtypeStruct((splits, t, hidden), jnp.float32),
@@ -216,5 +216,5 @@ def routed_experts_gemv(x_TH, experts, ids_TK, weights_TK, *, cfg, interpret: bo
         compiler_params=params,
         interpret=interpret,
         name="moe_down_gemv",
-    )(slots.expert_U, slots.num_used, h_UPTW, *h_off, *arrays(experts.down))
-    return jnp.sum(y_PTH, axis=0).astype(dt)
+    )(slots.expert_U, slots.num_used, h_UOTW, *h_off, *arrays(experts.down))
+    return jnp.sum(y_ZTH, axis=0).astype(dt)

@@ -260,17 +260,17 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    gu_P2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
+    gu_Z2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
                            splits=gate_up_splits, interpret=interpret)
-    h_UF = swiglu_h(permute_K(gu_P2UF), weights_TK)
-    y_PTH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
+    h_UF = swiglu_h(permute_K(gu_Z2UF), weights_TK)
+    y_ZTH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
                       k_splits=down_k_splits, interpret=interpret)
-    return _sum_leading(y_PTH).astype(x_TH.dtype)
+    return _sum_leading(y_ZTH).astype(x_TH.dtype)
 
 
-def swiglu_h(gu_P2UF: jax.Array, weights_TK: jax.Array) -> jax.Array:
+def swiglu_h(gu_Z2UF: jax.Array, weights_TK: jax.Array) -> jax.Array:
     """[U, F] f32: each slot's SiLU(gate) * up from gate_up's split sums, times the slot's router weight."""
-    g_UF, u_UF = _sum_leading(gu_P2UF)
+    g_UF, u_UF = _sum_leading(gu_Z2UF)
     return jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(-1, 1).astype(jnp.float32)
 
 

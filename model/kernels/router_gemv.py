@@ -85,15 +85,15 @@ def _fwd(x_TH, router_EH, interpret):
     return _partials(x_TH, router_EH, interpret), (x_TH, router_EH)
 
 
-def _bwd(interpret, res, g_PTE):
+def _bwd(interpret, res, g_ZTE):
     """Partial s is x[:, chunk s] @ router[:, chunk s].T: each chunk of H gets its own split's cotangent."""
     x_TH, router_EH = res
-    s, t, e = g_PTE.shape
+    s, t, e = g_ZTE.shape
     hi = jax.lax.Precision.HIGHEST
-    x_TPH = x_TH.astype(jnp.float32).reshape(t, s, -1)
-    router_EPH = router_EH.astype(jnp.float32).reshape(e, s, -1)
-    dx = jnp.einsum("ste,esc->tsc", g_PTE, router_EPH, precision=hi).reshape(x_TH.shape).astype(x_TH.dtype)
-    drouter = jnp.einsum("ste,tsc->esc", g_PTE, x_TPH, precision=hi).reshape(router_EH.shape).astype(router_EH.dtype)
+    x_TZH = x_TH.astype(jnp.float32).reshape(t, s, -1)
+    router_EZH = router_EH.astype(jnp.float32).reshape(e, s, -1)
+    dx = jnp.einsum("ste,esc->tsc", g_ZTE, router_EZH, precision=hi).reshape(x_TH.shape).astype(x_TH.dtype)
+    drouter = jnp.einsum("ste,tsc->esc", g_ZTE, x_TZH, precision=hi).reshape(router_EH.shape).astype(router_EH.dtype)
     return dx, drouter
 
 

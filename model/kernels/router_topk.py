@@ -95,8 +95,8 @@ route_topk.defvjp(_route_topk_fwd, _route_topk_bwd)
 
 
 def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
-    partials_PTE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
-    _, t, e = partials_PTE.shape
+    partials_ZTE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
+    _, t, e = partials_ZTE.shape
     k_pad = _next_pow2(k)
     kernel = functools.partial(_topk_kernel, experts=e, k=k, norm=norm_topk_prob, scale=float(scaling))
     w_TK, ids_TK = pl.pallas_call(
@@ -106,5 +106,5 @@ def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
         compiler_params=pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name="router_topk",
-    )(partials_PTE.astype(jnp.float32), bias_E.astype(jnp.float32))
+    )(partials_ZTE.astype(jnp.float32), bias_E.astype(jnp.float32))
     return w_TK[:, :k], ids_TK[:, :k]  # a no-op for k = 8 (every Kimi / DeepSeek config)

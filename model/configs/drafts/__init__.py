@@ -1,7 +1,10 @@
-"""EAGLE-3 draft configs (LlamaForCausalLMEagle3 config.json) for the Kimi targets, by short name.
+"""EAGLE-3 draft configs (the drafters' config.json) for the Kimi targets, by short name.
 
 kimi-k2.5-eagle3: the K2.5 drafter's shape (REFERENCE.md section 5; TorchSpec's K2.5 recipe, intermediate
 12288) with a 32000-token draft vocabulary; aux layers default to the target's (1, 29, 57).
+kimi-k2.5-eagle3-mla, kimi-k2.6-eagle3.1-mla, kimi-k2.7-coder-eagle3.1-mla: the MLA drafters
+(Eagle3DeepseekV2ForCausalLM), the last two in the EAGLE-3.1 form; docs/drafters.md says which values are
+published and which assumed.
 """
 
 from pathlib import Path

@@ -1,0 +1,239 @@
+"""`python -m bench.serve_load`: `python -m jaxspec.serve` under load, speculation on and off.
+
+For each mode (speculation with K draft tokens, then K = 0) a server is started in this process on a loopback port
+and driven with the `openai` async client: at each concurrency level, that many workers each send streamed greedy
+completions back to back (prompts from a fixed list, `--max-tokens` each). Per level: requests sent / completed /
+failed, output tokens per second over the level's wall time, time to first token (TTFT: request sent -> first
+text chunk) and inter-token latency (per request: (last chunk - first chunk) / (tokens - 1)) percentiles. Every
+output is compared with `Engine.generate` on its prompt alone (greedy, same K, same dtype): equal in float32;
+in bfloat16 batched kernels may round differently, and the table says how many matched.
+
+Each level starts after one warm-up pass (every prompt once) so no compile lands in a timed level.
+Writes serve-load-<device>-<date>.json and .md to --out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import datetime  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.report import fmt, write_report  # noqa: E402
+from jaxspec.engine import Engine  # noqa: E402
+from jaxspec.serve import _check, build_parser, build_service  # noqa: E402
+from jaxspec.serving.background import BackgroundServer  # noqa: E402
+
+PROMPTS = [
+    "def fibonacci(n):\n", "import numpy as np\n\n", "class Stack:\n    def __init__(self):\n", "# Sort a list of numbers\n",
+    "for i in range(10):\n", "def main():\n    args = parse_args()\n", "x = [1, 2, 3]\n", "return self.",
+    "import os\nimport sys\n\n", "def add(a, b):\n    \"\"\"Add two numbers.", "while True:\n", "with open(path) as f:\n",
+]
+PERCENTILES = (50, 90, 99)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="folder for the JSON and markdown results")
+    p.add_argument("--model", default=None, help="converted target (default: the embedded pair)")
+    p.add_argument("--draft", default=None)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--speculative-num-steps", type=int, default=4, help="K of the speculative mode")
+    p.add_argument("--modes", default="spec,base", help="spec (K draft tokens), base (K = 0), or both")
+    p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
+    p.add_argument("--requests-per-worker", type=int, default=2, help="requests each worker sends per level")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-batch", type=int, default=None, help="server slots (default: the largest concurrency)")
+    p.add_argument("--max-context", type=int, default=512)
+    p.add_argument("--cycles-per-step", type=int, default=4)
+    p.add_argument("--no-check", action="store_true", help="skip the comparison with Engine.generate alone")
+    a = p.parse_args(argv)
+    try:
+        a.levels = [int(c) for c in a.concurrency.split(",")]
+    except ValueError:
+        p.error(f"--concurrency {a.concurrency!r}: expected comma-separated integers")
+    a.mode_list = [m for m in a.modes.split(",") if m]
+    if not a.levels or min(a.levels) < 1:
+        p.error(f"--concurrency levels must be >= 1, got {a.concurrency}")
+    if not a.mode_list or set(a.mode_list) - {"spec", "base"}:
+        p.error(f"--modes takes spec and/or base, got {a.modes!r}")
+    for flag, v in (("--requests-per-worker", a.requests_per_worker), ("--max-tokens", a.max_tokens),
+                    ("--speculative-num-steps", a.speculative_num_steps)):
+        if v < 1:
+            p.error(f"{flag} must be >= 1, got {v}")
+    return a
+
+
+def percentiles(values) -> dict:
+    if not values:
+        return {str(q): None for q in PERCENTILES}
+    return {str(q): float(np.percentile(values, q)) * 1000 for q in PERCENTILES}
+
+
+async def _one(client, model, prompt, max_tokens):
+    """(text, tokens, TTFT s, inter-token s | None) of one streamed greedy completion; raises on failure."""
+    t0 = time.perf_counter()
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                             stream=True, stream_options={"include_usage": True})
+    first = last = None
+    parts, tokens = [], 0
+    async for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            if choice.text:
+                last = time.perf_counter()
+                first = first or last
+                parts.append(choice.text)
+    ttft = (first or time.perf_counter()) - t0
+    itl = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
+    return "".join(parts), tokens, ttft, itl
+
+
+async def run_level(base_url, model, concurrency, per_worker, max_tokens, prompts=PROMPTS, offset=0):
+    """Every result (prompt, (text, tokens, TTFT, ITL) or the exception) and the level's wall time."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
+    results = []
+
+    async def worker(w):
+        for r in range(per_worker):
+            prompt = prompts[(offset + w * per_worker + r) % len(prompts)]
+            try:
+                results.append((prompt, await _one(client, model, prompt, max_tokens)))
+            except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal to the benchmark
+                results.append((prompt, e))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    wall = time.perf_counter() - t0
+    await client.close()
+    return results, wall
+
+
+def summarize(concurrency, results, wall, solo: dict | None) -> dict:
+    ok = [(p, r) for p, r in results if not isinstance(r, Exception)]
+    tokens = sum(r[1] for _, r in ok)
+    row = {
+        "concurrency": concurrency, "sent": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+        "errors": sorted({f"{r.__class__.__name__}: {r}" for _, r in results if isinstance(r, Exception)})[:5],
+        "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else None,
+        "ttft_ms": percentiles([r[2] for _, r in ok]),
+        "itl_ms": percentiles([r[3] for _, r in ok if r[3] is not None]),
+    }
+    if solo is not None:
+        row["equal_to_solo"] = sum(r[0] == solo[p] for p, r in ok)
+    return row
+
+
+def _metric(base_url, name) -> float:
+    import httpx
+
+    text = httpx.get(base_url.replace("/v1", "/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split(" ")[1])
+    return float("nan")
+
+
+def solo_texts(service, k, max_tokens) -> dict:
+    """prompt -> the text Engine.generate gives it alone (greedy), decoded as the server decodes."""
+    engine = Engine(service.engine.cfg, service.engine.weights, num_steps=k)
+    eos = service.scheduler.eos_ids
+    out = {}
+    for p in PROMPTS:
+        toks = engine.generate([service.encode(p)], max_tokens).tokens[0]
+        out[p] = service.tokenizer.decode([t for t in toks if t not in eos])
+    return out
+
+
+def run_mode(a, mode, log) -> dict:
+    k = a.speculative_num_steps if mode == "spec" else 0
+    argv = ["--dtype", a.dtype, "--max-batch", str(a.max_batch or max(a.levels)), "--max-context",
+            str(a.max_context), "--speculative-num-steps", str(k), "--cycles-per-step", str(a.cycles_per_step),
+            "--max-queue", str(max(a.levels) * 2), "--warmup-buckets", "16,32"]
+    argv += ["--model", a.model] if a.model else []
+    argv += ["--draft", a.draft] if a.draft else []
+    sa = build_parser().parse_args(argv)
+    service = build_service(sa, *_check(sa), log=log)
+    solo = None if a.no_check else solo_texts(service, k, a.max_tokens)
+    rows = []
+    with BackgroundServer(service) as server:
+        asyncio.run(run_level(server.base_url, service.model_name, len(PROMPTS), 1, a.max_tokens))  # warm-up
+        for c in a.levels:
+            cycles0, tokens0 = _metric(server.base_url, "jaxspec_cycles_total"), \
+                _metric(server.base_url, "jaxspec_generation_tokens_total")
+            results, wall = asyncio.run(run_level(server.base_url, service.model_name, c, a.requests_per_worker,
+                                                  a.max_tokens, offset=c))
+            row = summarize(c, results, wall, solo)
+            cycles = _metric(server.base_url, "jaxspec_cycles_total") - cycles0
+            row["cycles"] = cycles
+            # each request's first token comes out of its prefill, not a cycle
+            cycle_tokens = _metric(server.base_url, "jaxspec_generation_tokens_total") - tokens0 - row["completed"]
+            row["tokens_per_cycle"] = cycle_tokens / cycles if cycles else None
+            log(f"{mode} concurrency {c}: {row['completed']}/{row['sent']} completed, "
+                f"{fmt(row['tokens_per_s'], 1)} tok/s, TTFT p50 {fmt(row['ttft_ms']['50'], 1)} ms")
+            rows.append(row)
+        mal = _metric(server.base_url, "jaxspec_mean_acceptance_length")
+    return {"mode": mode, "k": k, "mean_acceptance_length": None if k == 0 else mal, "rows": rows,
+            "compile_s": service.engine.compile_s}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Serving under load: {result['device']}, jax {result['jax']}, {result['date']}", "",
+             f"Model: {result['model']} ({result['dtype']}); {result['max_tokens']} tokens per request, greedy, "
+             f"streamed; {result['requests_per_worker']} requests per worker per level; server: "
+             f"{result['cycles_per_step']} cycles per host step, context {result['max_context']}. Throughput = output "
+             "tokens / the level's wall time; TTFT and inter-token latency (ITL) in ms, percentiles over requests.", "",
+             "| mode | K | concurrency | sent | completed | failed | equal to solo | tok/s | tokens/cycle (all slots) | "
+             "TTFT p50 | p90 | p99 | ITL p50 | p90 | p99 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in result["modes"]:
+        for r in m["rows"]:
+            t, i = r["ttft_ms"], r["itl_ms"]
+            lines.append(
+                f"| {m['mode']} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | {r['failed']} | "
+                f"{r.get('equal_to_solo', '-')} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['tokens_per_cycle'], 2)} | "
+                f"{fmt(t['50'], 1)} | {fmt(t['90'], 1)} | {fmt(t['99'], 1)} | {fmt(i['50'], 2)} | {fmt(i['90'], 2)} | "
+                f"{fmt(i['99'], 2)} |")
+    accept = [f"{m['mode']} K={m['k']}: {fmt(m['mean_acceptance_length'], 2)}" for m in result["modes"] if m["k"]]
+    if accept:
+        lines += ["", "Mean acceptance length over the whole run (tokens per slot-cycle): " + "; ".join(accept) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+
+    def log(msg):
+        print(f"[serve_load] {msg}", file=sys.stderr, flush=True)
+
+    modes = [run_mode(a, m, log) for m in a.mode_list]
+    device = jax.devices()[0]
+    result = {
+        "device": f"{device.platform}:{device.device_kind}", "jax": jax.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "model": a.model or "embedded pair", "dtype": a.dtype, "max_tokens": a.max_tokens,
+        "requests_per_worker": a.requests_per_worker, "cycles_per_step": a.cycles_per_step,
+        "max_context": a.max_context, "modes": modes,
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    stem = f"serve-load-{device.platform}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}"
+    path = write_report(result, a.out, stem, render=markdown)
+    print(markdown(result))
+    log(f"wrote {path} and {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""Serving: continuous batching over a fixed number of slots, behind an OpenAI-compatible HTTP API.
+
+slots.py (the batched per-slot state and how a prefilled prompt enters a slot), slot_cycle.py (one cycle over
+every slot with per-slot sampling, and the device loop of a few cycles), slot_engine.py (the compiled programs
+and the device state), scheduler.py (requests, queue, admission, the engine thread), stop.py (stop strings),
+protocol.py (OpenAI request fields), metrics.py (Prometheus counters), app.py (the ASGI app),
+background.py (the server in a thread, for tests and benchmarks).
+"""

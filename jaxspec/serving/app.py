@@ -1,0 +1,286 @@
+"""The OpenAI-compatible HTTP API (Starlette): /v1/completions, /v1/chat/completions (both streamed as
+server-sent events or not), /v1/models, /health, /metrics.
+
+Handlers run on the event loop; the device runs in the scheduler's thread, which hands tokens back through
+`loop.call_soon_threadsafe`. Text is decoded per request (UTF-8 safe) and cut at stop strings here; a stop string
+or a client that goes away cancels the request, which frees its slot before the next device step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+import uuid
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from jaxspec.serving.metrics import Metrics
+from jaxspec.serving.protocol import BadRequest, GenerationRequest, parse_chat, parse_completion
+from jaxspec.serving.scheduler import Failed, Finished, QueueFull, Request, Scheduler, ShuttingDown, Tokens
+from jaxspec.serving.stop import StopMatcher
+from jaxspec.tokenizer import StreamDecoder, Tokenizer, TokenizerError
+
+DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
+
+
+@dataclasses.dataclass
+class Service:
+    scheduler: Scheduler
+    tokenizer: Tokenizer
+    metrics: Metrics
+    model_name: str
+    shutdown_timeout_s: float = 30.0
+
+    @property
+    def engine(self):
+        return self.scheduler.engine
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        """Token ids as `python -m jaxspec.generate` makes them (a BOS first where the tokenizer asks for one)."""
+        if isinstance(prompt, list):
+            vocab = self.engine.cfg.target.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise BadRequest(f"'prompt' holds token ids outside the vocabulary [0, {vocab}): {bad[:5]}", "prompt")
+            return list(prompt)
+        ids = self.tokenizer.encode(prompt)
+        bos = self.tokenizer.token_id("bos_token")
+        if self.tokenizer.config.get("add_bos_token") and bos is not None:
+            ids = [bos] + ids
+        return ids
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise BadRequest(f"the model {self.model_name!r} has no chat template: use /v1/completions, or start the "
+                             "server with --chat-template FILE", "messages")
+        try:
+            text = self.tokenizer.apply_chat_template(messages)
+        except TokenizerError as e:
+            raise BadRequest(str(e), "messages") from None
+        return self.encode(text)
+
+
+class _Text:
+    """A request's tokens -> text increments: UTF-8 safe, EOS left out of the text, cut at stop strings."""
+
+    def __init__(self, service: Service, stops: tuple[str, ...]):
+        self.decoder = StreamDecoder(service.tokenizer)
+        self.stopper = StopMatcher(stops)
+        self.eos = service.scheduler.eos_ids
+        self.tokens = 0
+
+    def push(self, ids: list[int]) -> tuple[str, bool]:
+        self.tokens += len(ids)
+        return self.stopper.push(self.decoder.push([t for t in ids if t not in self.eos]))
+
+    def finish(self) -> tuple[str, bool]:
+        out, stopped = self.stopper.push(self.decoder.flush())
+        return (out, True) if stopped else (out + self.stopper.flush(), False)
+
+
+class _GenerationFailed(Exception):
+    pass
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that run `closed()` however the response ends: finished, failed, or the client gone
+    (then the response task is cancelled, possibly before the event generator ever started)."""
+
+    def __init__(self, events, closed):
+        super().__init__(events, media_type="text/event-stream")
+        self.closed = closed
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closed()
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+async def _json_body(request: HTTPRequest):
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the request body is not valid JSON ({e})") from None
+
+
+def _submit(service: Service, gen: GenerationRequest, prompt_ids: list[int]):
+    engine = service.engine
+    room = engine.max_new_tokens(len(prompt_ids))
+    if room < 1 or (gen.max_tokens is not None and gen.max_tokens > room):
+        asked = gen.max_tokens or 1
+        raise BadRequest(f"the prompt's {len(prompt_ids)} tokens + {asked} new tokens (+{engine.k + 1} verify "
+                         f"positions) exceed the context of {engine.max_context} tokens", "prompt")
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+    def deliver(event):
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    request = Request(prompt_ids, gen.max_tokens or room, gen.sampling, gen.seed, deliver)
+    service.scheduler.submit(request)
+    return request, queue
+
+
+async def _pieces(service: Service, request: Request, queue: asyncio.Queue, text: _Text):
+    """Yield (text increment, finish reason or None) until the request ends."""
+    while True:
+        event = await queue.get()
+        if isinstance(event, Tokens):
+            out, stopped = text.push(event.ids)
+            if stopped:
+                service.scheduler.cancel(request)
+                yield out, "stop"
+                return
+            if out:
+                yield out, None
+        elif isinstance(event, Finished):
+            out, _ = text.finish()
+            yield out, event.reason
+            return
+        else:
+            assert isinstance(event, Failed)
+            raise _GenerationFailed(event.message)
+
+
+def _usage(prompt_ids, text: _Text) -> dict:
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": text.tokens,
+            "total_tokens": len(prompt_ids) + text.tokens}
+
+
+def _choice(chat: bool, text: str, reason, delta: bool, first: bool = False) -> dict:
+    if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    if delta:
+        body = ({"role": "assistant", "content": text} if first else {"content": text}) if text or first else {}
+        return {"index": 0, "delta": body, "logprobs": None, "finish_reason": reason}
+    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+
+
+async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest, prompt_ids: list[int], chat: bool):
+    request, queue = _submit(service, gen, prompt_ids)
+    text = _Text(service, gen.stop)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    head = {"id": rid, "object": ("chat.completion" if chat else "text_completion"), "created": created,
+            "model": service.model_name}
+
+    if gen.stream:
+        head["object"] = "chat.completion.chunk" if chat else "text_completion"
+
+        def sse(choices, **extra) -> str:
+            return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+        outcome = {"value": "cancelled"}  # what the stream ended as; a client that went away leaves it
+
+        async def events():
+            try:
+                if chat:
+                    yield sse([_choice(True, "", None, delta=True, first=True)])
+                async for piece, reason in _pieces(service, request, queue, text):
+                    yield sse([_choice(chat, piece, reason, delta=True)])
+                if gen.include_usage:
+                    yield sse([], usage=_usage(prompt_ids, text))
+                yield "data: [DONE]\n\n"
+                outcome["value"] = "completed"
+            except _GenerationFailed as e:
+                outcome["value"] = "failed"
+                yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error', 'code': 500}})}\n\n"
+
+        def closed():
+            service.scheduler.cancel(request)
+            service.metrics.request_done(outcome["value"])
+
+        return _EventStream(events(), closed)
+
+    async def collect():
+        parts, final = [], None
+        async for piece, reason in _pieces(service, request, queue, text):
+            parts.append(piece)
+            final = reason
+        return "".join(parts), final
+
+    task = asyncio.ensure_future(collect())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await http.is_disconnected():
+                task.cancel()
+                service.metrics.request_done("cancelled")
+                return Response(status_code=499)
+        content, reason = task.result()
+    except _GenerationFailed as e:
+        service.metrics.request_done("failed")
+        return _error(500, str(e), "server_error")
+    finally:
+        service.scheduler.cancel(request)
+    service.metrics.request_done("completed")
+    return JSONResponse({**head, "choices": [_choice(chat, content, reason, delta=False)],
+                         "usage": _usage(prompt_ids, text)})
+
+
+def _endpoint(service: Service, chat: bool):
+    async def handle(http: HTTPRequest):
+        try:
+            body = await _json_body(http)
+            gen = (parse_chat if chat else parse_completion)(body)
+            model = body.get("model")
+            if model is not None and model != service.model_name:
+                service.metrics.request_done("rejected")
+                return _error(404, f"model {model!r} is not served here (this server serves {service.model_name!r})",
+                              "invalid_request_error", "model")
+            prompt_ids = service.chat_prompt(gen.prompt) if chat else service.encode(gen.prompt)
+            return await _generate(service, http, gen, prompt_ids, chat)
+        except BadRequest as e:
+            service.metrics.request_done("rejected")
+            return _error(400, str(e), "invalid_request_error", e.param)
+        except QueueFull as e:
+            service.metrics.request_done("rejected")
+            return _error(429, f"server overloaded: {e}; retry later", "rate_limit_error")
+        except ShuttingDown as e:
+            service.metrics.request_done("rejected")
+            return _error(503, str(e), "server_error")
+
+    return handle
+
+
+def create_app(service: Service) -> Starlette:
+    async def models(_):
+        return JSONResponse({"object": "list", "data": [{
+            "id": service.model_name, "object": "model", "created": 0, "owned_by": "jaxspec",
+            "max_model_len": service.engine.max_context}]})
+
+    async def health(_):
+        if service.scheduler.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "engine stopped"}, 503)
+
+    async def metrics(_):
+        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        if not service.scheduler.alive:
+            service.scheduler.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, service.scheduler.stop, service.shutdown_timeout_s)
+
+    routes = [
+        Route("/v1/completions", _endpoint(service, chat=False), methods=["POST"]),
+        Route("/v1/chat/completions", _endpoint(service, chat=True), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,88 @@
+"""The server's counters and gauges, rendered in the Prometheus text exposition format."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+TOKENS_PER_S_WINDOW_S = 10.0  # tokens per second is measured over this trailing window
+
+
+def _number(value) -> str:
+    return "NaN" if value != value else repr(value)  # Prometheus spells not-a-number NaN
+
+
+class Metrics:
+    def __init__(self, max_batch: int):
+        self.max_batch = max_batch
+        self._lock = threading.Lock()
+        self.requests = collections.Counter()  # outcome -> count
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.queue_length = 0
+        self.active_slots = 0
+        self.cycles = 0
+        self.accepted_drafts = 0
+        self.slot_cycles = 0
+        self._recent = collections.deque()  # (time, tokens) of recent steps
+
+    def request_done(self, outcome: str) -> None:
+        with self._lock:
+            self.requests[outcome] += 1
+
+    def prompt(self, tokens: int) -> None:
+        with self._lock:
+            self.prompt_tokens += tokens
+
+    def step(self, tokens: int, cycles: int, accepted: int, slot_cycles: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.generation_tokens += tokens
+            self.cycles += cycles
+            self.accepted_drafts += accepted
+            self.slot_cycles += slot_cycles
+            self._recent.append((now, tokens))
+            while self._recent and self._recent[0][0] < now - TOKENS_PER_S_WINDOW_S:
+                self._recent.popleft()
+
+    def occupancy(self, queued: int, active: int) -> None:
+        with self._lock:
+            self.queue_length, self.active_slots = queued, active
+
+    def tokens_per_s(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            recent = [n for t, n in self._recent if t >= now - TOKENS_PER_S_WINDOW_S]
+        return sum(recent) / TOKENS_PER_S_WINDOW_S
+
+    def mean_acceptance_length(self) -> float:
+        """Tokens per slot-cycle (accepted drafts + the target's own token); NaN before any cycle."""
+        with self._lock:
+            return (self.accepted_drafts + self.slot_cycles) / self.slot_cycles if self.slot_cycles else float("nan")
+
+    def render(self) -> str:
+        tps, mal = self.tokens_per_s(), self.mean_acceptance_length()
+        with self._lock:
+            rows = [
+                ("jaxspec_requests_total", "counter", "Requests by outcome",
+                 [({"outcome": o}, n) for o, n in sorted(self.requests.items())] or [({"outcome": "completed"}, 0)]),
+                ("jaxspec_prompt_tokens_total", "counter", "Prompt tokens prefilled", [({}, self.prompt_tokens)]),
+                ("jaxspec_generation_tokens_total", "counter", "Tokens generated", [({}, self.generation_tokens)]),
+                ("jaxspec_queue_length", "gauge", "Requests waiting for a slot", [({}, self.queue_length)]),
+                ("jaxspec_active_slots", "gauge", "Slots holding a request", [({}, self.active_slots)]),
+                ("jaxspec_batch_occupancy", "gauge", "Active slots / slots",
+                 [({}, self.active_slots / self.max_batch)]),
+                ("jaxspec_mean_acceptance_length", "gauge", "Tokens per slot-cycle since start (accepted drafts + 1)",
+                 [({}, mal)]),
+                ("jaxspec_cycles_total", "counter", "Device cycles run", [({}, self.cycles)]),
+                ("jaxspec_tokens_per_second", "gauge",
+                 f"Tokens generated per second over the last {TOKENS_PER_S_WINDOW_S:g} s", [({}, tps)]),
+            ]
+        lines = []
+        for name, kind, help_, samples in rows:
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+            for labels, value in samples:
+                label = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+                lines.append(f"{name}{label} {_number(value)}")
+        return "\n".join(lines) + "\n"

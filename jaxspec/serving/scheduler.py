@@ -1,0 +1,197 @@
+"""Requests in, tokens out: a bounded queue in front of the slots, and the one thread that drives the device.
+
+The engine thread loops: end the slots whose requests were cancelled, prefill waiting requests into free slots,
+run a few cycles over all slots, hand each request its new tokens, free the slots that finished. Nothing a request
+does (a failed prefill, a client that disconnects) stops the loop; a failed step fails the requests in flight
+and starts the slots afresh.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from jaxspec.sampling import SamplingParams
+from jaxspec.serving.metrics import Metrics
+from jaxspec.serving.slot_engine import SlotEngine
+
+log = logging.getLogger("jaxspec.serve")
+IDLE_WAIT_S = 0.5  # how long the idle engine thread sleeps between checks for stop (woken at once by work)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    ids: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" (EOS) or "length"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """`deliver` is called from the engine thread with Tokens, then one Finished or Failed."""
+    tokens: list[int]
+    max_new: int
+    sampling: SamplingParams
+    seed: int
+    deliver: Callable[[object], None]
+    id: int = dataclasses.field(default_factory=itertools.count().__next__)
+    cancelled: bool = False
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
+
+
+class Scheduler:
+    def __init__(self, engine: SlotEngine, metrics: Metrics, max_queue: int):
+        self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
+        self.eos_ids = frozenset(engine.cfg.eos_ids)
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._active: dict[int, Request] = {}  # slot -> request
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._deadline = float("inf")  # when stopping: in-flight requests still running then are ended
+        self._thread = threading.Thread(target=self._run, name="jaxspec-engine", daemon=True)
+
+    # --- called from the server's threads ------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request: Request) -> None:
+        with self._wake:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting (the limit is {self.max_queue})")
+            self._waiting.append(request)
+            self._wake.notify()
+
+    def cancel(self, request: Request) -> None:
+        """End `request` (client gone, stop string seen): its slot is freed before the next step."""
+        with self._wake:
+            request.cancelled = True
+            self._wake.notify()
+
+    def stop(self, timeout_s: float) -> None:
+        """Refuse new requests, let those in flight finish for up to `timeout_s`, end the rest, join the thread."""
+        with self._wake:
+            self._stopping = True
+            self._deadline = time.monotonic() + timeout_s
+            self._wake.notify()
+        self._thread.join()
+
+    # --- the engine thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if self._stopping and (time.monotonic() >= self._deadline or not (self._waiting or self._active)):
+                    break
+                if not self._waiting and not self._active:
+                    self._wake.wait(IDLE_WAIT_S)
+                    continue
+            freed = self._drop_cancelled()
+            self._admit()
+            self._report_occupancy()
+            if not self._active:
+                continue
+            cancel = np.zeros(self.engine.max_batch, bool)
+            cancel[[s for s in freed if s not in self._active]] = True
+            self._step(cancel)
+            self._report_occupancy()
+        self._end_all("the server shut down before the request finished")
+
+    def _drop_cancelled(self) -> list[int]:
+        """Forget cancelled requests (waiting ones too, so they stop counting against the queue's bound); returns
+        the slots they held."""
+        with self._wake:
+            kept = [r for r in self._waiting if not r.cancelled]
+            self._waiting.clear()
+            self._waiting.extend(kept)
+        freed = [slot for slot, r in self._active.items() if r.cancelled]
+        for slot in freed:
+            del self._active[slot]
+        return freed
+
+    def _admit(self) -> None:
+        free = [s for s in range(self.engine.max_batch) if s not in self._active]
+        while free:
+            with self._wake:
+                if not self._waiting:
+                    return
+                request = self._waiting.popleft()
+            if request.cancelled:
+                continue
+            slot = free[0]
+            try:
+                first, done = self.engine.prefill(slot, request.tokens, request.max_new, request.sampling, request.seed)
+            except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
+                log.exception("prefill failed")
+                request.deliver(Failed(f"prefill failed: {e.__class__.__name__}: {e}"))
+                continue
+            self.metrics.prompt(len(request.tokens))
+            self.metrics.step(1, 0, 0, 0)
+            request.deliver(Tokens([first]))
+            if done:
+                request.deliver(Finished(self._reason(first)))
+            else:
+                self._active[free.pop(0)] = request
+
+    def _step(self, cancel: np.ndarray) -> None:
+        any_sampled = any(not r.sampling.greedy for r in self._active.values())
+        try:
+            result = self.engine.step(cancel, any_sampled)
+        except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
+            log.exception("device step failed")
+            self._end_all(f"generation failed: {e.__class__.__name__}: {e}")
+            self.engine.reset()
+            return
+        emitted = 0
+        for slot, request in list(self._active.items()):
+            new = result.tokens[slot]
+            emitted += len(new)
+            if new:
+                request.deliver(Tokens(new))
+            if result.done[slot]:
+                del self._active[slot]
+                last = new[-1] if new else None
+                request.deliver(Finished(self._reason(last)))
+        self.metrics.step(emitted, result.cycles, result.accepted, result.slot_cycles)
+
+    def _reason(self, last_token) -> str:
+        return "stop" if last_token in self.eos_ids else "length"
+
+    def _end_all(self, message: str) -> None:
+        with self._wake:
+            ended = list(self._active.values()) + list(self._waiting)
+            self._active.clear()
+            self._waiting.clear()
+        for request in ended:
+            request.deliver(Failed(message))
+        self._report_occupancy()
+
+    def _report_occupancy(self) -> None:
+        self.metrics.occupancy(len(self._waiting), len(self._active))

@@ -1,0 +1,140 @@
+"""The device side of the server: the slots' state and the compiled programs that change it (prefill a prompt
+into a slot, run a few cycles over all slots). Called from one thread only (the scheduler's).
+
+Programs are compiled ahead of time once per static shape and kept: the loop (K, sampled or not), the insert,
+and the prefill per prompt bucket and greedy/sampled first token. Every per-request value (slot index, budget,
+sampling values, seed) is traced, so requests never cause a compile beyond a new prompt bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.models import SpecConfig, SpecWeights
+from jaxspec.prefill import DEFAULT_CHUNK, baseline_prefill, prompt_bucket, spec_prefill
+from jaxspec.sampling import SamplingParams
+from jaxspec.serving.slot_cycle import run_cycles
+from jaxspec.serving.slots import init_slots, insert_prefilled
+from jaxspec.sharded import compile_program, place_weights
+from model.kv_cache import round_capacity
+
+
+@dataclasses.dataclass
+class StepResult:
+    tokens: list[list[int]]  # new tokens per slot
+    done: np.ndarray  # [B] bool
+    accepted: int  # drafts accepted, summed over the live slot-cycles
+    slot_cycles: int  # live slot-cycles (a slot's share of a cycle)
+    cycles: int  # cycles the device ran
+    k: int
+
+
+def fixed_k(k: int):
+    """The draft length policy of a server with fixed speculation: always `k`. An adaptive policy takes the same
+    place (`SlotEngine(choose_k=...)`): it sees the last step's result (None before the first) and returns the K
+    of the next device loop, 1 <= K <= num_steps where the server speculates (the context check reserves
+    num_steps + 1 verify positions; K = 0 there would skip the draft's extend and leave its cache behind)."""
+    return lambda last: k
+
+
+class SlotEngine:
+    def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int, max_batch: int, max_context: int,
+                 cycles_per_step: int = 4, prefill_chunk: int = DEFAULT_CHUNK, mesh=None, choose_k=None):
+        if num_steps > 0 and (cfg.draft is None or weights.draft is None):
+            raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
+        if max_context > cfg.target.max_position_embeddings:
+            raise ValueError(f"max_context {max_context} exceeds the model's {cfg.target.max_position_embeddings} "
+                             "positions")
+        self.cfg, self.k, self.mesh = cfg, num_steps, mesh
+        self.weights = weights if mesh is None else place_weights(weights, mesh)
+        self.max_batch, self.max_context = max_batch, max_context
+        self.cycles_per_step, self.prefill_chunk = cycles_per_step, prefill_chunk
+        self.capacity = round_capacity(max_context)
+        self.choose_k = choose_k or fixed_k(num_steps)
+        self.dtype = self.weights.target.dtype
+        self.reset()
+        self._programs: dict[tuple, object] = {}
+        self.compile_s = 0.0
+        self._last: StepResult | None = None
+
+    def reset(self) -> None:
+        """Every slot idle (after a failed step: its donated state may be gone)."""
+        self.state = init_slots(self.cfg, self.weights, self.max_batch, self.capacity, self.dtype,
+                                with_draft=self.k > 0)
+
+    def max_new_tokens(self, prompt_len: int) -> int:
+        """The most tokens a prompt of `prompt_len` may ask for: the verify window (K + 1) must fit too."""
+        return self.max_context - prompt_len - self.k - 1
+
+    # --- compilation ---------------------------------------------------------------------------------
+    def _program(self, key: tuple, fn, args: tuple, donate: tuple = ()):
+        hit = self._programs.get(key)
+        if hit is None:
+            t0 = time.perf_counter()
+            hit = self._programs[key] = compile_program(fn, args, donate, self.mesh)
+            self.compile_s += time.perf_counter() - t0
+        return hit
+
+    def warm_up(self, buckets=(16,)):
+        """Compile the loops (greedy-only and mixed) and the prefill programs for `buckets` before serving."""
+        cancel = jnp.zeros((self.max_batch,), bool)
+        for sampled in (False, True):
+            self._loop(self.k, sampled, cancel)
+            for bucket in buckets:
+                self._prefill_program(bucket, greedy=not sampled)
+        self._insert_program(self._prefill_args(np.zeros((1,), np.int32), SamplingParams(), 0)[1])
+
+    def _loop(self, k: int, sampled: bool, cancel):
+        fn = functools.partial(run_cycles, cfg=self.cfg, k=k, sampled=sampled, cycles=self.cycles_per_step)
+        return self._program(("loop", k, sampled), fn, (self.weights, self.state, cancel), donate=(1,))
+
+    def _prefill_args(self, tokens: np.ndarray, sampling: SamplingParams, seed: int):
+        bucket = prompt_bucket(len(tokens))
+        padded = np.full((1, bucket), self.cfg.target.pad_token_id or 0, np.int32)
+        padded[0, : len(tokens)] = tokens
+        args = (self.weights, jnp.asarray(padded), jnp.asarray([len(tokens)], jnp.int32), jax.random.key(seed),
+                sampling.as_arrays())
+        program = self._prefill_program(bucket, sampling.greedy)
+        return program, program(*args)
+
+    def _prefill_program(self, bucket: int, greedy: bool):
+        # max_new_tokens / max_cycles only size the batch-1 state's own output buffers, which the insert ignores
+        common = dict(cfg=self.cfg, capacity=self.capacity, greedy=greedy, max_new_tokens=2, chunk=self.prefill_chunk)
+        if self.k > 0:
+            fn = functools.partial(spec_prefill, k=self.k, max_cycles=1, **common)
+        else:
+            fn = functools.partial(baseline_prefill, **common)
+        sp = SamplingParams().as_arrays()
+        args = (self.weights, jnp.zeros((1, bucket), jnp.int32), jnp.ones((1,), jnp.int32), jax.random.key(0), sp)
+        return self._program(("prefill", bucket, greedy), fn, args)
+
+    def _insert_program(self, one):
+        fn = functools.partial(insert_prefilled, eos_ids=self.cfg.eos_ids)
+        scalars = (jnp.int32(0), jnp.int32(1), jnp.bool_(True), jnp.float32(1), jnp.int32(0), jnp.float32(1))
+        return self._program(("insert",), fn, (self.state, one, *scalars), donate=(0,))
+
+    # --- running -------------------------------------------------------------------------------------
+    def prefill(self, slot: int, tokens: list[int], max_new: int, sampling: SamplingParams, seed: int) -> tuple[int, bool]:
+        """Prefill `tokens` into `slot`; returns (first token, done already)."""
+        _, one = self._prefill_args(np.asarray(tokens, np.int32), sampling, seed)
+        insert = self._insert_program(one)
+        self.state = insert(self.state, one, jnp.int32(slot), jnp.int32(max_new), jnp.bool_(sampling.greedy),
+                            jnp.float32(sampling.temperature), jnp.int32(sampling.top_k), jnp.float32(sampling.top_p))
+        first, done = jax.device_get((one.pending[0], self.state.done[slot]))
+        return int(first), bool(done)
+
+    def step(self, cancel: np.ndarray, any_sampled: bool) -> StepResult:
+        """A few cycles over every slot (after ending the slots in `cancel`); the tokens each slot emitted."""
+        k = self.choose_k(self._last)
+        loop = self._loop(k, any_sampled, jnp.asarray(cancel))
+        self.state, out = loop(self.weights, self.state, jnp.asarray(cancel))
+        buf, counts, done, accepted, slot_cycles, cycles = jax.device_get(out)
+        tokens = [buf[i, : counts[i]].tolist() for i in range(self.max_batch)]
+        self._last = StepResult(tokens, np.asarray(done), int(accepted), int(slot_cycles), int(cycles), k)
+        return self._last

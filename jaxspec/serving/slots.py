@@ -1,0 +1,100 @@
+"""The state of a fixed number of batch slots, each an independent sequence (or idle), and how a prompt
+prefilled at batch 1 enters one slot.
+
+Every per-slot value has the slot on axis 0, so inserting a prompt is one dynamic_update_slice per array at a
+traced slot index: one compiled program serves every slot. An idle slot is `done`; the cycle still computes it
+(static shapes) but commits nothing for it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxspec.models import SpecConfig
+from model.eagle3 import DraftCache, init_draft_cache
+from model.kv_cache import LatentCache, init_latent_cache
+
+
+@struct.dataclass
+class SlotState:
+    target_cache: LatentCache  # lengths [B]: tokens committed per slot
+    draft_cache: DraftCache | None  # None when the server does not speculate
+    pending: jax.Array  # [B] int32: the last emitted token, not yet run through the target
+    draft_logits: jax.Array  # [B, Vd] float32 ([B, 0] without a draft)
+    draft_hidden: jax.Array  # [B, H] ([B, 0] without a draft)
+    done: jax.Array  # [B] bool: finished, cancelled or idle
+    generated: jax.Array  # [B] int32: tokens emitted for the slot's request (the prefill's first included)
+    max_new: jax.Array  # [B] int32: the request's token budget
+    greedy: jax.Array  # [B] bool: argmax decoding (temperature 0)
+    temperature: jax.Array  # [B] float32 (> 0; unused where greedy)
+    top_k: jax.Array  # [B] int32 (0 = off)
+    top_p: jax.Array  # [B] float32 (1 = off)
+    key_data: jax.Array  # [B, ...] uint32: each slot's own PRNG key, so its draws do not depend on its neighbours
+
+    @property
+    def batch(self) -> int:
+        return self.pending.shape[0]
+
+    def sampling(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return self.temperature, self.top_k, self.top_p
+
+
+def init_slots(cfg: SpecConfig, weights, batch: int, capacity: int, dtype, with_draft: bool) -> SlotState:
+    """`batch` idle slots with caches of `capacity` positions."""
+    key_data = jax.random.key_data(jax.random.split(jax.random.key(0), batch))
+    if with_draft:
+        head = weights.target.lm_head if weights.draft.lm_head is None else weights.draft.lm_head
+        embed = weights.target.embed if weights.draft.embed is None else weights.draft.embed
+        draft_cache = init_draft_cache(cfg.draft, batch, capacity, dtype)
+        draft_logits = jnp.zeros((batch, head.shape[0]), jnp.float32)
+        draft_hidden = jnp.zeros((batch, cfg.draft.hidden_size), embed.dtype)
+    else:
+        draft_cache, draft_logits, draft_hidden = None, jnp.zeros((batch, 0), jnp.float32), jnp.zeros((batch, 0), dtype)
+    return SlotState(
+        target_cache=init_latent_cache(cfg.target, batch, capacity, dtype),
+        draft_cache=draft_cache,
+        pending=jnp.zeros((batch,), jnp.int32),
+        draft_logits=draft_logits,
+        draft_hidden=draft_hidden,
+        done=jnp.ones((batch,), bool),
+        generated=jnp.zeros((batch,), jnp.int32),
+        max_new=jnp.zeros((batch,), jnp.int32),
+        greedy=jnp.ones((batch,), bool),
+        temperature=jnp.ones((batch,), jnp.float32),
+        top_k=jnp.zeros((batch,), jnp.int32),
+        top_p=jnp.ones((batch,), jnp.float32),
+        key_data=key_data,
+    )
+
+
+def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, top_k, top_p, *,
+                     eos_ids: tuple[int, ...]) -> SlotState:
+    """Slot `slot` takes over the batch-1 prefill state `one` (jaxspec.state.SpecState or BaselineState, with
+    caches of the slots' capacity) and the request's budget and sampling values (all traced scalars)."""
+    def put(all_X, one_X):
+        return jax.lax.dynamic_update_slice_in_dim(all_X, one_X.astype(all_X.dtype), slot, axis=0)
+
+    first = one.pending[0]
+    done = max_new <= 1
+    if eos_ids:
+        done = done | jnp.isin(first, jnp.asarray(eos_ids))
+    row = lambda x: jnp.reshape(x, (1,))  # noqa: E731
+    replaced = dict(
+        target_cache=jax.tree.map(put, slots.target_cache, one.target_cache),
+        pending=put(slots.pending, one.pending),
+        done=put(slots.done, row(done)),
+        generated=put(slots.generated, row(jnp.int32(1))),
+        max_new=put(slots.max_new, row(max_new)),
+        greedy=put(slots.greedy, row(greedy)),
+        temperature=put(slots.temperature, row(jnp.maximum(temperature, 1e-6))),
+        top_k=put(slots.top_k, row(top_k)),
+        top_p=put(slots.top_p, row(top_p)),
+        key_data=put(slots.key_data, jax.random.key_data(one.key)[None]),
+    )
+    if slots.draft_cache is not None:
+        replaced.update(draft_cache=jax.tree.map(put, slots.draft_cache, one.draft_cache),
+                        draft_logits=put(slots.draft_logits, one.draft_logits),
+                        draft_hidden=put(slots.draft_hidden, one.draft_hidden))
+    return slots.replace(**replaced)

@@ -1,0 +1,31 @@
+"""bench.serve_load's flags, summary and table without a server (tests/test_serve.py drives its load generator
+against the real server)."""
+
+import pytest
+
+from bench.serve_load import markdown, parse_args, percentiles, summarize
+
+
+@pytest.mark.parametrize("argv", [["--concurrency", "0,4"], ["--concurrency", "a"], ["--modes", "fast"],
+                                  ["--max-tokens", "0"], ["--speculative-num-steps", "0"]])
+def test_bad_flags_exit_2(argv, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--out", str(tmp_path), *argv])
+    assert e.value.code == 2
+
+
+def test_summary_counts_failures_and_compares_with_solo():
+    results = [("a", ("xy", 5, 0.010, 0.002)), ("b", ("zz", 3, 0.030, 0.004)), ("a", RuntimeError("boom")),
+               ("b", ("no", 1, 0.020, None))]
+    row = summarize(4, results, 2.0, {"a": "xy", "b": "zz"})
+    assert (row["sent"], row["completed"], row["failed"], row["equal_to_solo"]) == (4, 3, 1, 1 + 1)
+    assert row["tokens"] == 9 and row["tokens_per_s"] == pytest.approx(4.5)
+    assert row["ttft_ms"]["50"] == pytest.approx(20.0) and row["itl_ms"]["50"] == pytest.approx(3.0)
+    assert row["errors"] == ["RuntimeError: boom"]
+    assert percentiles([]) == {"50": None, "90": None, "99": None}
+    row.update(cycles=3, tokens_per_cycle=3.0)
+    table = markdown({"device": "cpu", "jax": "x", "date": "d", "model": "m", "dtype": "float32", "max_tokens": 4,
+                      "requests_per_worker": 1, "cycles_per_step": 4, "max_context": 128,
+                      "modes": [{"mode": "spec", "k": 3, "mean_acceptance_length": 2.5, "rows": [row]}]})
+    assert "| spec | 3 | 4 | 4 | 3 | 1 | 2 | 4.5 | 3.00 | 20.0 |" in table
+    assert "spec K=3: 2.50" in table

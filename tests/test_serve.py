@@ -1,0 +1,292 @@
+"""`python -m jaxspec.serve` against the real `openai` client on loopback: the embedded pair in float32, one server
+(in a thread of this process) shared by every test; the last test shuts it down the way SIGTERM does.
+
+Greedy outputs are compared with `Engine.generate` on each prompt alone (one budget, so one compile; a smaller
+max_tokens gives a prefix of it)."""
+
+import asyncio
+import copy
+import threading
+
+import httpx
+import jax.numpy as jnp
+import openai
+import pytest
+
+from bench.serve_load import run_level, summarize
+from convert.checkpoint import load_draft, load_target
+from jaxspec.engine import Engine
+from jaxspec.generate import DEFAULT_MODEL_DIR
+from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
+from jaxspec.serve import _check, build_parser, build_service
+from jaxspec.serving.app import Service, create_app
+from jaxspec.serving.background import BackgroundServer
+
+MAX_BATCH, MAX_QUEUE, CONTEXT, K = 4, 32, 128, 3
+SOLO_TOKENS = 12  # the reference budget; requests ask for at most this many
+PROMPTS = ["def fibonacci(n):\n", "import numpy as np\n", "class Stack:\n", "for i in range("]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    template = tmp_path_factory.mktemp("serve") / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    args = build_parser().parse_args([
+        "--dtype", "float32", "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE), "--max-context",
+        str(CONTEXT), "--speculative-num-steps", str(K), "--warmup-buckets", "16", "--chat-template", str(template)])
+    service = build_service(args, *_check(args), log=lambda msg: None)
+    background = BackgroundServer(service).start()
+    yield dict(service=service, background=background, base=background.base_url)
+    background.stop()
+
+
+@pytest.fixture(scope="module")
+def solo(server):
+    """prompt text -> greedy tokens from Engine.generate alone (float32, same K)."""
+    d = DEFAULT_MODEL_DIR
+    cfg, tw = load_target(d / "target", dtype=jnp.float32)
+    dcfg, dw = load_draft(d / "draft", dtype=jnp.float32)
+    service = server["service"]
+    engine = Engine(SpecConfig(check_draft_fits(cfg, dcfg, dw), dcfg, service.engine.cfg.eos_ids),
+                    SpecWeights(tw, dw), num_steps=K)
+    return {p: engine.generate([service.encode(p)], SOLO_TOKENS).tokens[0] for p in PROMPTS}
+
+
+def expected(server, solo_tokens, max_tokens):
+    """The text and finish reason a request with `max_tokens` must produce."""
+    eos = server["service"].scheduler.eos_ids
+    toks = solo_tokens[:max_tokens]
+    reason = "stop" if toks and toks[-1] in eos else "length"
+    return server["service"].tokenizer.decode([t for t in toks if t not in eos]), reason
+
+
+def client(server, **kw):
+    return openai.OpenAI(base_url=server["base"], api_key="none", max_retries=0, **kw)
+
+
+def aclient(server):
+    return openai.AsyncOpenAI(base_url=server["base"], api_key="none", max_retries=0, timeout=120)
+
+
+def test_models_and_health(server):
+    ids = [m.id for m in client(server).models.list()]
+    assert ids == ["jaxspec"]
+    assert httpx.get(server["base"].replace("/v1", "/health")).json() == {"status": "ok"}
+
+
+def test_completion_equals_solo_generate(server, solo):
+    prompt = PROMPTS[0]
+    r = client(server).completions.create(model="jaxspec", prompt=prompt, max_tokens=SOLO_TOKENS, temperature=0)
+    text, reason = expected(server, solo[prompt], SOLO_TOKENS)
+    assert r.choices[0].text == text and r.choices[0].finish_reason == reason
+    assert r.usage.prompt_tokens == len(server["service"].encode(prompt))
+    assert r.usage.completion_tokens == len(solo[prompt])
+
+
+def test_streamed_completion_equals_solo(server, solo):
+    prompt = PROMPTS[1]
+    stream = client(server).completions.create(model="jaxspec", prompt=prompt, max_tokens=SOLO_TOKENS, temperature=0,
+                                               stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert (text, [c.choices[0].finish_reason for c in chunks if c.choices][-1]) == \
+        expected(server, solo[prompt], SOLO_TOKENS)
+    assert chunks[-1].usage.completion_tokens == len(solo[prompt])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_cuts_the_text(server, solo, stream):
+    prompt = PROMPTS[2]
+    full, _ = expected(server, solo[prompt], SOLO_TOKENS)
+    stop = full[len(full) // 2: len(full) // 2 + 3]  # a piece in the middle of the output
+    assert stop.strip()
+    kw = dict(model="jaxspec", prompt=prompt, max_tokens=SOLO_TOKENS, temperature=0, stop=[stop, "never-seen"])
+    if stream:
+        chunks = [c.choices[0] for c in client(server).completions.create(stream=True, **kw)]
+        text, reason = "".join(c.text for c in chunks), chunks[-1].finish_reason
+    else:
+        r = client(server).completions.create(**kw).choices[0]
+        text, reason = r.text, r.finish_reason
+    assert text == full[: full.index(stop)] and reason == "stop"
+
+
+def test_chat_uses_the_template(server, solo):
+    c = client(server)
+    messages = [{"role": "user", "content": "fibonacci"}]
+    r = c.chat.completions.create(model="jaxspec", messages=messages, max_tokens=8, temperature=0)
+    rendered = server["service"].tokenizer.apply_chat_template(messages)
+    same = c.completions.create(model="jaxspec", prompt=rendered, max_tokens=8, temperature=0)
+    assert r.choices[0].message.content == same.choices[0].text and r.choices[0].message.role == "assistant"
+    chunks = list(c.chat.completions.create(model="jaxspec", messages=messages, max_tokens=8, temperature=0,
+                                            stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == same.choices[0].text
+    assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def test_chat_without_a_template_is_a_clear_400(server):
+    plain = copy.copy(server["service"].tokenizer)
+    plain.chat_template = None
+    service = Service(server["service"].scheduler, plain, server["service"].metrics, "jaxspec")
+    transport = httpx.ASGITransport(app=create_app(service))  # no lifespan: the shared scheduler keeps running
+
+    async def ask():
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            c = openai.AsyncOpenAI(base_url="http://test/v1", api_key="none", max_retries=0, http_client=http)
+            with pytest.raises(openai.BadRequestError, match="no chat template"):
+                await c.chat.completions.create(model="jaxspec", messages=[{"role": "user", "content": "hi"}])
+
+    asyncio.run(ask())
+
+
+def test_32_concurrent_streams_each_equal_their_solo_output(server, solo):
+    jobs = [(PROMPTS[i % len(PROMPTS)], 1 + (5 * i) % SOLO_TOKENS) for i in range(32)]
+
+    async def one(c, prompt, n):
+        stream = await c.completions.create(model="jaxspec", prompt=prompt, max_tokens=n, temperature=0, stream=True)
+        pieces, ids = [], set()
+        async for chunk in stream:
+            ids.add(chunk.id)
+            pieces.append(chunk.choices[0])
+        return "".join(p.text for p in pieces), pieces[-1].finish_reason, ids
+
+    async def run():
+        c = aclient(server)
+        return await asyncio.gather(*(one(c, p, n) for p, n in jobs))
+
+    results = asyncio.run(run())
+    assert len(results) == 32
+    for (prompt, n), (text, reason, ids) in zip(jobs, results):
+        assert (text, reason) == expected(server, solo[prompt], n), (prompt, n)
+        assert len(ids) == 1
+    assert len({next(iter(r[2])) for r in results}) == 32
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(server):
+    kw = dict(model="jaxspec", prompt=PROMPTS[3], max_tokens=10, temperature=0.8, top_p=0.95, seed=1234,
+              extra_body={"top_k": 50})
+    alone = client(server).completions.create(**kw).choices[0].text
+
+    async def crowded():
+        c = aclient(server)
+        others = [c.completions.create(model="jaxspec", prompt=p, max_tokens=SOLO_TOKENS, temperature=t, seed=i)
+                  for i, (p, t) in enumerate(zip(PROMPTS, [0, 1.0, 0.7]))]
+        results = await asyncio.gather(c.completions.create(**kw), *others)
+        return results[0].choices[0].text
+
+    assert asyncio.run(crowded()) == alone
+    other_seed = client(server).completions.create(**{**kw, "seed": 99}).choices[0].text
+    assert isinstance(other_seed, str)
+
+
+def _metric(server, name):
+    text = httpx.get(server["base"].replace("/v1", "/metrics")).text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if not line.startswith("#")}
+    return values.get(name, 0.0)
+
+
+def test_client_disconnect_frees_the_slot(server, solo):
+    cancelled = _metric(server, 'jaxspec_requests_total{outcome="cancelled"}')
+    with httpx.stream("POST", server["base"] + "/completions",
+                      json={"prompt": PROMPTS[0], "max_tokens": CONTEXT - 32, "temperature": 0, "stream": True},
+                      timeout=120) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 2:
+                break  # leaving the block closes the connection mid-stream
+    for _ in range(400):  # bounded: the server notices the closed connection at its next write
+        if (_metric(server, 'jaxspec_requests_total{outcome="cancelled"}') > cancelled
+                and _metric(server, "jaxspec_active_slots") == 0):
+            break
+        threading.Event().wait(0.05)
+    assert _metric(server, "jaxspec_active_slots") == 0
+    assert _metric(server, 'jaxspec_requests_total{outcome="cancelled"}') == cancelled + 1
+    r = client(server).completions.create(model="jaxspec", prompt=PROMPTS[0], max_tokens=4, temperature=0)
+    assert r.choices[0].text == expected(server, solo[PROMPTS[0]], 4)[0]
+
+
+def test_overload_gets_429_and_the_server_recovers(server, solo):
+    """More requests at once than slots + queue: the excess is refused with 429; the accepted ones are dropped by
+    their clients at once (a dropped request leaves the queue without a prefill), and the server serves on."""
+    async def one(c, i):
+        try:
+            stream = await c.completions.create(model="jaxspec", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=8,
+                                                temperature=0, stream=True)
+        except openai.RateLimitError:
+            return 429
+        await stream.close()
+        return 200
+
+    async def run():
+        c = aclient(server)
+        return await asyncio.gather(*(one(c, i) for i in range(MAX_BATCH + MAX_QUEUE + 8)))
+
+    statuses = asyncio.run(run())
+    assert statuses.count(429) >= 1 and statuses.count(200) >= MAX_QUEUE
+    for _ in range(400):  # bounded: the dropped requests leave the queue and their slots
+        if _metric(server, "jaxspec_queue_length") == 0 and _metric(server, "jaxspec_active_slots") == 0:
+            break
+        threading.Event().wait(0.05)
+    r = client(server).completions.create(model="jaxspec", prompt=PROMPTS[3], max_tokens=6, temperature=0)
+    assert r.choices[0].text == expected(server, solo[PROMPTS[3]], 6)[0]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "x", "max_tokens": "ten"}, "max_tokens"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_k": 1.5}, "top_k"),
+    ({"prompt": "x", "stop": [1, 2]}, "stop"),
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": [7] * CONTEXT}, "prompt"),
+    ({"prompt": "x", "max_tokens": CONTEXT}, "prompt"),
+    ({"prompt": [10 ** 9]}, "prompt"),
+    ({"prompt": "x", "logprobs": 3}, "logprobs"),
+])
+def test_bad_requests_are_400_naming_the_field(server, body, field):
+    r = httpx.post(server["base"] + "/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_bad_json_unknown_model_and_the_server_survives(server, solo):
+    r = httpx.post(server["base"] + "/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        client(server).completions.create(model="other", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client(server).chat.completions.create(model="jaxspec", messages=[{"content": "no role"}])
+    r = client(server).completions.create(model="jaxspec", prompt=PROMPTS[1], max_tokens=8, temperature=0)
+    assert r.choices[0].text == expected(server, solo[PROMPTS[1]], 8)[0]
+
+
+def test_metrics_report_the_work(server):
+    assert _metric(server, 'jaxspec_requests_total{outcome="completed"}') >= 40
+    assert _metric(server, 'jaxspec_requests_total{outcome="cancelled"}') >= MAX_QUEUE
+    assert _metric(server, 'jaxspec_requests_total{outcome="rejected"}') >= 1
+    assert _metric(server, "jaxspec_generation_tokens_total") > 0
+    assert _metric(server, "jaxspec_cycles_total") > 0
+    assert 1.0 <= _metric(server, "jaxspec_mean_acceptance_length") <= K + 1
+    assert _metric(server, "jaxspec_queue_length") == 0
+
+
+def test_bench_load_generator_against_the_server(server, solo, tmp_path):
+    """bench.serve_load's load generator at a small level: every greedy output equals its solo output."""
+    texts = {p: expected(server, solo[p], 6)[0] for p in PROMPTS}
+    results, wall = asyncio.run(run_level(server["base"], "jaxspec", 4, 1, 6, prompts=PROMPTS))
+    row = summarize(4, results, wall, texts)
+    assert (row["sent"], row["completed"], row["failed"], row["equal_to_solo"]) == (4, 4, 0, 4)
+    assert row["tokens"] == sum(len(solo[p][:6]) for p in PROMPTS) and row["ttft_ms"]["50"] > 0
+
+
+def test_shutdown_finishes_the_request_in_flight(server, solo):
+    """What uvicorn does on SIGTERM (should_exit): stop accepting, let the open stream finish, then end the engine."""
+    prompt = PROMPTS[2]
+    stream = client(server).completions.create(model="jaxspec", prompt=prompt, max_tokens=SOLO_TOKENS, temperature=0,
+                                               stream=True)
+    first = next(iter(stream))
+    server["background"].request_stop()
+    rest = list(stream)
+    pieces = [first.choices[0]] + [c.choices[0] for c in rest]
+    assert ("".join(p.text for p in pieces), pieces[-1].finish_reason) == expected(server, solo[prompt], SOLO_TOKENS)
+    server["background"].stop()
+    assert not server["background"].thread.is_alive() and not server["service"].scheduler.alive

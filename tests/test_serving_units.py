@@ -1,0 +1,61 @@
+"""The server's host-side pieces without a model: stop strings over streamed text, request validation, flags."""
+
+import pytest
+
+from jaxspec.serve import main as serve_main
+from jaxspec.serving.protocol import BadRequest, parse_chat, parse_completion
+from jaxspec.serving.stop import StopMatcher
+
+
+def test_stop_matcher_holds_back_a_possible_start_and_cuts_at_the_first_stop():
+    m = StopMatcher(("END", "xy"))
+    assert m.push("abc E") == ("abc ", False)  # "E" may start "END"
+    assert m.push("Nd") == ("ENd", False)  # it did not
+    assert m.push(" x") == (" ", False)
+    assert m.push("yz END") == ("", True)  # "xy" straddled two pushes: nothing of it is released
+    m = StopMatcher(("END",))
+    assert m.push("tail EN") == ("tail ", False)
+    assert m.flush() == "EN"
+    assert StopMatcher(()).push("free") == ("free", False)
+
+
+def test_completion_fields_and_defaults():
+    r = parse_completion({"prompt": "hi", "max_tokens": 5, "temperature": 0, "stop": "x", "top_k": -1, "seed": 3})
+    assert (r.prompt, r.max_tokens, r.sampling.greedy, r.sampling.top_k, r.stop, r.seed) == ("hi", 5, True, 0, ("x",), 3)
+    d = parse_completion({"prompt": [1, 2]})
+    assert d.max_tokens == 16 and d.sampling.temperature == 1.0 and d.prompt == [1, 2] and not d.stream
+    assert parse_completion({"prompt": ["one"]}).prompt == "one"
+
+
+@pytest.mark.parametrize("body, param", [
+    ([1], None), ({"prompt": True}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": "x", "max_tokens": True}, "max_tokens"), ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"), ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "seed": -1}, "seed"), ({"prompt": "x", "n": 3}, "n"), ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_bad_completion_fields_name_the_field(body, param):
+    with pytest.raises(BadRequest) as e:
+        parse_completion(body)
+    assert e.value.param == param
+
+
+def test_chat_messages():
+    r = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
+                                                                                            "text": "b"}]}],
+                    "max_completion_tokens": 7})
+    assert r.prompt == [{"role": "user", "content": "ab"}] and r.max_tokens == 7
+    assert parse_chat({"messages": [{"role": "user", "content": "hi"}]}).max_tokens is None
+    for bad in ({"messages": []}, {"messages": [{"content": "x"}]}, {"messages": [{"role": "user", "content": 5}]}):
+        with pytest.raises(BadRequest):
+            parse_chat(bad)
+
+
+@pytest.mark.parametrize("argv", [["--max-batch", "0"], ["--port", "70000"], ["--speculative-eagle-topk", "2"],
+                                  ["--warmup-buckets", "a"], ["--prefill-chunk", "24"], ["--no-such-flag"],
+                                  ["--model", "/nonexistent/dir"]])
+def test_serve_flag_errors_are_one_line_exit_2(argv, capsys):
+    assert serve_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
