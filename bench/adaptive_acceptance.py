@@ -50,15 +50,15 @@ ACCEPTANCE = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95)
 INT32_MAX = np.iinfo(np.int32).max
 
 
-def controlled_drafter(key, w, cfg, state, k, greedy, sp, *, rate, continuation_BN):
+def controlled_drafter(key, w, cfg, state, k, greedy, sp, *, rate, continuation_BS):
     """The EAGLE-3 chain's work, then draft j = the true next token with probability `rate`, else a wrong one."""
-    drafts_BK, q, cache = draft_chain(key, w, cfg, state, k, greedy, sp)
-    b, n = continuation_BN.shape
-    index_BK = jnp.clip(state.generated[:, None] + jnp.arange(k)[None], 0, n - 1)
-    truth_BK = jnp.take_along_axis(continuation_BN, index_BK, axis=1)
-    wrong_BK = jnp.where(drafts_BK == truth_BK, (drafts_BK + 1) % cfg.target.vocab_size, drafts_BK)
-    hit_BK = jax.random.uniform(jax.random.fold_in(key, 1), (b, k)) < rate
-    return jnp.where(hit_BK, truth_BK, wrong_BK), q, cache
+    drafts_BM, q, cache = draft_chain(key, w, cfg, state, k, greedy, sp)
+    b, n = continuation_BS.shape
+    index_BM = jnp.clip(state.generated[:, None] + jnp.arange(k)[None], 0, n - 1)
+    truth_BM = jnp.take_along_axis(continuation_BS, index_BM, axis=1)
+    wrong_BM = jnp.where(drafts_BM == truth_BM, (drafts_BM + 1) % cfg.target.vocab_size, drafts_BM)
+    hit_BM = jax.random.uniform(jax.random.fold_in(key, 1), (b, k)) < rate
+    return jnp.where(hit_BM, truth_BM, wrong_BM), q, cache
 
 
 def _until_done(step, state):
@@ -75,14 +75,14 @@ def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity
 
     def fixed(k):
         def loop(w, s, rate, cont):
-            drafter = functools.partial(controlled_drafter, rate=rate, continuation_BN=cont)
+            drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
             return _until_done(lambda s: speculative_cycle(w, s, {}, k=k, drafter=drafter, **greedy_kw), s)
         return jax.jit(loop, donate_argnums=1)
 
     _, ema, explore_every, _, probe = policy.compiled(max(steps))
 
     def adaptive(w, s, rate, cont, limit):
-        drafter = functools.partial(controlled_drafter, rate=rate, continuation_BN=cont)
+        drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
         return adaptive_loop(w, s, {}, limit, steps=steps, ema=ema, explore_every=explore_every, probe=probe,
                              drafter=drafter, **greedy_kw)
 

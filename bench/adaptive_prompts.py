@@ -27,7 +27,7 @@ from bench.report import write_report  # noqa: E402
 from convert.checkpoint import load_draft, load_target  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
-from jaxspec.generate import DEFAULT_MODEL_DIR  # noqa: E402
+from jaxspec.cli_common import DEFAULT_MODEL_DIR  # noqa: E402
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits  # noqa: E402
 from jaxspec.tokenizer import load_tokenizer  # noqa: E402
 

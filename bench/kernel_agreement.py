@@ -78,14 +78,14 @@ def compare(logits, ids, ref_logits, ref_ids) -> dict:
     b, t, v = logits.shape
     rows, ref_rows = logits.reshape(-1, v), ref_logits.reshape(-1, v)
     row_err = np.linalg.norm(rows - ref_rows, axis=-1) / np.maximum(np.linalg.norm(ref_rows, axis=-1), 1e-30)
-    differs_LR = np.any(np.sort(ids, -1) != np.sort(ref_ids, -1), axis=-1)  # [L, B*T], rows b-major as the logits
-    rerouted = np.maximum.accumulate(differs_LR.any(axis=0).reshape(b, t), axis=1).reshape(-1)
+    differs_LX = np.any(np.sort(ids, -1) != np.sort(ref_ids, -1), axis=-1)  # [L, B*T], rows b-major as the logits
+    rerouted = np.maximum.accumulate(differs_LX.any(axis=0).reshape(b, t), axis=1).reshape(-1)
     same = row_err[~rerouted]
     return dict(
         rel_err=float(np.linalg.norm(rows - ref_rows) / np.linalg.norm(ref_rows)),
         max_row_rel_err=float(row_err.max()),
         argmax_agree=float(np.mean(rows.argmax(-1) == ref_rows.argmax(-1))),
-        choices_differ=int(differs_LR.sum()), choices=int(differs_LR.size),
+        choices_differ=int(differs_LX.sum()), choices=int(differs_LX.size),
         rows=int(rows.shape[0]), rows_rerouted=int(rerouted.sum()),
         same_route_max_rel_err=float(same.max()) if same.size else None,
         rerouted_max_rel_err=float(row_err[rerouted].max()) if rerouted.any() else None,

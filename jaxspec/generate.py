@@ -16,11 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from jaxspec.cli_common import DEFAULT_MODEL_DIR, UsageError, eos_ids, find_draft, parse_mesh
 from jaxspec.defaults import DEFAULT_NUM_STEPS, default_dtype
 from jaxspec.generate_display import echo_prompt, format_speedup
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
 
-DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 # The embedded model's tokenizer (byte-level BPE on Python sources) joins a newline with the indentation after it
 # and the last space with the next word ("\n   ", " with"), so a prompt that ends at a word reads to the model
 # like its training text; one ending in a bare newline or in indentation does not.
@@ -59,9 +59,6 @@ JSON_SCHEMA = {
                 "medians over interleaved rounds of both runs, speedup_min/max the rounds' extremes",
 }
 
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -161,23 +158,6 @@ def _check_flags(a) -> int:
     return k
 
 
-def _parse_mesh(spec: str | None):
-    if spec is None:
-        return None
-    from model.sharding import make_mesh, parse_mesh_spec
-
-    try:
-        dims = parse_mesh_spec(spec)
-    except ValueError:
-        raise UsageError(f"--mesh {spec!r}: expected a device count like 8 or a shape like 2x4") from None
-    import jax
-
-    n = math.prod(dims)
-    if n > jax.device_count():
-        raise UsageError(f"--mesh {spec}: needs {n} devices, {jax.device_count()} available")
-    return make_mesh(dims)
-
-
 def _read_prompts(a) -> tuple[list[str], bool]:
     """(prompts, batch?)"""
     if a.prompt is not None:
@@ -210,34 +190,6 @@ def _read_prompts(a) -> tuple[list[str], bool]:
     return [DEFAULT_PROMPT], False
 
 
-def _find_draft(model_dir: Path, draft: Path | None) -> Path | None:
-    if draft is not None:
-        return draft
-    for candidate in (model_dir / "draft", model_dir.parent / "draft"):
-        if candidate.is_dir() and candidate.resolve() != model_dir.resolve():
-            return candidate
-    return None
-
-
-def _eos_ids(model_dir: Path, cfg, tokenizer) -> tuple[int, ...]:
-    ids = set(cfg.eos_token_id)
-    gen = model_dir / "generation_config.json"
-    if gen.exists():
-        try:
-            doc = json.loads(gen.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise UsageError(f"{gen}: not valid JSON ({e})") from None
-        eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
-        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
-            raise UsageError(f"{gen}: eos_token_id must be a token id or a list of them, got {doc.get('eos_token_id')!r}")
-        ids.update(eos)
-    tok_eos = tokenizer.token_id("eos_token")
-    if tok_eos is not None:
-        ids.add(tok_eos)
-    return tuple(sorted(int(i) for i in ids))
-
-
 def run(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     k = _check_flags(a)
@@ -248,7 +200,7 @@ def run(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # every process runs the program; process 0 speaks for the job
         sys.stderr = open(os.devnull, "w")
     quiet = a.json
-    mesh = _parse_mesh(a.mesh)
+    mesh = parse_mesh(a.mesh)
     prompts_text, batch = _read_prompts(a)
 
     import jax.numpy as jnp
@@ -273,7 +225,7 @@ def run(argv: list[str] | None = None) -> int:
     if not model_dir.is_dir():
         raise UsageError(f"--model {model_dir}: no such checkpoint directory")
     read_metadata(model_dir, "target")  # a broken target is the first thing to report
-    draft_dir = _find_draft(model_dir, a.draft) if k > 0 else None
+    draft_dir = find_draft(model_dir, a.draft) if k > 0 else None
     if k > 0 and draft_dir is None:
         raise UsageError(f"no drafter found beside {model_dir} (pass --draft DIR, or --speculative-num-steps 0)")
     if draft_dir is not None and not draft_dir.is_dir():
@@ -293,7 +245,7 @@ def run(argv: list[str] | None = None) -> int:
         dcfg, dw = load_draft(draft_dir, mesh=mesh, dtype=dtype, verify=verify)
         cfg = check_draft_fits(cfg, dcfg, dw)
     tokenizer = load_tokenizer(model_dir)
-    eos = _eos_ids(model_dir, cfg, tokenizer)
+    eos = eos_ids(model_dir, cfg, tokenizer)
     _status(f"loaded in {time.perf_counter() - t0:.1f} s", quiet)
 
     if a.chat:

@@ -49,19 +49,19 @@ def _prefill_chunk(w, cfg: SpecConfig, tokens_BT, next_BT, lengths_B, key, sp, g
     draft hidden) with the last three taken at each sequence's last position."""
     target_cache, draft_cache, first_B, dlogits_BV, dhidden_BH = carry
     b = tokens_BT.shape[0]
-    positions_BC = jnp.broadcast_to(start + jnp.arange(size, dtype=jnp.int32), (b, size))
+    positions_BT = jnp.broadcast_to(start + jnp.arange(size, dtype=jnp.int32), (b, size))
     last_B = lengths_B - 1
     mine_B = (last_B >= start) & (last_B < start + size)
     local_B = jnp.clip(last_B - start, 0, size - 1)
-    toks_BC = jax.lax.dynamic_slice_in_dim(tokens_BT, start, size, axis=1)
-    out = forward(w.target, cfg.target, toks_BC, positions_BC, target_cache, logits_at=local_B)
+    toks_BT = jax.lax.dynamic_slice_in_dim(tokens_BT, start, size, axis=1)
+    out = forward(w.target, cfg.target, toks_BT, positions_BT, target_cache, logits_at=local_B)
     first_B = jnp.where(mine_B, _first_token(key, out.logits[:, 0], greedy, sp), first_B)
     if draft_cache is not None:
         # the draft's entry at position p pairs token x[p+1] with the target's feature at p; x[last+1] is `first`
-        nxt_BC = jax.lax.dynamic_slice_in_dim(next_BT, start, size, axis=1)
-        nxt_BC = jnp.where(positions_BC == last_B[:, None], first_B[:, None], nxt_BC)
-        ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, nxt_BC, out.aux_hidden,
-                            positions_BC, draft_cache)
+        nxt_BT = jax.lax.dynamic_slice_in_dim(next_BT, start, size, axis=1)
+        nxt_BT = jnp.where(positions_BT == last_B[:, None], first_B[:, None], nxt_BT)
+        ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, nxt_BT, out.aux_hidden,
+                            positions_BT, draft_cache)
         at = local_B[:, None, None]
         keep = lambda new_BTX, old_BX: jnp.where(  # noqa: E731
             mine_B[:, None], jnp.take_along_axis(new_BTX, at, axis=1)[:, 0].astype(old_BX.dtype), old_BX)

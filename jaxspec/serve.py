@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from jaxspec.defaults import default_dtype
-from jaxspec.generate import DEFAULT_MODEL_DIR, _eos_ids, _find_draft, _parse_mesh, UsageError
+from jaxspec.cli_common import DEFAULT_MODEL_DIR, UsageError, eos_ids, find_draft, parse_mesh
 
 EXIT_USAGE = 2
 
@@ -107,12 +107,12 @@ def build_service(a, k: int, buckets: list[int], log=print):
     from jaxspec.serving.slot_engine import SlotEngine
     from jaxspec.tokenizer import load_tokenizer
 
-    mesh = _parse_mesh(a.mesh)
+    mesh = parse_mesh(a.mesh)
     model_dir = a.model or DEFAULT_MODEL_DIR / "target"
     if not model_dir.is_dir():
         raise UsageError(f"--model {model_dir}: no such checkpoint directory")
     read_metadata(model_dir, "target")
-    draft_dir = _find_draft(model_dir, a.draft) if k > 0 else None
+    draft_dir = find_draft(model_dir, a.draft) if k > 0 else None
     if k > 0 and draft_dir is None:
         raise UsageError(f"no drafter found beside {model_dir} (pass --draft DIR, or --speculative-num-steps 0)")
     if draft_dir is not None and not draft_dir.is_dir():
@@ -138,7 +138,7 @@ def build_service(a, k: int, buckets: list[int], log=print):
     if max_context > cfg.max_position_embeddings:
         raise UsageError(f"--max-context {max_context} exceeds the model's {cfg.max_position_embeddings} positions")
     kw = {} if a.prefill_chunk is None else {"prefill_chunk": a.prefill_chunk}
-    engine = SlotEngine(SpecConfig(cfg, dcfg, _eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
+    engine = SlotEngine(SpecConfig(cfg, dcfg, eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
                         num_steps=k, max_batch=a.max_batch, max_context=max_context,
                         cycles_per_step=a.cycles_per_step, mesh=mesh, **kw)
     log(f"compiling (slots {a.max_batch}, context {max_context}, K {k}, prompt buckets {buckets})")

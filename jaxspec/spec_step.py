@@ -59,8 +59,8 @@ def draft_chain(key, w: SpecWeights, cfg: SpecConfig, state: SpecState, k: int, 
         tok_B, q_BV = propose(keys[j], dw, dcfg, out.logits[:, 0], greedy, sp)
         drafts.append(tok_B)
         qs.append(q_BV)
-    q_BKV = None if greedy else jnp.stack(qs, axis=1)
-    return jnp.stack(drafts, axis=1), q_BKV, cache
+    q_BMV = None if greedy else jnp.stack(qs, axis=1)
+    return jnp.stack(drafts, axis=1), q_BMV, cache
 
 
 def speculative_cycle(w: SpecWeights, state: SpecState, sp: dict, *, cfg: SpecConfig, k: int, greedy: bool,
@@ -78,17 +78,17 @@ def speculative_cycle_accepting(w: SpecWeights, state: SpecState, sp: dict, *, c
     key, k_draft, k_accept = jax.random.split(state.key, 3)
     lengths_B = state.target_cache.lengths
 
-    drafts_BK, q_BKV, draft_cache = (drafter or draft_chain)(k_draft, w, cfg, state, k, greedy, sp)
+    drafts_BM, q_BMV, draft_cache = (drafter or draft_chain)(k_draft, w, cfg, state, k, greedy, sp)
 
-    verify_tokens_BK1 = jnp.concatenate([state.pending[:, None], drafts_BK], axis=1)
+    verify_tokens_BK1 = jnp.concatenate([state.pending[:, None], drafts_BM], axis=1)
     positions_BK1 = lengths_B[:, None] + jnp.arange(k + 1)[None]
     verify = forward(w.target, tcfg, verify_tokens_BK1, positions_BK1, state.target_cache)
 
     if greedy:
-        accepted_B, emitted_BK1 = greedy_accept(drafts_BK, verify.logits)
+        accepted_B, emitted_BK1 = greedy_accept(drafts_BM, verify.logits)
     else:
         p_BK1V = processed_probs(verify.logits, **sp)
-        accepted_B, emitted_BK1 = speculative_sampling_accept(k_accept, drafts_BK, q_BKV, p_BK1V)
+        accepted_B, emitted_BK1 = speculative_sampling_accept(k_accept, drafts_BM, q_BMV, p_BK1V)
 
     ext = draft_forward(
         w.draft, dcfg, w.target.embed, w.target.lm_head, emitted_BK1, verify.aux_hidden, positions_BK1, draft_cache

@@ -82,11 +82,11 @@ def parse_args(argv=None):
     return args
 
 
-def rollouts(target_w, cfg, prompts_NP, total_len: int, batch: int) -> np.ndarray:
+def rollouts(target_w, cfg, prompts_BT, total_len: int, batch: int) -> np.ndarray:
     """Greedy continuations in batches of exactly `batch` rows (the last padded), so one shape compiles."""
     out = []
-    for i in range(0, len(prompts_NP), batch):
-        chunk = prompts_NP[i : i + batch]
+    for i in range(0, len(prompts_BT), batch):
+        chunk = prompts_BT[i : i + batch]
         padded = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk), axis=0)])
         got = greedy_continue(target_w, jnp.asarray(padded), cfg=cfg, total_len=total_len)
         out.append(np.asarray(got)[: len(chunk)])

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _leading_true(ok_BK):
-    return jnp.cumprod(ok_BK.astype(jnp.int32), axis=1).sum(axis=1)
+def _leading_true(ok_BM):
+    return jnp.cumprod(ok_BM.astype(jnp.int32), axis=1).sum(axis=1)
 
 
 def _inverse_cdf_sample(key, weights_BV):
@@ -22,21 +22,21 @@ def _inverse_cdf_sample(key, weights_BV):
     return jnp.minimum(idx, weights_BV.shape[-1] - 1).astype(jnp.int32)
 
 
-def _rule(key, drafts_BK, draft_probs_BKV, target_probs_BK1V, *, ratio_inverted=False, renormalise=True,
+def _rule(key, drafts_BM, draft_probs_BMV, target_probs_BK1V, *, ratio_inverted=False, renormalise=True,
           bonus_position_shift=0, one_too_many=False, residual_is_p=False):
-    b, k = drafts_BK.shape
+    b, k = drafts_BM.shape
     key_u, key_tok = jax.random.split(key)
-    p_d = jnp.take_along_axis(target_probs_BK1V[:, :k], drafts_BK[..., None], axis=-1)[..., 0]
-    q_d = jnp.take_along_axis(draft_probs_BKV, drafts_BK[..., None], axis=-1)[..., 0]
-    u_BK = jax.random.uniform(key_u, (b, k))
-    ok_BK = (u_BK * p_d < q_d) if ratio_inverted else (u_BK * q_d < p_d)
-    accepted_B = _leading_true(ok_BK)
+    p_d = jnp.take_along_axis(target_probs_BK1V[:, :k], drafts_BM[..., None], axis=-1)[..., 0]
+    q_d = jnp.take_along_axis(draft_probs_BMV, drafts_BM[..., None], axis=-1)[..., 0]
+    u_BM = jax.random.uniform(key_u, (b, k))
+    ok_BM = (u_BM * p_d < q_d) if ratio_inverted else (u_BM * q_d < p_d)
+    accepted_B = _leading_true(ok_BM)
     if one_too_many:
         accepted_B = jnp.minimum(accepted_B + 1, k)
     all_in_B = accepted_B == k
     p_row_B = jnp.where(all_in_B, k + bonus_position_shift, accepted_B)
     p_n = jnp.take_along_axis(target_probs_BK1V, p_row_B[:, None, None], axis=1)[:, 0]
-    q_padded = jnp.concatenate([draft_probs_BKV, jnp.zeros_like(draft_probs_BKV[:, :1])], axis=1)
+    q_padded = jnp.concatenate([draft_probs_BMV, jnp.zeros_like(draft_probs_BMV[:, :1])], axis=1)
     q_n = jnp.take_along_axis(q_padded, accepted_B[:, None, None], axis=1)[:, 0]
     if residual_is_p:
         residual = p_n
@@ -48,7 +48,7 @@ def _rule(key, drafts_BK, draft_probs_BKV, target_probs_BK1V, *, ratio_inverted=
         final_B = jax.random.categorical(key_tok, jnp.log(residual), axis=-1).astype(jnp.int32)
     else:
         final_B = _inverse_cdf_sample(key_tok, residual)
-    emitted_BK1 = jnp.concatenate([drafts_BK, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    emitted_BK1 = jnp.concatenate([drafts_BM, jnp.zeros((b, 1), jnp.int32)], axis=1)
     emitted_BK1 = emitted_BK1.at[jnp.arange(b), accepted_B].set(final_B)
     return accepted_B, emitted_BK1
 
@@ -66,10 +66,10 @@ CORRECT_RULE = _rule
 RULE_NAMES = ["correct", *BROKEN_RULES]
 
 
-def accept_by_index(index, key, drafts_BK, draft_probs_BKV, target_probs_BK1V):
+def accept_by_index(index, key, drafts_BM, draft_probs_BMV, target_probs_BK1V):
     """RULE_NAMES[index] with the index traced: every rule runs from one compiled program."""
     rules = [CORRECT_RULE, *BROKEN_RULES.values()]
-    return jax.lax.switch(index, rules, key, drafts_BK, draft_probs_BKV, target_probs_BK1V)
+    return jax.lax.switch(index, rules, key, drafts_BM, draft_probs_BMV, target_probs_BK1V)
 
 
 class RuleFromHost:
@@ -83,6 +83,6 @@ class RuleFromHost:
     def _read(self):
         return np.int32(self.index)
 
-    def __call__(self, key, drafts_BK, draft_probs_BKV, target_probs_BK1V):
+    def __call__(self, key, drafts_BM, draft_probs_BMV, target_probs_BK1V):
         index = jax.pure_callback(self._read, jax.ShapeDtypeStruct((), jnp.int32))
-        return accept_by_index(index, key, drafts_BK, draft_probs_BKV, target_probs_BK1V)
+        return accept_by_index(index, key, drafts_BM, draft_probs_BMV, target_probs_BK1V)

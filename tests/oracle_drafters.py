@@ -19,8 +19,8 @@ def oracle_drafter(key, w, cfg, state, k, greedy, sp):
 
 def wrong_drafter(key, w, cfg, state, k, greedy, sp):
     """Propose a token that is never the target's argmax (every first draft must be rejected)."""
-    drafts_BK, _, cache = oracle_drafter(key, w, cfg, state, k, greedy, sp)
-    return (drafts_BK + 1) % cfg.target.vocab_size, None, cache
+    drafts_BM, _, cache = oracle_drafter(key, w, cfg, state, k, greedy, sp)
+    return (drafts_BM + 1) % cfg.target.vocab_size, None, cache
 
 
 def drafts_right_for(k, row_B, cycle):
@@ -30,7 +30,7 @@ def drafts_right_for(k, row_B, cycle):
 
 def partial_oracle_drafter(key, w, cfg, state, k, greedy, sp):
     """The target's greedy continuation for the first drafts_right_for(...) drafts, a never-argmax token after."""
-    drafts_BK, _, cache = oracle_drafter(key, w, cfg, state, k, greedy, sp)
-    right_B = drafts_right_for(k, jnp.arange(drafts_BK.shape[0]), state.cycles)
-    wrong_BK = (drafts_BK + 1) % cfg.target.vocab_size
-    return jnp.where(jnp.arange(k)[None] < right_B[:, None], drafts_BK, wrong_BK), None, cache
+    drafts_BM, _, cache = oracle_drafter(key, w, cfg, state, k, greedy, sp)
+    right_B = drafts_right_for(k, jnp.arange(drafts_BM.shape[0]), state.cycles)
+    wrong_BM = (drafts_BM + 1) % cfg.target.vocab_size
+    return jnp.where(jnp.arange(k)[None] < right_B[:, None], drafts_BM, wrong_BM), None, cache

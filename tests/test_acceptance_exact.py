@@ -57,11 +57,11 @@ def _test_rule(name):
     return functools.partial(_RULES_JIT, RULE_NAMES.index(name))
 
 
-def _run(rule, p_K1V, q_KV, seed):
+def _run(rule, p_K1V, q_MV, seed):
     """-> (accepted [N], completed tokens [N, K+1]) for ROWS cycles with drafts drawn from q."""
     rng = np.random.default_rng(seed)
-    p32, q32 = p_K1V.astype(np.float32), q_KV.astype(np.float32)
-    drafts = np.stack([rng.choice(V, ROWS, p=q_KV[j] / q_KV[j].sum()) for j in range(K)], 1).astype(np.int32)
+    p32, q32 = p_K1V.astype(np.float32), q_MV.astype(np.float32)
+    drafts = np.stack([rng.choice(V, ROWS, p=q_MV[j] / q_MV[j].sum()) for j in range(K)], 1).astype(np.int32)
     accepted, emitted = rule(jax.random.key(seed), jnp.asarray(drafts), jnp.broadcast_to(jnp.asarray(q32), (ROWS, K, V)),
                              jnp.broadcast_to(jnp.asarray(p32), (ROWS, K + 1, V)))
     accepted, emitted = np.asarray(accepted), np.asarray(emitted)
@@ -70,7 +70,7 @@ def _run(rule, p_K1V, q_KV, seed):
     return accepted, completed
 
 
-def _log10_p_values(p_K1V, q_KV, accepted, completed) -> dict[str, float]:
+def _log10_p_values(p_K1V, q_MV, accepted, completed) -> dict[str, float]:
     """log10 p-value per check: the joint of all K+1 positions, each position's marginal, the accepted count."""
     out = {}
     joint = np.ravel_multi_index(completed.T, (V,) * (K + 1))
@@ -79,7 +79,7 @@ def _log10_p_values(p_K1V, q_KV, accepted, completed) -> dict[str, float]:
     out["joint"] = log10_p_value([goodness_of_fit(np.bincount(joint, minlength=V ** (K + 1)), exact_joint)])
     for j in range(K + 1):
         out[f"position {j}"] = log10_p_value([goodness_of_fit(np.bincount(completed[:, j], minlength=V), p_K1V[j])])
-    overlap = np.minimum(p_K1V[:K], q_KV).sum(-1)  # 1 - TV(p_j, q_j)
+    overlap = np.minimum(p_K1V[:K], q_MV).sum(-1)  # 1 - TV(p_j, q_j)
     at_least = np.concatenate([[1.0], np.cumprod(overlap)])
     exact_accepted = at_least - np.concatenate([at_least[1:], [0.0]])
     out["accepted"] = log10_p_value([goodness_of_fit(np.bincount(accepted, minlength=K + 1), exact_accepted)])
@@ -88,9 +88,9 @@ def _log10_p_values(p_K1V, q_KV, accepted, completed) -> dict[str, float]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_accept_rule_output_distribution_is_exactly_p(case):
-    p_K1V, q_KV = CASES[case]
-    accepted, completed = _run(_ACCEPT_JIT, p_K1V, q_KV, seed=1)
-    ps = _log10_p_values(p_K1V, q_KV, accepted, completed)
+    p_K1V, q_MV = CASES[case]
+    accepted, completed = _run(_ACCEPT_JIT, p_K1V, q_MV, seed=1)
+    ps = _log10_p_values(p_K1V, q_MV, accepted, completed)
     assert min(ps.values()) > LOG10_ALPHA, ps
     if case == "p_equals_q":
         assert (accepted == K).all()  # u * q(d) < p(d) holds for every u in [0, 1)
@@ -101,16 +101,16 @@ def test_accept_rule_output_distribution_is_exactly_p(case):
 
 
 def test_harness_rule_written_like_the_broken_ones_passes():
-    p_K1V, q_KV = CASES["generic"]
-    ps = _log10_p_values(p_K1V, q_KV, *_run(_test_rule("correct"), p_K1V, q_KV, seed=1))
+    p_K1V, q_MV = CASES["generic"]
+    ps = _log10_p_values(p_K1V, q_MV, *_run(_test_rule("correct"), p_K1V, q_MV, seed=1))
     assert min(ps.values()) > LOG10_ALPHA, ps
 
 
 @pytest.mark.parametrize("rule", RULE_NAMES[1:])
 def test_broken_rules_are_rejected(rule):
-    p_K1V, q_KV = CASES["generic"]
-    accepted, completed = _run(_test_rule(rule), p_K1V, q_KV, seed=1)
-    ps = _log10_p_values(p_K1V, q_KV, accepted, completed)
+    p_K1V, q_MV = CASES["generic"]
+    accepted, completed = _run(_test_rule(rule), p_K1V, q_MV, seed=1)
+    ps = _log10_p_values(p_K1V, q_MV, accepted, completed)
     check, log_p = min(ps.items(), key=lambda kv: kv[1])
     print(f"\nexact test, broken rule {rule}: rejected by the {check} check, p = 10^{log_p:.1f}")
     assert log_p < -9, ps

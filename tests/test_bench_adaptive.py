@@ -24,7 +24,7 @@ def test_controlled_drafter_proposes_the_truth_at_the_asked_rate(pair):
     cont = jax.random.randint(jax.random.key(1), (b, n), 0, cfg.target.vocab_size, jnp.int32)
     for a in (0.0, 0.5, 1.0):
         drafts, _, _ = controlled_drafter(jax.random.key(2), w, cfg, state, k, True, {}, rate=jnp.float32(a),
-                                          continuation_BN=cont)
+                                          continuation_BS=cont)
         hit = np.asarray(drafts == cont[:, 1: 1 + k])  # generated = 1: draft j is continuation[1 + j]
         assert abs(hit.mean() - a) < 0.1
 

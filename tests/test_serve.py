@@ -16,7 +16,7 @@ import pytest
 from bench.serve_load import run_level, summarize
 from convert.checkpoint import load_draft, load_target
 from jaxspec.engine import Engine
-from jaxspec.generate import DEFAULT_MODEL_DIR
+from jaxspec.cli_common import DEFAULT_MODEL_DIR
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
 from jaxspec.serve import _check, build_parser, build_service
 from jaxspec.serving.app import Service, create_app

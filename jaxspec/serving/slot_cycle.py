@@ -40,23 +40,23 @@ def _propose(keys_B, w: SpecWeights, cfg: SpecConfig, logits_BVd, state: SlotSta
     return jnp.where(state.greedy, greedy_B, _sample_rows(keys_B, q_BV)), q_BV
 
 
-def _draft_chain(keys_BK, w: SpecWeights, cfg: SpecConfig, state: SlotState, k: int, sampled: bool):
+def _draft_chain(keys_BM, w: SpecWeights, cfg: SpecConfig, state: SlotState, k: int, sampled: bool):
     lengths_B = state.target_cache.lengths
-    tok_B, q_BV = _propose(keys_BK[:, 0], w, cfg, state.draft_logits, state, sampled)
+    tok_B, q_BV = _propose(keys_BM[:, 0], w, cfg, state.draft_logits, state, sampled)
     drafts, qs = [tok_B], [q_BV]
     h_BH, cache = state.draft_hidden, state.draft_cache
     for j in range(1, k):
         out = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, tok_B[:, None], h_BH[:, None],
                             (lengths_B + j - 1)[:, None], cache)
         cache, h_BH = out.cache, out.hidden[:, 0]
-        tok_B, q_BV = _propose(keys_BK[:, j], w, cfg, out.logits[:, 0], state, sampled)
+        tok_B, q_BV = _propose(keys_BM[:, j], w, cfg, out.logits[:, 0], state, sampled)
         drafts.append(tok_B)
         qs.append(q_BV)
     return jnp.stack(drafts, axis=1), (jnp.stack(qs, axis=1) if sampled else None), cache
 
 
-def _accept_row(key, drafts_K, q_KV, p_K1V):
-    accepted, emitted = speculative_sampling_accept(key, drafts_K[None], q_KV[None], p_K1V[None])
+def _accept_row(key, drafts_M, q_MV, p_K1V):
+    accepted, emitted = speculative_sampling_accept(key, drafts_M[None], q_MV[None], p_K1V[None])
     return accepted[0], emitted[0]
 
 
@@ -81,14 +81,14 @@ def slot_cycle(w: SpecWeights, state: SlotState, *, cfg: SpecConfig, k: int, sam
         accepted_B = jnp.zeros_like(tok_B)
         return _commit(state, cfg, next_key_B, accepted_B, tok_B[:, None], out.cache, None, None, None)
 
-    drafts_BK, q_BKV, draft_cache = _draft_chain(keys_BN[:, :k], w, cfg, state, k, sampled)
-    verify_BK1 = jnp.concatenate([state.pending[:, None], drafts_BK], axis=1)
+    drafts_BM, q_BMV, draft_cache = _draft_chain(keys_BN[:, :k], w, cfg, state, k, sampled)
+    verify_BK1 = jnp.concatenate([state.pending[:, None], drafts_BM], axis=1)
     positions_BK1 = lengths_B[:, None] + jnp.arange(k + 1)[None]
     verify = forward(w.target, cfg.target, verify_BK1, positions_BK1, state.target_cache)
-    accepted_B, emitted_BK1 = greedy_accept(drafts_BK, verify.logits)
+    accepted_B, emitted_BK1 = greedy_accept(drafts_BM, verify.logits)
     if sampled:
         p_BK1V = _probs(verify.logits, state)
-        acc_s, emit_s = jax.vmap(_accept_row)(keys_BN[:, k], drafts_BK, q_BKV, p_BK1V)
+        acc_s, emit_s = jax.vmap(_accept_row)(keys_BN[:, k], drafts_BM, q_BMV, p_BK1V)
         accepted_B = jnp.where(state.greedy, accepted_B, acc_s)
         emitted_BK1 = jnp.where(state.greedy[:, None], emitted_BK1, emit_s)
     ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, emitted_BK1, verify.aux_hidden,

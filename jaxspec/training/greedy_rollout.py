@@ -17,14 +17,14 @@ from model.kv_cache import init_latent_cache
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "total_len", "dtype"))
-def greedy_continue(weights, prompts_BP, *, cfg: TextConfig, total_len: int, dtype=jnp.bfloat16):
+def greedy_continue(weights, prompts_BT, *, cfg: TextConfig, total_len: int, dtype=jnp.bfloat16):
     """[B, P] prompts -> [B, total_len] tokens: the prompt, then the target's argmax token at each step."""
     w = compute_copy(weights, dtype)
-    b, p = prompts_BP.shape
+    b, p = prompts_BT.shape
     cache = init_latent_cache(cfg, b, total_len, dtype)
-    positions_BP = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    out = forward(w, cfg, prompts_BP, positions_BP, cache, logits_at=jnp.full((b,), p - 1, jnp.int32))
-    tokens_BT = jnp.zeros((b, total_len), jnp.int32).at[:, :p].set(prompts_BP)
+    positions_BT = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    out = forward(w, cfg, prompts_BT, positions_BT, cache, logits_at=jnp.full((b,), p - 1, jnp.int32))
+    tokens_BT = jnp.zeros((b, total_len), jnp.int32).at[:, :p].set(prompts_BT)
     tokens_BT = tokens_BT.at[:, p].set(jnp.argmax(out.logits[:, 0], -1).astype(jnp.int32))
 
     def step(pos, carry):

@@ -28,16 +28,16 @@ def shift_left(x_BT, k: int, fill=0):
     return jnp.concatenate([x_BT[:, k:], pad], axis=1)
 
 
-def _chain_attention(q_BTKGD, k0_BSKD, v0_BSKD, chain_k, chain_v, scale):
+def _chain_attention(q_BTNJD, k0_BSND, v0_BSND, chain_k, chain_v, scale):
     """Softmax over [step-0 keys at s <= t] + [this index's chain keys]; -> [B, T, K, G, D]."""
-    t = q_BTKGD.shape[1]
-    s0 = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k0_BSKD, preferred_element_type=jnp.float32) * scale
+    t = q_BTNJD.shape[1]
+    s0 = jnp.einsum("btkgd,bskd->bkgts", q_BTNJD, k0_BSND, preferred_element_type=jnp.float32) * scale
     causal_TS = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
     s0 = jnp.where(causal_TS, s0, -jnp.inf)
-    diag = [jnp.einsum("btkgd,btkd->bkgt", q_BTKGD, kj, preferred_element_type=jnp.float32) * scale for kj in chain_k]
+    diag = [jnp.einsum("btkgd,btkd->bkgt", q_BTNJD, kj, preferred_element_type=jnp.float32) * scale for kj in chain_k]
     scores = jnp.concatenate([s0] + [d[..., None] for d in diag], axis=-1)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q_BTKGD.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :t], v0_BSKD)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q_BTNJD.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :t], v0_BSND)
     for j, vj in enumerate(chain_v):
         out = out + jnp.einsum("bkgt,btkd->btkgd", probs[..., t + j], vj)
     return out
@@ -60,13 +60,13 @@ def ttt_unroll(w: DraftWeights, cfg: DraftConfig, embed_VH, tokens_BT, aux_BTA, 
         )
         cos, sin = cos_sin(jnp.broadcast_to(jnp.arange(t) + k, (b, t)), inv_freq)
         q_BTND = apply_neox(linear(x, w.q_proj).reshape(b, t, n, d), cos, sin)
-        k_BTKD = apply_neox(linear(x, w.k_proj).reshape(b, t, nkv, d), cos, sin)
-        v_BTKD = linear(x, w.v_proj).reshape(b, t, nkv, d)
+        k_BTND = apply_neox(linear(x, w.k_proj).reshape(b, t, nkv, d), cos, sin)
+        v_BTND = linear(x, w.v_proj).reshape(b, t, nkv, d)
         if k == 0:
-            k0, v0 = k_BTKD, v_BTKD
+            k0, v0 = k_BTND, v_BTND
         else:
-            chain_k.append(k_BTKD)
-            chain_v.append(v_BTKD)
+            chain_k.append(k_BTND)
+            chain_v.append(v_BTND)
         ctx = _chain_attention(q_BTND.reshape(b, t, nkv, n // nkv, d), k0, v0, chain_k, chain_v, d**-0.5)
         residual = h_BTH + linear(ctx.reshape(b, t, n * d), w.o_proj)
         h_BTH = residual + swiglu(rms_norm(residual, w.post_attention_norm, cfg.rms_norm_eps), w.mlp)

@@ -1,0 +1,59 @@
+"""What the command-line entry points (`jaxspec.generate`, `jaxspec.serve`) share: where the embedded pair lives,
+finding a target's drafter, the EOS ids a checkpoint names, the --mesh flag, and the user-error type."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+
+
+class UsageError(Exception):
+    """A user error: the entry points print it as one line `error: ...` and exit with status 2."""
+
+
+def parse_mesh(spec: str | None):
+    if spec is None:
+        return None
+    from model.sharding import make_mesh, parse_mesh_spec
+
+    try:
+        dims = parse_mesh_spec(spec)
+    except ValueError:
+        raise UsageError(f"--mesh {spec!r}: expected a device count like 8 or a shape like 2x4") from None
+    import jax
+
+    n = math.prod(dims)
+    if n > jax.device_count():
+        raise UsageError(f"--mesh {spec}: needs {n} devices, {jax.device_count()} available")
+    return make_mesh(dims)
+
+
+def find_draft(model_dir: Path, draft: Path | None) -> Path | None:
+    if draft is not None:
+        return draft
+    for candidate in (model_dir / "draft", model_dir.parent / "draft"):
+        if candidate.is_dir() and candidate.resolve() != model_dir.resolve():
+            return candidate
+    return None
+
+
+def eos_ids(model_dir: Path, cfg, tokenizer) -> tuple[int, ...]:
+    ids = set(cfg.eos_token_id)
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        try:
+            doc = json.loads(gen.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError(f"{gen}: not valid JSON ({e})") from None
+        eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
+        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+            raise UsageError(f"{gen}: eos_token_id must be a token id or a list of them, got {doc.get('eos_token_id')!r}")
+        ids.update(eos)
+    tok_eos = tokenizer.token_id("eos_token")
+    if tok_eos is not None:
+        ids.add(tok_eos)
+    return tuple(sorted(int(i) for i in ids))
