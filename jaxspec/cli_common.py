@@ -3,6 +3,7 @@ finding a target's drafter, the EOS ids a checkpoint names, the --mesh flag, and
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,20 @@ DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 
 class UsageError(Exception):
     """A user error: the entry points print it as one line `error: ...` and exit with status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are a UsageError (one line, exit 2), not a usage dump."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """--model and --draft, as every entry point that loads a pair takes them."""
+    p.add_argument("--model", type=Path, default=None, help="converted target checkpoint (default: the embedded model)")
+    p.add_argument("--draft", type=Path, default=None,
+                   help="converted EAGLE-3 drafter (default: MODEL/draft, then a sibling directory named draft)")
 
 
 def parse_mesh(spec: str | None):

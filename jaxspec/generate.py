@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from jaxspec.cli_common import DEFAULT_MODEL_DIR, UsageError, eos_ids, find_draft, parse_mesh
+from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
+                                 parse_mesh)
 from jaxspec.defaults import DEFAULT_NUM_STEPS, default_dtype
 from jaxspec.generate_display import echo_prompt, format_speedup
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
@@ -61,16 +62,9 @@ JSON_SCHEMA = {
 
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, no usage dump
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m jaxspec.generate", description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=None, help="converted target checkpoint (default: the embedded model)")
-    p.add_argument("--draft", type=Path, default=None,
-                   help="converted EAGLE-3 drafter (default: MODEL/draft, then a sibling directory named draft)")
+    p = OneLineParser(prog="python -m jaxspec.generate", description=__doc__.split("\n")[0])
+    add_model_flags(p)
     p.add_argument("--speculative-num-steps", type=int, default=None,
                    help=f"draft tokens per cycle (0 = no speculation; default {DEFAULT_NUM_STEPS})")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")

@@ -15,21 +15,15 @@ import sys
 from pathlib import Path
 
 from jaxspec.defaults import default_dtype
-from jaxspec.cli_common import DEFAULT_MODEL_DIR, UsageError, eos_ids, find_draft, parse_mesh
+from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
+                                 parse_mesh)
 
 EXIT_USAGE = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, no usage dump
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m jaxspec.serve", description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=None, help="converted target checkpoint (default: the embedded model)")
-    p.add_argument("--draft", type=Path, default=None,
-                   help="converted EAGLE-3 drafter (default: MODEL/draft, then a sibling directory named draft)")
+    p = OneLineParser(prog="python -m jaxspec.serve", description=__doc__.split("\n")[0])
+    add_model_flags(p)
     p.add_argument("--served-model-name", default="jaxspec", help="the model id clients send and /v1/models lists")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
