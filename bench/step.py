@@ -309,6 +309,11 @@ def parse_args(argv):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    cfg = bench_config(args.layers, args.tiny)
+    if args.prefix_layers:
+        check_prefix_layers(cfg, args.prefix_layers)
+        if args.mesh:
+            raise SystemExit("--prefix-layers runs on one device: leave out --mesh")
     t_start = time.time()
     over_budget = lambda: time.time() - t_start > args.budget_s  # noqa: E731
     log = functools.partial(print, flush=True)
@@ -326,11 +331,6 @@ def main(argv=None) -> dict:
     log(f"device {dev.device_kind}, jax {jax.__version__}, copy bandwidth {copy_tbs:.2f} TB/s, "
         f"read bandwidth {result['read_tbs']:.2f} TB/s")
 
-    cfg = bench_config(args.layers, args.tiny)
-    if args.prefix_layers:
-        check_prefix_layers(cfg, args.prefix_layers)
-        if args.mesh:
-            raise SystemExit("--prefix-layers runs on one device: leave out --mesh")
     mesh = make_mesh(args.mesh) if args.mesh else None
     t0 = time.perf_counter()
     if mesh is None:
