@@ -1,7 +1,7 @@
 """`python -m jaxspec.generate`: text generation with EAGLE-3 speculative decoding, streamed, with statistics.
 
 Flags follow SGLang's names where one exists. Text goes to stdout, progress and statistics to stderr;
-`--json` prints one JSON document (schema: JSON_SCHEMA below, also in the README) and nothing else on
+`--json` prints one JSON document (schema: JSON_SCHEMA below) and nothing else on
 stdout. Every user error prints one line `error: ...` and exits with status 2 (as `python -m convert` does);
 output into a pipe whose reader has left (`| head`) ends quietly with status 0.
 """
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", type=Path, default=None)
     src.add_argument("--batch-file", type=Path, default=None, help="one prompt per line, generated as one batch")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the model's chat template")
-    p.add_argument("--json", action="store_true", help="print one JSON document (see the README for its schema)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (schema: jaxspec.generate.JSON_SCHEMA)")
     p.add_argument("--baseline", action="store_true",
                    help="also time decoding without speculation on the same target: both timed alike, in "
                         "interleaved rounds; prints the median speedup and its range")
