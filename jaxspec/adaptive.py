@@ -230,9 +230,9 @@ def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog,
     return spec, backlog, accept_BJ.at[:, 0].set(c_B)
 
 
-def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
-               max_new_tokens: int, ema: float, probe: bool = True):
-    """K = 0: the target over the pending token alone (as plain decoding), its draft input kept in the backlog."""
+def plain_decode(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, sp, *, greedy: bool,
+                 max_new_tokens: int):
+    """The target over the pending token alone (as plain decoding), its draft input appended to the backlog."""
     key, k_tok = jax.random.split(spec.key)
     lengths_B = spec.target_cache.lengths
     out = forward(w.target, cfg.target, spec.pending[:, None], lengths_B[:, None], spec.target_cache)
@@ -256,6 +256,13 @@ def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlo
     )
     spec = commit(spec, cfg, key, jnp.zeros((b,), jnp.int32), tok_B[:, None], out.cache, spec.draft_cache,
                   spec.draft_logits, spec.draft_hidden, max_new_tokens)
+    return spec, backlog
+
+
+def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
+               max_new_tokens: int, ema: float, probe: bool = True):
+    """K = 0: `plain_decode`, then the draft catches up once the backlog is full."""
+    spec, backlog = plain_decode(w, cfg, spec, backlog, sp, greedy=greedy, max_new_tokens=max_new_tokens)
     full = jnp.any(backlog.count_B >= backlog.tokens_BW.shape[1])
     flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     return jax.lax.cond(full, lambda *a: flush(*a, sp), lambda s, bl, acc: (s, bl, acc), spec, backlog, accept_BJ)
