@@ -77,7 +77,10 @@ class AdaptivePolicy:
     prior: float = 0.7
     ema: float = 0.125  # weight of one observation in the moving average
     explore_every: int = 16  # cycles between optimistic choices (while the rule's choice changes)
-    backlog: int = 32  # plain steps the draft may lag before it catches up
+    # plain steps the draft may lag before it catches up; None: 8 with the probe (each catch-up brings fresh
+    # observations of c_1, so a plain stretch is reconsidered soon), 32 without (a catch-up only keeps the draft
+    # cache current, at about one draft step's cost)
+    backlog: int | None = None
     stretch: int = 4  # cycles run per choice of K
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
@@ -98,8 +101,9 @@ class AdaptivePolicy:
             raise ValueError(f"adaptive ema must be in (0, 1], got {self.ema}")
         if self.explore_every < 1 or self.stretch < 1:
             raise ValueError("adaptive explore_every and stretch must be >= 1")
-        if self.backlog < self.stretch:
-            raise ValueError(f"adaptive backlog ({self.backlog}) must hold a stretch ({self.stretch} plain steps)")
+        if self.backlog_width < self.stretch:
+            raise ValueError(f"adaptive backlog ({self.backlog_width}) must hold a stretch ({self.stretch} plain "
+                             "steps)")
         if self.costs is not None:
             given = dict(self.costs)
             if sorted(given) != list(steps):
@@ -112,9 +116,13 @@ class AdaptivePolicy:
             raise ValueError(f"adaptive schedule {list(self.schedule)} names a K outside the steps {list(steps)}")
         return self
 
+    @property
+    def backlog_width(self) -> int:
+        return self.backlog if self.backlog is not None else (8 if self.probe else 32)
+
     def compiled(self, k_max: int) -> tuple:
         """What the programs bake in (costs, prior and schedule are data in the state)."""
-        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog, self.probe, self.stretch)
+        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog_width, self.probe, self.stretch)
 
 
 @struct.dataclass
@@ -177,7 +185,7 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
                         cost_N) -> AdaptiveState:
     """Wrap a prefilled SpecState (its out_tokens sized for max(steps)); `cost_N` seconds per cycle per K in steps."""
     b = spec.pending.shape[0]
-    w = policy.backlog
+    w = policy.backlog_width
     return AdaptiveState(
         spec=spec,
         backlog=Backlog(jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w, aux_width), spec.draft_hidden.dtype),
@@ -384,7 +392,11 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     forced = state.schedule_P[spec.cycles % state.schedule_len]
     choice = jnp.where(forced >= 0, forced, choice)
     budget = jnp.int32(stretch) if budget is None else jnp.minimum(budget, stretch)
-    budget = jnp.where(forced >= 0, 1, budget)
+    # one cycle for: a schedule that switches K (it names each cycle's K), an exploration (a trial, not a
+    # decision), and the first cycle (no observation yet)
+    single = ((forced >= 0) & (state.schedule_len > 1)) | ((forced < 0) & exploring & (hopeful != rule)) \
+        | (spec.cycles == 0)
+    budget = jnp.where(single, jnp.minimum(budget, 1), budget)
 
     explore_next, gap = next_exploration(spec.cycles, exploring, rule, hopeful, state.last_rule, state.explore_gap,
                                          state.explore_next, explore_every)

@@ -7,8 +7,8 @@ OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv
-  echo "== adaptive against acceptance"; timeout 300 python -m bench.adaptive_acceptance --layers 4 \
+  echo "== adaptive against acceptance"; timeout 230 python -m bench.adaptive_acceptance --layers 4 \
       --max-new-tokens 128 --repeats 3 --out "$OUT/adaptive-acceptance"
-  echo "== adaptive on the embedded pair's prompts"; timeout 170 python -m bench.adaptive_prompts --repeats 5 \
+  echo "== adaptive on the embedded pair's prompts"; timeout 140 python -m bench.adaptive_prompts --repeats 5 \
       --out "$OUT/adaptive-prompts"
 } 2>&1 | tee "$OUT/run-adaptive.log"
