@@ -18,9 +18,10 @@ shrunk towards c_{j-1} (c_1 towards `prior`) with the weight of PRIOR_WEIGHT obs
 expects what the shallower positions accept, and its own evidence takes over as it comes. A plain step observes
 position 1 for free (below). Exploration: now and then (first after `explore_every` cycles) the choice is made with
 optimistic deeper rates (c_j for j >= 2 raised to c_1), so a depth that looked bad once is tried again when the
-first position says it could pay; each exploration that differs from the rule doubles the gap to the next one (up
-to `explore_every` x EXPLORE_BACKOFF), and a change of the rule's own choice resets it. When c_1 itself says
-speculation cannot pay, the optimistic choice is the rule's and plain steps cost what plain decoding costs.
+first position says it could pay; each exploration whose outcome leaves the rule's choice as it was doubles the
+gap to the next one (up to `explore_every` x EXPLORE_BACKOFF), and a change of the rule's own choice resets it.
+When c_1 itself says speculation cannot pay, the optimistic choice is the rule's and nothing is tried (with the
+probe; without it, the smallest K >= 1 is tried at the backed-off gaps). An exploration runs a single cycle.
 
 Plain steps and the draft (position algebra; L = committed target length, x_L = the pending token). A plain
 step runs the target over x_L at position L only: it emits y = x_{L+1} and the target feature f_L, and L
@@ -237,12 +238,12 @@ def optimistic(accept_BJ):
     return jnp.concatenate([accept_BJ[:, :1], jnp.maximum(accept_BJ[:, 1:], accept_BJ[:, :1])], axis=1)
 
 
-def next_exploration(cycle, exploring, rule, hopeful, last_rule, gap, explore_next, explore_every: int):
-    """(cycle of the next optimistic choice, the gap now): an exploration that differs from the rule doubles the
-    gap (up to explore_every x EXPLORE_BACKOFF); a change of the rule's own choice resets it to explore_every."""
-    changed = rule != last_rule
+def next_exploration(cycle, exploring, confirmed, changed, gap, explore_next, explore_every: int):
+    """(cycle of the next optimistic choice, the gap now): an exploration whose outcome left the rule's choice as it
+    was (`confirmed`) doubles the gap, up to explore_every x EXPLORE_BACKOFF; a change of the rule's own choice
+    (`changed`) resets it to explore_every."""
     gap = jnp.where(changed, explore_every, gap)
-    gap = jnp.where(exploring & (hopeful != rule), jnp.minimum(2 * gap, explore_every * EXPLORE_BACKOFF), gap)
+    gap = jnp.where(exploring & confirmed, jnp.minimum(2 * gap, explore_every * EXPLORE_BACKOFF), gap)
     return jnp.where(exploring | changed, cycle + gap, explore_next), gap
 
 
@@ -376,9 +377,9 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     A stretch is one decision for several cycles: the switch (whose branch index the host reads) and the rule are
     paid once per stretch instead of once per cycle, while the estimates still learn from every cycle.
 
-    Exploration backs off: each optimistic choice that differs from the rule doubles the gap to the next one (up
-    to explore_every x EXPLORE_BACKOFF cycles), and a change of the rule's own choice resets it, so a stretch where
-    speculation cannot pay spends ever less on trying it."""
+    Exploration backs off: each optimistic choice whose outcome leaves the rule's choice unchanged doubles the gap
+    to the next one (up to explore_every x EXPLORE_BACKOFF cycles), and a change of the rule's own choice resets
+    it, so a stretch where speculation cannot pay spends ever less on trying it."""
     spec = state.spec
     live_B = ~spec.done
     remaining_B = max_new_tokens - spec.generated
@@ -397,9 +398,6 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     single = ((forced >= 0) & (state.schedule_len > 1)) | ((forced < 0) & exploring & (hopeful != rule)) \
         | (spec.cycles == 0)
     budget = jnp.where(single, jnp.minimum(budget, 1), budget)
-
-    explore_next, gap = next_exploration(spec.cycles, exploring, rule, hopeful, state.last_rule, state.explore_gap,
-                                         state.explore_next, explore_every)
 
     common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
     cycle_fns = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
@@ -421,6 +419,12 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(branch, branches, spec, state.backlog,
                                                              (state.hits_BJ, state.trials_BJ))
 
+    # an exploration is confirmed when what it observed leaves the rule where it was
+    rule_after, _ = choose(acceptance_rates(hits_BJ, trials_BJ, state.prior), state.cost_N, ~new_spec.done,
+                           max_new_tokens - new_spec.generated, steps)
+    explore_next, gap = next_exploration(spec.cycles, exploring, (hopeful != rule) & (rule_after == rule),
+                                         rule != state.last_rule, state.explore_gap, state.explore_next,
+                                         explore_every)
     ran = new_spec.cycles - spec.cycles  # 0 on a finished batch: no token, count or log changes
     col_C = jnp.arange(state.k_log.shape[0])
     in_stretch_C = (col_C >= spec.cycles) & (col_C < new_spec.cycles)

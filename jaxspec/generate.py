@@ -69,11 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"draft tokens per cycle (0 = no speculation; default {DEFAULT_NUM_STEPS})")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
     p.add_argument("--speculative-adaptive", action="store_true",
-                   help="choose K per cycle on the device among {0, 1, 2, 4} up to --speculative-num-steps (0 = plain "
-                        "decoding) by expected tokens per second")
+                   help="choose K on the device among {0, 1, 2, 3, 4, 6, 8} up to --speculative-num-steps (0 = "
+                        "plain decoding) by expected tokens per second")
     p.add_argument("--speculative-adaptive-costs", type=str, default=None, metavar="JSON",
                    help='ms per cycle for each K of the adaptive set, inline (\'{"0": 9.5, "1": 11, "2": 12, '
-                        '"4": 14.5}\') or a JSON file (default: measured on the device at start-up)')
+                        '"3": 13, "4": 14.5}\') or a JSON file (default: measured on the device at start-up)')
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help="tokens verified per cycle incl. the root (chain: num-steps + 1)")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -67,18 +67,19 @@ def test_estimates_shrink_towards_the_shallower_position():
 
 
 def test_exploration_backs_off_while_it_confirms_the_rule():
-    every, gap, nxt, last, explored = 4, 4, 3, -1, []
-    for cycle in range(200):
-        rule, hopeful = 0, 1  # plain steps win, an optimistic choice would speculate
+    every, gap, nxt, explored = 4, 4, 3, []
+    for cycle in range(200):  # plain steps win; every exploration's outcome leaves them winning
         exploring = cycle >= nxt
         if exploring:
             explored.append(cycle)
-        nxt, gap = (int(x) for x in next_exploration(cycle, exploring, rule, hopeful, last, gap, nxt, every))
-        last = rule
+        nxt, gap = (int(x) for x in next_exploration(cycle, exploring, True, cycle == 0, gap, nxt, every))
     gaps = np.diff(explored)
     assert list(gaps[:4]) == [8, 16, 32, 64] and max(gaps) == every * EXPLORE_BACKOFF
-    # the rule changing its mind brings exploration back to every `every` cycles
-    nxt, gap = next_exploration(300, False, 2, 2, 0, every * EXPLORE_BACKOFF, 900, every)
+    # an exploration that changes the rule's mind does not back off ...
+    nxt, gap = next_exploration(300, True, False, False, 32, 300, every)
+    assert (int(nxt), int(gap)) == (332, 32)
+    # ... and the rule changing its choice brings exploration back to every `every` cycles
+    nxt, gap = next_exploration(300, False, False, True, every * EXPLORE_BACKOFF, 900, every)
     assert (int(nxt), int(gap)) == (304, 4)
 
 
