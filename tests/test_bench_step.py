@@ -81,7 +81,8 @@ def test_step_profile_tiny(tmp_path):
     """`python -m bench.labs.step_profile` reads kernel events back from a real jax.profiler trace (XLA's thunks on CPU)."""
     from bench.labs.step_profile import main as profile_main
 
-    result = profile_main(["--tiny", "--layers", "3", "--tokens", "1", "--steps", "2", "--context", "16",
+    # 4 layers, as test_bench_step_tiny: the weights program (the costliest compile here) is compiled once
+    result = profile_main(["--tiny", "--layers", "4", "--tokens", "1", "--steps", "2", "--context", "16",
                            "--out", str(tmp_path)])
     [row] = result["rows"]
     assert row["ops"] and row["kernels_per_step"] > 0
