@@ -79,12 +79,12 @@ def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity
             return _until_done(lambda s: speculative_cycle(w, s, {}, k=k, drafter=drafter, **greedy_kw), s)
         return jax.jit(loop, donate_argnums=1)
 
-    _, ema, explore_every, _, probe = policy.compiled(max(steps))
+    _, ema, explore_every, _, probe, stretch = policy.compiled(max(steps))
 
     def adaptive(w, s, rate, cont, limit):
         drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
-        return adaptive_loop(w, s, {}, limit, steps=steps, ema=ema, explore_every=explore_every, probe=probe,
-                             drafter=drafter, **greedy_kw)
+        return adaptive_loop(w, s, {}, limit, steps=steps, ema=ema, explore_every=explore_every, stretch=stretch,
+                             probe=probe, drafter=drafter, **greedy_kw)
 
     return base_prefill, spec_prefill_, base_loop, {k: fixed(k) for k in ks if k > 0}, jax.jit(adaptive,
                                                                                                  donate_argnums=1)
@@ -243,7 +243,7 @@ def parse_args(argv):
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time beside K = 0")
-    p.add_argument("--adaptive-steps", type=int, nargs="+", default=[0, 1, 2, 4], help="the adaptive K set")
+    p.add_argument("--adaptive-steps", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="the adaptive K set")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(ACCEPTANCE))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True, help="results folder (JSON, markdown, PNG)")
