@@ -1,5 +1,7 @@
 """The Flax/JAX Kimi model against HF transformers DeepseekV3ForCausalLM (float32, tiny random configs)."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,7 +93,8 @@ def test_absorbed_equals_decompressed(variant):
     tokens = jnp.asarray(_tokens(b, SEQ, seed=2))
     positions = jnp.broadcast_to(jnp.arange(SEQ), (b, SEQ))
     cache = init_latent_cache(cfg, b, SEQ + 8, jnp.float32)  # the other tests' shapes: "absorbed" is compiled once
-    a = jit_forward(w, cfg, tokens, positions, cache)  # the default path, "absorbed"
+    assert inspect.signature(forward).parameters["attention"].default == "absorbed"
+    a = jit_forward(w, cfg, tokens, positions, cache)  # the default path (as in the other tests: compiled once)
     d = jit_forward(w, cfg, tokens, positions, cache, attention="decompressed")
     np.testing.assert_allclose(np.asarray(a.logits), np.asarray(d.logits), atol=1e-5, rtol=0)
 
