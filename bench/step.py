@@ -326,8 +326,10 @@ def main(argv=None) -> dict:
     stem = f"step-{'tiny-' if args.tiny else ''}{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
     save = lambda: write_report(result, Path(args.out), stem)  # noqa: E731
 
-    result["copy_tbs"] = copy_tbs = copy_bandwidth_tbs(gbytes=4.0 if on_gpu else 0.1)
-    result["read_tbs"] = read_bandwidth_tbs(gbytes=4.0 if on_gpu else 0.1)
+    # off the GPU (a smoke run) a 10 MB probe: the CPU's unoptimised bf16 pass over 100 MB cost ~10 s of each run
+    probe_gb = 4.0 if on_gpu else 0.01
+    result["copy_tbs"] = copy_tbs = copy_bandwidth_tbs(gbytes=probe_gb)
+    result["read_tbs"] = read_bandwidth_tbs(gbytes=probe_gb)
     log(f"device {dev.device_kind}, jax {jax.__version__}, copy bandwidth {copy_tbs:.2f} TB/s, "
         f"read bandwidth {result['read_tbs']:.2f} TB/s")
 

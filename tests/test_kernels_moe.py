@@ -21,7 +21,7 @@ from model.kernels.moe_tiles import MoEKernelConfig
 from model.moe import ExpertWeights, experts_gather, routed_experts
 from model.quant import Int4Weight, dequantize, unpack_int4
 
-E, F, H, K = 6, 128, 256, 3
+E, F, H, K = 6, 128, 128, 3  # H of 128, not 256: interpret mode runs each grid block op by op
 TINY = MoEKernelConfig(block_f=16, block_h=16, block_k=16)
 TINY_GEMV = MoEKernelConfig(block_f=16, block_h=16, block_k=16, variant="gemv")
 # jitted: interpret mode run op by op is far slower than one compiled loop over the grid

@@ -1,5 +1,7 @@
 """The Flax/JAX Kimi model against HF transformers DeepseekV3ForCausalLM (float32, tiny random configs)."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,8 +23,8 @@ VARIANTS = {
                                                 beta_fast=1.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
                               max_position_embeddings=1024),
     "groups_4_top2": dict(n_group=4, topk_group=2),
-    "dense_first_2": dict(first_k_dense_replace=2),
-    "no_topk_norm": dict(norm_topk_prob=False),
+    # two dense layers and unnormalised top-k weights: features of separate code paths, checked in one model
+    "dense_first_2_no_topk_norm": dict(first_k_dense_replace=2, norm_topk_prob=False),
 }
 
 jit_forward = jax.jit(forward, static_argnames=("cfg", "attention"))
@@ -62,16 +64,22 @@ def test_full_sequence_logits_and_aux(variant):
     np.testing.assert_allclose(np.asarray(out.aux_hidden), want_aux, atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("chunk", [1, 4])
-def test_incremental_decode_matches_full_forward(variant, chunk):
-    """Prefill 8 tokens, then feed `chunk` tokens at a time (1 = decode, 4 = verify width) through the cache."""
+def test_incremental_decode_matches_full_forward(variant):
+    """Prefill 8 tokens, then feed 1 token (decode) and 4 tokens (verify width) at a time, alternately, through the
+    cache: each width runs at positions on both sides of original_max_position_embeddings (32)."""
     name, hf, cfg, w = variant
     b, prefill = 2, 8
     tokens = _tokens(b, SEQ, seed=1)
     ref_logits, _ = hf_logits(hf, tokens)
     cache = init_latent_cache(cfg, b, SEQ + 8, jnp.float32)
+    spans, start = [(0, prefill)], prefill
+    while start < SEQ:
+        chunk = 4 if len(spans) % 2 == 0 and start + 4 <= SEQ else 1
+        spans.append((start, start + chunk))
+        start += chunk
+    assert {stop - start for start, stop in spans[1:]} == {1, 4}
     got = []
-    for start, stop in [(0, prefill)] + [(s, s + chunk) for s in range(prefill, SEQ, chunk)]:
+    for start, stop in spans:
         pos = np.broadcast_to(np.arange(start, stop), (b, stop - start))
         out = jit_forward(w, cfg, jnp.asarray(tokens[:, start:stop]), jnp.asarray(pos), cache)
         cache = out.cache
@@ -84,8 +92,9 @@ def test_absorbed_equals_decompressed(variant):
     b = 2
     tokens = jnp.asarray(_tokens(b, SEQ, seed=2))
     positions = jnp.broadcast_to(jnp.arange(SEQ), (b, SEQ))
-    cache = init_latent_cache(cfg, b, SEQ, jnp.float32)
-    a = jit_forward(w, cfg, tokens, positions, cache, attention="absorbed")
+    cache = init_latent_cache(cfg, b, SEQ + 8, jnp.float32)  # the other tests' shapes: "absorbed" is compiled once
+    assert inspect.signature(forward).parameters["attention"].default == "absorbed"
+    a = jit_forward(w, cfg, tokens, positions, cache)  # the default path (as in the other tests: compiled once)
     d = jit_forward(w, cfg, tokens, positions, cache, attention="decompressed")
     np.testing.assert_allclose(np.asarray(a.logits), np.asarray(d.logits), atol=1e-5, rtol=0)
 
@@ -93,11 +102,13 @@ def test_absorbed_equals_decompressed(variant):
 def test_padding_and_stale_slots_are_invisible(variant):
     """Garbage past a sequence's length (prefill padding, rejected drafts) never changes its logits."""
     name, hf, cfg, w = variant
-    tokens = _tokens(1, 20, seed=3)
-    ref_logits, _ = hf_logits(hf, tokens[:, :12])
-    cache = init_latent_cache(cfg, 1, 32, jnp.float32)
-    # write 20 tokens, of which only the first 12 are "real"; then rewrite 12..19 with other tokens
-    pos = jnp.arange(20)[None]
+    b, real = 2, 8
+    tokens = _tokens(b, SEQ, seed=3)
+    ref_logits, _ = hf_logits(hf, tokens[:, :real])
+    # the other tests' shapes (T = SEQ and T = 8 over SEQ + 8 slots), so no program is compiled for this test alone
+    cache = init_latent_cache(cfg, b, SEQ + 8, jnp.float32)
+    # write SEQ tokens, of which only the first 8 are "real"; then rewrite 0..7 while slots 8.. hold the others
+    pos = jnp.broadcast_to(jnp.arange(SEQ), (b, SEQ))
     cache = jit_forward(w, cfg, jnp.asarray(tokens), pos, cache).cache
-    out = jit_forward(w, cfg, jnp.asarray(tokens[:, :12]), pos[:, :12], cache)
+    out = jit_forward(w, cfg, jnp.asarray(tokens[:, :real]), pos[:, :real], cache)
     np.testing.assert_allclose(np.asarray(out.logits), ref_logits, atol=TOL, rtol=0)
