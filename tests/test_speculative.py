@@ -5,16 +5,29 @@ test_sampling_broken_rules.py)."""
 import pytest
 
 from jaxspec.engine import Engine
-from tests.oracle_drafters import drafts_right_for, oracle_drafter, partial_oracle_drafter, wrong_drafter
+from tests.oracle_drafters import SwitchedDrafter, drafts_right_for
 from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
+
+# the oracle, wrong and partial drafters: one compiled prefill and loop per K serves the three
+SWITCHED = SwitchedDrafter()
+
+
+def _switched_generate(cfg, w, k, name):
+    SWITCHED.name = name
+    try:
+        return Engine(cfg, w, num_steps=k, drafter=SWITCHED).generate(PROMPTS_3, MAX_NEW)
+    finally:
+        SWITCHED.name = "oracle"
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("drafter_name", ["random", "oracle", "wrong"])
 def test_greedy_speculation_equals_baseline(pair, baseline_tokens, k, drafter_name):
     cfg, w = pair
-    drafter = {"random": None, "oracle": oracle_drafter, "wrong": wrong_drafter}[drafter_name]
-    res = Engine(cfg, w, num_steps=k, drafter=drafter).generate(PROMPTS_3, MAX_NEW)
+    if drafter_name == "random":
+        res = Engine(cfg, w, num_steps=k).generate(PROMPTS_3, MAX_NEW)
+    else:
+        res = _switched_generate(cfg, w, k, drafter_name)
     assert res.tokens == baseline_tokens
     assert all(len(t) == MAX_NEW for t in res.tokens)
     flat = res.stats.accepted_per_cycle
@@ -33,7 +46,7 @@ def test_greedy_partial_acceptance_is_exact(pair, baseline_tokens):
     exactly m, and the tokens are the baseline's (accepting one draft too many would emit a wrong token)."""
     cfg, w = pair
     k = 4
-    res = Engine(cfg, w, num_steps=k, drafter=partial_oracle_drafter).generate(PROMPTS_3, MAX_NEW)
+    res = _switched_generate(cfg, w, k, "partial")
     assert res.tokens == baseline_tokens
     for row, log in enumerate(res.accepted):
         assert log == [drafts_right_for(k, row, cycle) for cycle in range(len(log))]
