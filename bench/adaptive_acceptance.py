@@ -243,7 +243,7 @@ def parse_args(argv):
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time beside K = 0")
-    p.add_argument("--adaptive-steps", type=int, nargs="+", default=[0, 1, 2, 4], help="the adaptive K set")
+    p.add_argument("--adaptive-steps", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="the adaptive K set")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(ACCEPTANCE))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True, help="results folder (JSON, markdown, PNG)")

@@ -111,7 +111,8 @@ def markdown(result: dict) -> str:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench.adaptive_prompts", description=__doc__.split("\n")[0])
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time")
-    p.add_argument("--adaptive-max", type=int, default=4, help="largest K adaptive may choose (set {0,1,2,4} up to it)")
+    p.add_argument("--adaptive-max", type=int, default=4,
+                   help="largest K adaptive may choose (the policy's default set up to it)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     p.add_argument("--repeats", type=int, default=3)

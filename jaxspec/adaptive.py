@@ -11,28 +11,33 @@ and the batch's throughput is sum_b E_b[tokens | K] / t(K) over the live sequenc
 the compiled set that maximises it; one K serves the whole batch (one program), so a row whose drafts are
 rejected rides along with rows that accept and the choice is the batch's total, not any row's best.
 
-The estimates. c_j is an exponential moving average (rate `ema`) of what each cycle observes, starting from
-`prior`: a cycle that accepted n of K drafts observes positions 1..min(n+1, K) (accepted up to n, rejected at
-n+1; later ones are not observed and keep their estimate). A plain step observes position 1 for free (below).
-Every `explore_every` cycles the choice is made with optimistic deeper rates (c_j for j >= 2 raised to c_1), so
-a depth that looked bad once is tried again when the first position says it could pay; when c_1 itself says
-speculation cannot pay, no exploration happens and plain steps cost no more than plain decoding.
+The estimates. Each position j keeps discounted counts of its observations and of the accepted ones (each new
+observation weighs 1, older ones are discounted by 1 - `ema`): a cycle that accepted n of K drafts observes
+positions 1..min(n+1, K) (accepted up to n, rejected at n+1; later ones are not observed). c_j is hits / trials
+shrunk towards c_{j-1} (c_1 towards `prior`) with the weight of PRIOR_WEIGHT observations, so a depth never tried
+expects what the shallower positions accept, and its own evidence takes over as it comes. A plain step observes
+position 1 for free (below). Exploration: now and then (first after `explore_every` cycles) the choice is made with
+optimistic deeper rates (c_j for j >= 2 raised to c_1), so a depth that looked bad once is tried again when the
+first position says it could pay; each exploration that differs from the rule doubles the gap to the next one (up
+to `explore_every` x EXPLORE_BACKOFF), and a change of the rule's own choice resets it. When c_1 itself says
+speculation cannot pay, the optimistic choice is the rule's and plain steps cost what plain decoding costs.
 
 Plain steps and the draft (position algebra; L = committed target length, x_L = the pending token). A plain
 step runs the target over x_L at position L only: it emits y = x_{L+1} and the target feature f_L, and L
 advances by one. The draft is not run: (y, f_L) is appended to a backlog, which is exactly the draft entry at
 position L (token x_{t+1} paired with feature f_t, as in the cycle's extend). Before the next speculative cycle,
-or when the backlog holds `backlog` entries, one draft forward over the backlog (positions L-n .. L-1) writes
-the draft cache and leaves draft_logits / draft_hidden at position L-1: the state a cycle expects. On GPU that
-forward over a few tokens costs about one draft step, so plain stretches pay a draft step every `backlog` tokens
-instead of every token. The same forward gives the free observations of c_1: the draft's prediction made at
-position t-1 (the carried draft_logits for the first entry, the backlog forward's own outputs after) is compared
-with the token the target emitted at t: equality of the draft's argmax when greedy; when sampling, the unbiased
+or before a plain step finds the backlog's `backlog` entries full, one draft forward over the backlog (positions
+L-n .. L-1) writes the draft cache and leaves draft_logits / draft_hidden at position L-1: the state a cycle
+expects. On GPU that forward over a few tokens costs about one draft step, so plain stretches pay a draft step
+every `backlog` tokens instead of every token. The full-backlog plain step is a branch of the cycle's switch of
+its own, so an ordinary plain step runs no conditional beyond the switch. The same forward gives the free
+observations of c_1: the draft's prediction made at position t-1 (the carried draft_logits for the first entry,
+the backlog forward's own outputs after) is compared with the token the target emitted at t: equality of the draft's argmax when greedy; when sampling, the unbiased
 estimate min(1, q(y) / p(y)) of the acceptance probability sum_v min(p_v, q_v), since y was drawn from p.
 
 A drafter plug (`Engine(drafter=...)`) that is not the EAGLE-3 draft makes the probe measure the wrong drafter:
 `probe=False` turns it off, and then an exploring cycle that would run a plain step runs the smallest K >= 1
-instead, which observes c_1 from the plug itself (at the price of that cycle, once every `explore_every`).
+instead, which observes c_1 from the plug itself (at the price of that cycle, at the backed-off exploration gaps).
 
 Losslessness does not depend on K: each cycle emits tokens distributed as the target's (a plain step by plain
 decoding, a speculative cycle by the acceptance rule), from fresh randomness, whatever K it ran with.
@@ -54,8 +59,10 @@ from jaxspec.state import SpecState
 from model.decoder import forward
 from model.eagle3 import draft_forward, draft_to_target_ids
 
-DEFAULT_STEPS = (0, 1, 2, 4)
+DEFAULT_STEPS = (0, 1, 2, 3, 4, 6, 8)
 SCHEDULE_SLOTS = 64  # longest forced schedule (a fixed shape, so any schedule runs in the same program)
+PRIOR_WEIGHT = 1.0  # observations the prior (and a deeper position's shallower neighbour) counts for
+EXPLORE_BACKOFF = 16  # the gap between explorations grows up to explore_every x this while they confirm the rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +70,8 @@ class AdaptivePolicy:
     steps: tuple[int, ...] | None = None  # the compiled K set; None: DEFAULT_STEPS up to the engine's K, and K
     prior: float = 0.5  # starting estimate of every c_j
     ema: float = 0.125  # weight of one observation in the moving average
-    explore_every: int = 16  # cycles between optimistic choices
-    backlog: int = 8  # plain steps the draft may lag before it catches up
+    explore_every: int = 16  # cycles between optimistic choices (while the rule's choice changes)
+    backlog: int = 32  # plain steps the draft may lag before it catches up
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
     probe: bool = True  # observe c_1 from the EAGLE-3 draft during catch-up (off for drafter plugs, see below)
@@ -114,8 +121,13 @@ class Backlog:
 class AdaptiveState:
     spec: SpecState  # out_tokens sized for the largest K of the set
     backlog: Backlog
-    accept_BJ: jax.Array  # [B, Kmax] float32: estimated c_j (j = 1..Kmax) per sequence
+    hits_BJ: jax.Array  # [B, Kmax] float32: discounted count of drafts accepted at position j (j = 1..Kmax)
+    trials_BJ: jax.Array  # [B, Kmax] float32: discounted count of position j's observations
+    prior: jax.Array  # [] float32: the estimate of c_1 before any observation
     cost_N: jax.Array  # [N] float32: t(K) for each K of the set, seconds per cycle
+    explore_next: jax.Array  # [] int32: the cycle of the next optimistic choice
+    explore_gap: jax.Array  # [] int32: cycles between optimistic choices now
+    last_rule: jax.Array  # [] int32: the rule's choice at the previous cycle
     schedule_P: jax.Array  # [SCHEDULE_SLOTS] int32: branch forced at cycle c (entry c % schedule_len); -1: the rule
     schedule_len: jax.Array  # [] int32
     k_log: jax.Array  # [C] int32: K each cycle ran, -1 where no cycle ran
@@ -161,8 +173,13 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
         spec=spec,
         backlog=Backlog(jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w, aux_width), spec.draft_hidden.dtype),
                         jnp.ones((b, w), jnp.float32), jnp.zeros((b,), jnp.int32)),
-        accept_BJ=jnp.full((b, max(steps)), policy.prior, jnp.float32),
+        hits_BJ=jnp.zeros((b, max(steps)), jnp.float32),
+        trials_BJ=jnp.zeros((b, max(steps)), jnp.float32),
+        prior=jnp.float32(policy.prior),
         cost_N=jnp.asarray(cost_N, jnp.float32),
+        explore_next=jnp.int32(policy.explore_every - 1),
+        explore_gap=jnp.int32(policy.explore_every),
+        last_rule=jnp.int32(-1),
         **forced_schedule(steps, policy.schedule),
         k_log=jnp.full((spec.accepted_log.shape[1],), -1, jnp.int32),
         expected_tokens=jnp.float32(0),
@@ -171,6 +188,17 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
 
 
 # --- the rule ---------------------------------------------------------------------------------------------
+
+def acceptance_rates(hits_BJ, trials_BJ, prior):
+    """c_j [B, J]: each position's discounted accepted / observed counts, shrunk towards the position before it
+    (position 1 towards `prior`) with the weight of PRIOR_WEIGHT observations, so a depth never tried yet is
+    expected to accept like the shallower ones instead of sitting at a fixed prior."""
+    rates, base = [], jnp.broadcast_to(jnp.asarray(prior, jnp.float32), hits_BJ.shape[:1])
+    for j in range(hits_BJ.shape[1]):
+        base = (hits_BJ[:, j] + PRIOR_WEIGHT * base) / (trials_BJ[:, j] + PRIOR_WEIGHT)
+        rates.append(base)
+    return jnp.stack(rates, axis=1)
+
 
 def expected_tokens(accept_BJ, steps: tuple[int, ...], remaining_B):
     """E[tokens | K] [B, N] for each K of `steps`: 1 + sum_{j<=K, j<remaining} prod_{i<=j} c_i."""
@@ -192,15 +220,28 @@ def optimistic(accept_BJ):
     return jnp.concatenate([accept_BJ[:, :1], jnp.maximum(accept_BJ[:, 1:], accept_BJ[:, :1])], axis=1)
 
 
-def _observe(accept_BJ, observed_BJ, value_BJ, ema):
-    return jnp.where(observed_BJ, accept_BJ + ema * (value_BJ - accept_BJ), accept_BJ)
+def next_exploration(cycle, exploring, rule, hopeful, last_rule, gap, explore_next, explore_every: int):
+    """(cycle of the next optimistic choice, the gap now): an exploration that differs from the rule doubles the
+    gap (up to explore_every x EXPLORE_BACKOFF); a change of the rule's own choice resets it to explore_every."""
+    changed = rule != last_rule
+    gap = jnp.where(changed, explore_every, gap)
+    gap = jnp.where(exploring & (hopeful != rule), jnp.minimum(2 * gap, explore_every * EXPLORE_BACKOFF), gap)
+    return jnp.where(exploring | changed, cycle + gap, explore_next), gap
+
+
+def _observe(hits_BJ, trials_BJ, observed_BJ, value_BJ, ema):
+    """One observation per observed position, older ones discounted by (1 - ema)."""
+    keep = 1.0 - ema
+    return (jnp.where(observed_BJ, keep * hits_BJ + value_BJ, hits_BJ),
+            jnp.where(observed_BJ, keep * trials_BJ + 1.0, trials_BJ))
 
 
 # --- the branches -----------------------------------------------------------------------------------------
 
-def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
+def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, est, sp, *, greedy: bool,
              ema: float, probe: bool = True):
-    """The draft over the backlog (positions L-n .. L-1), its state at L-1, and the free observations of c_1."""
+    """The draft over the backlog (positions L-n .. L-1), its state at L-1, and the free observations of c_1.
+    `est` = (hits_BJ, trials_BJ), the counts behind the acceptance estimates."""
     n_B = backlog.count_B
     width = backlog.tokens_BW.shape[1]
     positions_BW = (spec.target_cache.lengths - n_B)[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
@@ -211,12 +252,13 @@ def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog,
     logits_BVd = jnp.where(has_B[:, None], jnp.take_along_axis(ext.logits, last, axis=1)[:, 0], spec.draft_logits)
     hidden_BH = jnp.where(has_B[:, None], jnp.take_along_axis(ext.hidden, last, axis=1)[:, 0].astype(
         spec.draft_hidden.dtype), spec.draft_hidden)
+    carried_BVd = spec.draft_logits
     spec = spec.replace(draft_cache=ext.cache, draft_logits=logits_BVd, draft_hidden=hidden_BH)
     backlog = backlog.replace(count_B=jnp.zeros_like(n_B))
     if not probe:
-        return spec, backlog, accept_BJ
+        return spec, backlog, est
     # entry i's token was predicted at position L-n+i-1: by the carried logits for i = 0, by this forward after
-    pred_BWVd = jnp.concatenate([spec.draft_logits[:, None], ext.logits[:, :-1]], axis=1)
+    pred_BWVd = jnp.concatenate([carried_BVd[:, None], ext.logits[:, :-1]], axis=1)
     if greedy:
         guess_BW = draft_to_target_ids(w.draft, jnp.argmax(pred_BWVd, axis=-1).astype(jnp.int32))
         obs_BW = (guess_BW == backlog.tokens_BW).astype(jnp.float32)
@@ -224,10 +266,16 @@ def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog,
         q_BWV = processed_probs(draft_logits_in_target_vocab(w.draft, cfg.draft, pred_BWVd), **sp)
         q_y = jnp.take_along_axis(q_BWV, backlog.tokens_BW[..., None], axis=-1)[..., 0]
         obs_BW = jnp.minimum(1.0, q_y / backlog.p_BW)
-    c_B = accept_BJ[:, 0]
-    for i in range(width):  # in order, as if observed one step at a time
-        c_B = jnp.where(i < n_B, c_B + ema * (obs_BW[:, i] - c_B), c_B)
-    return spec, backlog, accept_BJ.at[:, 0].set(c_B)
+    # in order, as if observed one step at a time: entry i is discounted by the entries after it
+    keep = 1.0 - ema
+    used_BW = jnp.arange(width)[None] < n_B[:, None]
+    age_BW = jnp.where(used_BW, n_B[:, None] - 1 - jnp.arange(width)[None], 0)
+    weight_BW = jnp.where(used_BW, keep ** age_BW.astype(jnp.float32), 0.0)
+    decay_B = keep ** n_B.astype(jnp.float32)
+    hits_BJ, trials_BJ = est
+    hits_BJ = hits_BJ.at[:, 0].set(decay_B * hits_BJ[:, 0] + jnp.sum(weight_BW * obs_BW, axis=1))
+    trials_BJ = trials_BJ.at[:, 0].set(decay_B * trials_BJ[:, 0] + jnp.sum(weight_BW, axis=1))
+    return spec, backlog, (hits_BJ, trials_BJ)
 
 
 def plain_decode(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, sp, *, greedy: bool,
@@ -259,56 +307,82 @@ def plain_decode(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Back
     return spec, backlog
 
 
-def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, greedy: bool,
+def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, est, sp, *, greedy: bool,
                max_new_tokens: int, ema: float, probe: bool = True):
-    """K = 0: `plain_decode`, then the draft catches up once the backlog is full."""
+    """K = 0 with room in the backlog: `plain_decode` alone."""
     spec, backlog = plain_decode(w, cfg, spec, backlog, sp, greedy=greedy, max_new_tokens=max_new_tokens)
-    full = jnp.any(backlog.count_B >= backlog.tokens_BW.shape[1])
-    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
-    return jax.lax.cond(full, lambda *a: flush(*a, sp), lambda s, bl, acc: (s, bl, acc), spec, backlog, accept_BJ)
+    return spec, backlog, est
 
 
-def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, accept_BJ, sp, *, k: int,
+def caught_up_plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, est, sp, *,
+                         greedy: bool, max_new_tokens: int, ema: float, probe: bool = True):
+    """K = 0 with a full backlog: the draft catches up, then `plain_decode` (a branch of its own, so a plain step
+    needs no conditional of its own)."""
+    spec, backlog, est = catch_up(w, cfg, spec, backlog, est, sp, greedy=greedy, ema=ema, probe=probe)
+    spec, backlog = plain_decode(w, cfg, spec, backlog, sp, greedy=greedy, max_new_tokens=max_new_tokens)
+    return spec, backlog, est
+
+
+def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, est, sp, *, k: int,
                      greedy: bool, max_new_tokens: int, ema: float, probe: bool = True, drafter=None):
     """K >= 1: catch the draft up if plain steps left a backlog, then one speculative cycle of K drafts."""
     flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
-    spec, backlog, accept_BJ = jax.lax.cond(jnp.any(backlog.count_B > 0), lambda *a: flush(*a, sp),
-                                            lambda s, bl, acc: (s, bl, acc), spec, backlog, accept_BJ)
+    spec, backlog, est = jax.lax.cond(jnp.any(backlog.count_B > 0), lambda *a: flush(*a, sp),
+                                      lambda s, bl, e: (s, bl, e), spec, backlog, est)
     live_B = ~spec.done
     spec, accepted_B = speculative_cycle_accepting(w, spec, sp, cfg=cfg, k=k, greedy=greedy,
                                                    max_new_tokens=max_new_tokens, drafter=drafter)
-    j_J = jnp.arange(1, accept_BJ.shape[1] + 1)[None]
+    hits_BJ, trials_BJ = est
+    j_J = jnp.arange(1, hits_BJ.shape[1] + 1)[None]
     observed_BJ = live_B[:, None] & (j_J <= jnp.minimum(accepted_B + 1, k)[:, None])
-    accept_BJ = _observe(accept_BJ, observed_BJ, (j_J <= accepted_B[:, None]).astype(jnp.float32), ema)
-    return spec, backlog, accept_BJ
+    est = _observe(hits_BJ, trials_BJ, observed_BJ, (j_J <= accepted_B[:, None]).astype(jnp.float32), ema)
+    return spec, backlog, est
 
 
 def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecConfig, steps: tuple[int, ...],
                    greedy: bool, max_new_tokens: int, ema: float, explore_every: int, probe: bool = True,
                    drafter=None) -> AdaptiveState:
-    """Choose K (the rule, an optimistic choice every `explore_every` cycles, or the schedule), run that branch."""
+    """Choose K (the rule, an optimistic choice when exploration is due, or the schedule), run that branch.
+
+    Exploration backs off: each optimistic choice that differs from the rule doubles the gap to the next one (up
+    to explore_every x EXPLORE_BACKOFF cycles), and a change of the rule's own choice resets it, so a stretch where
+    speculation cannot pay spends ever less on trying it."""
     spec = state.spec
     live_B = ~spec.done
     remaining_B = max_new_tokens - spec.generated
-    rule, gain_BN = choose(state.accept_BJ, state.cost_N, live_B, remaining_B, steps)
-    hopeful, _ = choose(optimistic(state.accept_BJ), state.cost_N, live_B, remaining_B, steps)
+    accept_BJ = acceptance_rates(state.hits_BJ, state.trials_BJ, state.prior)
+    rule, gain_BN = choose(accept_BJ, state.cost_N, live_B, remaining_B, steps)
+    hopeful, _ = choose(optimistic(accept_BJ), state.cost_N, live_B, remaining_B, steps)
     if not probe:  # nothing observes c_1 during plain stretches: explore with the cheapest speculative K
         hopeful = jnp.maximum(hopeful, sum(1 for k in steps if k == 0))
-    choice = jnp.where(spec.cycles % explore_every == explore_every - 1, hopeful, rule)
+    exploring = spec.cycles >= state.explore_next
+    choice = jnp.where(exploring, hopeful, rule)
     forced = state.schedule_P[spec.cycles % state.schedule_len]
     choice = jnp.where(forced >= 0, forced, choice)
+
+    explore_next, gap = next_exploration(spec.cycles, exploring, rule, hopeful, state.last_rule, state.explore_gap,
+                                         state.explore_next, explore_every)
 
     common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
     branches = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
                 functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
-    branches = [lambda s, bl, acc, f=f: f(s, bl, acc, sp) for f in branches]
-    new_spec, backlog, accept_BJ = jax.lax.switch(choice, branches, spec, state.backlog, state.accept_BJ)
+    branch = choice
+    if 0 in steps:  # K = 0 with a full backlog runs the catch-up branch
+        branches.append(functools.partial(caught_up_plain_step, w, cfg, **common))
+        full = jnp.any(state.backlog.count_B >= state.backlog.tokens_BW.shape[1])
+        branch = jnp.where((choice == steps.index(0)) & full, len(steps), choice)
+    branches = [lambda s, bl, e, f=f: f(s, bl, e, sp) for f in branches]
+    new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(branch, branches, spec, state.backlog,
+                                                             (state.hits_BJ, state.trials_BJ))
 
     ran = jnp.any(live_B)  # a cycle on a finished batch changes no token, count or log
     col = jnp.where(ran, spec.cycles, state.k_log.shape[0])
     gain = jnp.sum(jnp.where(live_B, jnp.take(gain_BN, choice, axis=1), 0.0))
     return state.replace(
-        spec=new_spec, backlog=backlog, accept_BJ=accept_BJ,
+        spec=new_spec, backlog=backlog, hits_BJ=hits_BJ, trials_BJ=trials_BJ,
+        explore_next=jnp.where(ran, explore_next, state.explore_next),
+        explore_gap=jnp.where(ran, gap, state.explore_gap),
+        last_rule=jnp.where(ran, rule, state.last_rule),
         k_log=state.k_log.at[col].set(jnp.asarray(steps, jnp.int32)[choice], mode="drop"),
         expected_tokens=state.expected_tokens + jnp.where(ran, gain, 0.0),
         expected_s=state.expected_s + jnp.where(ran, state.cost_N[choice], 0.0),

@@ -26,8 +26,15 @@ import jax
 import jax.numpy as jnp
 
 COST_CACHE_ENV = "JAXSPEC_COST_CACHE"
-MEASURE_CYCLES = 16  # cycles per timed call: two backlog catch-ups of the plain branch at the default backlog
+# cycles of the two timed calls whose difference gives t(K): what one call costs beyond its cycles (launching
+# the loop, moving its state) cancels; 32 cycles apart, the plain branch's difference holds one catch-up of the
+# default 32-entry backlog
+MEASURE_CYCLES = (16, 48)
 MEASURE_REPEATS = 3
+# a CPU's cycles are slow and its timings move with the machine's load anyway: one shorter pair per K (the plain
+# branch's catch-up then falls outside the difference, which leans the choice towards plain steps, as a CPU wants)
+CPU_MEASURE_CYCLES = (8, 24)
+CPU_MEASURE_REPEATS = 1
 
 _MEMORY: dict[str, tuple[float, ...]] = {}
 
@@ -119,24 +126,33 @@ def remember(key: str, costs: tuple[float, ...], steps: tuple[int, ...]) -> None
         pass
 
 
-def measure(run_forced: Callable, state, n_branches: int, cycles: int = MEASURE_CYCLES,
-            repeats: int = MEASURE_REPEATS) -> tuple[float, ...] | None:
-    """Seconds per cycle of each branch: `run_forced(state_copy, branch, cycles)` runs up to `cycles` cycles of
-    that branch on a copy of `state` (donated) and returns (the state after, cycles it ran); a warm-up call, then
-    the median of `repeats` synchronised calls, each divided by the cycles it ran. None if no cycle is left to run."""
+def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int] | None = None,
+            repeats: int | None = None) -> tuple[float, ...] | None:
+    """Seconds per cycle of each branch: `run_forced(state_copy, branch, n)` runs up to n cycles of that branch on
+    a copy of `state` (donated) and returns (the state after, cycles it ran). After a warm-up call, each repeat
+    times a short and a long call; t(K) is the median over repeats of (long - short) / (their cycle difference),
+    the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth on a GPU). Where
+    the generation ends before the long call's cycles, the long call's time per cycle stands in. None if no cycle
+    is left to run."""
+    on_cpu = jax.default_backend() == "cpu"
+    short, long = cycles or (CPU_MEASURE_CYCLES if on_cpu else MEASURE_CYCLES)
+    repeats = repeats or (CPU_MEASURE_REPEATS if on_cpu else MEASURE_REPEATS)
     costs = []
     for branch in range(n_branches):
-        times = []
-        for rep in range(repeats + 1):
+        def timed(n):
             copy = jax.tree.map(jnp.copy, state)
             jax.block_until_ready(copy)
             t0 = time.perf_counter()
-            out, ran = run_forced(copy, branch, cycles)
+            out, ran = run_forced(copy, branch, n)
             jax.block_until_ready(out.generated)
-            wall = time.perf_counter() - t0
-            if ran < 1:
-                return None
-            if rep:
-                times.append(wall / ran)
-        costs.append(statistics.median(times))
+            return time.perf_counter() - t0, ran
+
+        if timed(short)[1] < 1:
+            return None
+        slopes = []
+        for _ in range(repeats):
+            (t_short, ran_short), (t_long, ran_long) = timed(short), timed(long)
+            slope = (t_long - t_short) / (ran_long - ran_short) if ran_long > ran_short else 0.0
+            slopes.append(slope if slope > 0 else t_long / ran_long)
+        costs.append(statistics.median(slopes))
     return tuple(costs)

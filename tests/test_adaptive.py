@@ -2,11 +2,15 @@
 and the rule itself), streaming, the cost table (measured, cached, never on disk on a CPU), and sampled output
 distributed as plain sampling while K switches between cycles (chi-square)."""
 
+import collections
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.adaptive import AdaptivePolicy, choose, expected_tokens, optimistic
+from jaxspec import adaptive_costs
+from jaxspec.adaptive import (EXPLORE_BACKOFF, AdaptivePolicy, acceptance_rates, choose, expected_tokens,
+                              next_exploration, optimistic)
 from jaxspec.adaptive_costs import CostTableError, parse_costs
 from jaxspec.engine import Engine
 from jaxspec.spec_step import draft_chain
@@ -48,13 +52,58 @@ def test_rule_maximises_tokens_per_second_over_the_live_rows():
     np.testing.assert_allclose(np.asarray(optimistic(jnp.asarray([[0.9, 0.1, 0.95, 0.0]]))), [[0.9, 0.9, 0.95, 0.9]])
 
 
+def test_estimates_shrink_towards_the_shallower_position():
+    none = jnp.zeros((1, 4))
+    np.testing.assert_allclose(np.asarray(acceptance_rates(none, none, 0.5)), [[0.5] * 4])  # nothing seen: prior
+    # position 1 seen accepting 8 times of 8: every deeper position, never tried, expects about as much
+    hits = jnp.asarray([[8.0, 0, 0, 0]])
+    trials = jnp.asarray([[8.0, 0, 0, 0]])
+    c = np.asarray(acceptance_rates(hits, trials, 0.5))[0]
+    np.testing.assert_allclose(c, [8.5 / 9] * 4, rtol=1e-6)
+    # a deeper position's own evidence outweighs its neighbour's once it has some
+    c = np.asarray(acceptance_rates(jnp.asarray([[8.0, 0.0, 0, 0]]), jnp.asarray([[8.0, 8.0, 0, 0]]), 0.5))[0]
+    np.testing.assert_allclose(c[1], (8.5 / 9) / 9, rtol=1e-6)
+    assert c[2] == c[3] == c[1]
+
+
+def test_exploration_backs_off_while_it_confirms_the_rule():
+    every, gap, nxt, last, explored = 4, 4, 3, -1, []
+    for cycle in range(200):
+        rule, hopeful = 0, 1  # plain steps win, an optimistic choice would speculate
+        exploring = cycle >= nxt
+        if exploring:
+            explored.append(cycle)
+        nxt, gap = (int(x) for x in next_exploration(cycle, exploring, rule, hopeful, last, gap, nxt, every))
+        last = rule
+    gaps = np.diff(explored)
+    assert list(gaps[:4]) == [8, 16, 32, 64] and max(gaps) == every * EXPLORE_BACKOFF
+    # the rule changing its mind brings exploration back to every `every` cycles
+    nxt, gap = next_exploration(300, False, 2, 2, 0, every * EXPLORE_BACKOFF, 900, every)
+    assert (int(nxt), int(gap)) == (304, 4)
+
+
+def test_cost_table_is_the_slope_between_a_short_and_a_long_call(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(adaptive_costs.time, "perf_counter", lambda: clock[0])
+    per_cycle = {0: 0.001, 1: 0.003}
+
+    def run_forced(state, branch, cycles):  # every call costs 7 ms beyond its cycles
+        clock[0] += 0.007 + cycles * per_cycle[branch]
+        return state, cycles
+
+    state = collections.namedtuple("State", "generated")(jnp.zeros(3))  # what `measure` copies and waits for
+    got = adaptive_costs.measure(run_forced, state, 2, cycles=(16, 48), repeats=3)
+    np.testing.assert_allclose(got, [0.001, 0.003], rtol=1e-9)
+
+
 def test_policy_and_cost_table_validation():
-    assert AdaptivePolicy().resolve_steps(4) == (0, 1, 2, 4)
+    assert AdaptivePolicy().resolve_steps(4) == (0, 1, 2, 3, 4)
     assert AdaptivePolicy().resolve_steps(3) == (0, 1, 2, 3)
-    assert AdaptivePolicy().resolve_steps(8) == (0, 1, 2, 4, 8)
+    assert AdaptivePolicy().resolve_steps(8) == (0, 1, 2, 3, 4, 6, 8)
+    assert AdaptivePolicy().resolve_steps(5) == (0, 1, 2, 3, 4, 5)
     assert AdaptivePolicy().resolve_steps(1) == (0, 1)
     for bad in (AdaptivePolicy(steps=(0,)), AdaptivePolicy(steps=(0, 5)), AdaptivePolicy(ema=0.0),
-                AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(3,))):
+                AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(5,))):
         with pytest.raises(ValueError):
             bad.validate(4)
     assert parse_costs('{"0": 10, "1": 12, "2": 13, "4": 16.5}', STEPS) == ((0, 0.01), (1, 0.012), (2, 0.013),
@@ -92,7 +141,7 @@ RULE_COSTS = ((0, 1.0), (4, 2.2))  # two branches: half the program to compile
 def test_forced_k_switching_is_lossless_and_logged(pair, baseline_tokens):
     cfg, w = pair
     eng = Engine(cfg, w, num_steps=4, drafter=mixed_drafter,
-                 adaptive=AdaptivePolicy(costs=COSTS, schedule=SCHEDULE, backlog=2))  # backlog 2: full catch-ups too
+                 adaptive=AdaptivePolicy(steps=STEPS, costs=COSTS, schedule=SCHEDULE, backlog=2))  # backlog 2: full catch-ups too
     res = eng.generate(PROMPTS_3, MAX_NEW)
     assert res.tokens == baseline_tokens
     ks = res.adaptive.k_per_cycle
