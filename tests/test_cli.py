@@ -197,7 +197,7 @@ ERRORS = [
     (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], "--speculative-num-draft-tokens"),
     (["--speculative-adaptive", "--speculative-num-steps", "0"], "--speculative-adaptive needs"),
     (["--speculative-adaptive-costs", '{"0": 1}'], "--speculative-adaptive-costs needs"),
-    (["--speculative-adaptive", "--speculative-adaptive-costs", '{"0": 1}'], "compiled set is K = [0, 1, 2, 4]"),
+    (["--speculative-adaptive", "--speculative-adaptive-costs", '{"0": 1}'], "compiled set is K = [0, 1, 2, 3, 4]"),
     (["--speculative-adaptive", "--speculative-adaptive-costs", "/nonexistent/costs.json"], "readable file"),
     (["--baseline", "--speculative-num-steps", "0"], "--baseline compares speculative decoding with plain"),
     (["--baseline", "--baseline-rounds", "0"], "--baseline-rounds"),
