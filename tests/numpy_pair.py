@@ -20,6 +20,13 @@ def numpy_target(cfg, seed: int, logit_scale: float = 1.0):
     return numpy_like(abstract, seed, logit_scale)
 
 
+def numpy_draft(dcfg, seed: int, d2t=None):
+    """Random float32 draft weights for `dcfg` (`d2t`: a reduced vocabulary's offsets, as init_draft_weights)."""
+    abstract = jax.eval_shape(lambda key: init_draft_weights(dcfg, key, jnp.float32, d2t=d2t), jax.random.key(0))
+    draft = numpy_like(abstract, seed, logit_scale=1.0)
+    return draft if d2t is None else draft.replace(d2t=jnp.asarray(d2t, jnp.int32))
+
+
 def numpy_tiny_pair(seed: int = 0, vocab: int = 64, draft_vocab: int | None = None, eos=(), logit_scale: float = 1.0,
                     **target_kw):
     """tiny_pair's signature (float32 only): a random target and a random draft; a reduced draft vocabulary maps to
@@ -30,8 +37,5 @@ def numpy_tiny_pair(seed: int = 0, vocab: int = 64, draft_vocab: int | None = No
     if draft_vocab:
         chosen = np.sort(np.random.default_rng(seed).choice(vocab, draft_vocab, replace=False))
         d2t = chosen - np.arange(draft_vocab)
-    abstract = jax.eval_shape(lambda key: init_draft_weights(dcfg, key, jnp.float32, d2t=d2t), jax.random.key(0))
-    draft = numpy_like(abstract, seed + 1, logit_scale=1.0)
-    if d2t is not None:
-        draft = draft.replace(d2t=jnp.asarray(d2t, jnp.int32))
-    return SpecConfig(cfg, dcfg, tuple(eos)), SpecWeights(numpy_target(cfg, seed, logit_scale), draft)
+    return SpecConfig(cfg, dcfg, tuple(eos)), SpecWeights(numpy_target(cfg, seed, logit_scale),
+                                                          numpy_draft(dcfg, seed + 1, d2t))

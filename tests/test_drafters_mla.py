@@ -19,9 +19,8 @@ from jaxspec.engine import Engine
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
 from jaxspec.sampling import SamplingParams
 from model.eagle3 import DraftConfig, draft_config_from_dict, draft_forward, init_draft_cache
-from model.init import init_draft_weights, init_kimi_weights
 from tests.mla_drafters import TorchMLADrafter, write_mla_drafter
-from tests.numpy_pair import numpy_target
+from tests.numpy_pair import numpy_draft, numpy_target
 from tests.tiny_models import tiny_target_config
 
 TOL = 1e-4
@@ -126,9 +125,8 @@ def test_sampling_with_an_mla_drafter_is_lossless():
                        rms_norm_eps=1e-5, aux_layer_ids=(0, 1), attention="mla", q_lora_rank=None, kv_lora_rank=8,
                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, rope_scaling=tcfg.rope_scaling,
                        fc_norm=True, norm_output=True)
-    k1, k2 = jax.random.split(jax.random.key(3))
-    tw = init_kimi_weights(tcfg, k1, jnp.float32)
-    eng = Engine(SpecConfig(tcfg, dcfg), SpecWeights(tw, init_draft_weights(dcfg, k2, jnp.float32)), num_steps=2)
+    weights = SpecWeights(numpy_target(tcfg, seed=3), numpy_draft(dcfg, seed=4))
+    eng = Engine(SpecConfig(tcfg, dcfg), weights, num_steps=2)
     sampling = SamplingParams(1.0)
     spec, stats = _joint_first3(eng, sampling, True, 1, n, vocab)
     base, _ = _joint_first3(eng, sampling, False, 2, n, vocab)
