@@ -30,10 +30,13 @@ or before a plain step finds the backlog's `backlog` entries full, one draft for
 L-n .. L-1) writes the draft cache and leaves draft_logits / draft_hidden at position L-1: the state a cycle
 expects. On GPU that forward over a few tokens costs about one draft step, so plain stretches pay a draft step
 every `backlog` tokens instead of every token. The full-backlog plain step is a branch of the cycle's switch of
-its own, so an ordinary plain step runs no conditional beyond the switch. The same forward gives the free
-observations of c_1: the draft's prediction made at position t-1 (the carried draft_logits for the first entry,
-the backlog forward's own outputs after) is compared with the token the target emitted at t: equality of the draft's argmax when greedy; when sampling, the unbiased
-estimate min(1, q(y) / p(y)) of the acceptance probability sum_v min(p_v, q_v), since y was drawn from p.
+its own, so plain steps run no conditional beyond the switch. A choice of K holds for a stretch of `stretch`
+cycles (one switch, one rule evaluation), each cycle's outcome still updating the estimates.
+
+The catch-up forward also gives free observations of c_1: the draft's prediction made at position t-1 (the
+carried draft_logits for the first entry, the backlog forward's own outputs after) is compared with the token the
+target emitted at t: equality of the draft's argmax when greedy; when sampling, the unbiased estimate
+min(1, q(y) / p(y)) of the acceptance probability sum_v min(p_v, q_v), since y was drawn from p.
 
 A drafter plug (`Engine(drafter=...)`) that is not the EAGLE-3 draft makes the probe measure the wrong drafter:
 `probe=False` turns it off, and then an exploring cycle that would run a plain step runs the smallest K >= 1
@@ -68,10 +71,17 @@ EXPLORE_BACKOFF = 16  # the gap between explorations grows up to explore_every x
 @dataclasses.dataclass(frozen=True)
 class AdaptivePolicy:
     steps: tuple[int, ...] | None = None  # the compiled K set; None: DEFAULT_STEPS up to the engine's K, and K
-    prior: float = 0.5  # starting estimate of every c_j
+    # starting estimate of c_1 (deeper positions follow it), about what EAGLE-3 drafters accept at the first
+    # position: a fresh sequence speculates where that would pay and learns from real cycles, instead of running
+    # plain steps that observe nothing until the backlog's catch-up
+    prior: float = 0.7
     ema: float = 0.125  # weight of one observation in the moving average
     explore_every: int = 16  # cycles between optimistic choices (while the rule's choice changes)
-    backlog: int = 32  # plain steps the draft may lag before it catches up
+    # plain steps the draft may lag before it catches up; None: 8 with the probe (each catch-up brings fresh
+    # observations of c_1, so a plain stretch is reconsidered soon), 32 without (a catch-up only keeps the draft
+    # cache current, at about one draft step's cost)
+    backlog: int | None = None
+    stretch: int = 4  # cycles run per choice of K
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
     probe: bool = True  # observe c_1 from the EAGLE-3 draft during catch-up (off for drafter plugs, see below)
@@ -89,8 +99,11 @@ class AdaptivePolicy:
             raise ValueError(f"adaptive prior must be in [0, 1], got {self.prior}")
         if not 0.0 < self.ema <= 1.0:
             raise ValueError(f"adaptive ema must be in (0, 1], got {self.ema}")
-        if self.explore_every < 1 or self.backlog < 1:
-            raise ValueError("adaptive explore_every and backlog must be >= 1")
+        if self.explore_every < 1 or self.stretch < 1:
+            raise ValueError("adaptive explore_every and stretch must be >= 1")
+        if self.backlog_width < self.stretch:
+            raise ValueError(f"adaptive backlog ({self.backlog_width}) must hold a stretch ({self.stretch} plain "
+                             "steps)")
         if self.costs is not None:
             given = dict(self.costs)
             if sorted(given) != list(steps):
@@ -103,9 +116,13 @@ class AdaptivePolicy:
             raise ValueError(f"adaptive schedule {list(self.schedule)} names a K outside the steps {list(steps)}")
         return self
 
+    @property
+    def backlog_width(self) -> int:
+        return self.backlog if self.backlog is not None else (8 if self.probe else 32)
+
     def compiled(self, k_max: int) -> tuple:
         """What the programs bake in (costs, prior and schedule are data in the state)."""
-        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog, self.probe)
+        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog_width, self.probe, self.stretch)
 
 
 @struct.dataclass
@@ -168,7 +185,7 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
                         cost_N) -> AdaptiveState:
     """Wrap a prefilled SpecState (its out_tokens sized for max(steps)); `cost_N` seconds per cycle per K in steps."""
     b = spec.pending.shape[0]
-    w = policy.backlog
+    w = policy.backlog_width
     return AdaptiveState(
         spec=spec,
         backlog=Backlog(jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w, aux_width), spec.draft_hidden.dtype),
@@ -339,10 +356,25 @@ def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: 
     return spec, backlog, est
 
 
+def run_stretch(step, spec: SpecState, backlog: Backlog, est, budget):
+    """`step` (one cycle of one K) repeated until `budget` cycles ran or every sequence is done."""
+    def body(carry):
+        s, bl, e, i = carry
+        return (*step(s, bl, e), i + 1)
+
+    spec, backlog, est, _ = jax.lax.while_loop(lambda c: (c[3] < budget) & ~jnp.all(c[0].done), body,
+                                               (spec, backlog, est, jnp.int32(0)))
+    return spec, backlog, est
+
+
 def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecConfig, steps: tuple[int, ...],
-                   greedy: bool, max_new_tokens: int, ema: float, explore_every: int, probe: bool = True,
-                   drafter=None) -> AdaptiveState:
-    """Choose K (the rule, an optimistic choice when exploration is due, or the schedule), run that branch.
+                   greedy: bool, max_new_tokens: int, ema: float, explore_every: int, stretch: int = 1,
+                   probe: bool = True, drafter=None, budget=None) -> AdaptiveState:
+    """Choose K (the rule, an optimistic choice when exploration is due, or the schedule) and run up to `stretch`
+    cycles of it (`budget` when given: at most that many; a forced schedule runs one cycle per choice).
+
+    A stretch is one decision for several cycles: the switch (whose branch index the host reads) and the rule are
+    paid once per stretch instead of once per cycle, while the estimates still learn from every cycle.
 
     Exploration backs off: each optimistic choice that differs from the rule doubles the gap to the next one (up
     to explore_every x EXPLORE_BACKOFF cycles), and a change of the rule's own choice resets it, so a stretch where
@@ -359,40 +391,57 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     choice = jnp.where(exploring, hopeful, rule)
     forced = state.schedule_P[spec.cycles % state.schedule_len]
     choice = jnp.where(forced >= 0, forced, choice)
+    budget = jnp.int32(stretch) if budget is None else jnp.minimum(budget, stretch)
+    # one cycle for: a schedule that switches K (it names each cycle's K), an exploration (a trial, not a
+    # decision), and the first cycle (no observation yet)
+    single = ((forced >= 0) & (state.schedule_len > 1)) | ((forced < 0) & exploring & (hopeful != rule)) \
+        | (spec.cycles == 0)
+    budget = jnp.where(single, jnp.minimum(budget, 1), budget)
 
     explore_next, gap = next_exploration(spec.cycles, exploring, rule, hopeful, state.last_rule, state.explore_gap,
                                          state.explore_next, explore_every)
 
     common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
-    branches = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
-                functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
+    cycle_fns = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
+                 functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
+    cycle_fns = [lambda s, bl, e, f=f: f(s, bl, e, sp) for f in cycle_fns]
+    branches = [lambda s, bl, e, f=f: run_stretch(f, s, bl, e, budget) for f in cycle_fns]
     branch = choice
-    if 0 in steps:  # K = 0 with a full backlog runs the catch-up branch
-        branches.append(functools.partial(caught_up_plain_step, w, cfg, **common))
-        full = jnp.any(state.backlog.count_B >= state.backlog.tokens_BW.shape[1])
+    if 0 in steps:  # K = 0 without room in the backlog for the stretch: the draft catches up first
+        plain = cycle_fns[steps.index(0)]
+
+        def caught_up_stretch(s, bl, e):
+            s, bl, e = catch_up(w, cfg, s, bl, e, sp, greedy=greedy, ema=ema, probe=probe)
+            return run_stretch(plain, s, bl, e, budget)
+
+        branches.append(caught_up_stretch)
+        width = state.backlog.tokens_BW.shape[1]
+        full = jnp.any(state.backlog.count_B + budget > width)
         branch = jnp.where((choice == steps.index(0)) & full, len(steps), choice)
-    branches = [lambda s, bl, e, f=f: f(s, bl, e, sp) for f in branches]
     new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(branch, branches, spec, state.backlog,
                                                              (state.hits_BJ, state.trials_BJ))
 
-    ran = jnp.any(live_B)  # a cycle on a finished batch changes no token, count or log
-    col = jnp.where(ran, spec.cycles, state.k_log.shape[0])
+    ran = new_spec.cycles - spec.cycles  # 0 on a finished batch: no token, count or log changes
+    col_C = jnp.arange(state.k_log.shape[0])
+    in_stretch_C = (col_C >= spec.cycles) & (col_C < new_spec.cycles)
     gain = jnp.sum(jnp.where(live_B, jnp.take(gain_BN, choice, axis=1), 0.0))
+    some = ran > 0
     return state.replace(
         spec=new_spec, backlog=backlog, hits_BJ=hits_BJ, trials_BJ=trials_BJ,
-        explore_next=jnp.where(ran, explore_next, state.explore_next),
-        explore_gap=jnp.where(ran, gap, state.explore_gap),
-        last_rule=jnp.where(ran, rule, state.last_rule),
-        k_log=state.k_log.at[col].set(jnp.asarray(steps, jnp.int32)[choice], mode="drop"),
-        expected_tokens=state.expected_tokens + jnp.where(ran, gain, 0.0),
-        expected_s=state.expected_s + jnp.where(ran, state.cost_N[choice], 0.0),
+        explore_next=jnp.where(some, explore_next, state.explore_next),
+        explore_gap=jnp.where(some, gap, state.explore_gap),
+        last_rule=jnp.where(some, rule, state.last_rule),
+        k_log=jnp.where(in_stretch_C, jnp.asarray(steps, jnp.int32)[choice], state.k_log),
+        expected_tokens=state.expected_tokens + ran * gain,
+        expected_s=state.expected_s + ran * state.cost_N[choice],
     )
 
 
 def adaptive_loop(w: SpecWeights, state: AdaptiveState, sp: dict, limit, **cycle_kw) -> AdaptiveState:
-    """Cycles on device until every sequence is done or `limit` cycles ran (the cost measurement's stop)."""
-    def body(carry):
-        s, i = carry
-        return adaptive_cycle(w, s, sp, **cycle_kw), i + 1
+    """Stretches on device until every sequence is done or `limit` cycles ran (the cost measurement's stop)."""
+    start = state.spec.cycles
 
-    return jax.lax.while_loop(lambda c: ~jnp.all(c[0].done) & (c[1] < limit), body, (state, jnp.int32(0)))[0]
+    def body(s):
+        return adaptive_cycle(w, s, sp, budget=limit - (s.spec.cycles - start), **cycle_kw)
+
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done) & (s.spec.cycles - start < limit), body, state)

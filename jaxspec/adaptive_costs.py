@@ -27,8 +27,8 @@ import jax.numpy as jnp
 
 COST_CACHE_ENV = "JAXSPEC_COST_CACHE"
 # cycles of the two timed calls whose difference gives t(K): what one call costs beyond its cycles (launching
-# the loop, moving its state) cancels; 32 cycles apart, the plain branch's difference holds one catch-up of the
-# default 32-entry backlog
+# the loop, moving its state) cancels; 32 cycles apart, the plain branch's difference holds a whole number of
+# catch-ups of either default backlog (8 or 32 entries)
 MEASURE_CYCLES = (16, 48)
 MEASURE_REPEATS = 3
 # a CPU's cycles are slow and its timings move with the machine's load anyway: one shorter pair per K (the plain

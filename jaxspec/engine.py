@@ -221,10 +221,11 @@ class Engine:
         compiled, c = self._compile(name, _with_progress(step), {}, (self.weights, state, sp), (1,),
                                     baked=(sampling.greedy, max_new_tokens, policy))
         if key is not None:
-            def run_forced(s, cycles):  # cycles queued back to back, as pipelined streaming runs them
-                for _ in range(cycles):
+            def run_forced(s, cycles):  # calls queued back to back, as pipelined streaming runs them
+                start = int(s.cycles)
+                for _ in range(cycles):  # a forced schedule runs one cycle per call
                     s, _ = compiled(self.weights, s, sp)
-                return s, cycles
+                return s, int(s.cycles) - start
 
             state, report = self._adaptive_measure(state, report, key, run_forced)
         compile_s += c
@@ -263,9 +264,9 @@ class Engine:
 
     # --- adaptive speculation ----------------------------------------------------------------------
     def _adaptive_kw(self, greedy: bool, max_new_tokens: int) -> dict:
-        steps, ema, explore_every, _, probe = self.adaptive.compiled(self.k)
+        steps, ema, explore_every, _, probe, stretch = self.adaptive.compiled(self.k)
         return dict(cfg=self.cfg, steps=steps, greedy=greedy, max_new_tokens=max_new_tokens, ema=ema,
-                    explore_every=explore_every, probe=probe, drafter=self.drafter)
+                    explore_every=explore_every, stretch=stretch, probe=probe, drafter=self.drafter)
 
     def _adaptive_loop(self, state, sp, greedy: bool, max_new_tokens: int):
         """The on-device loop of adaptive cycles, (weights, state, sp, cycle limit) -> state; (program, compile s)."""

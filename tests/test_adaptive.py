@@ -103,7 +103,7 @@ def test_policy_and_cost_table_validation():
     assert AdaptivePolicy().resolve_steps(5) == (0, 1, 2, 3, 4, 5)
     assert AdaptivePolicy().resolve_steps(1) == (0, 1)
     for bad in (AdaptivePolicy(steps=(0,)), AdaptivePolicy(steps=(0, 5)), AdaptivePolicy(ema=0.0),
-                AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(5,))):
+                AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(5,)), AdaptivePolicy(backlog=2)):
         with pytest.raises(ValueError):
             bad.validate(4)
     assert parse_costs('{"0": 10, "1": 12, "2": 13, "4": 16.5}', STEPS) == ((0, 0.01), (1, 0.012), (2, 0.013),
@@ -141,7 +141,8 @@ RULE_COSTS = ((0, 1.0), (4, 2.2))  # two branches: half the program to compile
 def test_forced_k_switching_is_lossless_and_logged(pair, baseline_tokens):
     cfg, w = pair
     eng = Engine(cfg, w, num_steps=4, drafter=mixed_drafter,
-                 adaptive=AdaptivePolicy(steps=STEPS, costs=COSTS, schedule=SCHEDULE, backlog=2))  # backlog 2: full catch-ups too
+                 adaptive=AdaptivePolicy(steps=STEPS, costs=COSTS, schedule=SCHEDULE, backlog=2,
+                                         stretch=2))  # backlog 2: full catch-ups too
     res = eng.generate(PROMPTS_3, MAX_NEW)
     assert res.tokens == baseline_tokens
     ks = res.adaptive.k_per_cycle
