@@ -9,7 +9,7 @@ import pytest
 from jaxspec.engine import Engine
 from jaxspec.prefill import baseline_prefill, spec_prefill
 from jaxspec.sampling import SamplingParams
-from tests.tiny_models import tiny_pair
+from tests.numpy_pair import numpy_tiny_pair
 
 # lengths 37, 50, 3 -> bucket 64: four chunks of 16, the sequences end in chunks 2, 3 and 0
 PROMPTS = [list(range(3, 40)), [(7 * i) % 90 + 1 for i in range(50)], [5, 6, 7]]
@@ -17,7 +17,7 @@ PROMPTS = [list(range(3, 40)), [(7 * i) % 90 + 1 for i in range(50)], [5, 6, 7]]
 
 @pytest.fixture(scope="module")
 def pair():
-    return tiny_pair(seed=0, logit_scale=3.0)
+    return numpy_tiny_pair(seed=0, logit_scale=3.0)
 
 
 def _inputs(cfg):

@@ -19,8 +19,8 @@ from jaxspec.engine import Engine
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
 from jaxspec.sampling import SamplingParams
 from model.eagle3 import DraftConfig, draft_config_from_dict, draft_forward, init_draft_cache
-from model.init import init_draft_weights, init_kimi_weights
 from tests.mla_drafters import TorchMLADrafter, write_mla_drafter
+from tests.numpy_pair import numpy_draft, numpy_target
 from tests.tiny_models import tiny_target_config
 
 TOL = 1e-4
@@ -93,7 +93,7 @@ def test_forward_matches_torch_through_cycles(converted):
 @pytest.fixture(scope="module")
 def target():
     cfg = tiny_target_config(VOCAB, aux_layer_ids=(1, 2, 3), eos_token_id=())
-    return cfg, init_kimi_weights(cfg, jax.random.key(0), jnp.float32)
+    return cfg, numpy_target(cfg, seed=0)
 
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
@@ -102,9 +102,11 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3]]
 def test_greedy_speculation_equals_plain_decoding(converted, target):
     kind, t, raw, dcfg, dw = converted
     tcfg, tw = target
-    cfg = SpecConfig(check_draft_fits(tcfg, dcfg, dw), dcfg)
-    eng = Engine(cfg, SpecWeights(tw, dw), num_steps=3)
-    assert eng.generate(PROMPTS, 16).tokens == eng.generate(PROMPTS, 16, speculative=False).tokens
+    tcfg = check_draft_fits(tcfg, dcfg, dw)
+    eng = Engine(SpecConfig(tcfg, dcfg), SpecWeights(tw, dw), num_steps=3)
+    # plain decoding by the target alone: one program for both drafters
+    plain = Engine(SpecConfig(tcfg, None), SpecWeights(tw, None), num_steps=0)
+    assert eng.generate(PROMPTS, 16).tokens == plain.generate(PROMPTS, 16).tokens
 
 
 def _joint_first3(eng, sampling, speculative, seed, n, vocab):
@@ -123,9 +125,8 @@ def test_sampling_with_an_mla_drafter_is_lossless():
                        rms_norm_eps=1e-5, aux_layer_ids=(0, 1), attention="mla", q_lora_rank=None, kv_lora_rank=8,
                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, rope_scaling=tcfg.rope_scaling,
                        fc_norm=True, norm_output=True)
-    k1, k2 = jax.random.split(jax.random.key(3))
-    tw = init_kimi_weights(tcfg, k1, jnp.float32)
-    eng = Engine(SpecConfig(tcfg, dcfg), SpecWeights(tw, init_draft_weights(dcfg, k2, jnp.float32)), num_steps=2)
+    weights = SpecWeights(numpy_target(tcfg, seed=3), numpy_draft(dcfg, seed=4))
+    eng = Engine(SpecConfig(tcfg, dcfg), weights, num_steps=2)
     sampling = SamplingParams(1.0)
     spec, stats = _joint_first3(eng, sampling, True, 1, n, vocab)
     base, _ = _joint_first3(eng, sampling, False, 2, n, vocab)

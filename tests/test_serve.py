@@ -9,15 +9,11 @@ import copy
 import threading
 
 import httpx
-import jax.numpy as jnp
 import openai
 import pytest
 
 from bench.serve_load import run_level, summarize
-from convert.checkpoint import load_draft, load_target
 from jaxspec.engine import Engine
-from jaxspec.cli_common import DEFAULT_MODEL_DIR
-from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
 from jaxspec.serve import _check, build_parser, build_service
 from jaxspec.serving.app import Service, create_app
 from jaxspec.serving.background import BackgroundServer
@@ -43,13 +39,10 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def solo(server):
-    """prompt text -> greedy tokens from Engine.generate alone (float32, same K)."""
-    d = DEFAULT_MODEL_DIR
-    cfg, tw = load_target(d / "target", dtype=jnp.float32)
-    dcfg, dw = load_draft(d / "draft", dtype=jnp.float32)
+    """prompt text -> greedy tokens from Engine.generate alone (float32, same K), on the weights the server loaded
+    (the library's programs, not the server's; loading the checkpoint again would show nothing more)."""
     service = server["service"]
-    engine = Engine(SpecConfig(check_draft_fits(cfg, dcfg, dw), dcfg, service.engine.cfg.eos_ids),
-                    SpecWeights(tw, dw), num_steps=K)
+    engine = Engine(service.engine.cfg, service.engine.weights, num_steps=K)
     return {p: engine.generate([service.encode(p)], SOLO_TOKENS).tokens[0] for p in PROMPTS}
 
 

@@ -5,16 +5,39 @@ test_sampling_broken_rules.py)."""
 import pytest
 
 from jaxspec.engine import Engine
-from tests.oracle_drafters import drafts_right_for, oracle_drafter, partial_oracle_drafter, wrong_drafter
-from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
+from tests.numpy_pair import numpy_tiny_pair
+from tests.oracle_drafters import drafts_right_for
+from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens  # noqa: F401 (fixture)
+from tests.switched_drafter import SwitchedDrafter
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("drafter_name", ["random", "oracle", "wrong"])
+@pytest.fixture(scope="module")
+def pair():
+    """tests.speculative_cases' pair, its weights drawn by numpy (nothing to compile)."""
+    return numpy_tiny_pair(seed=0, logit_scale=3.0)
+
+
+SWITCHED = SwitchedDrafter()
+PARTIAL_K = 4  # K + 1 prime: every row's accepted count runs through several values of 0..K
+
+
+def _switched_generate(cfg, w, k, name):
+    SWITCHED.name = name
+    try:
+        return Engine(cfg, w, num_steps=k, drafter=SWITCHED).generate(PROMPTS_3, MAX_NEW)
+    finally:
+        SWITCHED.name = "oracle"
+
+
+# the random (EAGLE-3) drafter at the K the other tests use; the oracles at the partial test's K instead of 3
+@pytest.mark.parametrize("k, drafter_name", [(k, "random") for k in (1, 3, 5)] +
+                         [(k, name) for k in (1, PARTIAL_K, 5) for name in ("oracle", "wrong")])
 def test_greedy_speculation_equals_baseline(pair, baseline_tokens, k, drafter_name):
     cfg, w = pair
-    drafter = {"random": None, "oracle": oracle_drafter, "wrong": wrong_drafter}[drafter_name]
-    res = Engine(cfg, w, num_steps=k, drafter=drafter).generate(PROMPTS_3, MAX_NEW)
+    if drafter_name == "random":
+        res = Engine(cfg, w, num_steps=k).generate(PROMPTS_3, MAX_NEW)
+    else:
+        res = _switched_generate(cfg, w, k, drafter_name)
     assert res.tokens == baseline_tokens
     assert all(len(t) == MAX_NEW for t in res.tokens)
     flat = res.stats.accepted_per_cycle
@@ -32,8 +55,8 @@ def test_greedy_partial_acceptance_is_exact(pair, baseline_tokens):
     """A drafter right for exactly the first m drafts (m from 0 to K, per row and per cycle): every cycle accepts
     exactly m, and the tokens are the baseline's (accepting one draft too many would emit a wrong token)."""
     cfg, w = pair
-    k = 4
-    res = Engine(cfg, w, num_steps=k, drafter=partial_oracle_drafter).generate(PROMPTS_3, MAX_NEW)
+    k = PARTIAL_K
+    res = _switched_generate(cfg, w, k, "partial")
     assert res.tokens == baseline_tokens
     for row, log in enumerate(res.accepted):
         assert log == [drafts_right_for(k, row, cycle) for cycle in range(len(log))]

@@ -6,13 +6,19 @@ import pytest
 
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
-from tests.oracle_drafters import oracle_drafter
-from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
-from tests.tiny_models import tiny_pair
+from tests.numpy_pair import numpy_tiny_pair
+from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens  # noqa: F401 (fixture)
+from tests.switched_drafter import looped_oracle_drafter
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """tests.speculative_cases' pair, its weights drawn by numpy (nothing to compile)."""
+    return numpy_tiny_pair(seed=0, logit_scale=3.0)
 
 
 def test_reduced_draft_vocab_is_lossless():
-    cfg, w = tiny_pair(seed=1, draft_vocab=24, logit_scale=3.0)
+    cfg, w = numpy_tiny_pair(seed=1, draft_vocab=24, logit_scale=3.0)
     eng = Engine(cfg, w, num_steps=3)
     assert eng.generate(PROMPTS_3, 16).tokens == eng.generate(PROMPTS_3, 16, speculative=False).tokens
 
@@ -71,5 +77,5 @@ def test_eos_stops_generation(pair, baseline_tokens):
 @pytest.mark.parametrize("max_new", [1, 7])
 def test_max_new_tokens_is_exact(pair, baseline_tokens, max_new):
     cfg, w = pair
-    res = Engine(cfg, w, num_steps=5, drafter=oracle_drafter).generate(PROMPTS_3, max_new)
+    res = Engine(cfg, w, num_steps=5, drafter=looped_oracle_drafter).generate(PROMPTS_3, max_new)
     assert res.tokens == [t[:max_new] for t in baseline_tokens]
