@@ -9,7 +9,7 @@ import pytest
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from tests.sampling_stats import homogeneity, log10_p_value
-from tests.tiny_models import tiny_pair
+from tests.numpy_pair import numpy_tiny_pair
 
 VOCAB = 8
 # two dense layers: the statistics need many rows, not a deep model; compile time is what the suite pays for
@@ -51,13 +51,14 @@ def tokens_of(res) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def pair():
-    return tiny_pair(seed=3, **PAIR_KW)
+    """A tiny pair whose weights numpy draws (their values do not matter here, and nothing compiles to draw them)."""
+    return numpy_tiny_pair(seed=3, **PAIR_KW)
 
 
 @pytest.fixture(scope="module")
 def reduced_vocab_pair(pair):
-    cfg, w = tiny_pair(seed=3, draft_vocab=5, **PAIR_KW)
-    # the same target as `pair` (tiny_pair derives it from the seed alone), so `pair`'s baseline serves both
+    cfg, w = numpy_tiny_pair(seed=3, draft_vocab=5, **PAIR_KW)
+    # the same target as `pair` (numpy_tiny_pair derives it from the seed alone), so `pair`'s baseline serves both
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(w.target), jax.tree.leaves(pair[1].target)))
     return cfg, w
 

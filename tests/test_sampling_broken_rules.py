@@ -13,15 +13,8 @@ from jaxspec import spec_step
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from tests.broken_acceptance import RULE_NAMES, RuleFromHost
-from tests.losslessness_cases import (BATCH, PAIR_KW, SAMPLINGS, baseline, bonferroni_threshold,  # noqa: F401
-                                      log10_p_values, tokens_of)
-from tests.numpy_pair import numpy_tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """tests.losslessness_cases' pair, its weights drawn by numpy (nothing to compile)."""
-    return numpy_tiny_pair(seed=3, **PAIR_KW)
+from tests.losslessness_cases import (BATCH, SAMPLINGS, baseline, bonferroni_threshold,  # noqa: F401
+                                      log10_p_values, pair, tokens_of)
 
 BROKEN_K = 1  # every cycle that accepts its draft samples a bonus token: the most bonus tokens per row
 

@@ -9,29 +9,11 @@ the speculative tokens with the baseline's; a run passes when every one of its p
 Bonferroni-corrected 1e-3. One program per K serves every sampling option (their parameters are traced).
 """
 
-import jax
-import numpy as np
 import pytest
 
 from jaxspec.engine import Engine
-from tests.losslessness_cases import (BATCH, PAIR_KW, SAMPLINGS, baseline, bonferroni_threshold,  # noqa: F401
-                                      log10_p_values, tokens_of)
-from tests.numpy_pair import numpy_tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """tests.losslessness_cases' pair, its weights drawn by numpy (nothing to compile)."""
-    return numpy_tiny_pair(seed=3, **PAIR_KW)
-
-
-@pytest.fixture(scope="module")
-def reduced_vocab_pair(pair):
-    """`pair`'s target with a draft over 5 of its 8 tokens."""
-    cfg, w = numpy_tiny_pair(seed=3, draft_vocab=5, **PAIR_KW)
-    # the same target as `pair` (numpy_tiny_pair derives it from the seed alone), so `pair`'s baseline serves both
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(w.target), jax.tree.leaves(pair[1].target)))
-    return cfg, w
+from tests.losslessness_cases import (BATCH, SAMPLINGS, baseline, bonferroni_threshold,  # noqa: F401
+                                      log10_p_values, pair, reduced_vocab_pair, tokens_of)
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLINGS))
