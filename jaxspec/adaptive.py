@@ -332,15 +332,6 @@ def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlo
     return spec, backlog, est
 
 
-def caught_up_plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, est, sp, *,
-                         greedy: bool, max_new_tokens: int, ema: float, probe: bool = True):
-    """K = 0 with a full backlog: the draft catches up, then `plain_decode` (a branch of its own, so a plain step
-    needs no conditional of its own)."""
-    spec, backlog, est = catch_up(w, cfg, spec, backlog, est, sp, greedy=greedy, ema=ema, probe=probe)
-    spec, backlog = plain_decode(w, cfg, spec, backlog, sp, greedy=greedy, max_new_tokens=max_new_tokens)
-    return spec, backlog, est
-
-
 def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, est, sp, *, k: int,
                      greedy: bool, max_new_tokens: int, ema: float, probe: bool = True, drafter=None):
     """K >= 1: catch the draft up if plain steps left a backlog, then one speculative cycle of K drafts."""
