@@ -30,9 +30,10 @@ position L (token x_{t+1} paired with feature f_t, as in the cycle's extend). Be
 or before a plain step finds the backlog's `backlog` entries full, one draft forward over the backlog (positions
 L-n .. L-1) writes the draft cache and leaves draft_logits / draft_hidden at position L-1: the state a cycle
 expects. On GPU that forward over a few tokens costs about one draft step, so plain stretches pay a draft step
-every `backlog` tokens instead of every token. The full-backlog plain step is a branch of the cycle's switch of
-its own, so plain steps run no conditional beyond the switch. A choice of K holds for a stretch of `stretch`
-cycles (one switch, one rule evaluation), each cycle's outcome still updating the estimates.
+every `backlog` tokens instead of every token. The catch-up is one conditional ahead of the stretch's switch
+(before a speculative stretch that finds a backlog, or a plain stretch that would overflow it), so the cycles of a
+stretch run no conditional. A choice of K holds for a stretch of `stretch` cycles (one switch, one rule
+evaluation), each cycle's outcome still updating the estimates.
 
 The catch-up forward also gives free observations of c_1: the draft's prediction made at position t-1 (the
 carried draft_logits for the first entry, the backlog forward's own outputs after) is compared with the token the
@@ -334,10 +335,7 @@ def plain_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlo
 
 def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog, est, sp, *, k: int,
                      greedy: bool, max_new_tokens: int, ema: float, probe: bool = True, drafter=None):
-    """K >= 1: catch the draft up if plain steps left a backlog, then one speculative cycle of K drafts."""
-    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
-    spec, backlog, est = jax.lax.cond(jnp.any(backlog.count_B > 0), lambda *a: flush(*a, sp),
-                                      lambda s, bl, e: (s, bl, e), spec, backlog, est)
+    """K >= 1: one speculative cycle of K drafts (the draft already caught up), its outcome observed."""
     live_B = ~spec.done
     spec, accepted_B = speculative_cycle_accepting(w, spec, sp, cfg=cfg, k=k, greedy=greedy,
                                                    max_new_tokens=max_new_tokens, drafter=drafter)
@@ -394,21 +392,18 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     cycle_fns = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
                  functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
     cycle_fns = [lambda s, bl, e, f=f: f(s, bl, e, sp) for f in cycle_fns]
+    # The draft catches up before a speculative stretch that finds a backlog, or a plain stretch that would overflow
+    # it: one conditional ahead of the switch, so the program holds one copy of the catch-up (each copy is a draft
+    # forward to compile) and the stretch's cycles run none (on a GPU each conditional costs the host a read).
+    width = state.backlog.tokens_BW.shape[1]
+    pending_B = state.backlog.count_B
+    plain_choice = jnp.asarray(steps, jnp.int32)[choice] == 0
+    needs = jnp.where(plain_choice, jnp.any(pending_B + budget > width), jnp.any(pending_B > 0))
+    flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
+    spec, backlog, est = jax.lax.cond(needs, lambda *a: flush(*a, sp), lambda s, bl, e: (s, bl, e), spec,
+                                      state.backlog, (state.hits_BJ, state.trials_BJ))
     branches = [lambda s, bl, e, f=f: run_stretch(f, s, bl, e, budget) for f in cycle_fns]
-    branch = choice
-    if 0 in steps:  # K = 0 without room in the backlog for the stretch: the draft catches up first
-        plain = cycle_fns[steps.index(0)]
-
-        def caught_up_stretch(s, bl, e):
-            s, bl, e = catch_up(w, cfg, s, bl, e, sp, greedy=greedy, ema=ema, probe=probe)
-            return run_stretch(plain, s, bl, e, budget)
-
-        branches.append(caught_up_stretch)
-        width = state.backlog.tokens_BW.shape[1]
-        full = jnp.any(state.backlog.count_B + budget > width)
-        branch = jnp.where((choice == steps.index(0)) & full, len(steps), choice)
-    new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(branch, branches, spec, state.backlog,
-                                                             (state.hits_BJ, state.trials_BJ))
+    new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(choice, branches, spec, backlog, est)
 
     # an exploration is confirmed when what it observed leaves the rule where it was
     rule_after, _ = choose(acceptance_rates(hits_BJ, trials_BJ, state.prior), state.cost_N, ~new_spec.done,

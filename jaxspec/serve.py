@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, CheckpointError, ConfigError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # a checkpoint file that cannot be read, a port that cannot be bound
+        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -124,6 +124,19 @@ def test_deleted_checkpoint_file(ckpt, tmp_path, capsys, victim):
     one_error_line(code, err, path.name)
 
 
+def test_serve_names_a_deleted_checkpoint_file(ckpt, tmp_path, capsys):
+    """The server loads with the same readers: an unreadable file is the same one line, before any port is bound."""
+    from jaxspec.serve import main as serve_main
+
+    model = tmp_path / "model"
+    shutil.copytree(ckpt / "model", model)
+    data = max((p for p in (model / "weights" / "layer_000").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data.unlink()
+    capsys.readouterr()
+    code = serve_main(["--model", str(model), "--speculative-num-steps", "0", "--port", "1"])
+    one_error_line(code, capsys.readouterr().err, data.name)
+
+
 def test_tampered_weights_are_caught_with_verify_weights(ckpt, tmp_path, capsys):
     model = tmp_path / "model"
     shutil.copytree(ckpt / "model", model)
