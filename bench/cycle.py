@@ -94,7 +94,9 @@ def spec_pair(w, cfg, tiny: bool, kind: str = "llama"):
 
     dcfg = k25_draft_config(cfg, tiny, kind)
     spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
-    dw = init_draft_weights(dcfg, jax.random.PRNGKey(5), d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
+    # tiny: drawn by numpy (nothing to compile on a CPU), as bench.step.draw_weights draws the target
+    source = np.random.default_rng(5) if tiny else jax.random.PRNGKey(5)
+    dw = init_draft_weights(dcfg, source, d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
     return spec_cfg, dcfg, SpecWeights(target=w, draft=dw)
 
 

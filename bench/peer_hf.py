@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.report import fmt, write_json  # noqa: E402
-from bench.step import PATH_KERNELS, bench_config, init_weights, make_step, step_inputs  # noqa: E402
+from bench.step import PATH_KERNELS, bench_config, draw_weights, make_step, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kv_cache import init_latent_cache, round_capacity  # noqa: E402
@@ -275,8 +275,7 @@ def main(argv=None) -> dict:
         (out_dir / f"{stem}.md").write_text(res["markdown"])
 
     cfg = bench_config(args.layers, args.tiny)
-    w = init_weights(cfg, jax.random.PRNGKey(0), experts="bf16")
-    jax.block_until_ready(w)
+    w = draw_weights(cfg, args.tiny, "bf16")
     on_gpu = dev.platform == "gpu"
     # the engine's own dispatch (model.kernels): the bf16 kernels on GPU; --reference for the XLA path
     use_kernel = on_gpu and not args.reference

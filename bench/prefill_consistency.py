@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from bench.moe_layer import _rel_err as rel_err  # noqa: E402
 from bench.peer_hf import build_hf_model, hf_cache_kwargs, prefill_both  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step import PATH_KERNELS, bench_config, init_weights, make_step  # noqa: E402
+from bench.step import PATH_KERNELS, bench_config, draw_weights, make_step  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kv_cache import init_latent_cache, round_capacity  # noqa: E402
 
@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     cfg = bench_config(args.layers, args.tiny)
-    w = init_weights(cfg, jax.random.PRNGKey(0), experts="bf16")
+    w = draw_weights(cfg, args.tiny, "bf16")
     torch_dev = "cuda" if torch.cuda.is_available() else "cpu"
     hf = build_hf_model(cfg, w, torch_dev)
     step_fn = make_step(cfg, PATH_KERNELS["reference"])  # the plain path on both prefills: only the chunking differs

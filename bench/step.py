@@ -66,12 +66,25 @@ def bench_config(layers: int, tiny: bool):
 init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
 
 
+def draw_weights(cfg, tiny: bool, experts: str = "int4", mesh=None):
+    """Random weights for `cfg`, waited for. A tiny model is drawn by numpy on the host (nothing to compile: the
+    jitted init compiles for ~10 s at -O0 on a CPU); a full-size one in one jitted program on device, or straight
+    into its shards over `mesh` (a full-size model never sits on one device)."""
+    if tiny:
+        w = init_kimi_weights(cfg, np.random.default_rng(0), experts=experts)
+        if mesh is not None:
+            w = jax.device_put(w, shardings_for(jax.eval_shape(lambda: w), mesh, TARGET_RULES))
+    elif mesh is None:
+        w = init_weights(cfg, jax.random.PRNGKey(0), experts=experts)
+    else:
+        w = init_sharded_weights(cfg, jax.random.PRNGKey(0), mesh, experts)
+    return jax.block_until_ready(w)
+
+
 def random_model(layers: int, tiny: bool):
-    """`bench_config` and its random INT4-expert weights, drawn on device and waited for: (cfg, weights)."""
+    """`bench_config` and its random INT4-expert weights (`draw_weights`): (cfg, weights)."""
     cfg = bench_config(layers, tiny)
-    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
-    jax.block_until_ready(w)
-    return cfg, w
+    return cfg, draw_weights(cfg, tiny)
 
 
 def _kernel_record(tokens: int, experts, cfg) -> dict:
@@ -258,9 +271,9 @@ def mesh_shape(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--mesh must look like 8 or 2x4 (data x model), got {text!r}") from None
 
 
-def init_sharded_weights(cfg, key, mesh):
+def init_sharded_weights(cfg, key, mesh, experts: str = "int4"):
     """Random weights drawn straight into their shards (a full-size model never sits on one device)."""
-    draw = lambda k: init_kimi_weights(cfg, k, experts="int4")  # noqa: E731
+    draw = lambda k: init_kimi_weights(cfg, k, experts=experts)  # noqa: E731
     return jax.jit(draw, out_shardings=shardings_for(jax.eval_shape(draw, key), mesh, TARGET_RULES))(key)
 
 
@@ -335,11 +348,7 @@ def main(argv=None) -> dict:
 
     mesh = make_mesh(args.mesh) if args.mesh else None
     t0 = time.perf_counter()
-    if mesh is None:
-        w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
-    else:
-        w = init_sharded_weights(cfg, jax.random.PRNGKey(0), mesh)
-    jax.block_until_ready(w)
+    w = draw_weights(cfg, args.tiny, mesh=mesh)
     log(f"weights: {args.layers} layers in {time.perf_counter() - t0:.1f} s")
     if mesh is not None:
         result["mesh"] = dict(zip(mesh.axis_names, mesh.devices.shape))

@@ -42,7 +42,8 @@ def tiny_pair(seed: int = 0, vocab: int = 64, draft_vocab: int | None = None, dt
     """A random target (logits scaled by `logit_scale` to sharpen/flatten) and a random draft."""
     cfg = tiny_target_config(vocab, eos_token_id=tuple(eos), **target_kw)
     dcfg = tiny_draft_config(cfg, draft_vocab)
-    k1, k2 = jax.random.split(jax.random.key(seed))
+    # numpy draws: nothing to compile (a jax init compiles one small program per op and shape when eager)
+    k1, k2 = np.random.default_rng(seed).spawn(2)
     tw = init_kimi_weights(cfg, k1, dtype)
     tw = tw.replace(lm_head=tw.lm_head * logit_scale)
     d2t = None

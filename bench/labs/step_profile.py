@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step import bench_config, init_weights, make_step, make_step_loop, random_cache, step_inputs  # noqa: E402
+from bench.step import bench_config, draw_weights, make_step, make_step_loop, random_cache, step_inputs  # noqa: E402
 from model.config import Kernels  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
@@ -342,7 +342,7 @@ def main(argv=None) -> dict:
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     cfg = bench_config(args.layers, args.tiny)
-    w = init_weights(cfg, jax.random.PRNGKey(0), experts="int4")
+    w = draw_weights(cfg, args.tiny)
     loop = make_step_loop(cfg, Kernels())
     step = make_step(cfg, Kernels())
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
