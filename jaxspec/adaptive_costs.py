@@ -32,7 +32,8 @@ COST_CACHE_ENV = "JAXSPEC_COST_CACHE"
 MEASURE_CYCLES = (16, 48)
 MEASURE_REPEATS = 3
 # a CPU's cycles are slow and its timings move with the machine's load anyway: one shorter pair per K (the plain
-# branch's catch-up then falls outside the difference, which leans the choice towards plain steps, as a CPU wants)
+# branch's catch-up then falls outside the difference, which leans the choice towards plain steps, as a CPU wants;
+# three pairs cost ~5 s more at start-up on the 2-core machine and chose no better there)
 CPU_MEASURE_CYCLES = (8, 24)
 CPU_MEASURE_REPEATS = 1
 
@@ -129,7 +130,7 @@ def remember(key: str, costs: tuple[float, ...], steps: tuple[int, ...]) -> None
 def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int] | None = None,
             repeats: int | None = None) -> tuple[float, ...] | None:
     """Seconds per cycle of each branch: `run_forced(state_copy, branch, n)` runs up to n cycles of that branch on
-    a copy of `state` (donated) and returns (the state after, cycles it ran). After a warm-up call, each repeat
+    a copy of `state` (donated) and returns (the state after, cycles it ran). After a long warm-up call, each repeat
     times a short and a long call; t(K) is the median over repeats of (long - short) / (their cycle difference),
     the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth on a GPU). Where
     the generation ends before the long call's cycles, the long call's time per cycle stands in. None if no cycle
@@ -147,7 +148,9 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
             jax.block_until_ready(out.generated)
             return time.perf_counter() - t0, ran
 
-        if timed(short)[1] < 1:
+        # the warm-up is a long call: it runs every path of the branch (a plain stretch's catch-up comes only after
+        # `backlog` steps), and a path's first run is slow on XLA:CPU (it priced K = 0 at 1.5-2x its cost)
+        if timed(long)[1] < 1:
             return None
         slopes = []
         for _ in range(repeats):

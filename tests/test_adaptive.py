@@ -88,13 +88,18 @@ def test_cost_table_is_the_slope_between_a_short_and_a_long_call(monkeypatch):
     monkeypatch.setattr(adaptive_costs.time, "perf_counter", lambda: clock[0])
     per_cycle = {0: 0.001, 1: 0.003}
 
+    calls = []
+
     def run_forced(state, branch, cycles):  # every call costs 7 ms beyond its cycles
+        calls.append((branch, cycles))
         clock[0] += 0.007 + cycles * per_cycle[branch]
         return state, cycles
 
     state = collections.namedtuple("State", "generated")(jnp.zeros(3))  # what `measure` copies and waits for
     got = adaptive_costs.measure(run_forced, state, 2, cycles=(16, 48), repeats=3)
     np.testing.assert_allclose(got, [0.001, 0.003], rtol=1e-9)
+    # each branch is warmed up by a long call (every path of it run once, untimed), then 3 timed pairs
+    assert calls == [(b, n) for b in (0, 1) for n in (48, 16, 48, 16, 48, 16, 48)]
 
 
 def test_policy_and_cost_table_validation():

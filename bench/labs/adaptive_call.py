@@ -39,6 +39,8 @@ VARIANTS = {  # name: (K, adaptive policy or None)
     "plain": (0, None),
     "fixed3": (3, None),
     "forced3": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(3,))),
+    "forced0": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(0,))),
+    "forced0_backlog64": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(0,), backlog=64)),
     "rule": (3, AdaptivePolicy()),
     "rule_stretch8": (3, AdaptivePolicy(stretch=8)),
     "rule_no_explore": (3, AdaptivePolicy(explore_every=1 << 20)),
