@@ -248,8 +248,8 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True, help="results folder (JSON, markdown, PNG)")
     a = p.parse_args(argv)
-    if a.layers < 4:
-        p.error("--layers must be >= 4 (the draft taps three distinct target layers)")
+    if a.layers < 3:
+        p.error("--layers must be >= 3 (the draft taps three distinct target layers)")
     if a.batch < 1 or a.prompt_tokens < 1 or a.max_new_tokens < 2 or a.repeats < 1:
         p.error("--batch, --prompt-tokens, --repeats must be >= 1 and --max-new-tokens >= 2")
     if any(k < 1 for k in a.k):

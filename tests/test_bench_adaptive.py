@@ -30,7 +30,7 @@ def test_controlled_drafter_proposes_the_truth_at_the_asked_rate(pair):
 
 
 def test_acceptance_sweep_cli_writes_table_and_plot(tmp_path):
-    result = adaptive_acceptance.main(["--tiny", "--layers", "4", "--k", "1", "--adaptive-steps", "0", "1",
+    result = adaptive_acceptance.main(["--tiny", "--layers", "3", "--k", "1", "--adaptive-steps", "0", "1",
                                        "--acceptance", "0", "1", "--prompt-tokens", "8", "--max-new-tokens", "12",
                                        "--repeats", "1", "--out", str(tmp_path)])
     stems = {p.suffix: p for p in tmp_path.iterdir()}
