@@ -14,7 +14,7 @@ from jaxspec.adaptive import (EXPLORE_BACKOFF, AdaptivePolicy, acceptance_rates,
 from jaxspec.adaptive_costs import CostTableError, parse_costs
 from jaxspec.engine import Engine
 from jaxspec.spec_step import draft_chain
-from tests.oracle_drafters import oracle_drafter, wrong_drafter
+from tests.switched_drafter import looped_oracle_drafts
 from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
 
 STEPS = (0, 1, 2, 4)
@@ -126,8 +126,8 @@ def test_policy_and_cost_table_validation():
 
 def mixed_drafter(key, w, cfg, state, k, greedy, sp):
     """Row 0 proposes the target's continuation, row 1 never does, row 2 the EAGLE-3 draft's own tokens."""
-    right, _, _ = oracle_drafter(key, w, cfg, state, k, greedy, sp)
-    wrong, _, _ = wrong_drafter(key, w, cfg, state, k, greedy, sp)
+    right = looped_oracle_drafts(w, cfg, state, k)  # oracle_drafter's tokens, one target step to compile
+    wrong = (right + 1) % cfg.target.vocab_size  # wrong_drafter's tokens, without running the oracle twice
     eagle, q, cache = draft_chain(key, w, cfg, state, k, greedy, sp)
     row = jnp.arange(right.shape[0])[:, None]
     return jnp.where(row == 0, right, jnp.where(row == 1, wrong, eagle)), q, cache
@@ -135,9 +135,9 @@ def mixed_drafter(key, w, cfg, state, k, greedy, sp):
 
 def right_then_wrong_drafter(key, w, cfg, state, k, greedy, sp):
     """The target's continuation until 12 tokens are out, then never."""
-    right, _, cache = oracle_drafter(key, w, cfg, state, k, greedy, sp)
+    right = looped_oracle_drafts(w, cfg, state, k)
     wrong = (right + 1) % cfg.target.vocab_size
-    return jnp.where(state.generated[:, None] < 12, right, wrong), None, cache
+    return jnp.where(state.generated[:, None] < 12, right, wrong), None, state.draft_cache
 
 
 SCHEDULE = (0, 2, 0, 0, 1, 4, 0)  # plain steps before, between and after cycles of every K
