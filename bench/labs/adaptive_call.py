@@ -19,8 +19,6 @@ import argparse  # noqa: E402
 import collections  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -28,6 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.adaptive_prompts import PROMPTS, encode, load_pair  # noqa: E402
+from bench.labs.adaptive_overhead import _timed  # noqa: E402
 from bench.labs.step_profile import _traced, busy_ns, host_events, idle_gaps, kernel_events  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
@@ -72,15 +71,8 @@ def loop_call(engine: Engine, prompt: list[int], max_new: int):
 
 
 def profile(start, run, repeats: int) -> dict:
-    times, out = [], None
-    for rep in range(repeats + 1):
-        s = start()
-        jax.block_until_ready(s)
-        t0 = time.perf_counter()
-        out = run(s)
-        jax.block_until_ready(out)
-        if rep:
-            times.append(time.perf_counter() - t0)
+    """The median (min, max) of `repeats` timed calls after a warm-up, then one traced call."""
+    med, lo, hi, out = _timed(start, run, repeats)
     s = start()
     jax.block_until_ready(s)
     (kernels, host), wall_ms = _traced(lambda: run(s), lambda p: (kernel_events(p), host_events(p)))
@@ -97,7 +89,7 @@ def profile(start, run, repeats: int) -> dict:
         gap_after[f"{g['before'][:40]} -> {g['after'][:40]}"][1] += 1
     cycles = int(out.cycles) if hasattr(out, "cycles") else int(out.steps)
     row = dict(
-        ms=1e3 * statistics.median(times), ms_min=1e3 * min(times), ms_max=1e3 * max(times), cycles=cycles,
+        ms=1e3 * med, ms_min=1e3 * lo, ms_max=1e3 * hi, cycles=cycles,
         generated=int(out.generated[0]), traced_wall_ms=wall_ms, kernels=len(kernels),
         busy_ms=busy_ns(kernels) / 1e6, span_ms=(last - first) / 1e6, gaps_over_5us=len(gaps),
         gaps_ms=sum(g["us"] for g in gaps) / 1e3,
