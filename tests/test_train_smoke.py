@@ -51,7 +51,7 @@ SMOKE_DATA = ["--max-files", "24", "--held-out-percent", "25", "--val-percent", 
 def test_smoke_train_target_then_draft_with_resume(tmp_path):
     target_report = train_target.main([
         "--preset", "smoke", "--out", str(tmp_path), "--vocab-size", "320", "--steps", "12", "--warmup", "3",
-        "--eval-every", "6", "--log-every", "6", *SMOKE_DATA,
+        "--eval-every", "12", "--log-every", "6", *SMOKE_DATA,
     ])
     curves = target_report["curves"]
     assert len(curves["train_loss"]) == 12 and curves["train_loss"][-1] < curves["train_loss"][0]
@@ -62,7 +62,7 @@ def test_smoke_train_target_then_draft_with_resume(tmp_path):
     draft_args = [
         "--preset", "smoke", "--target", str(tmp_path / "target"), "--tokenizer", str(tmp_path / "tokenizer.json"),
         "--out", str(tmp_path / "draft"), "--steps", "8", "--warmup", "2", "--ttt-steps", "3", "--eval-depth", "3",
-        "--rollouts", "8", "--rollout-batch", "8", "--prompt-len", "16", "--eval-prompts", "8", "--eval-every", "4",
+        "--rollouts", "8", "--rollout-batch", "8", "--prompt-len", "16", "--eval-prompts", "8", "--eval-every", "8",
         "--log-every", "4", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "4", *SMOKE_DATA,
     ]
     report = train_draft.main(draft_args)
