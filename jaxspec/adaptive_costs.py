@@ -132,7 +132,8 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
     """Seconds per cycle of each branch: `run_forced(state_copy, branch, n)` runs up to n cycles of that branch on
     a copy of `state` (donated) and returns (the state after, cycles it ran). After a long warm-up call, each repeat
     times a short and a long call; t(K) is the median over repeats of (long - short) / (their cycle difference),
-    the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth on a GPU). Where
+    the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth on a GPU), and the
+    table is made non-decreasing in K (`nondecreasing`; `n_branches` are the compiled set in increasing K). Where
     the generation ends before the long call's cycles, the long call's time per cycle stands in. None if no cycle
     is left to run."""
     on_cpu = jax.default_backend() == "cpu"
@@ -158,4 +159,18 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
             slope = (t_long - t_short) / (ran_long - ran_short) if ran_long > ran_short else 0.0
             slopes.append(slope if slope > 0 else t_long / ran_long)
         costs.append(statistics.median(slopes))
-    return tuple(costs)
+    return nondecreasing(costs)
+
+
+def nondecreasing(costs) -> tuple[float, ...]:
+    """The closest non-decreasing sequence (least squares, pool-adjacent-violators): a cycle that drafts more does
+    strictly more work, so a table in which t(K) falls with K holds noise (a loaded 2-core CPU priced K = 3 below
+    K = 2), and each run of violators is replaced by its mean."""
+    blocks = []  # [sum, count] of pooled neighbours
+    for c in costs:
+        blocks.append([float(c), 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, n = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += n
+    return tuple(total / n for total, n in blocks for _ in range(n))

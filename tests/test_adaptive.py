@@ -102,6 +102,24 @@ def test_cost_table_is_the_slope_between_a_short_and_a_long_call(monkeypatch):
     assert calls == [(b, n) for b in (0, 1) for n in (48, 16, 48, 16, 48, 16, 48)]
 
 
+def test_measured_table_never_falls_with_k(monkeypatch):
+    """More drafts are more work: a table whose t(K) falls with K holds noise; each run of violators is pooled."""
+    assert adaptive_costs.nondecreasing([7.0, 15.0, 21.0, 19.0, 29.0]) == (7.0, 15.0, 20.0, 20.0, 29.0)
+    assert adaptive_costs.nondecreasing([1.0, 3.0, 2.0, 2.0, 5.0]) == pytest.approx((1.0, 7 / 3, 7 / 3, 7 / 3, 5.0))
+    assert adaptive_costs.nondecreasing([3.0, 2.0, 1.0]) == (2.0, 2.0, 2.0)
+    clock = [0.0]
+    monkeypatch.setattr(adaptive_costs.time, "perf_counter", lambda: clock[0])
+    per_cycle = {0: 0.001, 1: 0.004, 2: 0.003}  # the K = 2 branch timed faster than K = 1
+
+    def run_forced(state, branch, cycles):
+        clock[0] += cycles * per_cycle[branch]
+        return state, cycles
+
+    state = collections.namedtuple("State", "generated")(jnp.zeros(3))
+    got = adaptive_costs.measure(run_forced, state, 3, cycles=(16, 48), repeats=1)
+    np.testing.assert_allclose(got, [0.001, 0.0035, 0.0035], rtol=1e-9)
+
+
 def test_policy_and_cost_table_validation():
     assert AdaptivePolicy().resolve_steps(4) == (0, 1, 2, 3, 4)
     assert AdaptivePolicy().resolve_steps(3) == (0, 1, 2, 3)
