@@ -396,9 +396,9 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     # it: one conditional ahead of the switch, so the program holds one copy of the catch-up (each copy is a draft
     # forward to compile) and the stretch's cycles run none (on a GPU each conditional costs the host a read).
     width = state.backlog.tokens_BW.shape[1]
-    pending_B = state.backlog.count_B
+    queued_B = state.backlog.count_B  # (`pending` is the state's name for the token the target has not run yet)
     plain_choice = jnp.asarray(steps, jnp.int32)[choice] == 0
-    needs = jnp.where(plain_choice, jnp.any(pending_B + budget > width), jnp.any(pending_B > 0))
+    needs = jnp.where(plain_choice, jnp.any(queued_B + budget > width), jnp.any(queued_B > 0))
     flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     spec, backlog, est = jax.lax.cond(needs, lambda *a: flush(*a, sp), lambda s, bl, e: (s, bl, e), spec,
                                       state.backlog, (state.hits_BJ, state.trials_BJ))

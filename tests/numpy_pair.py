@@ -1,6 +1,7 @@
-"""tests.tiny_models.tiny_pair's configs with weights drawn by numpy instead of JAX: the same shapes and kinds of
-values, built in milliseconds with nothing to compile (an eager JAX init compiles one small program per op and
-shape, about 10 s of CPU per test process on the 2-core machine)."""
+"""tests.tiny_models.tiny_pair's configs with weights filled by `tests.sharded_pair.numpy_like` (generic draws of
+each leaf's shape and dtype). tiny_pair itself now draws with numpy through model.init, so both build in
+milliseconds with nothing to compile; they differ only in the values drawn, and the tests written against this
+one's values keep them (moving them to tiny_pair would change every case's data at once)."""
 
 from __future__ import annotations
 
