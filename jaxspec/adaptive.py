@@ -87,6 +87,10 @@ class AdaptivePolicy:
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
     probe: bool = True  # observe c_1 from the EAGLE-3 draft during catch-up (off for drafter plugs, see below)
+    # a stretch runs as a loop of known trip count (a GPU runs it without reading a predicate back per cycle),
+    # beside single-cycle copies of each branch for what must stop after one cycle (twice the cycles to compile);
+    # False: one loop that checks its budget every cycle; None: counted on a GPU
+    counted: bool | None = None
 
     def resolve_steps(self, k_max: int) -> tuple[int, ...]:
         steps = self.steps if self.steps is not None else {s for s in DEFAULT_STEPS if s <= k_max} | {k_max}
@@ -122,9 +126,14 @@ class AdaptivePolicy:
     def backlog_width(self) -> int:
         return self.backlog if self.backlog is not None else (8 if self.probe else 32)
 
+    def on_platform(self, platform: str) -> "AdaptivePolicy":
+        """The policy with `counted` resolved for a device platform ("gpu", "cpu", ...)."""
+        return self if self.counted is not None else dataclasses.replace(self, counted=platform == "gpu")
+
     def compiled(self, k_max: int) -> tuple:
         """What the programs bake in (costs, prior and schedule are data in the state)."""
-        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog_width, self.probe, self.stretch)
+        return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog_width, self.probe, self.stretch,
+                bool(self.counted))
 
 
 @struct.dataclass
@@ -357,9 +366,14 @@ def run_stretch(step, spec: SpecState, backlog: Backlog, est, budget):
     return spec, backlog, est
 
 
+def counted_stretch(step, spec: SpecState, backlog: Backlog, est, cycles: int):
+    """`step` run `cycles` times, a number the program knows: a GPU runs the loop without reading a predicate."""
+    return jax.lax.fori_loop(0, cycles, lambda i, c: step(*c), (spec, backlog, est))
+
+
 def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecConfig, steps: tuple[int, ...],
                    greedy: bool, max_new_tokens: int, ema: float, explore_every: int, stretch: int = 1,
-                   probe: bool = True, drafter=None, budget=None) -> AdaptiveState:
+                   probe: bool = True, counted: bool = False, drafter=None, budget=None) -> AdaptiveState:
     """Choose K (the rule, an optimistic choice when exploration is due, or the schedule) and run up to `stretch`
     cycles of it (`budget` when given: at most that many; a forced schedule runs one cycle per choice).
 
@@ -387,6 +401,13 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     single = ((forced >= 0) & (state.schedule_len > 1)) | ((forced < 0) & exploring & (hopeful != rule)) \
         | (spec.cycles == 0)
     budget = jnp.where(single, jnp.minimum(budget, 1), budget)
+    k_chosen = jnp.asarray(steps, jnp.int32)[choice]
+    if counted:
+        # A counted stretch runs all its cycles, so it is taken only where it cannot outrun the work: some live row
+        # needs more tokens than the stretch can emit (a cycle on a finished batch is a no-op that still costs
+        # its time); otherwise, and for single cycles, one cycle.
+        full = (budget >= stretch) & jnp.any(live_B & (remaining_B >= stretch * (k_chosen + 1)))
+        budget = jnp.where(full, stretch, 1)
 
     common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
     cycle_fns = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
@@ -397,13 +418,18 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     # forward to compile) and the stretch's cycles run none (on a GPU each conditional costs the host a read).
     width = state.backlog.tokens_BW.shape[1]
     queued_B = state.backlog.count_B  # (`pending` is the state's name for the token the target has not run yet)
-    plain_choice = jnp.asarray(steps, jnp.int32)[choice] == 0
-    needs = jnp.where(plain_choice, jnp.any(queued_B + budget > width), jnp.any(queued_B > 0))
+    needs = jnp.where(k_chosen == 0, jnp.any(queued_B + budget > width), jnp.any(queued_B > 0))
     flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     spec, backlog, est = jax.lax.cond(needs, lambda *a: flush(*a, sp), lambda s, bl, e: (s, bl, e), spec,
                                       state.backlog, (state.hits_BJ, state.trials_BJ))
-    branches = [lambda s, bl, e, f=f: run_stretch(f, s, bl, e, budget) for f in cycle_fns]
-    new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(choice, branches, spec, backlog, est)
+    if not counted:
+        branches, index = [lambda s, bl, e, f=f: run_stretch(f, s, bl, e, budget) for f in cycle_fns], choice
+    elif stretch == 1:
+        branches, index = cycle_fns, choice
+    else:
+        branches = [lambda s, bl, e, f=f: counted_stretch(f, s, bl, e, stretch) for f in cycle_fns] + cycle_fns
+        index = jnp.where(full, choice, choice + len(steps))
+    new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(index, branches, spec, backlog, est)
 
     # an exploration is confirmed when what it observed leaves the rule where it was
     rule_after, _ = choose(acceptance_rates(hits_BJ, trials_BJ, state.prior), state.cost_N, ~new_spec.done,
@@ -421,7 +447,7 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
         explore_next=jnp.where(some, explore_next, state.explore_next),
         explore_gap=jnp.where(some, gap, state.explore_gap),
         last_rule=jnp.where(some, rule, state.last_rule),
-        k_log=jnp.where(in_stretch_C, jnp.asarray(steps, jnp.int32)[choice], state.k_log),
+        k_log=jnp.where(in_stretch_C, k_chosen, state.k_log),
         expected_tokens=state.expected_tokens + ran * gain,
         expected_s=state.expected_s + ran * state.cost_N[choice],
     )

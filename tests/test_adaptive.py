@@ -200,6 +200,25 @@ def test_rule_speculates_while_drafts_are_accepted_then_decodes_plainly(rule_eng
     assert res.adaptive.expected_tokens > 0 and res.adaptive.expected_tokens_per_s > 0
 
 
+def test_counted_stretches_decide_as_checked_ones(pair, rule_engine, baseline_tokens):
+    """The GPU's loop form (each stretch a loop of known trip count, single-cycle copies for the rest) on a CPU: the
+    same tokens, the rule's choices (its stretches end elsewhere near the end, where single cycles run), and no
+    cycle run past the work."""
+    cfg, w = pair
+    counted = Engine(cfg, w, num_steps=4, drafter=right_then_wrong_drafter,
+                     adaptive=AdaptivePolicy(steps=(0, 4), costs=RULE_COSTS, prior=1.0, ema=0.5, backlog=4,
+                                             counted=True))
+    assert rule_engine.adaptive.counted is False  # resolved for this CPU
+    res, checked = counted.generate(PROMPTS_3, MAX_NEW), rule_engine.generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens
+    ks = res.adaptive.k_per_cycle
+    assert ks[:5] == checked.adaptive.k_per_cycle[:5] == [4] * 5  # the first cycle alone, then a stretch of 4
+    assert 0 in ks and all(k == 0 for k in ks[ks.index(0):])
+    assert sum(res.adaptive.k_histogram.values()) == res.cycles == len(ks)
+    for acc, toks in zip(res.accepted, res.tokens):  # every cycle but the last was needed by some row
+        assert 1 + sum(a + 1 for a in acc) >= len(toks) > sum(a + 1 for a in acc[:-1])
+
+
 def test_streaming_reports_what_the_device_loop_reports(rule_engine):
     on_device = rule_engine.generate(PROMPTS_3, MAX_NEW)
     events = list(rule_engine.stream(PROMPTS_3, MAX_NEW))

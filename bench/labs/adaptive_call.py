@@ -34,21 +34,28 @@ from jaxspec.sampling import SamplingParams  # noqa: E402
 
 INT32_MAX = np.iinfo(np.int32).max
 
-VARIANTS = {  # name: (K, adaptive policy or None)
-    "plain": (0, None),
-    "fixed3": (3, None),
-    "forced3": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(3,))),
-    "forced0": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(0,))),
-    "forced0_backlog64": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(0,), backlog=64)),
-    "rule": (3, AdaptivePolicy()),
-    "rule_stretch8": (3, AdaptivePolicy(stretch=8)),
-    "rule_no_explore": (3, AdaptivePolicy(explore_every=1 << 20)),
-    "rule_k3_only": (3, AdaptivePolicy(steps=(0, 3))),
+VARIANTS = {  # name: (K, adaptive policy or None, cycles per counted chunk of the plain / fixed-K loop or 1)
+    "plain": (0, None, 1),
+    "plain_chunk4": (0, None, 4),
+    "fixed3": (3, None, 1),
+    "fixed3_chunk4": (3, None, 4),
+    "forced3_checked": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(3,), counted=False), 1),
+    "forced3_counted": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(3,), counted=True), 1),
+    "forced0_checked": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(0,), counted=False), 1),
+    "forced0_counted": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(0,), counted=True), 1),
+    "forced0_backlog64": (3, AdaptivePolicy(steps=(0, 1, 2, 3), schedule=(0,), backlog=64), 1),
+    "rule_checked": (3, AdaptivePolicy(counted=False), 1),
+    "rule_counted": (3, AdaptivePolicy(counted=True), 1),
+    "rule_counted_stretch8": (3, AdaptivePolicy(stretch=8, counted=True), 1),
+    "rule_stretch8": (3, AdaptivePolicy(stretch=8), 1),
+    "rule_no_explore": (3, AdaptivePolicy(explore_every=1 << 20), 1),
+    "rule_k3_only": (3, AdaptivePolicy(steps=(0, 3)), 1),
 }
 
 
-def loop_call(engine: Engine, prompt: list[int], max_new: int):
-    """(fresh prefilled state, run(state) -> state): the decode loop call `Engine.generate` times."""
+def loop_call(engine: Engine, prompt: list[int], max_new: int, chunk: int = 1):
+    """(fresh prefilled state, run(state) -> state): the decode loop call `Engine.generate` times; `chunk` > 1: the
+    plain / fixed-K loop runs its cycles in counted chunks of that many (no predicate read inside a chunk)."""
     sampling = SamplingParams()
     sp = sampling.validate().as_arrays()
     speculative = engine.k > 0
@@ -64,9 +71,14 @@ def loop_call(engine: Engine, prompt: list[int], max_new: int):
         return engine._prefill([prompt], max_new, sampling, 0, speculative)[0]
 
     step = engine._step_fn(speculative, True, max_new)
-    loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
+    def body(w, s, sp):
+        if chunk == 1:
+            return step(w, s, sp)
+        return jax.lax.fori_loop(0, chunk, lambda i, s: step(w, s, sp), s)
+
+    loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: body(w, s, sp), s)  # noqa: E731
     compiled, _ = engine._compile("loop_spec" if speculative else "loop_base", loop, {}, (engine.weights, start(), sp),
-                                  (1,), baked=(True, max_new))
+                                  (1,), baked=(True, max_new, chunk))
     return start, lambda s: compiled(engine.weights, s, sp)
 
 
@@ -116,28 +128,29 @@ def main(argv=None):
     result = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   xla_flags=os.environ.get("XLA_FLAGS", ""), rows=[])
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"adaptive-call-{jax.devices()[0].platform}-{datetime.datetime.now().strftime('%Y%m%d-%H%M')}.json"
     for i in a.prompts:
         kind, text = PROMPTS[i]
         prompt = encode(tok, text)
         for name in a.variants:
-            k, policy = VARIANTS[name]
+            k, policy, chunk = VARIANTS[name]
             engine = Engine(spec_cfg, weights, num_steps=k, adaptive=policy)
             engine.generate([prompt], a.max_new_tokens)  # compile; adaptive: measure the cost table
-            row = dict(prompt=text, kind=kind, variant=name, **profile(*loop_call(engine, prompt, a.max_new_tokens),
-                                                                       a.repeats))
+            row = dict(prompt=text, kind=kind, variant=name,
+                       **profile(*loop_call(engine, prompt, a.max_new_tokens, chunk), a.repeats))
             result["rows"].append(row)
+            path.write_text(json.dumps(result, indent=1))  # after every row: a run cut short keeps what it measured
             log(f"{text[:14]!r:18s} {name:16s} {row['ms']:7.3f} ms ({row['ms_min']:.3f}-{row['ms_max']:.3f}) "
-                f"{row['cycles']:4d} cycles {row['ms'] / row['cycles']:.4f} ms/cycle | traced {row['traced_wall_ms']:.3f}"
+                f"{row['cycles']:4d} cycles {row['ms'] / row['cycles']:.4f} ms/cycle {1e3 * row['ms'] / row['generated']:.1f} "
+                f"us/token | traced {row['traced_wall_ms']:.3f}"
                 f" busy {row['busy_ms']:.3f} span {row['span_ms']:.3f} gaps {row['gaps_over_5us']} "
                 f"({row['gaps_ms']:.3f} ms) {row.get('k_histogram', '')}")
             for g in row["gap_kinds"][:4]:
                 log(f"      gap {g[1]:7.3f} ms {g[2]:4d}x  {g[0]}")
             for h in row["host"][:8]:
                 log(f"      host {h[1]:7.3f} ms {h[2]:4d}x  {h[0]}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M")
-    (out / f"adaptive-call-{jax.devices()[0].platform}-{stamp}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
