@@ -79,12 +79,12 @@ def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity
             return _until_done(lambda s: speculative_cycle(w, s, {}, k=k, drafter=drafter, **greedy_kw), s)
         return jax.jit(loop, donate_argnums=1)
 
-    _, ema, explore_every, _, probe, stretch, counted = policy.on_platform(jax.default_backend()).compiled(max(steps))
+    _, ema, explore_every, _, probe, stretch, hysteresis = policy.compiled(max(steps))
 
     def adaptive(w, s, rate, cont, limit):
         drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
         return adaptive_loop(w, s, {}, limit, steps=steps, ema=ema, explore_every=explore_every, stretch=stretch,
-                             probe=probe, counted=counted, drafter=drafter, **greedy_kw)
+                             hysteresis=hysteresis, probe=probe, drafter=drafter, **greedy_kw)
 
     return base_prefill, spec_prefill_, base_loop, {k: fixed(k) for k in ks if k > 0}, jax.jit(adaptive,
                                                                                                  donate_argnums=1)

@@ -30,10 +30,14 @@ position L (token x_{t+1} paired with feature f_t, as in the cycle's extend). Be
 or before a plain step finds the backlog's `backlog` entries full, one draft forward over the backlog (positions
 L-n .. L-1) writes the draft cache and leaves draft_logits / draft_hidden at position L-1: the state a cycle
 expects. On GPU that forward over a few tokens costs about one draft step, so plain stretches pay a draft step
-every `backlog` tokens instead of every token. The catch-up is one conditional ahead of the stretch's switch
-(before a speculative stretch that finds a backlog, or a plain stretch that would overflow it), so the cycles of a
-stretch run no conditional. A choice of K holds for a stretch of `stretch` cycles (one switch, one rule
-evaluation), each cycle's outcome still updating the estimates.
+every `backlog` tokens instead of every token. The catch-up is one conditional ahead of the switch (before a
+speculative run that finds a backlog, or a plain run that finds it full), so the cycles of a run have none.
+
+Runs. A choice of K runs for at least `stretch` cycles and then for as long as the rule keeps it (its expected
+tokens per second within `hysteresis` of the best K's, no exploration due): each cycle's outcome updates the
+estimates and the rule is re-evaluated at the end of the cycle's own work, so a run costs the host one read per
+cycle, as fixed-K generation does, and a change of K a few more (the switch, the catch-up's conditional, the outer
+loop's predicate).
 
 The catch-up forward also gives free observations of c_1: the draft's prediction made at position t-1 (the
 carried draft_logits for the first entry, the backlog forward's own outputs after) is compared with the token the
@@ -83,14 +87,13 @@ class AdaptivePolicy:
     # observations of c_1, so a plain stretch is reconsidered soon), 32 without (a catch-up only keeps the draft
     # cache current, at about one draft step's cost)
     backlog: int | None = None
-    stretch: int = 4  # cycles run per choice of K
+    stretch: int = 4  # cycles a choice of K runs at least before the rule may leave it
+    # a K in use is kept while its expected tokens per second are within this fraction of the best K's: each change
+    # of K costs the host a few reads (the switch, the catch-up's conditional, the outer loop's predicate)
+    hysteresis: float = 0.03
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
     probe: bool = True  # observe c_1 from the EAGLE-3 draft during catch-up (off for drafter plugs, see below)
-    # a stretch runs as a loop of known trip count (a GPU runs it without reading a predicate back per cycle),
-    # beside single-cycle copies of each branch for what must stop after one cycle (twice the cycles to compile);
-    # False: one loop that checks its budget every cycle; None: counted on a GPU
-    counted: bool | None = None
 
     def resolve_steps(self, k_max: int) -> tuple[int, ...]:
         steps = self.steps if self.steps is not None else {s for s in DEFAULT_STEPS if s <= k_max} | {k_max}
@@ -105,11 +108,10 @@ class AdaptivePolicy:
             raise ValueError(f"adaptive prior must be in [0, 1], got {self.prior}")
         if not 0.0 < self.ema <= 1.0:
             raise ValueError(f"adaptive ema must be in (0, 1], got {self.ema}")
-        if self.explore_every < 1 or self.stretch < 1:
-            raise ValueError("adaptive explore_every and stretch must be >= 1")
-        if self.backlog_width < self.stretch:
-            raise ValueError(f"adaptive backlog ({self.backlog_width}) must hold a stretch ({self.stretch} plain "
-                             "steps)")
+        if self.explore_every < 1 or self.stretch < 1 or self.backlog_width < 1:
+            raise ValueError("adaptive explore_every, stretch and backlog must be >= 1")
+        if not 0.0 <= self.hysteresis < 1.0:
+            raise ValueError(f"adaptive hysteresis must be in [0, 1), got {self.hysteresis}")
         if self.costs is not None:
             given = dict(self.costs)
             if sorted(given) != list(steps):
@@ -126,14 +128,10 @@ class AdaptivePolicy:
     def backlog_width(self) -> int:
         return self.backlog if self.backlog is not None else (8 if self.probe else 32)
 
-    def on_platform(self, platform: str) -> "AdaptivePolicy":
-        """The policy with `counted` resolved for a device platform ("gpu", "cpu", ...)."""
-        return self if self.counted is not None else dataclasses.replace(self, counted=platform == "gpu")
-
     def compiled(self, k_max: int) -> tuple:
         """What the programs bake in (costs, prior and schedule are data in the state)."""
         return (self.resolve_steps(k_max), self.ema, self.explore_every, self.backlog_width, self.probe, self.stretch,
-                bool(self.counted))
+                self.hysteresis)
 
 
 @struct.dataclass
@@ -156,6 +154,8 @@ class AdaptiveState:
     explore_next: jax.Array  # [] int32: the cycle of the next optimistic choice
     explore_gap: jax.Array  # [] int32: cycles between optimistic choices now
     last_rule: jax.Array  # [] int32: the rule's choice at the previous cycle
+    run_branch: jax.Array  # [] int32: the branch of a run the last call's budget cut (the next call resumes it); -1
+    run_held: jax.Array  # [] int32: cycles that run has run so far
     schedule_P: jax.Array  # [SCHEDULE_SLOTS] int32: branch forced at cycle c (entry c % schedule_len); -1: the rule
     schedule_len: jax.Array  # [] int32
     k_log: jax.Array  # [C] int32: K each cycle ran, -1 where no cycle ran
@@ -208,6 +208,8 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
         explore_next=jnp.int32(policy.explore_every - 1),
         explore_gap=jnp.int32(policy.explore_every),
         last_rule=jnp.int32(-1),
+        run_branch=jnp.int32(-1),
+        run_held=jnp.int32(0),
         **forced_schedule(steps, policy.schedule),
         k_log=jnp.full((spec.accepted_log.shape[1],), -1, jnp.int32),
         expected_tokens=jnp.float32(0),
@@ -236,10 +238,15 @@ def expected_tokens(accept_BJ, steps: tuple[int, ...], remaining_B):
     return 1.0 + cum_BJ1[:, jnp.asarray(steps)]
 
 
+def throughput(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
+    """(the live rows' expected tokens per second for each K [N], E[tokens | K] [B, N])."""
+    gain_BN = expected_tokens(accept_BJ, steps, remaining_B)
+    return jnp.sum(jnp.where(live_B[:, None], gain_BN, 0.0), axis=0) / cost_N, gain_BN
+
+
 def choose(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
     """(branch index maximising the live rows' expected tokens per second, E[tokens | K] [B, N])."""
-    gain_BN = expected_tokens(accept_BJ, steps, remaining_B)
-    rate_N = jnp.sum(jnp.where(live_B[:, None], gain_BN, 0.0), axis=0) / cost_N
+    rate_N, gain_BN = throughput(accept_BJ, cost_N, live_B, remaining_B, steps)
     return jnp.argmax(rate_N).astype(jnp.int32), gain_BN
 
 
@@ -355,30 +362,33 @@ def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: 
     return spec, backlog, est
 
 
-def run_stretch(step, spec: SpecState, backlog: Backlog, est, budget):
-    """`step` (one cycle of one K) repeated until `budget` cycles ran or every sequence is done."""
+def run_choice(step, keep_going, budget, spec: SpecState, backlog: Backlog, est):
+    """`step` (one cycle of one K) repeated while `keep_going(spec, backlog, est, cycles run)` holds and fewer than
+    `budget` cycles ran; at least once. The flag is computed at the end of each cycle, inside the cycle's own
+    work, so the loop's predicate is a read of one value, as in fixed-K generation. Returns the state and whether
+    the run would have gone on (it ended on the budget)."""
     def body(carry):
-        s, bl, e, i = carry
-        return (*step(s, bl, e), i + 1)
+        s, bl, e, i, _ = carry
+        s, bl, e = step(s, bl, e)
+        return s, bl, e, i + 1, keep_going(s, bl, e, i + 1)
 
-    spec, backlog, est, _ = jax.lax.while_loop(lambda c: (c[3] < budget) & ~jnp.all(c[0].done), body,
-                                               (spec, backlog, est, jnp.int32(0)))
-    return spec, backlog, est
-
-
-def counted_stretch(step, spec: SpecState, backlog: Backlog, est, cycles: int):
-    """`step` run `cycles` times, a number the program knows: a GPU runs the loop without reading a predicate."""
-    return jax.lax.fori_loop(0, cycles, lambda i, c: step(*c), (spec, backlog, est))
+    spec, backlog, est, _, more = jax.lax.while_loop(lambda c: c[4] & (c[3] < budget), body,
+                                                     (spec, backlog, est, jnp.int32(0), jnp.bool_(True)))
+    return spec, backlog, est, more
 
 
 def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecConfig, steps: tuple[int, ...],
                    greedy: bool, max_new_tokens: int, ema: float, explore_every: int, stretch: int = 1,
-                   probe: bool = True, counted: bool = False, drafter=None, budget=None) -> AdaptiveState:
-    """Choose K (the rule, an optimistic choice when exploration is due, or the schedule) and run up to `stretch`
-    cycles of it (`budget` when given: at most that many; a forced schedule runs one cycle per choice).
+                   hysteresis: float = 0.0, probe: bool = True, drafter=None, budget=None) -> AdaptiveState:
+    """Choose K (the rule, an optimistic choice when exploration is due, or the schedule) and run it for at least
+    `stretch` cycles, then for as long as the rule keeps it: until another K's expected tokens per second beat
+    this one's by more than `hysteresis`, an exploration falls due, the schedule names another K, or (K = 0) the
+    backlog is full. At most `budget` cycles (None: `stretch`, one call of streaming); explorations, the first
+    cycle and a schedule that switches K run a single cycle.
 
-    A stretch is one decision for several cycles: the switch (whose branch index the host reads) and the rule are
-    paid once per stretch instead of once per cycle, while the estimates still learn from every cycle.
+    A change of K costs the host a few reads (the loop's predicate, the catch-up's conditional, the switch's
+    branch), so a run of one K pays them once, not per cycle; within it each cycle costs the one predicate read of
+    fixed-K generation, and the estimates still learn from every cycle.
 
     Exploration backs off: each optimistic choice whose outcome leaves the rule's choice unchanged doubles the gap
     to the next one (up to explore_every x EXPLORE_BACKOFF cycles), and a change of the rule's own choice resets
@@ -391,45 +401,49 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     hopeful, _ = choose(optimistic(accept_BJ), state.cost_N, live_B, remaining_B, steps)
     if not probe:  # nothing observes c_1 during plain stretches: explore with the cheapest speculative K
         hopeful = jnp.maximum(hopeful, sum(1 for k in steps if k == 0))
-    exploring = spec.cycles >= state.explore_next
+    # a run the last call's budget cut (streaming's calls, the cost measurement's) goes on as the device loop's
+    # would have: no new decision, no exploration bookkeeping
+    resume = state.run_branch >= 0
+    exploring = (spec.cycles >= state.explore_next) & ~resume
     choice = jnp.where(exploring, hopeful, rule)
     forced = state.schedule_P[spec.cycles % state.schedule_len]
     choice = jnp.where(forced >= 0, forced, choice)
-    budget = jnp.int32(stretch) if budget is None else jnp.minimum(budget, stretch)
+    choice = jnp.where(resume, state.run_branch, choice)
+    budget = jnp.int32(stretch) if budget is None else budget
     # one cycle for: a schedule that switches K (it names each cycle's K), an exploration (a trial, not a
     # decision), and the first cycle (no observation yet)
     single = ((forced >= 0) & (state.schedule_len > 1)) | ((forced < 0) & exploring & (hopeful != rule)) \
         | (spec.cycles == 0)
+    single = single & ~resume
     budget = jnp.where(single, jnp.minimum(budget, 1), budget)
+    held = jnp.where(resume, state.run_held, 0)
     k_chosen = jnp.asarray(steps, jnp.int32)[choice]
-    if counted:
-        # A counted stretch runs all its cycles, so it is taken only where it cannot outrun the work: some live row
-        # needs more tokens than the stretch can emit (a cycle on a finished batch is a no-op that still costs
-        # its time); otherwise, and for single cycles, one cycle.
-        full = (budget >= stretch) & jnp.any(live_B & (remaining_B >= stretch * (k_chosen + 1)))
-        budget = jnp.where(full, stretch, 1)
+    width = state.backlog.tokens_BW.shape[1]
+
+    def keep_going(s: SpecState, bl: Backlog, e, ran):
+        live = ~s.done
+        rate_N, _ = throughput(acceptance_rates(*e, state.prior), state.cost_N, live, max_new_tokens - s.generated,
+                               steps)
+        kept = (held + ran < stretch) | (rate_N[choice] >= (1.0 - hysteresis) * jnp.max(rate_N))
+        forced_next = state.schedule_P[s.cycles % state.schedule_len]
+        agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & (s.cycles < state.explore_next))
+        room = (k_chosen > 0) | jnp.all(bl.count_B + live.astype(jnp.int32) <= width)  # K = 0 appends to the backlog
+        return jnp.any(live) & ~single & agrees & room
 
     common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
     cycle_fns = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
                  functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
     cycle_fns = [lambda s, bl, e, f=f: f(s, bl, e, sp) for f in cycle_fns]
-    # The draft catches up before a speculative stretch that finds a backlog, or a plain stretch that would overflow
-    # it: one conditional ahead of the switch, so the program holds one copy of the catch-up (each copy is a draft
-    # forward to compile) and the stretch's cycles run none (on a GPU each conditional costs the host a read).
-    width = state.backlog.tokens_BW.shape[1]
+    # The draft catches up before a speculative run that finds a backlog, or a plain run that finds it full: one
+    # conditional ahead of the switch, so the program holds one copy of the catch-up (each copy is a draft forward
+    # to compile) and the cycles of a run have no conditional (on a GPU each one costs the host a read).
     queued_B = state.backlog.count_B  # (`pending` is the state's name for the token the target has not run yet)
-    needs = jnp.where(k_chosen == 0, jnp.any(queued_B + budget > width), jnp.any(queued_B > 0))
+    needs = jnp.where(k_chosen == 0, jnp.any(queued_B >= width), jnp.any(queued_B > 0))
     flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     spec, backlog, est = jax.lax.cond(needs, lambda *a: flush(*a, sp), lambda s, bl, e: (s, bl, e), spec,
                                       state.backlog, (state.hits_BJ, state.trials_BJ))
-    if not counted:
-        branches, index = [lambda s, bl, e, f=f: run_stretch(f, s, bl, e, budget) for f in cycle_fns], choice
-    elif stretch == 1:
-        branches, index = cycle_fns, choice
-    else:
-        branches = [lambda s, bl, e, f=f: counted_stretch(f, s, bl, e, stretch) for f in cycle_fns] + cycle_fns
-        index = jnp.where(full, choice, choice + len(steps))
-    new_spec, backlog, (hits_BJ, trials_BJ) = jax.lax.switch(index, branches, spec, backlog, est)
+    branches = [lambda s, bl, e, f=f: run_choice(f, keep_going, budget, s, bl, e) for f in cycle_fns]
+    new_spec, backlog, (hits_BJ, trials_BJ), more = jax.lax.switch(choice, branches, spec, backlog, est)
 
     # an exploration is confirmed when what it observed leaves the rule where it was
     rule_after, _ = choose(acceptance_rates(hits_BJ, trials_BJ, state.prior), state.cost_N, ~new_spec.done,
@@ -439,22 +453,24 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
                                          explore_every)
     ran = new_spec.cycles - spec.cycles  # 0 on a finished batch: no token, count or log changes
     col_C = jnp.arange(state.k_log.shape[0])
-    in_stretch_C = (col_C >= spec.cycles) & (col_C < new_spec.cycles)
+    in_run_C = (col_C >= spec.cycles) & (col_C < new_spec.cycles)
     gain = jnp.sum(jnp.where(live_B, jnp.take(gain_BN, choice, axis=1), 0.0))
-    some = ran > 0
+    fresh = (ran > 0) & ~resume
     return state.replace(
         spec=new_spec, backlog=backlog, hits_BJ=hits_BJ, trials_BJ=trials_BJ,
-        explore_next=jnp.where(some, explore_next, state.explore_next),
-        explore_gap=jnp.where(some, gap, state.explore_gap),
-        last_rule=jnp.where(some, rule, state.last_rule),
-        k_log=jnp.where(in_stretch_C, k_chosen, state.k_log),
+        explore_next=jnp.where(fresh, explore_next, state.explore_next),
+        explore_gap=jnp.where(fresh, gap, state.explore_gap),
+        last_rule=jnp.where(fresh, rule, state.last_rule),
+        run_branch=jnp.where(more, choice, -1),
+        run_held=held + ran,
+        k_log=jnp.where(in_run_C, k_chosen, state.k_log),
         expected_tokens=state.expected_tokens + ran * gain,
         expected_s=state.expected_s + ran * state.cost_N[choice],
     )
 
 
 def adaptive_loop(w: SpecWeights, state: AdaptiveState, sp: dict, limit, **cycle_kw) -> AdaptiveState:
-    """Stretches on device until every sequence is done or `limit` cycles ran (the cost measurement's stop)."""
+    """Runs of one K on device until every sequence is done or `limit` cycles ran (the cost measurement's stop)."""
     start = state.spec.cycles
 
     def body(s):

@@ -123,8 +123,6 @@ class Engine:
             if num_steps < 1:
                 raise ValueError("adaptive speculation needs num_steps >= 1 (the largest K it may choose)")
             adaptive.validate(num_steps)
-            platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
-            adaptive = adaptive.on_platform(platform)
         self.adaptive = adaptive
         if not valid_chunk(prefill_chunk):
             raise ValueError(f"prefill_chunk must be a power of two >= {MIN_BUCKET}, not {prefill_chunk}")
@@ -266,9 +264,10 @@ class Engine:
 
     # --- adaptive speculation ----------------------------------------------------------------------
     def _adaptive_kw(self, greedy: bool, max_new_tokens: int) -> dict:
-        steps, ema, explore_every, _, probe, stretch, counted = self.adaptive.compiled(self.k)
+        steps, ema, explore_every, _, probe, stretch, hysteresis = self.adaptive.compiled(self.k)
         return dict(cfg=self.cfg, steps=steps, greedy=greedy, max_new_tokens=max_new_tokens, ema=ema,
-                    explore_every=explore_every, stretch=stretch, probe=probe, counted=counted, drafter=self.drafter)
+                    explore_every=explore_every, stretch=stretch, hysteresis=hysteresis, probe=probe,
+                    drafter=self.drafter)
 
     def _adaptive_loop(self, state, sp, greedy: bool, max_new_tokens: int):
         """The on-device loop of adaptive cycles, (weights, state, sp, cycle limit) -> state; (program, compile s)."""

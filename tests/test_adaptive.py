@@ -127,7 +127,8 @@ def test_policy_and_cost_table_validation():
     assert AdaptivePolicy().resolve_steps(5) == (0, 1, 2, 3, 4, 5)
     assert AdaptivePolicy().resolve_steps(1) == (0, 1)
     for bad in (AdaptivePolicy(steps=(0,)), AdaptivePolicy(steps=(0, 5)), AdaptivePolicy(ema=0.0),
-                AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(5,)), AdaptivePolicy(backlog=2)):
+                AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(5,)), AdaptivePolicy(backlog=0),
+                AdaptivePolicy(hysteresis=1.0), AdaptivePolicy(hysteresis=-0.1)):
         with pytest.raises(ValueError):
             bad.validate(4)
     assert parse_costs('{"0": 10, "1": 12, "2": 13, "4": 16.5}', STEPS) == ((0, 0.01), (1, 0.012), (2, 0.013),
@@ -198,25 +199,6 @@ def test_rule_speculates_while_drafts_are_accepted_then_decodes_plainly(rule_eng
     assert ks[:3] == [4, 4, 4]  # 1 + 3 x 5 > 12 tokens of right drafts
     assert 0 in ks and all(k == 0 for k in ks[ks.index(0):])  # then plain steps, the probe agreeing
     assert res.adaptive.expected_tokens > 0 and res.adaptive.expected_tokens_per_s > 0
-
-
-def test_counted_stretches_decide_as_checked_ones(pair, rule_engine, baseline_tokens):
-    """The GPU's loop form (each stretch a loop of known trip count, single-cycle copies for the rest) on a CPU: the
-    same tokens, the rule's choices (its stretches end elsewhere near the end, where single cycles run), and no
-    cycle run past the work."""
-    cfg, w = pair
-    counted = Engine(cfg, w, num_steps=4, drafter=right_then_wrong_drafter,
-                     adaptive=AdaptivePolicy(steps=(0, 4), costs=RULE_COSTS, prior=1.0, ema=0.5, backlog=4,
-                                             counted=True))
-    assert rule_engine.adaptive.counted is False  # resolved for this CPU
-    res, checked = counted.generate(PROMPTS_3, MAX_NEW), rule_engine.generate(PROMPTS_3, MAX_NEW)
-    assert res.tokens == baseline_tokens
-    ks = res.adaptive.k_per_cycle
-    assert ks[:5] == checked.adaptive.k_per_cycle[:5] == [4] * 5  # the first cycle alone, then a stretch of 4
-    assert 0 in ks and all(k == 0 for k in ks[ks.index(0):])
-    assert sum(res.adaptive.k_histogram.values()) == res.cycles == len(ks)
-    for acc, toks in zip(res.accepted, res.tokens):  # every cycle but the last was needed by some row
-        assert 1 + sum(a + 1 for a in acc) >= len(toks) > sum(a + 1 for a in acc[:-1])
 
 
 def test_streaming_reports_what_the_device_loop_reports(rule_engine):
