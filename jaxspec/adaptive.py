@@ -71,6 +71,10 @@ from model.eagle3 import draft_forward, draft_to_target_ids
 DEFAULT_STEPS = (0, 1, 2, 3, 4, 6, 8)
 SCHEDULE_SLOTS = 64  # longest forced schedule (a fixed shape, so any schedule runs in the same program)
 PRIOR_WEIGHT = 1.0  # observations the prior (and a deeper position's shallower neighbour) counts for
+# observations of c_1 at the prior a sequence starts with, discounted like real ones: one early rejection must not
+# send a fresh sequence to plain steps (with the prior's weight alone, one halves the estimate), and after about
+# 1 / ema real observations they weigh little
+PRIOR_START = 3.0
 EXPLORE_BACKOFF = 16  # the gap between explorations grows up to explore_every x this while they confirm the rule
 
 
@@ -82,12 +86,12 @@ class AdaptivePolicy:
     # plain steps that observe nothing until the backlog's catch-up
     prior: float = 0.7
     ema: float = 0.125  # weight of one observation in the moving average
-    explore_every: int = 16  # cycles between optimistic choices (while the rule's choice changes)
+    explore_every: int = 32  # cycles between optimistic choices (while the rule's choice changes)
     # plain steps the draft may lag before it catches up; None: 8 with the probe (each catch-up brings fresh
     # observations of c_1, so a plain stretch is reconsidered soon), 32 without (a catch-up only keeps the draft
     # cache current, at about one draft step's cost)
     backlog: int | None = None
-    stretch: int = 4  # cycles a choice of K runs at least before the rule may leave it
+    stretch: int = 8  # cycles a choice of K runs at least before the rule may leave it
     # a K in use is kept while its expected tokens per second are within this fraction of the best K's: each change
     # of K costs the host a few reads (the switch, the catch-up's conditional, the outer loop's predicate)
     hysteresis: float = 0.03
@@ -201,8 +205,8 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
         spec=spec,
         backlog=Backlog(jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w, aux_width), spec.draft_hidden.dtype),
                         jnp.ones((b, w), jnp.float32), jnp.zeros((b,), jnp.int32)),
-        hits_BJ=jnp.zeros((b, max(steps)), jnp.float32),
-        trials_BJ=jnp.zeros((b, max(steps)), jnp.float32),
+        hits_BJ=jnp.zeros((b, max(steps)), jnp.float32).at[:, 0].set(PRIOR_START * policy.prior),
+        trials_BJ=jnp.zeros((b, max(steps)), jnp.float32).at[:, 0].set(PRIOR_START),
         prior=jnp.float32(policy.prior),
         cost_N=jnp.asarray(cost_N, jnp.float32),
         explore_next=jnp.int32(policy.explore_every - 1),
@@ -231,11 +235,14 @@ def acceptance_rates(hits_BJ, trials_BJ, prior):
 
 
 def expected_tokens(accept_BJ, steps: tuple[int, ...], remaining_B):
-    """E[tokens | K] [B, N] for each K of `steps`: 1 + sum_{j<=K, j<remaining} prod_{i<=j} c_i."""
-    j_J = jnp.arange(1, accept_BJ.shape[1] + 1)
-    reach_BJ = jnp.cumprod(accept_BJ, axis=1) * (j_J[None] < remaining_B[:, None])
-    cum_BJ1 = jnp.concatenate([jnp.zeros_like(reach_BJ[:, :1]), jnp.cumsum(reach_BJ, axis=1)], axis=1)
-    return 1.0 + cum_BJ1[:, jnp.asarray(steps)]
+    """E[tokens | K] [B, N] for each K of `steps`: 1 + sum_{j<=K, j<remaining} prod_{i<=j} c_i. Unrolled over j
+    (a handful of positions) into elementwise work that fuses, since the rule runs inside every cycle."""
+    reach_B = jnp.ones(accept_BJ.shape[:1], jnp.float32)
+    gains = [jnp.ones_like(reach_B)]  # E[tokens | K = 0]
+    for j in range(1, accept_BJ.shape[1] + 1):
+        reach_B = reach_B * accept_BJ[:, j - 1] * (j < remaining_B)
+        gains.append(gains[-1] + reach_B)
+    return jnp.stack([gains[k] for k in steps], axis=1)
 
 
 def throughput(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
@@ -410,10 +417,9 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     choice = jnp.where(forced >= 0, forced, choice)
     choice = jnp.where(resume, state.run_branch, choice)
     budget = jnp.int32(stretch) if budget is None else budget
-    # one cycle for: a schedule that switches K (it names each cycle's K), an exploration (a trial, not a
-    # decision), and the first cycle (no observation yet)
-    single = ((forced >= 0) & (state.schedule_len > 1)) | ((forced < 0) & exploring & (hopeful != rule)) \
-        | (spec.cycles == 0)
+    # one cycle for: a schedule that switches K (it names each cycle's K) and an exploration (a trial, not a
+    # decision)
+    single = ((forced >= 0) & (state.schedule_len > 1)) | ((forced < 0) & exploring & (hopeful != rule))
     single = single & ~resume
     budget = jnp.where(single, jnp.minimum(budget, 1), budget)
     held = jnp.where(resume, state.run_held, 0)
@@ -422,11 +428,14 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
 
     def keep_going(s: SpecState, bl: Backlog, e, ran):
         live = ~s.done
-        rate_N, _ = throughput(acceptance_rates(*e, state.prior), state.cost_N, live, max_new_tokens - s.generated,
-                               steps)
+        accept = acceptance_rates(*e, state.prior)
+        rate_N, _ = throughput(accept, state.cost_N, live, max_new_tokens - s.generated, steps)
         kept = (held + ran < stretch) | (rate_N[choice] >= (1.0 - hysteresis) * jnp.max(rate_N))
+        # an exploration that falls due ends the run only when it would try another K
+        hopeful_N, _ = throughput(optimistic(accept), state.cost_N, live, max_new_tokens - s.generated, steps)
+        no_trial = (s.cycles < state.explore_next) | (jnp.argmax(hopeful_N) == choice)
         forced_next = state.schedule_P[s.cycles % state.schedule_len]
-        agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & (s.cycles < state.explore_next))
+        agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & no_trial)
         room = (k_chosen > 0) | jnp.all(bl.count_B + live.astype(jnp.int32) <= width)  # K = 0 appends to the backlog
         return jnp.any(live) & ~single & agrees & room
 
@@ -448,7 +457,7 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     # an exploration is confirmed when what it observed leaves the rule where it was
     rule_after, _ = choose(acceptance_rates(hits_BJ, trials_BJ, state.prior), state.cost_N, ~new_spec.done,
                            max_new_tokens - new_spec.generated, steps)
-    explore_next, gap = next_exploration(spec.cycles, exploring, (hopeful != rule) & (rule_after == rule),
+    explore_next, gap = next_exploration(spec.cycles, exploring, (hopeful == rule) | (rule_after == rule),
                                          rule != state.last_rule, state.explore_gap, state.explore_next,
                                          explore_every)
     ran = new_spec.cycles - spec.cycles  # 0 on a finished batch: no token, count or log changes
