@@ -46,6 +46,9 @@ FLAG_SETS = {
     "exclusive-lock": "--xla_gpu_require_exclusive_lock=true",
     # custom calls (the Pallas kernels) enter the graph by stream capture; a larger cache re-captures less often
     "trace-cache-64": "--xla_cmd_buffer_trace_cache_size=64",
+    # computations of fewer kernels run without a command buffer (XLA's default minimum is 5): the adaptive loop's
+    # small ones (the rule, the conditional's branches) then need no graph update at their first run in a call
+    "min-graph-20": "--xla_gpu_graph_min_graph_size=20",
 }
 
 
