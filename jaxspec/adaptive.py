@@ -5,9 +5,11 @@ The model. Let c_j be the conditional acceptance rate of draft position j (the p
 accepted given drafts 1..j-1 were), estimated per sequence, and t(K) the device time of one cycle that drafts K
 tokens (t(0): a plain decode step). A cycle of K drafts yields the accepted prefix plus the target's own token:
 
-    E[tokens | K] = 1 + sum_{j=1..K} prod_{i<=j} c_i      (only positions j <= remaining - 1 count)
+    E[tokens | K] = 1 + sum_{j=1..K} prod_{i<=j} c_i
 
-and the batch's throughput is sum_b E_b[tokens | K] / t(K) over the live sequences b. Each cycle takes the K of
+and the batch's throughput is sum_b E_b[tokens | K] / t(K) over the live sequences b. (The decisions do not cut
+the sum at the tokens a sequence still wants: near the end that would favour a smaller K for a cycle or two, and a
+change of K costs more than they save. The report's expected tokens are cut.) Each cycle takes the K of
 the compiled set that maximises it; one K serves the whole batch (one program), so a row whose drafts are
 rejected rides along with rows that accept and the choice is the batch's total, not any row's best.
 
@@ -403,9 +405,13 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     spec = state.spec
     live_B = ~spec.done
     remaining_B = max_new_tokens - spec.generated
+    # The decisions price a cycle's tokens as if the sequence went on: near its end a cut-off makes a smaller K
+    # look better, and a change of K costs more than the last cycles could save (on the H200 a branch's first run
+    # in a call costs the host a command-buffer update of ~1.5 ms, several cycles of the embedded pair).
+    endless_B = jnp.full_like(remaining_B, max(steps) + 1)
     accept_BJ = acceptance_rates(state.hits_BJ, state.trials_BJ, state.prior)
-    rule, gain_BN = choose(accept_BJ, state.cost_N, live_B, remaining_B, steps)
-    hopeful, _ = choose(optimistic(accept_BJ), state.cost_N, live_B, remaining_B, steps)
+    rule, _ = choose(accept_BJ, state.cost_N, live_B, endless_B, steps)
+    hopeful, _ = choose(optimistic(accept_BJ), state.cost_N, live_B, endless_B, steps)
     if not probe:  # nothing observes c_1 during plain stretches: explore with the cheapest speculative K
         hopeful = jnp.maximum(hopeful, sum(1 for k in steps if k == 0))
     # a run the last call's budget cut (streaming's calls, the cost measurement's) goes on as the device loop's
@@ -429,10 +435,10 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     def keep_going(s: SpecState, bl: Backlog, e, ran):
         live = ~s.done
         accept = acceptance_rates(*e, state.prior)
-        rate_N, _ = throughput(accept, state.cost_N, live, max_new_tokens - s.generated, steps)
+        rate_N, _ = throughput(accept, state.cost_N, live, endless_B, steps)
         kept = (held + ran < stretch) | (rate_N[choice] >= (1.0 - hysteresis) * jnp.max(rate_N))
         # an exploration that falls due ends the run only when it would try another K
-        hopeful_N, _ = throughput(optimistic(accept), state.cost_N, live, max_new_tokens - s.generated, steps)
+        hopeful_N, _ = throughput(optimistic(accept), state.cost_N, live, endless_B, steps)
         no_trial = (s.cycles < state.explore_next) | (jnp.argmax(hopeful_N) == choice)
         forced_next = state.schedule_P[s.cycles % state.schedule_len]
         agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & no_trial)
@@ -456,13 +462,14 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
 
     # an exploration is confirmed when what it observed leaves the rule where it was
     rule_after, _ = choose(acceptance_rates(hits_BJ, trials_BJ, state.prior), state.cost_N, ~new_spec.done,
-                           max_new_tokens - new_spec.generated, steps)
+                           endless_B, steps)
     explore_next, gap = next_exploration(spec.cycles, exploring, (hopeful == rule) | (rule_after == rule),
                                          rule != state.last_rule, state.explore_gap, state.explore_next,
                                          explore_every)
     ran = new_spec.cycles - spec.cycles  # 0 on a finished batch: no token, count or log changes
     col_C = jnp.arange(state.k_log.shape[0])
     in_run_C = (col_C >= spec.cycles) & (col_C < new_spec.cycles)
+    gain_BN = expected_tokens(accept_BJ, steps, remaining_B)  # the report's: what the cycles can still emit
     gain = jnp.sum(jnp.where(live_B, jnp.take(gain_BN, choice, axis=1), 0.0))
     fresh = (ran > 0) & ~resume
     return state.replace(

@@ -66,8 +66,10 @@ def replay_fixed(n_G, total: int, k: int, cost_ms: dict) -> Replay:
     return Replay((total - 1) / t * 1e3, ks)
 
 
-def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, switch_ms: float) -> Replay:
-    """One sequence through the rule of `jaxspec.adaptive.adaptive_cycle` (B = 1, greedy, the probe on)."""
+def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, switch_ms: float,
+                update_ms: float = 0.0) -> Replay:
+    """One sequence through the rule of `jaxspec.adaptive.adaptive_cycle` (B = 1, greedy): `switch_ms` per run
+    (the host's reads), `update_ms` at each branch's first run after the first (its command buffer's update)."""
     jmax = max(steps)
     cost_N = jnp.asarray([cost_ms[k] for k in steps], jnp.float32)
     hits, trials = np.zeros(jmax, np.float32), np.zeros(jmax, np.float32)
@@ -78,12 +80,13 @@ def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, s
     g, t, cycles, ks = 1, 0.0, 0, []
     explore_next, gap, last_rule = policy.explore_every - 1, policy.explore_every, -1
     n_zero = sum(1 for k in steps if k == 0)
+    used = set()
 
     def rates(h, tr):
         return acceptance_rates(jnp.asarray(h)[None], jnp.asarray(tr)[None], policy.prior)
 
-    def choose(acc_BJ):
-        rate_N, _ = throughput(acc_BJ, cost_N, jnp.asarray([True]), jnp.asarray([total - g]), steps)
+    def choose(acc_BJ):  # as the engine's decisions: E[tokens | K] not cut at the tokens still wanted
+        rate_N, _ = throughput(acc_BJ, cost_N, jnp.asarray([True]), jnp.asarray([max(steps) + 1]), steps)
         return int(jnp.argmax(rate_N)), np.asarray(rate_N)
 
     while g < total:
@@ -97,6 +100,9 @@ def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, s
         single = exploring and hopeful != rule
         k = steps[choice]
         t += switch_ms
+        if choice not in used:  # a branch's first run in the call: the host updates its command buffer
+            t += update_ms if used else 0.0
+            used.add(choice)
         if (k == 0 and len(backlog) >= width) or (k > 0 and backlog):  # the catch-up and its observations of c_1
             for obs in backlog if policy.probe else ():
                 hits[0], trials[0] = keep * hits[0] + obs, keep * trials[0] + 1.0
@@ -171,7 +177,7 @@ def replay(args) -> None:
                                             if n.startswith("K="))
         print(line)
         for name in names:
-            r = replay_rule(n_G, total, cost_ms, POLICIES[name], steps, args.switch_ms)
+            r = replay_rule(n_G, total, cost_ms, POLICIES[name], steps, args.switch_ms, args.update_ms)
             worst[name].append(r.tokens_per_s / best)
             hist = {k: r.k_log.count(k) for k in steps}
             print(f"      {name:18s} {r.tokens_per_s / fixed[0]:.2f}x  / best {r.tokens_per_s / best:.3f}  {hist}")
@@ -191,7 +197,9 @@ def main(argv=None):
     r = sub.add_parser("replay", help="replay fixed K and the rule's policies over N[g]")
     r.add_argument("--oracle", required=True)
     r.add_argument("--device-run", required=True, help="an adaptive-prompts-*.json (its cost table and speed-ups)")
-    r.add_argument("--switch-ms", type=float, default=0.15, help="price of a change of K (host reads)")
+    r.add_argument("--switch-ms", type=float, default=0.2, help="price of a change of K (host reads)")
+    r.add_argument("--update-ms", type=float, default=1.5,
+                   help="price of a branch's first run in a call after the first branch's (a graph update)")
     r.add_argument("--policies", nargs="*", choices=list(POLICIES))
     r.add_argument("--prior-start", type=float, default=adaptive.PRIOR_START)
     a = p.parse_args(argv)
