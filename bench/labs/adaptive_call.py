@@ -1,8 +1,10 @@
 """`python -m bench.labs.adaptive_call`: where a whole adaptive generation's time goes on the embedded pair (issue 37).
 
 The cost table prices each K of the adaptive program near the fixed-K program, yet whole adaptive runs of the
-embedded pair cost 15-30% more per cycle than the table says. This lab takes one prompt at a time and, for plain
-decoding, fixed K = 3, adaptive forced to K = 3 and adaptive variants (the rule; longer stretches; no exploration),
+embedded pair cost 15-30% more per cycle than the table says (runs 2323 and 2332 found why: a branch's first run
+in a call makes the host update its command buffers). This lab takes one prompt at a time and, for plain decoding
+(also in counted chunks), fixed K = 3, adaptive forced to K = 3 or 0 and adaptive variants (the rule; shorter runs;
+no exploration; K = 3 alone),
 times the engine's decode loop call (median of --repeats fresh prefilled states, the prefill not timed) and traces
 one call with the JAX profiler: kernel busy time against the call's wall time, the idle gaps between kernels and
 the host events (the executor's thunks, the driver's graph launches, updates and copies) of at least 20 us.
