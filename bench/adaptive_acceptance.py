@@ -147,7 +147,7 @@ def sweep(args, log) -> dict:
             log(f"K={k} a={a}: {decoded / seconds:.1f} tok/s, measured acceptance {rows[f'K={k}'][a]['acceptance']}")
 
     aux_width = len(spec_cfg.target.aux_layer_ids) * spec_cfg.target.hidden_size
-    start = lambda costs: init_adaptive_state(sprefill(*prompt), aux_width, steps, policy, costs)  # noqa: E731
+    start = lambda table: init_adaptive_state(sprefill(*prompt), aux_width, steps, policy, *table)  # noqa: E731
 
     def run_forced(s, branch, cycles):
         begin = int(s.cycles)
@@ -155,11 +155,13 @@ def sweep(args, log) -> dict:
                        jnp.int32(cycles))
         return out, int(out.cycles) - begin
 
-    costs = measure(run_forced, start((1.0,) * len(steps)), len(steps))
-    log("adaptive cost table (ms per cycle): " + ", ".join(f"K={k}: {1e3 * c:.3f}" for k, c in zip(steps, costs)))
+    table = measure(run_forced, start(((1.0,) * len(steps), 0.0)), len(steps))
+    costs = table.costs_s
+    log("adaptive cost table (ms per cycle): " + ", ".join(f"K={k}: {1e3 * c:.3f}" for k, c in zip(steps, costs))
+        + f"; a branch's first run {1e3 * table.first_run_s:.3f} ms")
     rows["adaptive"] = {}
     for a in args.acceptance:
-        seconds, out = _timed(lambda: start(costs), lambda s: adaptive(sw, s, jnp.float32(a), cont,
+        seconds, out = _timed(lambda: start(table), lambda s: adaptive(sw, s, jnp.float32(a), cont,
                                                                          jnp.int32(INT32_MAX)), args.repeats)
         k_log = np.asarray(out.k_log)
         k_log = k_log[k_log >= 0]
@@ -170,7 +172,8 @@ def sweep(args, log) -> dict:
             "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] == cont[:, : args.max_new_tokens])),
         }
         log(f"adaptive a={a}: {decoded / seconds:.1f} tok/s, K chosen {rows['adaptive'][a]['k_histogram']}")
-    return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, costs)}, adaptive_steps=list(steps))
+    return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, costs)},
+                first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps))
 
 
 def summary(result: dict) -> list[dict]:

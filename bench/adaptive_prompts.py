@@ -74,6 +74,7 @@ def time_engine(engine: Engine, prompt: list[int], max_new: int, repeats: int, s
     if last.adaptive is not None:
         row.update(k_histogram={str(k): n for k, n in last.adaptive.k_histogram.items()},
                    costs_ms={str(k): 1e3 * c for k, c in zip(last.adaptive.steps, last.adaptive.costs_s)},
+                   first_run_ms=1e3 * last.adaptive.first_run_s,
                    expected_tokens_per_s=last.adaptive.expected_tokens_per_s)
     return row
 

@@ -35,6 +35,12 @@ expects. On GPU that forward over a few tokens costs about one draft step, so pl
 every `backlog` tokens instead of every token. The catch-up is one conditional ahead of the switch (before a
 speculative run that finds a backlog, or a plain run that finds it full), so the cycles of a run have none.
 
+A branch's first run. On a GPU the first run of a branch in a call makes the host update the branch's command
+buffers (1.4-2.3 ms on the H200 for the embedded pair, several of its cycles). The rule therefore compares the
+time each K needs for the tokens the live rows still want, sum_b remaining_b / rate(K), and adds the measured
+price of a first run (`jaxspec.adaptive_costs.Measured.first_run_s`) to each branch not yet run in the generation:
+a short generation keeps a K that is nearly as good instead of paying for a new one, a long one switches.
+
 Runs. A choice of K runs for at least `stretch` cycles and then for as long as the rule keeps it (its expected
 tokens per second within `hysteresis` of the best K's, no exploration due): each cycle's outcome updates the
 estimates and the rule is re-evaluated at the end of the cycle's own work, so a run costs the host one read per
@@ -157,6 +163,8 @@ class AdaptiveState:
     trials_BJ: jax.Array  # [B, Kmax] float32: discounted count of position j's observations
     prior: jax.Array  # [] float32: the estimate of c_1 before any observation
     cost_N: jax.Array  # [N] float32: t(K) for each K of the set, seconds per cycle
+    first_run_s: jax.Array  # [] float32: the price of a branch's first run in a call (its command buffers' update)
+    used_N: jax.Array  # [N] bool: branches that ran in this generation
     explore_next: jax.Array  # [] int32: the cycle of the next optimistic choice
     explore_gap: jax.Array  # [] int32: cycles between optimistic choices now
     last_rule: jax.Array  # [] int32: the rule's choice at the previous cycle
@@ -199,8 +207,9 @@ def forced_schedule(steps: tuple[int, ...], schedule: tuple[int, ...]) -> dict:
 
 
 def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...], policy: AdaptivePolicy,
-                        cost_N) -> AdaptiveState:
-    """Wrap a prefilled SpecState (its out_tokens sized for max(steps)); `cost_N` seconds per cycle per K in steps."""
+                        cost_N, first_run_s: float = 0.0) -> AdaptiveState:
+    """Wrap a prefilled SpecState (its out_tokens sized for max(steps)); `cost_N` seconds per cycle per K in steps,
+    `first_run_s` the price of a branch's first run in a call."""
     b = spec.pending.shape[0]
     w = policy.backlog_width
     return AdaptiveState(
@@ -211,6 +220,8 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
         trials_BJ=jnp.zeros((b, max(steps)), jnp.float32).at[:, 0].set(PRIOR_START),
         prior=jnp.float32(policy.prior),
         cost_N=jnp.asarray(cost_N, jnp.float32),
+        first_run_s=jnp.float32(first_run_s),
+        used_N=jnp.zeros((len(steps),), bool),
         explore_next=jnp.int32(policy.explore_every - 1),
         explore_gap=jnp.int32(policy.explore_every),
         last_rule=jnp.int32(-1),
@@ -257,6 +268,18 @@ def choose(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
     """(branch index maximising the live rows' expected tokens per second, E[tokens | K] [B, N])."""
     rate_N, gain_BN = throughput(accept_BJ, cost_N, live_B, remaining_B, steps)
     return jnp.argmax(rate_N).astype(jnp.int32), gain_BN
+
+
+def priced_choice(rate_N, work, used_N, first_run_s, current=None, hysteresis: float = 0.0):
+    """The branch that finishes `work` tokens soonest at the rates `rate_N` (tokens per second), a branch not yet
+    run in this generation paying `first_run_s` once (the first branch is paid by any program). With `current`,
+    whether that branch stays: its time within `hysteresis` of the best. Returns (branch, stays or None)."""
+    price_N = jnp.where(jnp.any(used_N) & ~used_N, first_run_s, 0.0)
+    time_N = work / jnp.maximum(rate_N, 1e-30) + price_N
+    best = jnp.argmin(time_N).astype(jnp.int32)
+    if current is None:
+        return best, None
+    return best, time_N[current] <= (1.0 + hysteresis) * time_N[best]
 
 
 def optimistic(accept_BJ):
@@ -410,8 +433,16 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     # in a call costs the host a command-buffer update of ~1.5 ms, several cycles of the embedded pair).
     endless_B = jnp.full_like(remaining_B, max(steps) + 1)
     accept_BJ = acceptance_rates(state.hits_BJ, state.trials_BJ, state.prior)
-    rule, _ = choose(accept_BJ, state.cost_N, live_B, endless_B, steps)
-    hopeful, _ = choose(optimistic(accept_BJ), state.cost_N, live_B, endless_B, steps)
+
+    def decide(accept, s: SpecState, used_N, current=None):
+        """The rule over the tokens the live rows still want, a branch's first run priced."""
+        live = ~s.done
+        rate_N, _ = throughput(accept, state.cost_N, live, endless_B, steps)
+        work = jnp.sum(jnp.where(live, max_new_tokens - s.generated, 0)).astype(jnp.float32)
+        return priced_choice(rate_N, work, used_N, state.first_run_s, current, hysteresis)
+
+    rule, _ = decide(accept_BJ, spec, state.used_N)
+    hopeful, _ = decide(optimistic(accept_BJ), spec, state.used_N)
     if not probe:  # nothing observes c_1 during plain stretches: explore with the cheapest speculative K
         hopeful = jnp.maximum(hopeful, sum(1 for k in steps if k == 0))
     # a run the last call's budget cut (streaming's calls, the cost measurement's) goes on as the device loop's
@@ -432,14 +463,15 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     k_chosen = jnp.asarray(steps, jnp.int32)[choice]
     width = state.backlog.tokens_BW.shape[1]
 
+    used_N = state.used_N.at[choice].set(True)  # what the run's own decisions see
+
     def keep_going(s: SpecState, bl: Backlog, e, ran):
         live = ~s.done
         accept = acceptance_rates(*e, state.prior)
-        rate_N, _ = throughput(accept, state.cost_N, live, endless_B, steps)
-        kept = (held + ran < stretch) | (rate_N[choice] >= (1.0 - hysteresis) * jnp.max(rate_N))
+        _, stays = decide(accept, s, used_N, current=choice)
+        kept = (held + ran < stretch) | stays
         # an exploration that falls due ends the run only when it would try another K
-        hopeful_N, _ = throughput(optimistic(accept), state.cost_N, live, endless_B, steps)
-        no_trial = (s.cycles < state.explore_next) | (jnp.argmax(hopeful_N) == choice)
+        no_trial = (s.cycles < state.explore_next) | (decide(optimistic(accept), s, used_N)[0] == choice)
         forced_next = state.schedule_P[s.cycles % state.schedule_len]
         agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & no_trial)
         room = (k_chosen > 0) | jnp.all(bl.count_B + live.astype(jnp.int32) <= width)  # K = 0 appends to the backlog
@@ -461,8 +493,7 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     new_spec, backlog, (hits_BJ, trials_BJ), more = jax.lax.switch(choice, branches, spec, backlog, est)
 
     # an exploration is confirmed when what it observed leaves the rule where it was
-    rule_after, _ = choose(acceptance_rates(hits_BJ, trials_BJ, state.prior), state.cost_N, ~new_spec.done,
-                           endless_B, steps)
+    rule_after, _ = decide(acceptance_rates(hits_BJ, trials_BJ, state.prior), new_spec, used_N)
     explore_next, gap = next_exploration(spec.cycles, exploring, (hopeful == rule) | (rule_after == rule),
                                          rule != state.last_rule, state.explore_gap, state.explore_next,
                                          explore_every)
@@ -478,6 +509,7 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
         explore_gap=jnp.where(fresh, gap, state.explore_gap),
         last_rule=jnp.where(fresh, rule, state.last_rule),
         run_branch=jnp.where(more, choice, -1),
+        used_N=jnp.where(ran > 0, used_N, state.used_N),
         run_held=held + ran,
         k_log=jnp.where(in_run_C, k_chosen, state.k_log),
         expected_tokens=state.expected_tokens + ran * gain,

@@ -20,7 +20,7 @@ import statistics
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,18 @@ MEASURE_REPEATS = 3
 CPU_MEASURE_CYCLES = (8, 24)
 CPU_MEASURE_REPEATS = 1
 
-_MEMORY: dict[str, tuple[float, ...]] = {}
+
+
+class Measured(NamedTuple):
+    costs_s: tuple[float, ...]  # t(K) per cycle of each branch
+    # what a branch's first run in a call costs beyond its cycles: on a GPU the host updates the branch's command
+    # buffers then (1.4-2.3 ms on the H200 for the embedded pair). Taken as a call's fixed cost (the intercept
+    # of the timed calls), which also holds the call's launch: an upper bound. 0 on a CPU, which has no command
+    # buffers and whose intercepts are noise.
+    first_run_s: float = 0.0
+
+
+_MEMORY: dict[str, Measured] = {}
 
 
 class CostTableError(ValueError):
@@ -96,7 +107,7 @@ def disk_dir(environ=os.environ) -> Path | None:
     return base / "jaxspec" / "adaptive-costs"
 
 
-def cached(key: str) -> tuple[float, ...] | None:
+def cached(key: str) -> Measured | None:
     if key in _MEMORY:
         return _MEMORY[key]
     folder = disk_dir()
@@ -105,41 +116,45 @@ def cached(key: str) -> tuple[float, ...] | None:
     try:
         doc = json.loads((folder / f"{key}.json").read_text())
         costs = tuple(float(x) for x in doc["costs_s"])
-    except (OSError, ValueError, KeyError, TypeError):
+        first_run = float(doc.get("first_run_s", 0.0))  # tables kept before it was measured price it at 0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not costs or not all(0 < c < float("inf") for c in costs):
+    if not costs or not all(0 < c < float("inf") for c in costs) or not 0 <= first_run < float("inf"):
         return None
-    _MEMORY[key] = costs
-    return costs
+    _MEMORY[key] = Measured(costs, first_run)
+    return _MEMORY[key]
 
 
-def remember(key: str, costs: tuple[float, ...], steps: tuple[int, ...]) -> None:
-    _MEMORY[key] = costs
+def remember(key: str, measured: Measured, steps: tuple[int, ...]) -> None:
+    _MEMORY[key] = measured
     folder = disk_dir()
     if folder is None:
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"steps": list(steps), "costs_s": list(costs)}))
+        tmp.write_text(json.dumps({"steps": list(steps), "costs_s": list(measured.costs_s),
+                                   "first_run_s": measured.first_run_s}))
         tmp.replace(folder / f"{key}.json")
     except OSError:  # a read-only home: the table still serves this process
         pass
 
 
 def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int] | None = None,
-            repeats: int | None = None) -> tuple[float, ...] | None:
+            repeats: int | None = None, first_run: bool | None = None) -> Measured | None:
     """Seconds per cycle of each branch: `run_forced(state_copy, branch, n)` runs up to n cycles of that branch on
     a copy of `state` (donated) and returns (the state after, cycles it ran). After a long warm-up call, each repeat
     times a short and a long call; t(K) is the median over repeats of (long - short) / (their cycle difference),
     the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth on a GPU), and the
     table is made non-decreasing in K (`nondecreasing`; `n_branches` are the compiled set in increasing K). Where
     the generation ends before the long call's cycles, the long call's time per cycle stands in. None if no cycle
-    is left to run."""
+    is left to run. The first-run price is the median over branches and repeats of the short call's time beyond
+    its cycles (`first_run`; None: off a CPU)."""
     on_cpu = jax.default_backend() == "cpu"
+    first_run = not on_cpu if first_run is None else first_run
     short, long = cycles or (CPU_MEASURE_CYCLES if on_cpu else MEASURE_CYCLES)
     repeats = repeats or (CPU_MEASURE_REPEATS if on_cpu else MEASURE_REPEATS)
-    costs = []
+    costs, intercepts = [], []
     for branch in range(n_branches):
         def timed(n):
             copy = jax.tree.map(jnp.copy, state)
@@ -158,8 +173,9 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
             (t_short, ran_short), (t_long, ran_long) = timed(short), timed(long)
             slope = (t_long - t_short) / (ran_long - ran_short) if ran_long > ran_short else 0.0
             slopes.append(slope if slope > 0 else t_long / ran_long)
+            intercepts.append(max(0.0, t_short - ran_short * slopes[-1]))
         costs.append(statistics.median(slopes))
-    return nondecreasing(costs)
+    return Measured(nondecreasing(costs), statistics.median(intercepts) if first_run else 0.0)
 
 
 def nondecreasing(costs) -> tuple[float, ...]:

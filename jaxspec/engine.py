@@ -44,6 +44,7 @@ class AdaptiveReport:
     k_per_cycle: list[int]  # the K each cycle ran
     expected_tokens: float  # the model's E[tokens] summed over the cycles run
     expected_s: float  # t(K) summed over the cycles run
+    first_run_s: float = 0.0  # the price of a branch's first run in a call (jaxspec.adaptive_costs.Measured)
 
     @property
     def k_histogram(self) -> dict[int, int]:
@@ -282,17 +283,20 @@ class Engine:
         steps = policy.resolve_steps(self.k)
         aux_width = len(self.cfg.target.aux_layer_ids) * self.cfg.target.hidden_size
         key = None
-        if policy.costs is not None:
-            costs, source = tuple(c for _, c in policy.costs), "given"
+        if policy.costs is not None:  # a given table prices no first run
+            table, source = adaptive_costs.Measured(tuple(c for _, c in policy.costs)), "given"
         else:
             lat = spec_state.target_cache.latent[0]
             drafter = None if self.drafter is None else getattr(self.drafter, "__qualname__", repr(type(self.drafter)))
             key = adaptive_costs.cost_key(self.cfg, drafter, self.mesh and self.mesh.devices.shape, lat.shape,
                                           str(lat.dtype), greedy, policy.compiled(self.k))
-            costs, source = adaptive_costs.cached(key), "cached"
-        state = init_adaptive_state(spec_state, aux_width, steps, policy, costs or (1.0,) * len(steps))
-        report = AdaptiveReport(steps, tuple(float(c) for c in costs or ()), source, 0.0, [], 0.0, 0.0)
-        return state, report, (key if costs is None else None)
+            table, source = adaptive_costs.cached(key), "cached"
+        costs = table.costs_s if table is not None else (1.0,) * len(steps)
+        first_run = table.first_run_s if table is not None else 0.0
+        state = init_adaptive_state(spec_state, aux_width, steps, policy, costs, first_run)
+        report = AdaptiveReport(steps, tuple(float(c) for c in costs) if table is not None else (), source, 0.0, [],
+                                0.0, 0.0, float(first_run))
+        return state, report, (key if table is None else None)
 
     def _adaptive_measure(self, state, report: AdaptiveReport, key: str, run_forced):
         """Time each K with `run_forced(state copy, branch, cycles) -> (state, cycles run)`; the state with the
@@ -303,13 +307,14 @@ class Engine:
         measured = adaptive_costs.measure(forced, state, len(steps))
         measure_s = time.perf_counter() - t0
         if measured is None:  # nothing left to generate: any table serves
-            costs, source = (1.0,) * len(steps), "none"
+            measured, source = adaptive_costs.Measured((1.0,) * len(steps)), "none"
         else:
-            costs, source = measured, "measured"
-            adaptive_costs.remember(key, costs, steps)
-        report = dataclasses.replace(report, costs_s=tuple(float(c) for c in costs), cost_source=source,
-                                     measure_s=measure_s)
-        return state.replace(cost_N=jnp.asarray(costs, jnp.float32)), report
+            source = "measured"
+            adaptive_costs.remember(key, measured, steps)
+        report = dataclasses.replace(report, costs_s=tuple(float(c) for c in measured.costs_s), cost_source=source,
+                                     measure_s=measure_s, first_run_s=float(measured.first_run_s))
+        return state.replace(cost_N=jnp.asarray(measured.costs_s, jnp.float32),
+                             first_run_s=jnp.float32(measured.first_run_s)), report
 
     def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative):
         if max_new_tokens < 1:

@@ -52,7 +52,8 @@ JSON_SCHEMA = {
         "per_position": "[float]: P(draft i accepted), i = 1..K",
     },
     "adaptive": "null, or with --speculative-adaptive: {steps: [int]: the compiled K set, costs_ms: {K: float}: t(K) "
-                "per cycle, cost_source: 'measured' | 'cached' | 'given', measure_s: float, k_per_cycle: [int], "
+                "per cycle, first_run_ms: float: the price of a branch's first run in a call, cost_source: 'measured' | "
+                "'cached' | 'given', measure_s: float, k_per_cycle: [int], "
                 "k_histogram: {K: int}, expected_tokens_per_s: float: the model's E[tokens] / t over the cycles run, "
                 "achieved_tokens_per_s: float}",
     "baseline": "null, or with --baseline (jaxspec/speedup.py): {decode_tokens_per_s, decode_s, steps, "
@@ -327,6 +328,7 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
         out["adaptive"] = {
             "steps": list(ad.steps),
             "costs_ms": {str(k_): 1000 * c for k_, c in zip(ad.steps, ad.costs_s)},
+            "first_run_ms": 1000 * ad.first_run_s,
             "cost_source": ad.cost_source,
             "measure_s": ad.measure_s,
             "k_per_cycle": ad.k_per_cycle,

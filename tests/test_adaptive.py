@@ -10,7 +10,7 @@ import pytest
 
 from jaxspec import adaptive_costs
 from jaxspec.adaptive import (EXPLORE_BACKOFF, AdaptivePolicy, acceptance_rates, choose, expected_tokens,
-                              next_exploration, optimistic)
+                              next_exploration, optimistic, priced_choice)
 from jaxspec.adaptive_costs import CostTableError, parse_costs
 from jaxspec.engine import Engine
 from jaxspec.spec_step import draft_chain
@@ -50,6 +50,19 @@ def test_rule_maximises_tokens_per_second_over_the_live_rows():
     assert int(choose(jnp.full((2, 4), 0.1), jnp.ones(4), live, many, STEPS)[0]) == 3
     # optimism lifts only the deeper positions, up to the first one's rate
     np.testing.assert_allclose(np.asarray(optimistic(jnp.asarray([[0.9, 0.1, 0.95, 0.0]]))), [[0.9, 0.9, 0.95, 0.9]])
+
+
+def test_a_branch_not_yet_run_pays_its_first_run():
+    rate_N = jnp.asarray([100.0, 120.0, 125.0])  # tokens per second of three branches
+    used_N = jnp.asarray([False, True, False])  # branch 1 runs now
+    # 50 tokens left: branch 2 would save 50/120 - 50/125 = 17 ms, less than a 20 ms first run
+    assert int(priced_choice(rate_N, 50.0, used_N, 0.02)[0]) == 1
+    assert int(priced_choice(rate_N, 500.0, used_N, 0.02)[0]) == 2  # 167 ms saved: worth it
+    assert int(priced_choice(rate_N, 50.0, jnp.zeros(3, bool), 0.02)[0]) == 2  # the first branch: no price
+    assert int(priced_choice(rate_N, 50.0, jnp.asarray([True, True, True]), 0.02)[0]) == 2  # run before: no price
+    _, stays = priced_choice(rate_N, 500.0, used_N, 0.0, current=1, hysteresis=0.05)
+    assert bool(stays)  # within 5% of the best
+    assert not bool(priced_choice(rate_N, 500.0, used_N, 0.0, current=0, hysteresis=0.05)[1])
 
 
 def test_estimates_shrink_towards_the_shallower_position():
@@ -96,10 +109,12 @@ def test_cost_table_is_the_slope_between_a_short_and_a_long_call(monkeypatch):
         return state, cycles
 
     state = collections.namedtuple("State", "generated")(jnp.zeros(3))  # what `measure` copies and waits for
-    got = adaptive_costs.measure(run_forced, state, 2, cycles=(16, 48), repeats=3)
-    np.testing.assert_allclose(got, [0.001, 0.003], rtol=1e-9)
+    got = adaptive_costs.measure(run_forced, state, 2, cycles=(16, 48), repeats=3, first_run=True)
+    np.testing.assert_allclose(got.costs_s, [0.001, 0.003], rtol=1e-9)
+    assert got.first_run_s == pytest.approx(0.007)  # the calls' fixed cost prices a branch's first run
+    assert adaptive_costs.measure(run_forced, state, 2, cycles=(16, 48), repeats=1).first_run_s == 0.0  # on a CPU
     # each branch is warmed up by a long call (every path of it run once, untimed), then 3 timed pairs
-    assert calls == [(b, n) for b in (0, 1) for n in (48, 16, 48, 16, 48, 16, 48)]
+    assert calls[:14] == [(b, n) for b in (0, 1) for n in (48, 16, 48, 16, 48, 16, 48)]
 
 
 def test_measured_table_never_falls_with_k(monkeypatch):
@@ -117,7 +132,7 @@ def test_measured_table_never_falls_with_k(monkeypatch):
 
     state = collections.namedtuple("State", "generated")(jnp.zeros(3))
     got = adaptive_costs.measure(run_forced, state, 3, cycles=(16, 48), repeats=1)
-    np.testing.assert_allclose(got, [0.001, 0.0035, 0.0035], rtol=1e-9)
+    np.testing.assert_allclose(got.costs_s, [0.001, 0.0035, 0.0035], rtol=1e-9)
 
 
 def test_policy_and_cost_table_validation():

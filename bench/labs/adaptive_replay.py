@@ -67,9 +67,11 @@ def replay_fixed(n_G, total: int, k: int, cost_ms: dict) -> Replay:
 
 
 def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, switch_ms: float,
-                update_ms: float = 0.0) -> Replay:
+                update_ms: float = 0.0, price_ms: float | None = None) -> Replay:
     """One sequence through the rule of `jaxspec.adaptive.adaptive_cycle` (B = 1, greedy): `switch_ms` per run
-    (the host's reads), `update_ms` at each branch's first run after the first (its command buffer's update)."""
+    (the host's reads), `update_ms` at each branch's first run after the first (its command buffer's update), which
+    the rule prices at `price_ms` (None: update_ms; the engine measures it as a call's fixed cost)."""
+    price_ms = update_ms if price_ms is None else price_ms
     jmax = max(steps)
     cost_N = jnp.asarray([cost_ms[k] for k in steps], jnp.float32)
     hits, trials = np.zeros(jmax, np.float32), np.zeros(jmax, np.float32)
@@ -85,9 +87,11 @@ def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, s
     def rates(h, tr):
         return acceptance_rates(jnp.asarray(h)[None], jnp.asarray(tr)[None], policy.prior)
 
-    def choose(acc_BJ):  # as the engine's decisions: E[tokens | K] not cut at the tokens still wanted
+    def choose(acc_BJ):  # as the engine's decisions: E[tokens | K] not cut, a branch's first run priced
         rate_N, _ = throughput(acc_BJ, cost_N, jnp.asarray([True]), jnp.asarray([max(steps) + 1]), steps)
-        return int(jnp.argmax(rate_N)), np.asarray(rate_N)
+        time_N = (total - g) / np.maximum(np.asarray(rate_N), 1e-30) + np.asarray(
+            [price_ms if used and i not in used else 0.0 for i in range(len(steps))])
+        return int(np.argmin(time_N)), time_N
 
     while g < total:
         acc = rates(hits, trials)
@@ -123,8 +127,8 @@ def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, s
             cycles += 1
             if single or g >= total:
                 break
-            _, rate_N = choose(rates(hits, trials))
-            kept = ran < policy.stretch or rate_N[choice] >= (1.0 - policy.hysteresis) * rate_N.max()
+            _, time_N = choose(rates(hits, trials))
+            kept = ran < policy.stretch or time_N[choice] <= (1.0 + policy.hysteresis) * time_N.min()
             no_trial = cycles < explore_next or choose(optimistic(rates(hits, trials)))[0] == choice
             if not (kept and no_trial and (k > 0 or len(backlog) < width)):
                 break
