@@ -41,8 +41,8 @@ time each K needs for the tokens the live rows still want, sum_b remaining_b / r
 price of a first run (`jaxspec.adaptive_costs.Measured.first_run_s`) to each branch not yet run in the generation:
 a short generation keeps a K that is nearly as good instead of paying for a new one, a long one switches.
 
-Runs. A choice of K runs for at least `stretch` cycles and then for as long as the rule keeps it (its expected
-tokens per second within `hysteresis` of the best K's, no exploration due): each cycle's outcome updates the
+Runs. A choice of K runs for at least `stretch` cycles and then for as long as the rule keeps it (the time it
+needs for the wanted tokens within `hysteresis` of the best K's, no exploration due): each cycle's outcome updates the
 estimates and the rule is re-evaluated at the end of the cycle's own work, so a run costs the host one read per
 cycle, as fixed-K generation does, and a change of K a few more (the switch, the catch-up's conditional, the outer
 loop's predicate).
@@ -100,8 +100,9 @@ class AdaptivePolicy:
     # cache current, at about one draft step's cost)
     backlog: int | None = None
     stretch: int = 8  # cycles a choice of K runs at least before the rule may leave it
-    # a K in use is kept while its expected tokens per second are within this fraction of the best K's: each change
-    # of K costs the host a few reads (the switch, the catch-up's conditional, the outer loop's predicate)
+    # a K in use is kept while the time it needs for the tokens still wanted is within this fraction of the best
+    # K's: each change of K costs the host a few reads (the switch, the catch-up's conditional, the outer loop's
+    # predicate)
     hysteresis: float = 0.03
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     schedule: tuple[int, ...] = ()  # K of each cycle, repeated (benchmarks and tests); () lets the rule choose
@@ -413,10 +414,10 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
                    greedy: bool, max_new_tokens: int, ema: float, explore_every: int, stretch: int = 1,
                    hysteresis: float = 0.0, probe: bool = True, drafter=None, budget=None) -> AdaptiveState:
     """Choose K (the rule, an optimistic choice when exploration is due, or the schedule) and run it for at least
-    `stretch` cycles, then for as long as the rule keeps it: until another K's expected tokens per second beat
-    this one's by more than `hysteresis`, an exploration falls due, the schedule names another K, or (K = 0) the
-    backlog is full. At most `budget` cycles (None: `stretch`, one call of streaming); explorations, the first
-    cycle and a schedule that switches K run a single cycle.
+    `stretch` cycles, then for as long as the rule keeps it: until another K would finish the tokens still wanted
+    sooner by more than `hysteresis` (a branch not yet run paying its first run), an exploration that would try
+    another K falls due, the schedule names another K, or (K = 0) the backlog is full. At most `budget` cycles
+    (None: `stretch`, one call of streaming); explorations and a schedule that switches K run a single cycle.
 
     A change of K costs the host a few reads (the loop's predicate, the catch-up's conditional, the switch's
     branch), so a run of one K pays them once, not per cycle; within it each cycle costs the one predicate read of
