@@ -36,7 +36,7 @@ every `backlog` tokens instead of every token. The catch-up is one conditional a
 speculative run that finds a backlog, or a plain run that finds it full), so the cycles of a run have none.
 
 A branch's first run. On a GPU the first run of a branch in a call makes the host update the branch's command
-buffers (1.4-2.3 ms on the H200 for the embedded pair, several of its cycles). The rule therefore compares the
+buffers (a millisecond or more, several cycles of a small model: docs/performance.md). The rule therefore compares the
 time each K needs for the tokens the live rows still want, sum_b remaining_b / rate(K), and adds the measured
 price of a first run (`jaxspec.adaptive_costs.Measured.first_run_s`) to each branch not yet run in the generation:
 a short generation keeps a K that is nearly as good instead of paying for a new one, a long one switches.
@@ -265,12 +265,6 @@ def throughput(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
     return jnp.sum(jnp.where(live_B[:, None], gain_BN, 0.0), axis=0) / cost_N, gain_BN
 
 
-def choose(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
-    """(branch index maximising the live rows' expected tokens per second, E[tokens | K] [B, N])."""
-    rate_N, gain_BN = throughput(accept_BJ, cost_N, live_B, remaining_B, steps)
-    return jnp.argmax(rate_N).astype(jnp.int32), gain_BN
-
-
 def priced_choice(rate_N, work, used_N, first_run_s, current=None, hysteresis: float = 0.0):
     """The branch that finishes `work` tokens soonest at the rates `rate_N` (tokens per second), a branch not yet
     run in this generation paying `first_run_s` once (the first branch is paid by any program). With `current`,
@@ -430,8 +424,8 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     live_B = ~spec.done
     remaining_B = max_new_tokens - spec.generated
     # The decisions price a cycle's tokens as if the sequence went on: near its end a cut-off makes a smaller K
-    # look better, and a change of K costs more than the last cycles could save (on the H200 a branch's first run
-    # in a call costs the host a command-buffer update of ~1.5 ms, several cycles of the embedded pair).
+    # look better, and a change of K costs more than the last cycles could save (on a GPU a branch's first run in a
+    # call costs the host an update of its command buffers, several cycles of a small model).
     endless_B = jnp.full_like(remaining_B, max(steps) + 1)
     accept_BJ = acceptance_rates(state.hits_BJ, state.trials_BJ, state.prior)
 

@@ -38,11 +38,10 @@ CPU_MEASURE_CYCLES = (8, 24)
 CPU_MEASURE_REPEATS = 1
 
 
-
 class Measured(NamedTuple):
     costs_s: tuple[float, ...]  # t(K) per cycle of each branch
     # what a branch's first run in a call costs beyond its cycles: on a GPU the host updates the branch's command
-    # buffers then (1.4-2.3 ms on the H200 for the embedded pair). Taken as a call's fixed cost (the intercept
+    # buffers then (a millisecond or more: docs/performance.md). Taken as a call's fixed cost (the intercept
     # of the timed calls), which also holds the call's launch: an upper bound. 0 on a CPU, which has no command
     # buffers and whose intercepts are noise.
     first_run_s: float = 0.0

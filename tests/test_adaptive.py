@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive import (EXPLORE_BACKOFF, AdaptivePolicy, acceptance_rates, choose, expected_tokens,
-                              next_exploration, optimistic, priced_choice)
+from jaxspec.adaptive import (EXPLORE_BACKOFF, AdaptivePolicy, acceptance_rates, expected_tokens,
+                              next_exploration, optimistic, priced_choice, throughput)
 from jaxspec.adaptive_costs import CostTableError, parse_costs
 from jaxspec.engine import Engine
 from jaxspec.spec_step import draft_chain
@@ -33,6 +33,12 @@ def test_expected_tokens_is_the_accepted_prefix_model():
     # a row with 2 tokens left gains nothing from a second draft
     np.testing.assert_allclose(np.asarray(expected_tokens(c, STEPS, jnp.asarray([2, 1, 100])))[:2],
                                [[1, 1.5, 1.5, 1.5], [1, 1, 1, 1]])
+
+
+def choose(accept_BJ, cost_N, live_B, remaining_B, steps):
+    """The rule's branch for a fresh generation (no branch run yet, so no first-run price)."""
+    rate_N, _ = throughput(accept_BJ, cost_N, live_B, remaining_B, steps)
+    return priced_choice(rate_N, 200.0, jnp.zeros(len(steps), bool), 0.0)
 
 
 def test_rule_maximises_tokens_per_second_over_the_live_rows():
