@@ -49,6 +49,15 @@ VARIANTS = {  # name: (K, adaptive policy or None, cycles per counted chunk of t
     "rule_no_explore": (3, AdaptivePolicy(explore_every=1 << 20), 1),
     "rule_k3_only": (3, AdaptivePolicy(steps=(0, 3)), 1),
 }
+# fixed-K loops of at most `cycles` cycles a call, the host reading `done` between calls and running the next K of
+# the list (a K change made by the host between programs, not by a conditional inside one)
+SPLITS = {
+    "split3_once": ((3,), 1 << 20),
+    "split3_16": ((3,), 16),
+    "split34_16": ((3, 4), 16),
+    "split3_8": ((3,), 8),
+    "split34_8": ((3, 4), 8),
+}
 
 
 def loop_call(engine: Engine, prompt: list[int], max_new: int, chunk: int = 1):
@@ -78,6 +87,35 @@ def loop_call(engine: Engine, prompt: list[int], max_new: int, chunk: int = 1):
     compiled, _ = engine._compile("loop_spec" if speculative else "loop_base", loop, {}, (engine.weights, start(), sp),
                                   (1,), baked=(True, max_new, chunk))
     return start, lambda s: compiled(engine.weights, s, sp)
+
+
+def split_call(engine: Engine, prompt: list[int], max_new: int, ks: tuple[int, ...], cycles: int):
+    """(fresh prefilled state, run(state) -> state): fixed-K loops of at most `cycles` cycles per call on one state
+    (sized for K = 4), K taken in turn from `ks`, the host reading `done` after each call."""
+    from jaxspec.spec_step import speculative_cycle  # noqa: PLC0415
+    sampling = SamplingParams()
+    sp = sampling.validate().as_arrays()
+
+    def start():
+        return engine._prefill([prompt], max_new, sampling, 0, True)[0]
+
+    def loop(w, s, sp, limit, k):
+        first = s.cycles
+        step = lambda s: speculative_cycle(w, s, sp, cfg=engine.cfg, k=k, greedy=True,  # noqa: E731
+                                           max_new_tokens=max_new, drafter=engine.drafter)
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done) & (s.cycles - first < limit), step, s)
+
+    progs = {k: engine._compile(f"split_{k}", loop, dict(k=k), (engine.weights, start(), sp, jnp.int32(0)), (1,),
+                                baked=(max_new,))[0] for k in set(ks)}
+
+    def run(s):
+        i = 0
+        while True:
+            s = progs[ks[i % len(ks)]](engine.weights, s, sp, jnp.int32(cycles))
+            i += 1
+            if bool(jnp.all(s.done)):
+                return s
+    return start, run
 
 
 def profile(start, run, repeats: int) -> dict:
@@ -115,7 +153,7 @@ def profile(start, run, repeats: int) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.labs.adaptive_call", description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int, nargs="+", default=[6, 8], help="indices into bench.adaptive_prompts")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS) + list(SPLITS))
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--dtype", default="bfloat16")
@@ -133,11 +171,15 @@ def main(argv=None):
         kind, text = PROMPTS[i]
         prompt = encode(tok, text)
         for name in a.variants:
-            k, policy, chunk = VARIANTS[name]
-            engine = Engine(spec_cfg, weights, num_steps=k, adaptive=policy)
-            engine.generate([prompt], a.max_new_tokens)  # compile; adaptive: measure the cost table
-            row = dict(prompt=text, kind=kind, variant=name,
-                       **profile(*loop_call(engine, prompt, a.max_new_tokens, chunk), a.repeats))
+            if name in SPLITS:
+                engine = Engine(spec_cfg, weights, num_steps=4)
+                calls = split_call(engine, prompt, a.max_new_tokens, *SPLITS[name])
+            else:
+                k, policy, chunk = VARIANTS[name]
+                engine = Engine(spec_cfg, weights, num_steps=k, adaptive=policy)
+                engine.generate([prompt], a.max_new_tokens)  # compile; adaptive: measure the cost table
+                calls = loop_call(engine, prompt, a.max_new_tokens, chunk)
+            row = dict(prompt=text, kind=kind, variant=name, **profile(*calls, a.repeats))
             result["rows"].append(row)
             path.write_text(json.dumps(result, indent=1))  # after every row: a run cut short keeps what it measured
             log(f"{text[:14]!r:18s} {name:16s} {row['ms']:7.3f} ms ({row['ms_min']:.3f}-{row['ms_max']:.3f}) "
