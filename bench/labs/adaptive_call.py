@@ -144,6 +144,7 @@ def profile(start, run, repeats: int) -> dict:
         gap_kinds=sorted(([k, round(v[0], 3), v[1]] for k, v in gap_after.items()), key=lambda r: -r[1])[:10],
         host=sorted(([k, round(v[0], 3), v[1]] for k, v in groups.items()), key=lambda r: -r[1])[:20],
     )
+    row["tokens"] = np.asarray(out.out_tokens)[0, :row["generated"]].tolist()  # what the call emitted
     if hasattr(out, "k_log"):
         ks = np.asarray(out.k_log)
         row["k_histogram"] = {str(k): int(n) for k, n in zip(*np.unique(ks[ks >= 0], return_counts=True))}
@@ -186,7 +187,7 @@ def main(argv=None):
                 f"{row['cycles']:4d} cycles {row['ms'] / row['cycles']:.4f} ms/cycle {1e3 * row['ms'] / row['generated']:.1f} "
                 f"us/token | traced {row['traced_wall_ms']:.3f}"
                 f" busy {row['busy_ms']:.3f} span {row['span_ms']:.3f} gaps {row['gaps_over_5us']} "
-                f"({row['gaps_ms']:.3f} ms) {row.get('k_histogram', '')}")
+                f"({row['gaps_ms']:.3f} ms) {row.get('k_histogram', '')} tokens {hash(tuple(row['tokens'])) & 0xffff:04x}")
             for g in row["gap_kinds"][:4]:
                 log(f"      gap {g[1]:7.3f} ms {g[2]:4d}x  {g[0]}")
             for h in row["host"][:8]:
