@@ -40,6 +40,13 @@ def _kernel_configs(by_tokens: dict) -> str:
     return (" (" + ", ".join(f"{t}: {_short(c)}" for t, c in by_tokens.items()) + ")") if by_tokens else ""
 
 
+def _routing(result: dict) -> str:
+    routings = (result.get("args") or {}).get("routing", ["model"])
+    routings = [routings] if isinstance(routings, str) else routings
+    return ", ".join("the random model's router" if r == "model" else f"set by bench, {r}" for r in routings) + (
+        " (bench.routes; rows say which)" if len(routings) > 1 else "")
+
+
 def markdown(result: dict) -> str:
     lines = [
         f"# Step benchmark: {result['device']}, jax {result['jax']}, {result['date']}",
@@ -48,7 +55,7 @@ def markdown(result: dict) -> str:
         "",
         f"Kimi-K2.5 dims, {result['layers']} layers (layer 0 dense, the rest MoE with INT4 g32 experts; bf16 elsewhere), "
         f"lm_head {'tiny' if result['tiny'] else '163840'} rows, random weights. MoE path: {result.get('moe_path')}"
-        f"{_kernel_configs(result.get('kernel_config') or {})}.",
+        f"{_kernel_configs(result.get('kernel_config') or {})}. Routing of the steps: {_routing(result)}.",
         f"Copy bandwidth measured in this run (XLA elementwise, read + write): {fmt(result.get('copy_tbs'), 2)} TB/s; "
         f"read bandwidth (XLA reduction, reads only): {fmt(result.get('read_tbs'), 2)} TB/s. "
         "Floors: bytes that must be moved / 4.3 TB/s and / the copy bandwidth. Times: median of device-synchronised "
@@ -90,14 +97,15 @@ def markdown(result: dict) -> str:
     steps = result.get("steps") or []
     if steps:
         lines += ["## Target forward steps (decode T=1, verify T>1)", "",
-                  "| B | context | T | MoE path | median ms | queued ms | device loop ms | loop fixed ms | loop / N ms | "
+                  "| B | context | T | MoE path | routing | median ms | queued ms | device loop ms | loop fixed ms | loop / N ms | "
                   "unique experts / layer | GB | floor 4.3 (ms) | x floor | loop x floor | floor copy (ms) | x copy floor | "
                   "/ decode |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in steps:
             dec = _decode_ms(steps, r["batch"], r["context"], r.get("moe_path"))
             lines.append(
-                f"| {r['batch']} | {r['context']} | {r['tokens']} | {r.get('moe_path')} | {r['median_ms']:.3f} | "
+                f"| {r['batch']} | {r['context']} | {r['tokens']} | {r.get('moe_path')} | {r.get('routing', 'model')} | "
+                f"{r['median_ms']:.3f} | "
                 f"{r['queued_mean_ms']:.3f} | {_loop_cells(r)} | {np.mean(r['unique_experts']):.1f} | "
                 f"{r['bytes']['total'] / 1e9:.2f} | {r['floor_ms_4p3']:.3f} | {r['ratio_4p3']:.2f} | "
                 f"{fmt(r.get('device_loop_ratio_4p3'), 2)} | {r['floor_ms_copy']:.3f} | {r['ratio_copy']:.2f} | "
@@ -107,13 +115,14 @@ def markdown(result: dict) -> str:
     if slopes:
         lines += ["## One MoE layer inside the step ((N-layer step - M-layer prefix) / (N - M): same weights, tokens, "
                   "cache; no lm_head)", "",
-                  "| B | context | T | layers M..N-1 | synchronised us | x floor | queued us | x floor | device loop us | "
+                  "| B | context | T | routing | layers M..N-1 | synchronised us | x floor | queued us | x floor | device loop us | "
                   "x floor | floor 4.3 (us) | MB | unique experts / layer |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         us = lambda v: fmt(v and v * 1e3, 1)  # noqa: E731
         for r in slopes:
             lines.append(
-                f"| {r['batch']} | {r['context']} | {r['tokens']} | {r['prefix_layers']}..{r['layers'] - 1} | "
+                f"| {r['batch']} | {r['context']} | {r['tokens']} | {r.get('routing', 'model')} | "
+                f"{r['prefix_layers']}..{r['layers'] - 1} | "
                 f"{us(r['median_ms'])} | {fmt(r['median_ratio_4p3'], 2)} | {us(r['queued_ms'])} | "
                 f"{fmt(r['queued_ratio_4p3'], 2)} | {us(r['device_loop_ms'])} | {fmt(r['device_loop_ratio_4p3'], 2)} | "
                 f"{r['floor_ms_4p3'] * 1e3:.1f} | {r['bytes'] / 1e6:.1f} | {np.mean(r['unique_experts']):.1f} |")

@@ -35,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.routes import record_routes  # noqa: E402
+from bench.routes import NEIGHBOUR_SHARE, ROUTINGS, record_routes, set_routes  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
@@ -99,21 +99,21 @@ def _kernel_record(tokens: int, experts, cfg) -> dict:
 PATH_KERNELS = {"kernel": Kernels(), "reference": Kernels(moe="off")}
 
 
-def make_step(cfg, kernels: Kernels):
+def make_step(cfg, kernels: Kernels, routing: str = "model"):
     """Jitted target forward under `kernels` (cache donated) returning logits, the cache and the router ids of
-    each MoE layer."""
+    each MoE layer; `routing` other than "model" sets the ids (`bench.routes.set_routes`, per row of T tokens)."""
     cfg = cfg.replace(kernels=kernels)
 
     def step(w, tokens_BT, positions_BT, cache):
         recorded = []
-        with record_routes(recorded):
+        with set_routes(routing, tokens_BT.shape[1]), record_routes(recorded):
             out = forward(w, cfg, tokens_BT, positions_BT, cache)
         return out.logits, out.cache, jnp.stack(recorded)
 
     return jax.jit(step, donate_argnums=(3,))
 
 
-def make_step_loop(cfg, kernels: Kernels):
+def make_step_loop(cfg, kernels: Kernels, routing: str = "model"):
     """`steps` (an argument: one program for every length) decode/verify steps in one jitted device loop, each fed
     the previous step's argmax tokens (as the engine's on-device generation is): the per-step time without a host
     round trip per step."""
@@ -122,7 +122,8 @@ def make_step_loop(cfg, kernels: Kernels):
     def loop(w, tokens_BT, positions_BT, cache, steps):
         def body(_, carry):
             toks, c = carry
-            out = forward(w, cfg, toks, positions_BT, c)
+            with set_routes(routing, toks.shape[1]):
+                out = forward(w, cfg, toks, positions_BT, c)
             return jnp.argmax(out.logits, axis=-1).astype(toks.dtype), out.cache
 
         return jax.lax.fori_loop(0, steps, body, (tokens_BT, cache))
@@ -193,13 +194,14 @@ def check_prefix_layers(cfg, layers: int) -> None:
                          f"{cfg.num_hidden_layers - 1} (--layers - 1), not {layers}")
 
 
-def prefix_model(w, cfg, layers: int, kernels: Kernels):
-    """The first `layers` layers of `w` (the same arrays) with their config, step and device loop."""
+def prefix_model(w, cfg, layers: int, kernels: Kernels, routing: str = "model"):
+    """The first `layers` layers of `w` (the same arrays) with their config, step and device loop (a set routing
+    draws the same ids for these layers as for the full model's first layers)."""
     check_prefix_layers(cfg, layers)
     pcfg = cfg.replace(num_hidden_layers=layers,
                        aux_layer_ids=tuple(i for i in cfg.eagle_aux_layers if i < layers) or (0,))
     pw = dataclasses.replace(w, layers=w.layers[:layers])
-    return dict(w=pw, cfg=pcfg, step=make_step(pcfg, kernels), loop=make_step_loop(pcfg, kernels))
+    return dict(w=pw, cfg=pcfg, step=make_step(pcfg, kernels, routing), loop=make_step_loop(pcfg, kernels, routing))
 
 
 def layer_slope(full: dict, prefix: dict, layers: int, prefix_layers: int) -> dict:
@@ -217,31 +219,34 @@ def layer_slope(full: dict, prefix: dict, layers: int, prefix_layers: int) -> di
     return row
 
 
-def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh=None, prefix=None):
-    """Times each (path, batch, context, tokens) of `plan`; with `prefix` (`prefix_model`), the kernel path's
-    rows at the first batch / context also on the prefix, with the same key (tokens, cache), into `layer_slope`."""
+def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh=None, prefix=None,
+              routing: str = "model"):
+    """Times each (path, batch, context, tokens) of `plan` (its steps routed by `routing`); with `prefix`
+    (`prefix_model`), the kernel path's rows at the first batch / context also on the prefix, with the same key
+    (tokens, cache), into `layer_slope`."""
     key = jax.random.PRNGKey(len(result["steps"]) + 1)
     for path, b, c, t in plan:
         if over_budget():
-            result["skipped"].append(f"step {path} B={b} ctx={c} T={t}")
+            result["skipped"].append(f"step {path} B={b} ctx={c} T={t} routing {routing}")
             continue
         key, sub = jax.random.split(key)
         loop = None
         if args.loop_steps and (b, c) == (args.batches[0], args.contexts[0]):  # the targets' configuration
-            loop = make_step_loop(cfg, loops[path])
+            loop = make_step_loop(cfg, loops[path], routing)
         try:
             row = time_step(w, cfg, steps[path], b, t, c, sub, args.iters, copy_tbs, loop, args.loop_steps, mesh)
-            row["moe_path"] = path
+            row["moe_path"], row["routing"] = path, routing
             result["steps"].append(row)
             loop_note = (f", device loop {row['device_loop_ms']:.3f} + {row['device_loop_fixed_ms']:.3f} a loop "
                          f"(loop / N {row['device_loop_chained_ms']:.3f})") if "device_loop_ms" in row else ""
-            log(f"step {path:9s} B={b} ctx={c:6d} T={t}: {row['median_ms']:.3f} ms "
+            log(f"step {path:9s} B={b} ctx={c:6d} T={t} routing {routing}: {row['median_ms']:.3f} ms "
                 f"(queued {row['queued_mean_ms']:.3f}{loop_note}), floor {row['floor_ms_4p3']:.3f} ms, ratio {row['ratio_4p3']:.2f}, "
                 f"unique experts {np.mean(row['unique_experts']):.1f}, compile {row['compile_s']:.1f} s")
             if prefix is not None and path == prefix["path"] and (b, c) == (args.batches[0], args.contexts[0]):
                 pre = time_step(prefix["w"], prefix["cfg"], prefix["step"], b, t, c, sub, args.iters, copy_tbs,
                                 loop and prefix["loop"], args.loop_steps)
                 slope = layer_slope(row, pre, cfg.num_hidden_layers, prefix["cfg"].num_hidden_layers)
+                slope["routing"] = routing
                 result.setdefault("layer_slope", []).append(slope)
                 loop_part = (f", device loop {slope['device_loop_ms'] * 1e3:.1f} ({slope['device_loop_ratio_4p3']:.2f}x)"
                              if slope["device_loop_ms"] is not None else "")
@@ -249,7 +254,7 @@ def run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, lo
                     f"{slope['median_ms'] * 1e3:.1f} us synchronised ({slope['median_ratio_4p3']:.2f}x), queued "
                     f"{slope['queued_ms'] * 1e3:.1f}{loop_part}, floor {slope['floor_ms_4p3'] * 1e3:.1f} us")
         except Exception as e:
-            result["errors"].append(f"step {path} B={b} ctx={c} T={t}: {type(e).__name__}: {e}"[:2000])
+            result["errors"].append(f"step {path} B={b} ctx={c} T={t} routing {routing}: {type(e).__name__}: {e}"[:2000])
             traceback.print_exc()
         save()
 
@@ -310,6 +315,12 @@ def parse_args(argv):
     p.add_argument("--prefix-layers", type=int, default=0,
                    help="also time the first batch/context's kernel steps on the first M layers: the difference is "
                         "one MoE layer inside the step (0 = off)")
+    p.add_argument("--routing", choices=ROUTINGS, nargs="+", default=["model"],
+                   help="the steps' expert choices, each in turn over the same weights: the random model's router "
+                        "(model), or set by bench per row of T "
+                        "tokens: independent at random, neighbour (each choice repeats one of the previous token's "
+                        f"with probability {NEIGHBOUR_SHARE}), shared (a row's tokens choose the same experts); the "
+                        "cycles keep the model's router")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--mesh", type=mesh_shape, default=None,
@@ -379,9 +390,9 @@ def main(argv=None) -> dict:
     log(f"MoE path for the steps: {result['moe_path']}")
 
     loops = {path: PATH_KERNELS[path] for path in (("reference", "kernel") if kernel_ok else ("reference",))}
-    steps = {path: make_step(cfg, kernels) for path, kernels in loops.items()}
-    plan = [("kernel" if kernel_ok else "reference", b, c, t)
-            for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
+    main_plan = [("kernel" if kernel_ok else "reference", b, c, t)
+                 for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
+    plan = list(main_plan)
     if kernel_ok:  # the XLA reference path side by side, where the targets are
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
@@ -390,27 +401,36 @@ def main(argv=None) -> dict:
     cycles = args.cycle_k and args.layers >= 3
     if cycles:
         from bench.cycle import bench_cycles
-    prefix = None
-    if args.prefix_layers:
-        prefix = dict(prefix_model(w, cfg, args.prefix_layers, kernels), path="kernel" if kernel_ok else "reference")
-    if mesh is not None:  # traced inside the mesh (the MoE finds it there): every step, then every cycle
-        with mesh_context(mesh):
-            run_steps(result, w, cfg, steps, plan, args, copy_tbs, over_budget, save, log, loops, mesh)
-            if cycles:
-                pairs = [(b, c) for b in args.batches for c in args.contexts]
-                result["cycles"] += bench_cycles(w, cfg, args, kernels, copy_tbs, over_budget, result, log, pairs,
-                                                 tiny=args.tiny, mesh=mesh)
-    else:
+    for n, routing in enumerate(args.routing):
+        # each routing its own programs over the same weights; the reference rows and the cycles (which keep the
+        # model's router) once
+        steps = {path: make_step(cfg, kernels, routing) for path, kernels in loops.items()}
+        # one token per row draws its experts at random under every regime: T = 1 once
+        todo = plan if n == 0 else [p for p in main_plan if p[3] > 1]
+        run_cycles = cycles and n == 0
+        prefix = None
+        if args.prefix_layers:
+            prefix = dict(prefix_model(w, cfg, args.prefix_layers, kernels, routing),
+                          path="kernel" if kernel_ok else "reference")
+        if mesh is not None:  # traced inside the mesh (the MoE finds it there): every step, then every cycle
+            with mesh_context(mesh):
+                run_steps(result, w, cfg, steps, todo, args, copy_tbs, over_budget, save, log, loops, mesh,
+                          routing=routing)
+                if run_cycles:
+                    pairs = [(b, c) for b in args.batches for c in args.contexts]
+                    result["cycles"] += bench_cycles(w, cfg, args, kernels, copy_tbs, over_budget, result, log, pairs,
+                                                     tiny=args.tiny, mesh=mesh)
+            continue
         # the targets' configuration first (steps, then cycles), so a run cut by its budget still shows them
-        run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) == first], args, copy_tbs, over_budget,
-                  save, log, loops, prefix=prefix)
-        if cycles:
+        run_steps(result, w, cfg, steps, [p for p in todo if (p[1], p[2]) == first], args, copy_tbs, over_budget,
+                  save, log, loops, prefix=prefix, routing=routing)
+        if run_cycles:
             result["cycles"] += bench_cycles(w, cfg, args, kernels, copy_tbs, over_budget, result, log, [first],
                                              tiny=args.tiny, loop_cycles=args.loop_steps)
             save()
-        run_steps(result, w, cfg, steps, [p for p in plan if (p[1], p[2]) != first], args, copy_tbs, over_budget,
-                  save, log, loops)
-        if cycles:
+        run_steps(result, w, cfg, steps, [p for p in todo if (p[1], p[2]) != first], args, copy_tbs, over_budget,
+                  save, log, loops, routing=routing)
+        if run_cycles:
             rest = [(b, c) for b in args.batches for c in args.contexts if (b, c) != first]
             result["cycles"] += bench_cycles(w, cfg, args, kernels, copy_tbs, over_budget, result, log, rest,
                                              tiny=args.tiny)
