@@ -73,7 +73,7 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run(args) -> int:
+def run(args, on_item_saved=None) -> int:
     dst = args.dst.absolute()
     check_destination(args.src, dst)
     with DestinationLock(dst):
@@ -89,7 +89,7 @@ def run(args) -> int:
             opts = ConvertOptions(dtype=args.dtype, experts=args.experts, restart=args.restart,
                                   overwrite=args.overwrite, progress=not args.no_progress,
                                   allow_nonfinite=args.allow_nonfinite)
-            convert_checkpoint(args.src, dst, opts, _log, lock=False)
+            convert_checkpoint(args.src, dst, opts, _log, lock=False, on_item_saved=on_item_saved)
         if args.check:
             bad = check_conversion(args.src, dst, args.check_samples if args.check_source else 0, log=_log)
             if bad:
@@ -105,11 +105,12 @@ def _kept(args) -> str:
     return ""
 
 
-def main(argv=None) -> int:
+def main(argv=None, on_item_saved=None) -> int:
+    """The CLI; `on_item_saved` as for `convert_checkpoint` (what tests interrupt a run with)."""
     args = None
     try:
         args = parse_args(argv)
-        return run(args)
+        return run(args, on_item_saved)
     except (UsageError, CheckpointError, ConfigError) as e:
         message = str(e)
     except OSError as e:  # a read-only or full disk, a permission: name the file

@@ -12,9 +12,7 @@ import ctypes
 import dataclasses
 import hashlib
 import json
-import os
 import struct
-import signal
 import sys
 from pathlib import Path
 from typing import Callable
@@ -37,10 +35,6 @@ from model.config import ConfigError, text_config_from_dict
 from model.eagle3 import draft_config_from_dict
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float16": "float16"}
-# test hook: SIGKILL ourselves after this many items are saved, as a crash or `kill -9` would
-KILL_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_KILL_AFTER_ITEMS"
-# test hook: SIGSTOP ourselves once this many items are saved (a run caught midway, lock held, for the test to inspect)
-STOP_AFTER_ITEMS_ENV = "JAXSPEC_CONVERT_STOP_AFTER_ITEMS"
 # config.json model_type values of the architectures jaxspec converts (K2.5 wraps a kimi_k2 text_config); MLA
 # drafters carry their target's (TorchSpec writes kimi_k2, DeepseekV3Config deepseek_v3)
 TARGET_MODEL_TYPES = ("deepseek_v3", "kimi_k2", "kimi_k25")
@@ -126,20 +120,12 @@ def release_host_memory() -> None:
         pass
 
 
-def _test_hooks(writer: CheckpointWriter) -> None:
-    kill, stop = os.environ.get(KILL_AFTER_ITEMS_ENV), os.environ.get(STOP_AFTER_ITEMS_ENV)
-    if kill is None and stop is None:
-        return
-    writer.wait_for_digests()  # "N items saved" means their schema files are on disk
-    if kill is not None and writer.saved >= int(kill):
-        os.kill(os.getpid(), signal.SIGKILL)
-    if stop is not None and writer.saved == int(stop):
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def convert_checkpoint(src: str | Path, dst: str | Path, opts: ConvertOptions = ConvertOptions(),
-                       log: Callable[[str], None] = _log, *, lock: bool = True) -> Path:
-    """Convert SRC into DST; `lock=False` when the caller already holds DST's lock (DestinationLock)."""
+                       log: Callable[[str], None] = _log, *, lock: bool = True,
+                       on_item_saved: Callable[[int], None] | None = None) -> Path:
+    """Convert SRC into DST; `lock=False` when the caller already holds DST's lock (DestinationLock).
+    `on_item_saved(n)` runs after each converted item of a target, once the n items saved so far are on disk with
+    their digests (what a resume would find)."""
     src, dst = Path(src), Path(dst).absolute()
     raw = read_config(src)
     check_destination(src, dst)
@@ -147,14 +133,15 @@ def convert_checkpoint(src: str | Path, dst: str | Path, opts: ConvertOptions = 
     with DestinationLock(dst) if lock else contextlib.nullcontext():
         if checkpoint_kind(raw) == "draft":
             return convert_draft(src, dst, raw, opts, log)
-        return convert_target(src, dst, raw, opts, log)
+        return convert_target(src, dst, raw, opts, log, on_item_saved)
 
 
 def _source(reader: CheckpointReader, opts: ConvertOptions):
     return reader if opts.allow_nonfinite else FiniteSource(reader)
 
 
-def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -> Path:
+def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log,
+                   on_item_saved: Callable[[int], None] | None = None) -> Path:
     where = str(src / "config.json")
     check_model_type(raw, TARGET_MODEL_TYPES, where)
     cfg = text_config_from_dict(raw, where=where)
@@ -190,7 +177,9 @@ def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) -
             writer.save_item(item, tree)
             del tree
             release_host_memory()
-            _test_hooks(writer)
+            if on_item_saved is not None:
+                writer.wait_for_digests()
+                on_item_saved(writer.saved)
         bar.close()
         meta = {
             "kind": "target", "dtype": dtype, "experts": experts, "items": list(plan.items),

@@ -17,7 +17,6 @@ import torch
 from convert.__main__ import main
 from convert.checkpoint import COMPLETE_MARKER, METADATA_FILE, load_target, partial_dir
 from convert.errors import CheckpointError
-from convert.stream import KILL_AFTER_ITEMS_ENV, STOP_AFTER_ITEMS_ENV
 from tests import convert_fixtures as fx
 from tests.convert_fixtures import REPO
 
@@ -40,9 +39,11 @@ def converted(src, tmp_path_factory):
     return dst
 
 
-def run_cli(src, dst, *flags, env_extra=None, **kw):
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "convert", str(src), str(dst), "--no-progress", *flags],
+def run_cli(src, dst, *flags, interrupt=(), **kw):
+    """The convert CLI; `interrupt` ("--stop-after", "N") runs it through tests.convert_interrupted."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = ["-m", "tests.convert_interrupted", *interrupt, "--"] if interrupt else ["-m", "convert"]
+    return subprocess.Popen([sys.executable, *cmd, str(src), str(dst), "--no-progress", *flags],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -66,7 +67,7 @@ def test_a_second_conversion_into_the_same_destination_is_refused(src, tmp_path)
     """Process A stops itself (SIGSTOP) after its first item, lock held; process B into the same DST exits 2
     naming A, and leaves A's DST.partial alone; A then finishes a complete, loadable checkpoint."""
     dst = tmp_path / "dst"
-    a = run_cli(src, dst, env_extra={STOP_AFTER_ITEMS_ENV: "1"})
+    a = run_cli(src, dst, interrupt=("--stop-after", "1"))
     try:
         _, status = os.waitpid(a.pid, os.WUNTRACED)
         assert os.WIFSTOPPED(status)
@@ -94,7 +95,7 @@ def test_resume_refuses_a_source_edited_since_the_kill(src, tmp_path, capsys):
     own = tmp_path / "src"
     shutil.copytree(src, own)
     dst = tmp_path / "dst"
-    rc, err = finish(run_cli(own, dst, env_extra={KILL_AFTER_ITEMS_ENV: "1"}))
+    rc, err = finish(run_cli(own, dst, interrupt=("--kill-after", "1")))
     assert rc == -signal.SIGKILL, err
     idx = json.loads((own / "model.safetensors.index.json").read_text())
     shard = own / idx["weight_map"]["model.layers.2.mlp.gate.weight"]

@@ -15,7 +15,7 @@ from convert.__main__ import main
 from convert.checkpoint import COMPLETE_MARKER, load_item_numpy, load_target, partial_dir
 from convert.safetensors_reader import CheckpointError
 from convert.safetensors_reader import CheckpointReader
-from convert.stream import KILL_AFTER_ITEMS_ENV, ConvertOptions, convert_checkpoint
+from convert.stream import ConvertOptions, convert_checkpoint
 from convert.stream import source_fingerprint as _fingerprint
 from tests import convert_fixtures as fx
 from tests.convert_fixtures import REPO
@@ -32,10 +32,11 @@ def int4_src(tmp_path_factory):
     return src
 
 
-def run_cli(src, dst, *flags, env_extra=None):
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "convert", str(src), str(dst), "--no-progress", *flags],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+def run_cli(src, dst, *flags, interrupt=()):
+    """The convert CLI; `interrupt` ("--kill-after", "N") runs it through tests.convert_interrupted."""
+    cmd = ["-m", "tests.convert_interrupted", *interrupt, "--"] if interrupt else ["-m", "convert"]
+    return subprocess.run([sys.executable, *cmd, str(src), str(dst), "--no-progress", *flags],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
 
 
 def source_fingerprint(src):
@@ -52,7 +53,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(int4_src, tmp_path):
     reference = convert_checkpoint(int4_src, tmp_path / "reference", ConvertOptions(progress=False), lambda m: None)
 
     dst = tmp_path / "dst"
-    killed = run_cli(int4_src, dst, env_extra={KILL_AFTER_ITEMS_ENV: "2"})
+    killed = run_cli(int4_src, dst, interrupt=("--kill-after", "2"))
     assert killed.returncode == -signal.SIGKILL
     work = partial_dir(dst)
     assert not dst.exists() and work.is_dir()
