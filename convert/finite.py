@@ -48,26 +48,10 @@ def count_nonfinite(x: np.ndarray) -> int:
     return int(np.count_nonzero((np.ascontiguousarray(x).reshape(-1).view(utype) & mask) == mask))
 
 
-class FiniteSource:
-    """A tensor source that refuses float tensors holding NaN or Inf, naming the file and tensor."""
-
-    def __init__(self, src):
-        self.src = src
-
-    def has(self, name: str) -> bool:
-        return self.src.has(name)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.src.shape(name)
-
-    def file_of(self, name: str):
-        return self.src.file_of(name)
-
-    def get(self, name: str) -> np.ndarray:
-        x = self.src.get(name)
-        if has_nonfinite(x):
-            raise CheckpointError(
-                f"{self.src.file_of(name)}: tensor '{name}' holds {count_nonfinite(x)} NaN / Inf values "
-                "(pass --allow-nonfinite to convert it anyway)"
-            )
-        return x
+def refuse_nonfinite(name: str, x: np.ndarray, source) -> None:
+    """An `ObservedSource` observer: a float tensor holding NaN or Inf is refused, naming its file and name."""
+    if has_nonfinite(x):
+        raise CheckpointError(
+            f"{source.file_of(name)}: tensor '{name}' holds {count_nonfinite(x)} NaN / Inf values "
+            "(pass --allow-nonfinite to convert it anyway)"
+        )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 from tqdm import tqdm
 
 
@@ -15,22 +14,6 @@ def progress_bar(total_bytes: int, done_bytes: int, enabled: bool = True) -> tqd
     )
 
 
-class CountingSource:
-    """A tensor source that reports the bytes of every tensor read to `on_bytes`."""
-
-    def __init__(self, src, on_bytes):
-        self.src, self.on_bytes = src, on_bytes
-
-    def has(self, name: str) -> bool:
-        return self.src.has(name)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.src.shape(name)
-
-    def file_of(self, name: str):
-        return self.src.file_of(name)
-
-    def get(self, name: str) -> np.ndarray:
-        x = self.src.get(name)
-        self.on_bytes(x.nbytes)
-        return x
+def count_bytes(bar: tqdm):
+    """An `ObservedSource` observer that advances `bar` by each tensor's bytes."""
+    return lambda name, x, source: bar.update(x.nbytes)

@@ -23,10 +23,11 @@ from convert.checkpoint import CheckpointWriter
 from convert.destination import check_destination
 from convert.dst_lock import DestinationLock
 from convert.errors import CheckpointError
-from convert.finite import FiniteSource
+from convert.finite import refuse_nonfinite
+from convert.observed_source import ObservedSource
 from convert.hf_draft_weights import build_draft, plan_draft
 from convert.hf_weights import WeightBuilder
-from convert.progress import CountingSource, progress_bar
+from convert.progress import count_bytes, progress_bar
 from convert.safe_paths import file_inside
 from convert.safetensors_reader import CheckpointReader
 from convert.tokenizer_files import tokenizer_files
@@ -136,8 +137,10 @@ def convert_checkpoint(src: str | Path, dst: str | Path, opts: ConvertOptions = 
         return convert_target(src, dst, raw, opts, log, on_item_saved)
 
 
-def _source(reader: CheckpointReader, opts: ConvertOptions):
-    return reader if opts.allow_nonfinite else FiniteSource(reader)
+def _source(reader: CheckpointReader, opts: ConvertOptions, bar) -> ObservedSource:
+    """The reader as the builders read it: non-finite tensors refused (unless allowed), bytes counted on `bar`."""
+    checks = () if opts.allow_nonfinite else (refuse_nonfinite,)
+    return ObservedSource(reader, *checks, count_bytes(bar))
 
 
 def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log,
@@ -166,7 +169,7 @@ def convert_target(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log,
         if done:
             log(f"convert: resuming {writer.work}: {len(done)} of {len(plan.items)} items already converted")
         bar = progress_bar(plan.total_bytes, sum(plan.item_bytes[i] for i in done), opts.progress)
-        builder = WeightBuilder(CountingSource(_source(reader, opts), bar.update), cfg, np.dtype(dtype),
+        builder = WeightBuilder(_source(reader, opts, bar), cfg, np.dtype(dtype),
                                 dequantize_experts=dequantize)
         for item, names in plan.items.items():
             if item in done:
@@ -212,7 +215,7 @@ def convert_draft(src: Path, dst: Path, raw: dict, opts: ConvertOptions, log) ->
     total = sum(reader.nbytes(n) for n in names)
     # a drafter is one small item: build (and so validate) it whole before anything is written
     bar = progress_bar(total, 0, opts.progress)
-    weights = build_draft(CountingSource(_source(reader, opts), bar.update), cfg, names, np.dtype(dtype))
+    weights = build_draft(_source(reader, opts, bar), cfg, names, np.dtype(dtype))
     bar.close()
     writer = CheckpointWriter(dst, options, restart=opts.restart, overwrite=opts.overwrite)
     try:
