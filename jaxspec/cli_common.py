@@ -1,18 +1,39 @@
 """What the command-line entry points (`jaxspec.generate`, `jaxspec.serve`) share: where the embedded pair lives,
-finding a target's drafter, the EOS ids a checkpoint names, the --mesh flag, and the user-error type."""
+finding a target's drafter, the EOS ids a checkpoint names, the --mesh flag, the user-error type and how errors
+end a run."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
+from typing import Callable
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
     """A user error: the entry points print it as one line `error: ...` and exit with status 2."""
+
+
+def run_with_exit_codes(run: Callable[[], int], input_errors: tuple[type[BaseException], ...]) -> int:
+    """`run()`, with a bad input (a UsageError or one of `input_errors`: a checkpoint, config, tokenizer or prompt
+    that is refused) or an unreadable file printed as one line `error: ...` and status 2, and Ctrl-C as status 130."""
+    try:
+        return run()
+    except (UsageError, *input_errors) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # a file that cannot be read, a port that cannot be bound
+        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 class OneLineParser(argparse.ArgumentParser):

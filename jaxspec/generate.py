@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
-                                 parse_mesh)
+                                 parse_mesh, run_with_exit_codes)
 from jaxspec.defaults import DEFAULT_NUM_STEPS, default_dtype
 from jaxspec.generate_display import echo_prompt, format_speedup
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
@@ -26,7 +26,6 @@ from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
 # and the last space with the next word ("\n   ", " with"), so a prompt that ends at a word reads to the model
 # like its training text; one ending in a bare newline or in indentation does not.
 DEFAULT_PROMPT = 'def read_lines(path):\n    """Return the lines of the file at path."""\n    with'
-EXIT_USAGE = 2
 SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes
 TOP_K_MAX = 2**31 - 1  # top-k travels as an int32; any k >= the vocabulary keeps everything
 
@@ -60,7 +59,6 @@ JSON_SCHEMA = {
                 "speculative_decode_tokens_per_s, speedup, speedup_min, speedup_max, rounds, mode: 'device loop'}: "
                 "medians over interleaved rounds of both runs, speedup_min/max the rounds' extremes",
 }
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -372,22 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     from jaxspec.tokenizer import TokenizerError
     from model.config import ConfigError
 
-    try:
-        return run(argv)
-    except BrokenPipeError:
-        # stdout's reader left (`| head -c 20`): stop quietly; point stdout at /dev/null so that the interpreter's
-        # own flush at exit does not raise again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except (UsageError, CheckpointError, ConfigError, TokenizerError, PromptTooLong) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as e:  # a checkpoint file that cannot be read
-        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    def closed_pipe_ends_quietly() -> int:
+        try:
+            return run(argv)
+        except BrokenPipeError:
+            # stdout's reader left (`| head -c 20`): stop quietly; point stdout at /dev/null so that the
+            # interpreter's own flush at exit does not raise again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+
+    return run_with_exit_codes(closed_pipe_ends_quietly, (CheckpointError, ConfigError, TokenizerError, PromptTooLong))
 
 
 if __name__ == "__main__":

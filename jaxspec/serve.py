@@ -16,9 +16,7 @@ from pathlib import Path
 
 from jaxspec.defaults import default_dtype
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
-                                 parse_mesh)
-
-EXIT_USAGE = 2
+                                 parse_mesh, run_with_exit_codes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,17 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxspec.tokenizer import TokenizerError
     from model.config import ConfigError
 
-    try:
-        return run(argv)
-    except (UsageError, CheckpointError, ConfigError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as e:  # a checkpoint file that cannot be read, a port that cannot be bound
-        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    return run_with_exit_codes(lambda: run(argv), (CheckpointError, ConfigError, TokenizerError))
 
 
 if __name__ == "__main__":
