@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import write_report  # noqa: E402
+from bench.report import publish  # noqa: E402
 from bench.step import random_model  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
 from jaxspec.adaptive_costs import measure  # noqa: E402
@@ -276,10 +276,9 @@ def main(argv=None):
     result["summary"] = summary(result)
     out = Path(args.out)
     stem = f"adaptive-acceptance-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
-    write_report(result, out, stem, markdown)
+    out.mkdir(parents=True, exist_ok=True)
     plot(result, out / f"{stem}.png")
-    log(markdown(result))
-    log(f"wrote {out}/{stem}.json, .md and .png")
+    publish(result, out, stem, markdown, log, also=" and .png")
     return result
 
 

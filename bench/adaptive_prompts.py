@@ -23,7 +23,7 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bench.report import write_report  # noqa: E402
+from bench.report import publish  # noqa: E402
 from convert.checkpoint import load_draft, load_target  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
@@ -158,9 +158,7 @@ def main(argv=None):
     result["adaptive_over_baseline_where_every_k_loses"] = [r["summary"]["adaptive_over_baseline"] for r in losing]
     out = Path(args.out)
     stem = f"adaptive-prompts-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
-    write_report(result, out, stem, markdown)
-    log(markdown(result))
-    log(f"wrote {out}/{stem}.json and .md")
+    publish(result, out, stem, markdown, log)
     return result
 
 

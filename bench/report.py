@@ -186,3 +186,11 @@ def write_report(result: dict, out_dir: Path, stem: str, render=markdown) -> Pat
     path = write_json(result, out_dir, stem)
     (out_dir / f"{stem}.md").write_text(render(result))
     return path
+
+
+def publish(result: dict, out_dir: Path, stem: str, render, log, also: str = "") -> Path:
+    """`write_report`, then the table on `log` and where it went (`also` names any other file written beside)."""
+    path = write_report(result, out_dir, stem, render)
+    log(render(result))
+    log(f"wrote {out_dir}/{stem}.json and .md{also}")
+    return path

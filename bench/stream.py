@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import write_report  # noqa: E402
+from bench.report import publish  # noqa: E402
 from bench.step import random_model  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
 
@@ -126,9 +126,7 @@ def main(argv=None):
                                                                  args.repeats, log)
     out = Path(args.out)
     stem = f"stream-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
-    write_report(result, out, stem, markdown)
-    log(markdown(result))
-    log(f"wrote {out}/{stem}.json and .md")
+    publish(result, out, stem, markdown, log)
     return result
 
 
