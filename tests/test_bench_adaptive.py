@@ -1,6 +1,7 @@
 """The adaptive benchmarks' command lines on tiny settings: bench.adaptive_acceptance (K2.5-shaped, controllable
 drafter; JSON, markdown and the plot) and bench.adaptive_prompts (the embedded pair), and their flag errors."""
 
+import functools
 import json
 
 import jax
@@ -19,12 +20,15 @@ def test_controlled_drafter_proposes_the_truth_at_the_asked_rate(pair):
     cfg, w = pair
     b, k, n = 64, 4, 40
     tokens = jnp.tile(jnp.arange(3, 19, dtype=jnp.int32)[None], (b, 1))
-    state = spec_prefill(w, tokens, jnp.full((b,), 16, jnp.int32), jax.random.key(0), {}, cfg=cfg, capacity=64, k=k,
-                         greedy=True, max_new_tokens=n, max_cycles=n)
+    # jitted: one program each, where running op by op compiles every operation on its own
+    prefill = jax.jit(functools.partial(spec_prefill, cfg=cfg, capacity=64, k=k, greedy=True, max_new_tokens=n,
+                                        max_cycles=n))
+    state = prefill(w, tokens, jnp.full((b,), 16, jnp.int32), jax.random.key(0), {})
     cont = jax.random.randint(jax.random.key(1), (b, n), 0, cfg.target.vocab_size, jnp.int32)
+    drafter = jax.jit(lambda w, state, rate, cont: controlled_drafter(jax.random.key(2), w, cfg, state, k, True, {},
+                                                                       rate=rate, continuation_BS=cont)[0])
     for a in (0.0, 0.5, 1.0):
-        drafts, _, _ = controlled_drafter(jax.random.key(2), w, cfg, state, k, True, {}, rate=jnp.float32(a),
-                                          continuation_BS=cont)
+        drafts = drafter(w, state, jnp.float32(a), cont)
         hit = np.asarray(drafts == cont[:, 1: 1 + k])  # generated = 1: draft j is continuation[1 + j]
         assert abs(hit.mean() - a) < 0.1
 

@@ -61,16 +61,18 @@ def test_draft_layer_matches_float64_numpy():
     tokens = rng.integers(0, cfg.target.vocab_size, t)
     aux = rng.standard_normal((t, dcfg.aux_width)).astype(np.float32)
     cache = init_draft_cache(dcfg, 1, 16, jnp.float32)
-    out = draft_forward(dw, dcfg, tw.embed, tw.lm_head, jnp.asarray(tokens)[None], jnp.asarray(aux)[None],
-                        jnp.arange(t)[None], cache)
+    # jitted, as the engine runs it (op by op, every operation would compile on its own)
+    forward = jax.jit(draft_forward, static_argnums=1)
+    out = forward(dw, dcfg, tw.embed, tw.lm_head, jnp.asarray(tokens)[None], jnp.asarray(aux)[None],
+                  jnp.arange(t)[None], cache)
     ref_logits, ref_hidden, k, v = numpy_draft(dw, dcfg, tw.embed, tw.lm_head, tokens, aux.astype(np.float64), np.arange(t))
     np.testing.assert_allclose(np.asarray(out.logits[0]), ref_logits, atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(out.hidden[0]), ref_hidden, atol=1e-5, rtol=0)
 
     # a drafting step: the draft's own output (width H) as h, attending to the cached positions
     tok = np.array([int(rng.integers(0, cfg.target.vocab_size))])
-    step = draft_forward(dw, dcfg, tw.embed, tw.lm_head, jnp.asarray(tok)[None], out.hidden[:, -1:],
-                         jnp.array([[t]]), out.cache)
+    step = forward(dw, dcfg, tw.embed, tw.lm_head, jnp.asarray(tok)[None], out.hidden[:, -1:],
+                   jnp.array([[t]]), out.cache)
     ref2, ref_h2, _, _ = numpy_draft(dw, dcfg, tw.embed, tw.lm_head, tok, ref_hidden[-1:], np.array([t]), k, v)
     np.testing.assert_allclose(np.asarray(step.logits[0]), ref2, atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(step.hidden[0]), ref_h2, atol=1e-5, rtol=0)

@@ -12,8 +12,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_two_processes_generate_the_one_process_tokens():
+    # the workers keep conftest's compile options (launch_local sets XLA_FLAGS to the device count alone)
+    options = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                       if not f.startswith("--xla_force_host_platform_device_count"))
     results = launch_local([sys.executable, "-m", "tests.multihost_worker"], num_processes=2, cpu_devices=4,
-                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "JAXSPEC_TEST_XLA_FLAGS": options})
     for r in results:
         assert r.returncode == 0, r.stderr[-4000:]
     reports = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]

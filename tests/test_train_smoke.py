@@ -51,7 +51,7 @@ SMOKE_DATA = ["--max-files", "24", "--held-out-percent", "25", "--val-percent", 
 def test_smoke_train_target_then_draft_with_resume(tmp_path):
     target_report = train_target.main([
         "--preset", "smoke", "--out", str(tmp_path), "--vocab-size", "320", "--steps", "12", "--warmup", "3",
-        "--eval-every", "12", "--log-every", "6", *SMOKE_DATA,
+        "--eval-every", "12", "--eval-windows", "16", "--final-eval-windows", "16", "--log-every", "6", *SMOKE_DATA,
     ])
     curves = target_report["curves"]
     assert len(curves["train_loss"]) == 12 and curves["train_loss"][-1] < curves["train_loss"][0]
