@@ -53,6 +53,9 @@ def initialize_from_env(environ=None) -> ProcessInfo | None:
     return initialize(env[ENV_COORDINATOR], int(env[ENV_NUM_PROCESSES]), int(env[ENV_PROCESS_ID]))
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -62,14 +65,16 @@ def free_port() -> int:
 def launch_local(command: list[str], num_processes: int, cpu_devices: int, *, timeout: float | None = None,
                  env: dict | None = None) -> list[subprocess.CompletedProcess]:
     """Run `command` as `num_processes` processes on this host, each with `cpu_devices` CPU devices and a
-    coordinator on 127.0.0.1; returns each process's result (stdout / stderr captured as text)."""
+    coordinator on 127.0.0.1; returns each process's result (stdout / stderr captured as text). The environment's
+    XLA_FLAGS are kept, but for a device count of their own."""
     coordinator = f"127.0.0.1:{free_port()}"
     procs, logs = [], []
     for pid in range(num_processes):
         penv = dict(os.environ if env is None else env)
+        kept = [f for f in penv.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)]
         penv.update({
             ENV_COORDINATOR: coordinator, ENV_NUM_PROCESSES: str(num_processes), ENV_PROCESS_ID: str(pid),
-            "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={cpu_devices}",
+            "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(kept + [f"{DEVICE_COUNT_FLAG}={cpu_devices}"]),
         })
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # files: a pipe can fill and block
         logs.append((out, err))

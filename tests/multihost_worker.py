@@ -4,14 +4,9 @@ Run by tests/test_multihost.py through `jaxspec.distributed.launch_local` (2 pro
 """
 
 import json
-import os
 import sys
 
-# launch_local gives each process XLA_FLAGS of its device count alone; the test passes tests/conftest.py's compile
-# options (the same programs, compiled without LLVM's expensive passes) to add before jax starts its backend
-os.environ["XLA_FLAGS"] = f"{os.environ.pop('JAXSPEC_TEST_XLA_FLAGS', '')} {os.environ.get('XLA_FLAGS', '')}".strip()
-
-from jaxspec.distributed import initialize_from_env  # noqa: E402
+from jaxspec.distributed import initialize_from_env
 
 
 def main() -> None:
