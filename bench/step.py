@@ -323,6 +323,9 @@ def parse_args(argv):
                         "cycles keep the model's router")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
+    p.add_argument("--skip-reference", action="store_true",
+                   help="no XLA reference-path rows beside the kernel's (deep models: the reference gathers the "
+                        "chosen experts' dequantised weights, tens of GB at T = 4 and 10 layers)")
     p.add_argument("--mesh", type=mesh_shape, default=None,
                    help="data x model (1x8) or a device count: weights by the partition rules (experts over every "
                         "device), caches over data, steps and cycles traced in the mesh (the one-device MoE lab is "
@@ -393,7 +396,7 @@ def main(argv=None) -> dict:
     main_plan = [("kernel" if kernel_ok else "reference", b, c, t)
                  for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
     plan = list(main_plan)
-    if kernel_ok:  # the XLA reference path side by side, where the targets are
+    if kernel_ok and not args.skip_reference:  # the XLA reference path side by side, where the targets are
         plan[2:2] = [("reference", args.batches[0], args.contexts[0], t) for t in (1, 4) if t in args.tokens]
     result["steps"], result["cycles"] = [], []
     first = (args.batches[0], args.contexts[0])

@@ -9,7 +9,7 @@ mkdir -p "$OUT/step-routing"
   nvidia-smi --query-gpu=name,driver_version --format=csv
   echo "== $(date -u +%T)"
   timeout ${STEP_TIMEOUT:-480} python -m bench.step --layers 10 --prefix-layers 5 --batches 1 --contexts 1024 \
-      --tokens 1 4 8 --cycle-k --skip-moe-layer --iters 10 --routing ${ROUTINGS:-neighbour shared independent} \
+      --tokens 1 4 8 --cycle-k --skip-moe-layer --skip-reference --iters 10 --routing ${ROUTINGS:-neighbour shared independent} \
       --budget-s ${BUDGET_S:-380} --out "$OUT/step-routing"
   echo "== end $(date -u +%T)"
 } 2>&1 | tee "$OUT/step-routing/run.log"
