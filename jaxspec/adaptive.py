@@ -248,19 +248,23 @@ def acceptance_rates(hits_BJ, trials_BJ, prior):
     return jnp.stack(rates, axis=1)
 
 
-def expected_tokens(accept_BJ, steps: tuple[int, ...], remaining_B):
-    """E[tokens | K] [B, N] for each K of `steps`: 1 + sum_{j<=K, j<remaining} prod_{i<=j} c_i. Unrolled over j
-    (a handful of positions) into elementwise work that fuses, since the rule runs inside every cycle."""
+def expected_tokens(accept_BJ, steps: tuple[int, ...], remaining_B=None):
+    """E[tokens | K] [B, N] for each K of `steps`: 1 + sum_{j<=K, j<remaining} prod_{i<=j} c_i (remaining_B None:
+    no cut). Unrolled over j (a handful of positions) into elementwise work that fuses, since the rule runs inside
+    every cycle."""
     reach_B = jnp.ones(accept_BJ.shape[:1], jnp.float32)
     gains = [jnp.ones_like(reach_B)]  # E[tokens | K = 0]
     for j in range(1, accept_BJ.shape[1] + 1):
-        reach_B = reach_B * accept_BJ[:, j - 1] * (j < remaining_B)
+        reach_B = reach_B * accept_BJ[:, j - 1]
+        if remaining_B is not None:
+            reach_B = reach_B * (j < remaining_B)
         gains.append(gains[-1] + reach_B)
     return jnp.stack([gains[k] for k in steps], axis=1)
 
 
 def throughput(accept_BJ, cost_N, live_B, remaining_B, steps: tuple[int, ...]):
-    """(the live rows' expected tokens per second for each K [N], E[tokens | K] [B, N])."""
+    """(the live rows' expected tokens per second for each K [N], E[tokens | K] [B, N]); remaining_B as for
+    `expected_tokens`."""
     gain_BN = expected_tokens(accept_BJ, steps, remaining_B)
     return jnp.sum(jnp.where(live_B[:, None], gain_BN, 0.0), axis=0) / cost_N, gain_BN
 
@@ -423,16 +427,15 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     spec = state.spec
     live_B = ~spec.done
     remaining_B = max_new_tokens - spec.generated
-    # The decisions price a cycle's tokens as if the sequence went on: near its end a cut-off makes a smaller K
-    # look better, and a change of K costs more than the last cycles could save (on a GPU a branch's first run in a
-    # call costs the host an update of its command buffers, several cycles of a small model).
-    endless_B = jnp.full_like(remaining_B, max(steps) + 1)
     accept_BJ = acceptance_rates(state.hits_BJ, state.trials_BJ, state.prior)
 
     def decide(accept, s: SpecState, used_N, current=None):
-        """The rule over the tokens the live rows still want, a branch's first run priced."""
+        """The rule over the tokens the live rows still want, a branch's first run priced. A cycle's tokens are
+        not cut at the sequence's end: near it a cut makes a smaller K look better, and a change of K costs more
+        than the last cycles could save (on a GPU a branch's first run in a call costs the host an update of its
+        command buffers, several cycles of a small model)."""
         live = ~s.done
-        rate_N, _ = throughput(accept, state.cost_N, live, endless_B, steps)
+        rate_N, _ = throughput(accept, state.cost_N, live, None, steps)
         work = jnp.sum(jnp.where(live, max_new_tokens - s.generated, 0)).astype(jnp.float32)
         return priced_choice(rate_N, work, used_N, state.first_run_s, current, hysteresis)
 

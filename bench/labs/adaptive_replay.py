@@ -88,7 +88,7 @@ def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, s
         return acceptance_rates(jnp.asarray(h)[None], jnp.asarray(tr)[None], policy.prior)
 
     def choose(acc_BJ):  # as the engine's decisions: E[tokens | K] not cut, a branch's first run priced
-        rate_N, _ = throughput(acc_BJ, cost_N, jnp.asarray([True]), jnp.asarray([max(steps) + 1]), steps)
+        rate_N, _ = throughput(acc_BJ, cost_N, jnp.asarray([True]), None, steps)
         time_N = (total - g) / np.maximum(np.asarray(rate_N), 1e-30) + np.asarray(
             [price_ms if used and i not in used else 0.0 for i in range(len(steps))])
         return int(np.argmin(time_N)), time_N
