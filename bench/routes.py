@@ -17,21 +17,28 @@ import model.moe as moe_module
 
 
 @contextlib.contextmanager
-def record_routes(recorder: list):
-    """Append each MoE layer's global router ids [T, K] to `recorder` where `model.moe.moe` routes (outside the
-    expert-parallel shard_map, so sharded programs record global ids too)."""
+def _route_wrapped(wrap):
+    """`model.moe.route` replaced by `wrap(the route in place)` while the block runs (programs traced in it keep
+    the wrapper); restored after."""
     saved = moe_module.route
-
-    def recorded(*args, **kwargs):
-        weights_TK, ids_TK = saved(*args, **kwargs)
-        recorder.append(ids_TK)
-        return weights_TK, ids_TK
-
-    moe_module.route = recorded
+    moe_module.route = wrap(saved)
     try:
         yield
     finally:
         moe_module.route = saved
+
+
+def record_routes(recorder: list):
+    """Append each MoE layer's global router ids [T, K] to `recorder` where `model.moe.moe` routes (outside the
+    expert-parallel shard_map, so sharded programs record global ids too)."""
+    def wrap(route):
+        def recorded(*args, **kwargs):
+            weights_TK, ids_TK = route(*args, **kwargs)
+            recorder.append(ids_TK)
+            return weights_TK, ids_TK
+        return recorded
+
+    return _route_wrapped(wrap)
 
 
 # How the tokens of one row (a verify's K+1 tokens) choose experts when bench sets the routing:
@@ -64,27 +71,22 @@ def regime_ids(key, rows: int, tokens: int, experts: int, k: int, regime: str, s
     return ids_RTK.reshape(rows * tokens, k).astype(jnp.int32)
 
 
-@contextlib.contextmanager
 def set_routes(regime: str, tokens_per_row: int, seed: int = 0, share: float = NEIGHBOUR_SHARE):
     """Replace the expert ids `model.moe.route` returns with `regime_ids` (each MoE layer its own draw; the
     router's weights of those slots are kept, so the kernels see realistic magnitudes). The model is unchanged:
     bench swaps the router's output at trace time, as `record_routes` observes it. "model": no change."""
     if regime == "model":
-        yield
-        return
-    saved = moe_module.route
+        return contextlib.nullcontext()
     layer = [0]
 
-    def routed(x_TH, *args, **kwargs):
-        weights_TK, ids_TK = saved(x_TH, *args, **kwargs)
-        n, k = ids_TK.shape
-        experts = args[0].shape[0] if args else kwargs["router_EH"].shape[0]
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), layer[0])
-        layer[0] += 1
-        return weights_TK, regime_ids(key, n // tokens_per_row, tokens_per_row, experts, k, regime, share)
+    def wrap(route):
+        def routed(x_TH, *args, **kwargs):
+            weights_TK, ids_TK = route(x_TH, *args, **kwargs)
+            n, k = ids_TK.shape
+            experts = args[0].shape[0] if args else kwargs["router_EH"].shape[0]
+            key = jax.random.fold_in(jax.random.PRNGKey(seed), layer[0])
+            layer[0] += 1
+            return weights_TK, regime_ids(key, n // tokens_per_row, tokens_per_row, experts, k, regime, share)
+        return routed
 
-    moe_module.route = routed
-    try:
-        yield
-    finally:
-        moe_module.route = saved
+    return _route_wrapped(wrap)
