@@ -61,6 +61,30 @@ def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, do
     assert _rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("down_splits", [4, 2])
+def test_zero_weight_slots_are_skipped_and_add_nothing(experts, down_splits):
+    """Slots of router weight 0 (under expert parallelism: every choice of another device's expert, pointed at a
+    local one) are skipped by both kernels; their unwritten rows are masked, so the result is the reference's.
+    Token 1 has no active choice at all, token 0 a whole down split without one (down_splits=4: one choice a
+    split)."""
+    t = 3
+    x = jax.random.normal(jax.random.PRNGKey(11), (t, H)).astype(jnp.bfloat16)
+    ids, w = _routing(t, 11)
+    w = w.at[0, :2].set(0.0).at[1, :].set(0.0).at[2, 3].set(0.0)
+    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, down_splits=down_splits, interpret=True))
+    out = fn(x, experts, ids, w)
+    ref = experts_gather(x.astype(jnp.float32), experts, ids, w)
+    assert np.all(np.asarray(out[1], np.float32) == 0.0)
+    assert _rel_err(out, ref) < 1e-2
+    # the skipped slots' rows are left as the buffer held them: only the masks make them add nothing
+    gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, ids.reshape(-1), choices=K,
+                                active_U=(w.reshape(-1) != 0), interpret=True)
+    h = moe_wgmma.swiglu_h(gu, w)
+    assert np.all(np.asarray(h)[np.asarray(w.reshape(-1)) == 0] == 0.0)
+    written = np.asarray(moe_wgmma.split_active_ZT(w != 0, down_splits, 1))
+    assert written.shape == (down_splits, t) and not written[:, 1].any()
+
+
 def test_gate_up_sums_are_the_two_products(experts):
     """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H (two slots share
     expert 0)."""

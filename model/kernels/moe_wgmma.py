@@ -169,8 +169,10 @@ def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
     return b, w, s
 
 
-def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages, interpret):
-    """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H."""
+def _gate_up_kernel(expert_ref, active_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages,
+                    interpret):
+    """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H; an inactive slot's
+    rows are not written (its router weight is 0: the caller masks them)."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
     e, t = expert_ref[slot], slot // choices  # slot t * choices + c: token t, choice c
     b, w, s = _specs(interpret, lambda k: (split * n_k + k, 0, 0), lambda k: (rb, split * n_k + k))
@@ -178,14 +180,19 @@ def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref,
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
         return _tile_products(((gq_smem, gs_smem), (uq_smem, us_smem)), xbd_smem, carry, interpret)
 
-    acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
-                                       init_carry=(_zeros(interpret), _zeros(interpret)))(
-        xbd_ref.at[t], gq_ref.at[e], gs_ref.at[e], uq_ref.at[e], us_ref.at[e])
-    _store_rows(jnp.sum(acc_g, axis=1), gu_ref.at[split, 0, slot, pl.ds(rb * ROWS, ROWS)])
-    _store_rows(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)])
+    @pl.when(active_ref[slot] != 0)
+    def _():
+        acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
+                                           init_carry=(_zeros(interpret), _zeros(interpret)))(
+            xbd_ref.at[t], gq_ref.at[e], gs_ref.at[e], uq_ref.at[e], us_ref.at[e])
+        _store_rows(jnp.sum(acc_g, axis=1), gu_ref.at[split, 0, slot, pl.ds(rb * ROWS, ROWS)])
+        _store_rows(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)])
 
 
-def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages, interpret):
+def _down_kernel(expert_ref, active_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages,
+                 interpret):
+    """y[split * k_splits + ks, t, rows]; not written where none of the split's choices is active (the caller masks
+    those rows, `split_active_ZT`)."""
     rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
     t, rest = ts // (splits * k_splits), ts % (splits * k_splits)
     split, ks = rest // k_splits, rest % k_splits  # k_splits fastest: a row block's F shares run side by side
@@ -199,15 +206,22 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, sp
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
     b, w, s = _specs(interpret, lambda c, kk: (first + c, k0 + kk, 0, 0),
                      lambda c, kk: (expert_ref[first + c], rb, k0 + kk), lead=(None,))
-    (acc,) = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
-                                 init_carry=(_zeros(interpret),))(hbd_ref, dq_ref, ds_ref)
-    _store_rows(jnp.sum(acc, axis=1), y_ref.at[split * k_splits + ks, t, pl.ds(rb * ROWS, ROWS)])
+    any_active = active_ref[first] != 0
+    for c in range(1, per_split):
+        any_active = any_active | (active_ref[first + c] != 0)
+
+    @pl.when(any_active)
+    def _():
+        (acc,) = plgpu.emit_pipeline(step, grid=(per_split, n_k), in_specs=[b, w, s], max_concurrent_steps=stages,
+                                     init_carry=(_zeros(interpret),))(hbd_ref, dq_ref, ds_ref)
+        _store_rows(jnp.sum(acc, axis=1), y_ref.at[split * k_splits + ks, t, pl.ds(rb * ROWS, ROWS)])
 
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
-                 splits: int = 1, interpret: bool = False) -> jax.Array:
+                 splits: int = 1, active_U=None, interpret: bool = False) -> jax.Array:
     """[P, 2, U, F] f32 (P = `splits` of H): slot u's gate / up rows (expert expert_U[u], token u // choices) over
-    split p of H. Rows in natural order; the products take x in `permute_K` order."""
+    split p of H. Rows in natural order; the products take x in `permute_K` order. A slot with active_U[u] == 0
+    (None: every slot active) is skipped and its rows hold whatever the buffer held."""
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
         raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
@@ -220,13 +234,15 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
         grid=(slots, f // ROWS, splits), grid_names=("slot", "rows", "split"),  # the last is CUDA's x
         **_interpret_kw(interpret),
-    )(expert_U, block_diagonal_UNGK(permute_K(x_TH)), *_operands(gate), *_operands(up))
+    )(expert_U, _active(active_U, slots), block_diagonal_UNGK(permute_K(x_TH)), *_operands(gate), *_operands(up))
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
-              k_splits: int = 1, interpret: bool = False) -> jax.Array:
+              k_splits: int = 1, active_U=None, interpret: bool = False) -> jax.Array:
     """[P, T, H] f32 (P = splits * k_splits): token t's sum over split s of its `choices` slots t * choices + c of
-    down(h), over share ks of F (row s * k_splits + ks). h's columns come in `permute_K` order."""
+    down(h), over share ks of F (row s * k_splits + ks). h's columns come in `permute_K` order. A split whose
+    slots all have active_U == 0 (None: every slot active) is skipped and its row is not written
+    (`split_active_ZT` says which rows hold sums)."""
     slots, f = h_UF.shape
     check_down_splits(choices, splits, f, k_splits)
     t, hidden = slots // choices, down.shape[1]
@@ -236,7 +252,7 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
         out_type=jax.ShapeDtypeStruct((splits * k_splits, t, hidden), jnp.float32),
         grid=(hidden // ROWS, t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
-    )(expert_U, block_diagonal_UNGK(h_UF), *_operands(down))
+    )(expert_U, _active(active_U, slots), block_diagonal_UNGK(h_UF), *_operands(down))
 
 
 def check_down_splits(choices: int, splits: int, f: int, k_splits: int) -> None:
@@ -260,18 +276,32 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
+    # a slot whose router weight is 0 adds nothing: under expert parallelism (model.moe_parallel) that is every
+    # choice of an expert another device holds, so its programs are skipped rather than run on a filler expert
+    active_U = (weights_TK.reshape(t * k) != 0).astype(jnp.int32)
     gu_Z2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
-                           splits=gate_up_splits, interpret=interpret)
+                           splits=gate_up_splits, active_U=active_U, interpret=interpret)
     h_UF = swiglu_h(permute_K(gu_Z2UF), weights_TK)
     y_ZTH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
-                      k_splits=down_k_splits, interpret=interpret)
-    return _sum_leading(y_ZTH).astype(x_TH.dtype)
+                      k_splits=down_k_splits, active_U=active_U, interpret=interpret)
+    written_ZT1 = split_active_ZT(active_U.reshape(t, k), down_splits, down_k_splits)[..., None]
+    return _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0)).astype(x_TH.dtype)
+
+
+def split_active_ZT(active_TK: jax.Array, splits: int, k_splits: int) -> jax.Array:
+    """[splits * k_splits, T] bool: whether row s * k_splits + ks of `down_sums` was written (a slot of split s of
+    the token's choices is active)."""
+    t, k = active_TK.shape
+    split_TS = jnp.any(active_TK.reshape(t, splits, k // splits) != 0, axis=-1)
+    return jnp.repeat(split_TS.T, k_splits, axis=0)
 
 
 def swiglu_h(gu_Z2UF: jax.Array, weights_TK: jax.Array) -> jax.Array:
-    """[U, F] f32: each slot's SiLU(gate) * up from gate_up's split sums, times the slot's router weight."""
+    """[U, F] f32: each slot's SiLU(gate) * up from gate_up's split sums, times the slot's router weight; 0 where
+    that weight is 0 (gate_up skipped the slot and left its rows unwritten)."""
     g_UF, u_UF = _sum_leading(gu_Z2UF)
-    return jax.nn.silu(g_UF) * u_UF * weights_TK.reshape(-1, 1).astype(jnp.float32)
+    w_U1 = weights_TK.reshape(-1, 1).astype(jnp.float32)
+    return jnp.where(w_U1 != 0, jax.nn.silu(g_UF) * u_UF * w_U1, 0.0)
 
 
 def _sum_leading(v: jax.Array) -> jax.Array:
@@ -281,6 +311,10 @@ def _sum_leading(v: jax.Array) -> jax.Array:
     for i in range(1, v.shape[0]):
         out = out + v[i]
     return out
+
+
+def _active(active_U, slots: int) -> jax.Array:
+    return jnp.ones((slots,), jnp.int32) if active_U is None else active_U.astype(jnp.int32)
 
 
 def _operands(w: Int4Weight):
