@@ -1,11 +1,11 @@
-"""bench.labs.depth_gap: a layer's kernels matched to their roles and bytes, and a trace that is not that layer
+"""bench.depth_gap: a layer's kernels matched to their roles and bytes, and a trace that is not that layer
 refused."""
 
 import json
 
 import pytest
 
-from bench.labs import depth_gap
+from bench import depth_gap
 
 
 def _step(us_by_role=lambda i: 1.0 + i):

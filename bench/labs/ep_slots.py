@@ -73,7 +73,7 @@ def main(argv=None) -> int:
               f"{row['weight_1e-30']['ms'] * 1e3:.1f} us (rel err {row['weight_1e-30']['rel_err']:.1e})", flush=True)
         rows.append(row)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
-    write_json({"device": str(jax.devices()[0]), "jax": jax.__version__, "devices_modelled": args.devices,
+    write_json({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "devices_modelled": args.devices,
                 "local_experts": num, "f": args.f, "h": args.h, "rows": rows},
                args.out, f"ep-slots-{jax.default_backend()}-{stamp}")
     return 0

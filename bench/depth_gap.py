@@ -1,4 +1,4 @@
-"""`python -m bench.labs.depth_gap PROFILE.json`: where one MoE layer's time goes at one token, kernel by kernel,
+"""`python -m bench.depth_gap PROFILE.json`: where one MoE layer's time goes at one token, kernel by kernel,
 against the bytes each kernel must read (issue 36: a decode layer at depth runs at ~1.45x its floor while the
 4-layer step reads 1.22x, because half of that step's bytes are the lm_head, which runs at its floor).
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 H, Q_LORA, KV_LORA, ROPE, NOPE, V, HEADS, F, CHOICES, EXPERTS = 7168, 1536, 512, 64, 128, 128, 64, 2048, 8, 384
 BF16, F32 = 2, 4
+TBS = 4.3  # the H200's HBM bandwidth of the floors, TB/s
 INT4_MATRIX = F * H // 2 + F * (H // 32) * BF16  # one expert matrix: packed int4 + bf16 scales of group 32
 
 
@@ -122,26 +123,41 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_profile(data: dict, path) -> dict:
+    """A step_profile result -> {"layers": [analyse(...) per MoE layer after the first], "lm_head_us": the step's
+    last kernel (the lm_head GEMV)}; SystemExit naming `path` where it holds no such layer."""
+    try:
+        sequence = next(r for r in data["rows"] if r.get("tokens") == 1)["sequence"]
+    except (KeyError, TypeError, StopIteration) as e:
+        raise SystemExit(f"depth_gap: {path}: no T = 1 kernel sequence ({type(e).__name__}: {e})")
+    layers = [analyse(chunk, TBS) for chunk in layers_of(sequence)]
+    if not layers:
+        raise SystemExit(f"depth_gap: {path}: no MoE layer found in the T = 1 sequence")
+    return {"layers": layers, "lm_head_us": sequence[-1]["us"]}
+
+
+def mean_layer(profile: dict) -> list[dict]:
+    """The kernels of the profile's MoE layers, each row's time the mean over the layers."""
+    layers = profile["layers"]
+    return [dict(r, us=sum(L["rows"][i]["us"] for L in layers) / len(layers)) for i, r in enumerate(layers[0]["rows"])]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile", type=Path, help="a bench.labs.step_profile JSON of the K2.5-shaped step")
-    ap.add_argument("--tbs", type=float, default=4.3, help="bandwidth of the floor, TB/s")
     args = ap.parse_args(argv)
     try:
         data = json.loads(args.profile.read_text())
-        sequence = next(r for r in data["rows"] if r.get("tokens") == 1)["sequence"]
-    except (OSError, ValueError, KeyError, StopIteration) as e:
-        raise SystemExit(f"depth_gap: {args.profile}: no T = 1 kernel sequence ({type(e).__name__}: {e})")
-    layers = [analyse(chunk, args.tbs) for chunk in layers_of(sequence)]
-    if not layers:
-        raise SystemExit(f"depth_gap: {args.profile}: no MoE layer found in the T = 1 sequence")
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"depth_gap: {args.profile}: {e}")
+    profile = load_profile(data, args.profile)
+    layers = profile["layers"]
     n = len(layers)
-    mean_rows = [dict(r, us=sum(L["rows"][i]["us"] for L in layers) / n) for i, r in enumerate(layers[0]["rows"])]
     cats = {c: dict(v, us=sum(L["categories"][c]["us"] for L in layers) / n)
             for c, v in layers[0]["categories"].items()}
-    result = {"profile": str(args.profile), "layer_count": n, "tbs": args.tbs, "rows": mean_rows, "categories": cats,
-              "us": sum(L["us"] for L in layers) / n, "floor_us": layers[0]["floor_us"], "MB": layers[0]["MB"],
-              "per_layer_us": [L["us"] for L in layers]}
+    result = {"profile": str(args.profile), "layer_count": n, "tbs": TBS, "rows": mean_layer(profile),
+              "categories": cats, "us": sum(L["us"] for L in layers) / n, "floor_us": layers[0]["floor_us"],
+              "MB": layers[0]["MB"], "per_layer_us": [L["us"] for L in layers]}
     print(markdown(result))
     return 0
 
