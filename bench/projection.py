@@ -82,6 +82,22 @@ def draft_ms(cycles: dict, batch: int, context: int) -> dict[int, float]:
     return out
 
 
+def decode_and_cycles(step, drafts: dict[int, float]) -> tuple[dict, list[dict]]:
+    """(step(1), a row per K of `drafts`): the verify step(K + 1), the cycle = verify + the draft's part, the
+    break-even acceptance length cycle / decode, and at K = 3 the speed-ups at PUBLISHED_K3. `step(t)` returns a
+    dict with the step's "ms"."""
+    decode = step(1)
+    table = []
+    for k in sorted(drafts):
+        verify = step(k + 1)
+        cycle = verify["ms"] + drafts[k]
+        row = dict(k=k, verify=verify, draft_ms=drafts[k], cycle_ms=cycle, break_even_length=cycle / decode["ms"])
+        if k == 3:
+            row["speedup_at_published"] = {name: length * decode["ms"] / cycle for name, length in PUBLISHED_K3.items()}
+        table.append(row)
+    return decode, table
+
+
 def project(depth: dict, cycles: dict, routing: str | None = None) -> dict:
     routing, rows = depth_rows(depth, routing)
     ts = sorted(rows)
@@ -95,15 +111,7 @@ def project(depth: dict, cycles: dict, routing: str | None = None) -> dict:
         return dict(tokens=t, layer_us=1e3 * layer, fixed_ms=fixed, measured_at_depth=measured,
                     ms=fixed + moe_layers * layer)
 
-    decode = step(1)
-    table = []
-    for k in sorted(drafts):
-        verify = step(k + 1)
-        cycle = verify["ms"] + drafts[k]
-        row = dict(k=k, verify=verify, draft_ms=drafts[k], cycle_ms=cycle, break_even_length=cycle / decode["ms"])
-        if k == 3:
-            row["speedup_at_published"] = {name: length * decode["ms"] / cycle for name, length in PUBLISHED_K3.items()}
-        table.append(row)
+    decode, table = decode_and_cycles(step, drafts)
     return dict(routing=routing, context=context, decode=decode, cycles=table,
                 depth_source=dict(device=depth.get("device"), date=depth.get("date")),
                 cycles_source=dict(device=cycles.get("device"), date=cycles.get("date")))

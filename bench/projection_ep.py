@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from bench import depth_gap
-from bench.projection import KIMI_DENSE_LAYERS, KIMI_LAYERS, PUBLISHED_K3, depth_rows, draft_ms
+from bench.projection import KIMI_DENSE_LAYERS, KIMI_LAYERS, PUBLISHED_K3, decode_and_cycles, depth_rows, draft_ms
 from bench.report import publish
 from bench.routes import regime_ids
 
@@ -103,15 +103,7 @@ def project(profile: dict, depth: dict, ep: dict, all_reduce: dict, cycles: dict
 
     tables = []
     for ar_us in latencies_us:
-        decode = step(1, ar_us)
-        cyc = []
-        for k in sorted(drafts):
-            verify = step(k + 1, ar_us)
-            cycle = verify["ms"] + drafts[k]
-            row = dict(k=k, verify=verify, draft_ms=drafts[k], cycle_ms=cycle, break_even_length=cycle / decode["ms"])
-            if k == 3:
-                row["speedup_at_published"] = {n: length * decode["ms"] / cycle for n, length in PUBLISHED_K3.items()}
-            cyc.append(row)
+        decode, cyc = decode_and_cycles(lambda t, ar_us=ar_us: step(t, ar_us), drafts)
         tables.append(dict(all_reduce_us=ar_us, decode=decode, cycles=cyc))
     return dict(routing=routing, devices=DEVICES, layer=layer, min_kernel_us=min_kernel, slot_base_us=base,
                 slot_us=per_slot, all_reduces_per_layer=ar_count, fixed_ms=fixed_ms, lm_head_us=lm_head_us,
