@@ -1,0 +1,263 @@
+"""Routed experts whose cost follows the unique experts (issue 36), built for measurement; not dispatched.
+
+Plain reference: `model.moe.experts_gather`. The engine's moe_wgmma runs one program row per (token, choice)
+slot and converts an expert's int4 tiles once per slot that chose it, so verify tokens that share experts cost
+what independent ones do. Here the slots are split by whether their expert is shared, inside the program and with
+no conditional (an XLA conditional costs a host round trip, ~16 us: docs/performance.md):
+- a slot whose expert no other slot of the step chose runs moe_wgmma's own kernels, the others' slots skipped
+  (moe_wgmma skips a slot marked inactive; skipped programs exit before their pipelines);
+- each expert that several slots chose is one group, at most T x K // 2 of them: its tiles are converted once and
+  multiplied with all (up to 8) tokens as the wgmma's N columns, one wgmma per scale group (K = 32), each group's
+  product scaled by that group's column of the scale tile, picked by a one-hot mask and a row sum (the route the
+  measured expert-grouped kernel of run 17 took: 0.57x of moe_wgmma at T = 4 when the tokens share all experts).
+Groups beyond the step's count exit at once. Both kernels always run; at independent routing the group kernels'
+programs nearly all exit, at shared routing the slot kernels' do. The group kernels' outputs are added to the
+slot kernels' by XLA (the down kernel writes per group: [groups, H, 8]).
+
+Why it lost before and what is different: run 17's version held both paths in one kernel (every program reserved
+both paths' registers and shared memory: 1.2x slower at random routing), and run 18's split version ran its
+one-member groups through its own group-layout kernels (16-22% slower). Here the one-member slots run the
+engine's kernels unchanged, with their layout and splits.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from model.kernels import moe_wgmma
+from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _interpret_kw, _nibble_pairs, _operands,
+                                     _specs, _store_rows, _sum_leading, _transforms, _zeros, permute_K, supports)
+
+MAX_TOKENS = 8  # the tokens ride as the wgmma's N = 8 columns
+GROUP_K = TILE_K // GROUPS  # columns of one scale group: the K of each of a tile's GROUPS wgmmas
+
+
+class SharedGroups:
+    """The step's experts chosen by several slots, in slot order of their first choice (static count G)."""
+
+    def __init__(self, ids_TK: jax.Array, weights_TK: jax.Array):
+        t, k = ids_TK.shape
+        s = t * k
+        ids_S = ids_TK.reshape(s).astype(jnp.int32)
+        token_S = jnp.arange(s, dtype=jnp.int32) // k
+        same_SS = ids_S[:, None] == ids_S[None, :]
+        count_S = jnp.sum(same_SS, axis=1)
+        first_S = jnp.argmax(same_SS, axis=1)  # the first slot that chose this slot's expert
+        self.shared_S = count_S > 1
+        leads_S = self.shared_S & (first_S == jnp.arange(s))
+        group_of_lead_S = jnp.cumsum(leads_S.astype(jnp.int32)) - 1
+        group_S = jnp.where(self.shared_S, group_of_lead_S[first_S], -1)
+        self.groups = max(1, s // 2)  # each group holds two slots at least
+        g = self.groups
+        # groups beyond the step's count keep -1 and exit at once; a slot of no group writes nowhere (index g)
+        target_S = jnp.where(group_S >= 0, group_S, g)
+        self.expert_G = jnp.full((g,), -1, jnp.int32).at[target_S].set(ids_S, mode="drop")
+        weight_S = weights_TK.reshape(s).astype(jnp.float32)
+        self.weight_GT = jnp.zeros((g, t), jnp.float32).at[target_S, token_S].add(weight_S, mode="drop")
+        self.member_GT = jnp.zeros((g, t), bool).at[target_S, token_S].set(True, mode="drop")
+
+
+def token_tiles(v_XTK: jax.Array) -> jax.Array:
+    """[X, T, K] -> [X, K // TILE_K, GROUPS, 8, GROUP_K] bf16: per tile and scale group, the tokens' values of that
+    group's columns in the converted operand's column order (`permute_K`), missing tokens zero."""
+    x, t, k = v_XTK.shape
+    v = jnp.pad(permute_K(v_XTK.astype(jnp.bfloat16)), ((0, 0), (0, MAX_TOKENS - t), (0, 0)))
+    return jnp.transpose(v.reshape(x, MAX_TOKENS, k // TILE_K, GROUPS, GROUP_K), (0, 2, 3, 1, 4))
+
+
+def _tokens_tile_product(w_smem, s_smem, b_smem, acc, interpret: bool):
+    """acc[r, t] += sum over scale groups g of s[r, g] * (sum over k of group g of q[r, k] * b[g, t, k]): one weight
+    tile converted once for all tokens; one wgmma (K = GROUP_K, N = 8 tokens) per scale group."""
+    if interpret:
+        q = (w_smem[...] ^ jnp.int4(-8)).astype(jnp.float32)
+        w = permute_K(q.astype(jnp.bfloat16))
+        b, s = b_smem[...], s_smem[...].astype(jnp.float32)
+        for g in range(GROUPS):
+            p = jax.lax.dot_general(w[:, g * GROUP_K:(g + 1) * GROUP_K], b[g], (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32)
+            acc = acc + p * s[:, g:g + 1]
+        return acc
+    w = _nibble_pairs(plgpu.load(w_smem, (), layout=plgpu.Layout.WGMMA_UPCAST_4X))
+
+    def products(*acc_refs):
+        for g, acc_ref in enumerate(acc_refs):
+            plgpu.wgmma(acc_ref, w[:, g * GROUP_K:(g + 1) * GROUP_K], plgpu.transpose_ref(b_smem.at[g], (1, 0)))
+        plgpu.wgmma_wait(0)
+        return tuple(acc_ref[...] for acc_ref in acc_refs)
+
+    ps = pl.run_scoped(products, *(plgpu.ACC((ROWS, MAX_TOKENS), jnp.float32) for _ in range(GROUPS)))
+    s = plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    col = plgpu.broadcasted_iota(jnp.int32, (ROWS, GROUPS), 1, layout=plgpu.Layout.WGMMA)
+    for g, p in enumerate(ps):
+        s_g = jnp.sum(s * (col == g).astype(jnp.float32), axis=1)
+        acc = acc + p * jax.lax.broadcast_in_dim(s_g, (ROWS, MAX_TOKENS), (0,))
+    return acc
+
+
+def _b_spec(interpret: bool, index, lead: tuple = ()):
+    return plgpu.BlockSpec((*lead, None, GROUPS, MAX_TOKENS, GROUP_K), index,
+                           transforms=_transforms(16, GROUP_K, interpret))
+
+
+def _group_gate_up_kernel(expert_ref, xt_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, stages, interpret):
+    """gu[split, 0 / 1, group, rows, token]: every token's gate / up rows of the group's expert over the split's
+    share of H (only the members' are used)."""
+    g, rb, split = jax.lax.axis_index("group"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
+    e = expert_ref[g]
+    _, w, s = _specs(interpret, None, lambda k: (rb, split * n_k + k))
+    b = _b_spec(interpret, lambda k: (split * n_k + k, 0, 0, 0))
+
+    def step(_, xt_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
+        acc_g, acc_u = carry  # one converted operand live at a time
+        acc_g = _tokens_tile_product(gq_smem, gs_smem, xt_smem, acc_g, interpret)
+        return acc_g, _tokens_tile_product(uq_smem, us_smem, xt_smem, acc_u, interpret)
+
+    @pl.when(e >= 0)
+    def _():
+        acc_g, acc_u = plgpu.emit_pipeline(
+            step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
+            init_carry=(_zeros(interpret, MAX_TOKENS), _zeros(interpret, MAX_TOKENS)))(
+            xt_ref, gq_ref.at[e], gs_ref.at[e], uq_ref.at[e], us_ref.at[e])
+        _store_rows(acc_g, gu_ref.at[split, 0, g, pl.ds(rb * ROWS, ROWS)])
+        _store_rows(acc_u, gu_ref.at[split, 1, g, pl.ds(rb * ROWS, ROWS)])
+
+
+def _group_down_kernel(expert_ref, ht_ref, dq_ref, ds_ref, y_ref, *, n_k, stages, interpret):
+    """y[group, rows, token]: the group's expert's down rows applied to each token's h (zero for non-members)."""
+    rb, g = jax.lax.axis_index("rows"), jax.lax.axis_index("group")
+    e = expert_ref[g]
+    _, w, s = _specs(interpret, None, lambda k: (e, rb, k), lead=(None,))
+    b = _b_spec(interpret, lambda k: (g, k, 0, 0, 0), lead=(None,))
+
+    def step(_, ht_smem, dq_smem, ds_smem, acc):
+        return _tokens_tile_product(dq_smem, ds_smem, ht_smem, acc, interpret)
+
+    @pl.when(e >= 0)
+    def _():
+        acc = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s], max_concurrent_steps=stages,
+                                  init_carry=_zeros(interpret, MAX_TOKENS))(ht_ref, dq_ref, ds_ref)
+        _store_rows(acc, y_ref.at[g, pl.ds(rb * ROWS, ROWS)])
+
+
+def group_gate_up(x_TH, gate, up, groups: SharedGroups, *, splits: int, stages: int = STAGES,
+                  interpret: bool = False) -> jax.Array:
+    """[splits, 2, G, F, 8] f32: each group's gate / up rows for every token (rows of groups that exit unwritten)."""
+    hidden, f, g = x_TH.shape[1], gate.shape[1], groups.groups
+    return plgpu.kernel(
+        functools.partial(_group_gate_up_kernel, n_k=hidden // TILE_K // splits, stages=stages, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((splits, 2, g, f, MAX_TOKENS), jnp.float32),
+        grid=(g, f // ROWS, splits), grid_names=("group", "rows", "split"), **_interpret_kw(interpret),
+    )(groups.expert_G, token_tiles(x_TH[None])[0], *_operands(gate), *_operands(up))
+
+
+def group_down(h_GTF, down, groups: SharedGroups, *, stages: int = STAGES, interpret: bool = False) -> jax.Array:
+    """[G, H, 8] f32: each group's down rows applied to its tokens' h (rows of groups that exit unwritten)."""
+    f, hidden, g = h_GTF.shape[2], down.shape[1], groups.groups
+    return plgpu.kernel(
+        functools.partial(_group_down_kernel, n_k=f // TILE_K, stages=stages, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((g, hidden, MAX_TOKENS), jnp.float32),
+        grid=(hidden // ROWS, g), grid_names=("rows", "group"), **_interpret_kw(interpret),
+    )(groups.expert_G, token_tiles(h_GTF), *_operands(down))
+
+
+def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1,
+                                down_splits: int = 2, down_k_splits: int = 1, stages: int = STAGES,
+                                interpret: bool = False) -> jax.Array:
+    """Same contract as `model.moe.experts_gather` for INT4 experts (`moe_wgmma.supports`), T <= MAX_TOKENS; the
+    splits are moe_wgmma's (`model.kernels.dispatch.wgmma_config_for`), gate_up's shared by the group kernel."""
+    if not supports(experts):
+        raise ValueError(f"moe_grouped takes moe_wgmma's INT4 experts, got gate {experts.gate.shape}")
+    t, k = ids_TK.shape
+    if t > MAX_TOKENS:
+        raise ValueError(f"moe_grouped takes up to {MAX_TOKENS} tokens, got {t}")
+    groups = SharedGroups(ids_TK, weights_TK)
+    expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
+    alone_U = (~groups.shared_S & (weights_TK.reshape(t * k) != 0)).astype(jnp.int32)
+    alone_w_TK = jnp.where(alone_U.reshape(t, k) != 0, weights_TK, 0.0)
+    # the slots no other slot shares an expert with: moe_wgmma's kernels, the shared slots skipped
+    gu_Z2UF = moe_wgmma.gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
+                                     splits=gate_up_splits, active_U=alone_U, interpret=interpret)
+    h_UF = moe_wgmma.swiglu_h(permute_K(gu_Z2UF), alone_w_TK)
+    y_ZTH = moe_wgmma.down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
+                                k_splits=down_k_splits, active_U=alone_U, interpret=interpret)
+    written_ZT1 = moe_wgmma.split_active_ZT(alone_U.reshape(t, k), down_splits, down_k_splits)[..., None]
+    y_TH = _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0))
+    # the shared experts: each converted once for all its tokens
+    gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,
+                       interpret=interpret)
+    g_GTF, u_GTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
+    # where, not a product: the rows of groups that exited were never written
+    h_GTF = jnp.where(groups.member_GT[..., None], jax.nn.silu(g_GTF) * u_GTF * groups.weight_GT[..., None], 0.0)
+    y_GHT = group_down(h_GTF, experts.down, groups, stages=stages, interpret=interpret)
+    y_HT = jnp.sum(jnp.where((groups.expert_G >= 0)[:, None, None], y_GHT, 0.0), axis=0)
+    return (y_TH + y_HT[:, :t].T).astype(x_TH.dtype)
+
+
+# --- the lab: `python -m bench.labs.moe_grouped` ---------------------------------------------------------------
+
+def _lab(argv=None) -> int:
+    """Times the engine's routed experts against routed_experts_shared_split on one K2.5 layer (384 INT4 experts,
+    random weights) at each T and routing regime of bench.routes, each held to the plain reference; writes
+    moe-grouped-lab-<platform>-<date>.json to --out."""
+    import argparse
+    import datetime
+    from pathlib import Path
+
+    import numpy as np
+
+    import bench  # noqa: F401  (the engine's XLA flags)
+    from bench.labs.ep_slots import local_experts
+    from bench.moe_layer import _rel_err, time_moe
+    from bench.report import write_json
+    from bench.routes import ROUTINGS, regime_ids
+    from model.kernels.dispatch import wgmma_config_for
+    from model.moe import experts_gather, routed_experts
+
+    ap = argparse.ArgumentParser(prog="python -m bench.labs.moe_grouped", description=_lab.__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--routing", nargs="+", default=["independent", "neighbour", "shared"], choices=ROUTINGS[1:])
+    ap.add_argument("--experts", type=int, default=384)
+    ap.add_argument("--f", type=int, default=2048)
+    ap.add_argument("--h", type=int, default=7168)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = ap.parse_args(argv)
+    experts = local_experts(args.experts, args.f, args.h, jax.random.PRNGKey(0))
+    rows = []
+    for routing in args.routing:
+        for t in args.tokens:
+            ids = regime_ids(jax.random.PRNGKey(t), 1, t, args.experts, 8, routing)
+            w = jnp.asarray(np.random.default_rng(t).uniform(0.05, 0.3, (t, 8)), jnp.float32)
+            x = jax.random.normal(jax.random.PRNGKey(100 + t), (t, args.h), jnp.float32).astype(jnp.bfloat16)
+            ref = jax.jit(experts_gather)(x, experts, ids, w)
+            split = functools.partial(routed_experts_shared_split, **wgmma_config_for(experts, 8, t),
+                                      interpret=jax.default_backend() != "gpu")  # a CPU run is a smoke check
+            unique = int(np.unique(np.asarray(ids)).size)
+            row = {"routing": routing, "tokens": t, "unique_experts": unique}
+            for name, fn in (("engine", routed_experts), ("shared_split", split)):
+                try:
+                    out = jax.jit(fn)(x, experts, ids, w)
+                    timing = time_moe(fn, x, experts, ids, w, iters=args.iters)
+                    row[name] = {"us": 1e3 * timing["ms"], "spread_us": 1e3 * timing["spread_ms"],
+                                 "rel_err": _rel_err(out, ref)}
+                except Exception as e:  # a kernel that fails to compile or run is a row, not the end of the lab
+                    row[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            rows.append(row)
+            print(f"{routing} T={t} ({unique} unique): " + ", ".join(
+                f"{n} {row[n]['us']:.1f} us (rel err {row[n]['rel_err']:.1e})" if "us" in row[n]
+                else f"{n} {row[n]['error']}" for n in ("engine", "shared_split")), flush=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
+    write_json({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "experts": args.experts,
+                "f": args.f, "h": args.h, "rows": rows}, args.out, f"moe-grouped-lab-{jax.default_backend()}-{stamp}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_lab())

@@ -1,0 +1,56 @@
+"""bench.labs.moe_grouped (the unique-expert routed experts, not dispatched) against the plain reference, in Pallas'
+GPU interpreter on CPU, and lowered to Mosaic GPU at Kimi K2 shapes (Mosaic's layout and lowering checks)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench.labs import moe_grouped
+from model.moe import ExpertWeights, experts_gather
+from model.quant import Int4Weight
+from tests.test_kernels_moe_wgmma import H, _int4, _rel_err, experts  # noqa: F401  (the module's fixture)
+
+
+def test_shared_groups_hold_the_experts_several_slots_chose():
+    ids = jnp.asarray([[3, 1], [1, 4], [3, 5]], jnp.int32)
+    w = jnp.asarray([[0.5, 0.25], [0.75, 1.0], [0.125, 0.5]], jnp.float32)
+    g = moe_grouped.SharedGroups(ids, w)
+    assert g.groups == 3
+    assert g.shared_S.tolist() == [True, True, True, False, True, False]
+    assert g.expert_G.tolist() == [3, 1, -1]  # in order of first choice; the rest exit
+    np.testing.assert_array_equal(g.member_GT, [[True, False, True], [True, True, False], [False] * 3])
+    np.testing.assert_allclose(g.weight_GT, [[0.5, 0.0, 0.125], [0.25, 0.75, 0.0], [0.0] * 3])
+
+
+@pytest.mark.parametrize("t,share", [(2, "some")])  # both kernels at work (one interpreter run: the suite's time)
+def test_interpret_matches_reference(experts, t, share):  # noqa: F811
+    k = 4
+    rng = np.random.default_rng(t)
+    if share == "all":  # every token the same experts: only the group kernels work
+        ids = np.tile(rng.permutation(6)[:k], (t, 1))
+    else:  # token 1 shares two experts with token 0: both kernels work
+        ids = np.stack([rng.permutation(6)[:k] for _ in range(t)])
+        ids[1, :2] = ids[0, :2]
+        ids[1] = np.concatenate([ids[1, :2], [e for e in range(6) if e not in ids[1, :2]][:k - 2]])
+    ids = jnp.asarray(ids, jnp.int32)
+    w = jnp.asarray(rng.uniform(0.1, 1.0, (t, k)), jnp.float32)
+    x = jax.random.normal(jax.random.PRNGKey(t), (t, H)).astype(jnp.bfloat16)
+    fn = jax.jit(functools.partial(moe_grouped.routed_experts_shared_split, down_splits=2, interpret=True))
+    out = fn(x, experts, ids, w)
+    ref = experts_gather(x.astype(jnp.float32), experts, ids, w)
+    assert out.shape == (t, H)
+    assert _rel_err(out, ref) < 1e-2
+
+
+def test_lowers_to_mosaic_gpu_at_kimi_shapes():
+    e, f, h, t = 384, 2048, 7168, 4
+    sd = jax.ShapeDtypeStruct
+    w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
+    experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
+    fn = functools.partial(moe_grouped.routed_experts_shared_split, gate_up_splits=7, down_splits=8)
+    lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
+                                sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("mosaic_gpu") >= 4  # the slot kernels and the group kernels
