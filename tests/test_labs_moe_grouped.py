@@ -17,12 +17,11 @@ from tests.test_kernels_moe_wgmma import H, _int4, _rel_err, experts  # noqa: F4
 def test_shared_groups_hold_the_experts_several_slots_chose():
     ids = jnp.asarray([[3, 1], [1, 4], [3, 5]], jnp.int32)
     w = jnp.asarray([[0.5, 0.25], [0.75, 1.0], [0.125, 0.5]], jnp.float32)
-    g = moe_grouped.SharedGroups(ids, w)
-    assert g.groups == 3
-    assert g.shared_S.tolist() == [True, True, True, False, True, False]
-    assert g.expert_G.tolist() == [3, 1, -1]  # in order of first choice; the rest exit
-    np.testing.assert_array_equal(g.member_GT, [[True, False, True], [True, True, False], [False] * 3])
-    np.testing.assert_allclose(g.weight_GT, [[0.5, 0.0, 0.125], [0.25, 0.75, 0.0], [0.0] * 3])
+    g = moe_grouped.shared_groups(ids, w)
+    assert g.shared_P.tolist() == [True, True, True, False, True, False]
+    assert g.expert_U.tolist() == [3, 1, -1]  # in order of first choice; the rest exit
+    np.testing.assert_array_equal(g.member_UT, [[True, False, True], [True, True, False], [False] * 3])
+    np.testing.assert_allclose(g.weight_UT, [[0.5, 0.0, 0.125], [0.25, 0.75, 0.0], [0.0] * 3])
 
 
 @pytest.mark.parametrize("t,share", [(2, "some")])  # both kernels at work (one interpreter run: the suite's time)

@@ -12,7 +12,7 @@ no conditional (an XLA conditional costs a host round trip, ~16 us: docs/perform
   measured expert-grouped kernel of run 17 took: 0.57x of moe_wgmma at T = 4 when the tokens share all experts).
 Groups beyond the step's count exit at once. Both kernels always run; at independent routing the group kernels'
 programs nearly all exit, at shared routing the slot kernels' do. The group kernels' outputs are added to the
-slot kernels' by XLA (the down kernel writes per group: [groups, H, 8]).
+slot kernels' by XLA (the down kernel writes per group: [U, H, 8]).
 
 Why it lost before and what is different: run 17's version held both paths in one kernel (every program reserved
 both paths' registers and shared memory: 1.2x slower at random routing), and run 18's split version ran its
@@ -23,6 +23,7 @@ engine's kernels unchanged, with their layout and splits.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,29 +38,33 @@ MAX_TOKENS = 8  # the tokens ride as the wgmma's N = 8 columns
 GROUP_K = TILE_K // GROUPS  # columns of one scale group: the K of each of a tile's GROUPS wgmmas
 
 
-class SharedGroups:
-    """The step's experts chosen by several slots, in slot order of their first choice (static count G)."""
+class SharedGroups(NamedTuple):
+    """The step's experts chosen by several slots (`shared_groups`): U of them at most, in order of first choice."""
+    shared_P: jax.Array  # [T * K] bool: the slot's expert is chosen by another slot too
+    expert_U: jax.Array  # [U] int32: each group's expert; -1 beyond the step's count (those programs exit)
+    weight_UT: jax.Array  # [U, T] float32: token t's router weight for the group's expert (0: not a member)
+    member_UT: jax.Array  # [U, T] bool
 
-    def __init__(self, ids_TK: jax.Array, weights_TK: jax.Array):
-        t, k = ids_TK.shape
-        s = t * k
-        ids_S = ids_TK.reshape(s).astype(jnp.int32)
-        token_S = jnp.arange(s, dtype=jnp.int32) // k
-        same_SS = ids_S[:, None] == ids_S[None, :]
-        count_S = jnp.sum(same_SS, axis=1)
-        first_S = jnp.argmax(same_SS, axis=1)  # the first slot that chose this slot's expert
-        self.shared_S = count_S > 1
-        leads_S = self.shared_S & (first_S == jnp.arange(s))
-        group_of_lead_S = jnp.cumsum(leads_S.astype(jnp.int32)) - 1
-        group_S = jnp.where(self.shared_S, group_of_lead_S[first_S], -1)
-        self.groups = max(1, s // 2)  # each group holds two slots at least
-        g = self.groups
-        # groups beyond the step's count keep -1 and exit at once; a slot of no group writes nowhere (index g)
-        target_S = jnp.where(group_S >= 0, group_S, g)
-        self.expert_G = jnp.full((g,), -1, jnp.int32).at[target_S].set(ids_S, mode="drop")
-        weight_S = weights_TK.reshape(s).astype(jnp.float32)
-        self.weight_GT = jnp.zeros((g, t), jnp.float32).at[target_S, token_S].add(weight_S, mode="drop")
-        self.member_GT = jnp.zeros((g, t), bool).at[target_S, token_S].set(True, mode="drop")
+
+def shared_groups(ids_TK: jax.Array, weights_TK: jax.Array) -> SharedGroups:
+    t, k = ids_TK.shape
+    p = t * k
+    ids_P = ids_TK.reshape(p).astype(jnp.int32)
+    token_P = jnp.arange(p, dtype=jnp.int32) // k
+    same_PP = ids_P[:, None] == ids_P[None, :]
+    shared_P = jnp.sum(same_PP, axis=1) > 1
+    first_P = jnp.argmax(same_PP, axis=1)  # the first slot that chose this slot's expert
+    leads_P = shared_P & (first_P == jnp.arange(p))
+    group_of_lead_P = jnp.cumsum(leads_P.astype(jnp.int32)) - 1
+    groups = max(1, p // 2)  # each group holds two slots at least
+    # a slot of no group writes nowhere (index `groups`, dropped)
+    target_P = jnp.where(shared_P, group_of_lead_P[first_P], groups)
+    weight_P = weights_TK.reshape(p).astype(jnp.float32)
+    return SharedGroups(
+        shared_P=shared_P,
+        expert_U=jnp.full((groups,), -1, jnp.int32).at[target_P].set(ids_P, mode="drop"),
+        weight_UT=jnp.zeros((groups, t), jnp.float32).at[target_P, token_P].add(weight_P, mode="drop"),
+        member_UT=jnp.zeros((groups, t), bool).at[target_P, token_P].set(True, mode="drop"))
 
 
 def token_tiles(v_XTK: jax.Array) -> jax.Array:
@@ -146,23 +151,23 @@ def _group_down_kernel(expert_ref, ht_ref, dq_ref, ds_ref, y_ref, *, n_k, stages
 
 def group_gate_up(x_TH, gate, up, groups: SharedGroups, *, splits: int, stages: int = STAGES,
                   interpret: bool = False) -> jax.Array:
-    """[splits, 2, G, F, 8] f32: each group's gate / up rows for every token (rows of groups that exit unwritten)."""
-    hidden, f, g = x_TH.shape[1], gate.shape[1], groups.groups
+    """[splits, 2, U, F, 8] f32: each group's gate / up rows for every token (rows of groups that exit unwritten)."""
+    hidden, f, g = x_TH.shape[1], gate.shape[1], groups.expert_U.shape[0]
     return plgpu.kernel(
         functools.partial(_group_gate_up_kernel, n_k=hidden // TILE_K // splits, stages=stages, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits, 2, g, f, MAX_TOKENS), jnp.float32),
         grid=(g, f // ROWS, splits), grid_names=("group", "rows", "split"), **_interpret_kw(interpret),
-    )(groups.expert_G, token_tiles(x_TH[None])[0], *_operands(gate), *_operands(up))
+    )(groups.expert_U, token_tiles(x_TH[None])[0], *_operands(gate), *_operands(up))
 
 
-def group_down(h_GTF, down, groups: SharedGroups, *, stages: int = STAGES, interpret: bool = False) -> jax.Array:
-    """[G, H, 8] f32: each group's down rows applied to its tokens' h (rows of groups that exit unwritten)."""
-    f, hidden, g = h_GTF.shape[2], down.shape[1], groups.groups
+def group_down(h_UTF, down, groups: SharedGroups, *, stages: int = STAGES, interpret: bool = False) -> jax.Array:
+    """[U, H, 8] f32: each group's down rows applied to its tokens' h (rows of groups that exit unwritten)."""
+    f, hidden, g = h_UTF.shape[2], down.shape[1], groups.expert_U.shape[0]
     return plgpu.kernel(
         functools.partial(_group_down_kernel, n_k=f // TILE_K, stages=stages, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((g, hidden, MAX_TOKENS), jnp.float32),
         grid=(hidden // ROWS, g), grid_names=("rows", "group"), **_interpret_kw(interpret),
-    )(groups.expert_G, token_tiles(h_GTF), *_operands(down))
+    )(groups.expert_U, token_tiles(h_UTF), *_operands(down))
 
 
 def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1,
@@ -175,9 +180,9 @@ def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_sp
     t, k = ids_TK.shape
     if t > MAX_TOKENS:
         raise ValueError(f"moe_grouped takes up to {MAX_TOKENS} tokens, got {t}")
-    groups = SharedGroups(ids_TK, weights_TK)
+    groups = shared_groups(ids_TK, weights_TK)
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    alone_U = (~groups.shared_S & (weights_TK.reshape(t * k) != 0)).astype(jnp.int32)
+    alone_U = (~groups.shared_P & (weights_TK.reshape(t * k) != 0)).astype(jnp.int32)
     alone_w_TK = jnp.where(alone_U.reshape(t, k) != 0, weights_TK, 0.0)
     # the slots no other slot shares an expert with: moe_wgmma's kernels, the shared slots skipped
     gu_Z2UF = moe_wgmma.gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
@@ -190,11 +195,11 @@ def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_sp
     # the shared experts: each converted once for all its tokens
     gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,
                        interpret=interpret)
-    g_GTF, u_GTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
+    g_UTF, u_UTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
     # where, not a product: the rows of groups that exited were never written
-    h_GTF = jnp.where(groups.member_GT[..., None], jax.nn.silu(g_GTF) * u_GTF * groups.weight_GT[..., None], 0.0)
-    y_GHT = group_down(h_GTF, experts.down, groups, stages=stages, interpret=interpret)
-    y_HT = jnp.sum(jnp.where((groups.expert_G >= 0)[:, None, None], y_GHT, 0.0), axis=0)
+    h_UTF = jnp.where(groups.member_UT[..., None], jax.nn.silu(g_UTF) * u_UTF * groups.weight_UT[..., None], 0.0)
+    y_UHT = group_down(h_UTF, experts.down, groups, stages=stages, interpret=interpret)
+    y_HT = jnp.sum(jnp.where((groups.expert_U >= 0)[:, None, None], y_UHT, 0.0), axis=0)
     return (y_TH + y_HT[:, :t].T).astype(x_TH.dtype)
 
 
