@@ -106,9 +106,10 @@ def analyse(chunk: list[dict], tbs: float) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [f"One MoE layer at T = 1 from `{result['profile']}` (the mean over its {result['layer_count']} MoE layers "
-             f"after the first; kernel times are the device's, traced; floors at {result['tbs']} TB/s). The kernels' sum "
-             "overstates the layer's time where the graph runs independent kernels side by side.", "",
-             "| category | kernels | us (mean over layers) | floor us | x floor | excess us |", "|---|---|---|---|---|---|"]
+             f"after the first; kernel times are the device's, traced; floors at {result['tbs']} TB/s). "
+             "The kernels' sum overstates the layer's time where the graph runs independent kernels side by side.", "",
+             "| category | kernels | us (mean over layers) | floor us | x floor | excess us |",
+             "|---|---|---|---|---|---|"]
     cats = result["categories"]
     for cat, c in sorted(cats.items(), key=lambda kv: -(kv[1]["us"] - kv[1]["floor_us"])):
         ratio = f"{c['us'] / c['floor_us']:.2f}" if c["floor_us"] > 0 else "-"

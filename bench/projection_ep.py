@@ -130,7 +130,8 @@ def markdown(result: dict) -> str:
         d = tab["decode"]
         lines += [f"## All-reduce latency {tab['all_reduce_us']:.1f} us",
                   "",
-                  f"Decode: busiest device {d['busiest_device_slots']:.2f} slots, one MoE layer {d['layer_us']:.1f} us, "
+                  f"Decode: busiest device {d['busiest_device_slots']:.2f} slots, "
+                  f"one MoE layer {d['layer_us']:.1f} us, "
                   f"step {d['ms']:.2f} ms.",
                   "",
                   "| K | verify T | busiest device's slots | one MoE layer us | verify ms | draft ms | cycle ms | "
@@ -142,7 +143,8 @@ def markdown(result: dict) -> str:
         k3 = next((r for r in tab["cycles"] if r["k"] == 3), None)
         if k3 is not None:
             lines += ["", "K = 3 at the public Kimi-K2.5 EAGLE-3 drafter's acceptance lengths: "
-                      + ", ".join(f"{n} {PUBLISHED_K3[n]:.2f} -> {s:.2f}x" for n, s in k3["speedup_at_published"].items())
+                      + ", ".join(f"{n} {PUBLISHED_K3[n]:.2f} -> {s:.2f}x"
+                                  for n, s in k3["speedup_at_published"].items())
                       + ".", ""]
     return "\n".join(lines) + "\n"
 

@@ -11,7 +11,7 @@ import pytest
 from bench.labs import moe_grouped
 from model.moe import ExpertWeights, experts_gather
 from model.quant import Int4Weight
-from tests.test_kernels_moe_wgmma import H, _int4, _rel_err, experts  # noqa: F401  (the module's fixture)
+from tests.test_kernels_moe_wgmma import H, _rel_err, experts  # noqa: F401  (the module's fixture)
 
 
 def test_shared_groups_hold_the_experts_several_slots_chose():

@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     write_json({
         "device": str(jax.devices()[0]), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "label": args.label, "structures": args.structures, "layers": args.layers, "dim": args.dim, "iters": args.iters, "rows": rows,
+        "label": args.label, "structures": args.structures, "layers": args.layers, "dim": args.dim,
+        "iters": args.iters, "rows": rows,
         "per_conditional_us": per_cond_us, "per_link_us": link_us},
         args.out, f"cond-cost-{jax.default_backend()}-{args.label}-{stamp}")
     return 0
