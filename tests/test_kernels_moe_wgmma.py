@@ -78,10 +78,10 @@ def test_zero_weight_slots_are_skipped_and_add_nothing(experts, down_splits):
     assert _rel_err(out, ref) < 1e-2
     # the skipped slots' rows are left as the buffer held them: only the masks make them add nothing
     gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, ids.reshape(-1), choices=K,
-                                active_U=(w.reshape(-1) != 0), interpret=True)
+                                weight_U=w.reshape(-1), interpret=True)
     h = moe_wgmma.swiglu_h(gu, w)
     assert np.all(np.asarray(h)[np.asarray(w.reshape(-1)) == 0] == 0.0)
-    written = np.asarray(moe_wgmma.split_active_ZT(w != 0, down_splits, 1))
+    written = np.asarray(moe_wgmma.split_active_ZT(w, down_splits, 1))
     assert written.shape == (down_splits, t) and not written[:, 1].any()
 
 

@@ -5,7 +5,7 @@ slot and converts an expert's int4 tiles once per slot that chose it, so verify 
 what independent ones do. Here the slots are split by whether their expert is shared, inside the program and with
 no conditional (an XLA conditional costs a host round trip, ~16 us: docs/performance.md):
 - a slot whose expert no other slot of the step chose runs moe_wgmma's own kernels, the others' slots skipped
-  (moe_wgmma skips a slot marked inactive; skipped programs exit before their pipelines);
+  (moe_wgmma skips a slot of router weight 0; skipped programs exit before their pipelines);
 - each expert that several slots chose is one group, at most T x K // 2 of them: its tiles are converted once and
   multiplied with all (up to 8) tokens as the wgmma's N columns, one wgmma per scale group (K = 32), each group's
   product scaled by that group's column of the scale tile, picked by a one-hot mask and a row sum (the route the
@@ -182,15 +182,15 @@ def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_sp
         raise ValueError(f"moe_grouped takes up to {MAX_TOKENS} tokens, got {t}")
     groups = shared_groups(ids_TK, weights_TK)
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    alone_U = (~groups.shared_P & (weights_TK.reshape(t * k) != 0)).astype(jnp.int32)
-    alone_w_TK = jnp.where(alone_U.reshape(t, k) != 0, weights_TK, 0.0)
+    alone_w_TK = jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK)
     # the slots no other slot shares an expert with: moe_wgmma's kernels, the shared slots skipped
     gu_Z2UF = moe_wgmma.gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
-                                     splits=gate_up_splits, active_U=alone_U, interpret=interpret)
+                                     splits=gate_up_splits, weight_U=alone_w_TK.reshape(t * k), interpret=interpret)
     h_UF = moe_wgmma.swiglu_h(permute_K(gu_Z2UF), alone_w_TK)
     y_ZTH = moe_wgmma.down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
-                                k_splits=down_k_splits, active_U=alone_U, interpret=interpret)
-    written_ZT1 = moe_wgmma.split_active_ZT(alone_U.reshape(t, k), down_splits, down_k_splits)[..., None]
+                                k_splits=down_k_splits, weight_U=alone_w_TK.reshape(t * k),
+                                interpret=interpret)
+    written_ZT1 = moe_wgmma.split_active_ZT(alone_w_TK, down_splits, down_k_splits)[..., None]
     y_TH = _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0))
     # the shared experts: each converted once for all its tokens
     gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,

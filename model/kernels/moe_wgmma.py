@@ -169,10 +169,10 @@ def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
     return b, w, s
 
 
-def _gate_up_kernel(expert_ref, active_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages,
+def _gate_up_kernel(expert_ref, weight_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages,
                     interpret):
-    """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H; an inactive slot's
-    rows are not written (its router weight is 0: the caller masks them)."""
+    """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H; a slot of router
+    weight 0 is skipped and its rows are not written (the caller masks them)."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
     e, t = expert_ref[slot], slot // choices  # slot t * choices + c: token t, choice c
     b, w, s = _specs(interpret, lambda k: (split * n_k + k, 0, 0), lambda k: (rb, split * n_k + k))
@@ -180,7 +180,7 @@ def _gate_up_kernel(expert_ref, active_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
         return _tile_products(((gq_smem, gs_smem), (uq_smem, us_smem)), xbd_smem, carry, interpret)
 
-    @pl.when(active_ref[slot] != 0)
+    @pl.when(weight_ref[slot] != 0)
     def _():
         acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
                                            init_carry=(_zeros(interpret), _zeros(interpret)))(
@@ -189,10 +189,10 @@ def _gate_up_kernel(expert_ref, active_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_
         _store_rows(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)])
 
 
-def _down_kernel(expert_ref, active_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages,
+def _down_kernel(expert_ref, weight_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages,
                  interpret):
-    """y[split * k_splits + ks, t, rows]; not written where none of the split's choices is active (the caller masks
-    those rows, `split_active_ZT`)."""
+    """y[split * k_splits + ks, t, rows]; not written where every choice of the split has router weight 0 (the
+    caller masks those rows, `split_active_ZT`)."""
     rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
     t, rest = ts // (splits * k_splits), ts % (splits * k_splits)
     split, ks = rest // k_splits, rest % k_splits  # k_splits fastest: a row block's F shares run side by side
@@ -206,9 +206,9 @@ def _down_kernel(expert_ref, active_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k,
     # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
     b, w, s = _specs(interpret, lambda c, kk: (first + c, k0 + kk, 0, 0),
                      lambda c, kk: (expert_ref[first + c], rb, k0 + kk), lead=(None,))
-    any_active = active_ref[first] != 0
+    any_active = weight_ref[first] != 0
     for c in range(1, per_split):
-        any_active = any_active | (active_ref[first + c] != 0)
+        any_active = any_active | (weight_ref[first + c] != 0)
 
     @pl.when(any_active)
     def _():
@@ -218,10 +218,10 @@ def _down_kernel(expert_ref, active_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k,
 
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
-                 splits: int = 1, active_U=None, interpret: bool = False) -> jax.Array:
+                 splits: int = 1, weight_U=None, interpret: bool = False) -> jax.Array:
     """[P, 2, U, F] f32 (P = `splits` of H): slot u's gate / up rows (expert expert_U[u], token u // choices) over
-    split p of H. Rows in natural order; the products take x in `permute_K` order. A slot with active_U[u] == 0
-    (None: every slot active) is skipped and its rows hold whatever the buffer held."""
+    split p of H. Rows in natural order; the products take x in `permute_K` order. A slot whose router weight
+    weight_U[u] is 0 is skipped and its rows hold whatever the buffer held (None: no slot skipped)."""
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
         raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
@@ -234,15 +234,15 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
         grid=(slots, f // ROWS, splits), grid_names=("slot", "rows", "split"),  # the last is CUDA's x
         **_interpret_kw(interpret),
-    )(expert_U, _active(active_U, slots), block_diagonal_UNGK(permute_K(x_TH)), *_operands(gate), *_operands(up))
+    )(expert_U, _weights(weight_U, slots), block_diagonal_UNGK(permute_K(x_TH)), *_operands(gate), *_operands(up))
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
-              k_splits: int = 1, active_U=None, interpret: bool = False) -> jax.Array:
+              k_splits: int = 1, weight_U=None, interpret: bool = False) -> jax.Array:
     """[P, T, H] f32 (P = splits * k_splits): token t's sum over split s of its `choices` slots t * choices + c of
     down(h), over share ks of F (row s * k_splits + ks). h's columns come in `permute_K` order. A split whose
-    slots all have active_U == 0 (None: every slot active) is skipped and its row is not written
-    (`split_active_ZT` says which rows hold sums)."""
+    slots all have router weight weight_U == 0 is skipped and its row is not written (`split_active_ZT` says which
+    rows hold sums; None: no split skipped)."""
     slots, f = h_UF.shape
     check_down_splits(choices, splits, f, k_splits)
     t, hidden = slots // choices, down.shape[1]
@@ -252,7 +252,7 @@ def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = S
         out_type=jax.ShapeDtypeStruct((splits * k_splits, t, hidden), jnp.float32),
         grid=(hidden // ROWS, t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
-    )(expert_U, _active(active_U, slots), block_diagonal_UNGK(h_UF), *_operands(down))
+    )(expert_U, _weights(weight_U, slots), block_diagonal_UNGK(h_UF), *_operands(down))
 
 
 def check_down_splits(choices: int, splits: int, f: int, k_splits: int) -> None:
@@ -277,22 +277,23 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     # a slot whose router weight is 0 adds nothing: under expert parallelism (model.moe_parallel) that is every
-    # choice of an expert another device holds, so its programs are skipped rather than run on a filler expert
-    active_U = (weights_TK.reshape(t * k) != 0).astype(jnp.int32)
+    # choice of an expert another device holds, so its programs are skipped rather than run on a filler expert.
+    # The kernels read the router's weights themselves (no flag array for XLA to compute first).
+    weight_U = weights_TK.reshape(t * k)
     gu_Z2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
-                           splits=gate_up_splits, active_U=active_U, interpret=interpret)
+                           splits=gate_up_splits, weight_U=weight_U, interpret=interpret)
     h_UF = swiglu_h(permute_K(gu_Z2UF), weights_TK)
     y_ZTH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
-                      k_splits=down_k_splits, active_U=active_U, interpret=interpret)
-    written_ZT1 = split_active_ZT(active_U.reshape(t, k), down_splits, down_k_splits)[..., None]
+                      k_splits=down_k_splits, weight_U=weight_U, interpret=interpret)
+    written_ZT1 = split_active_ZT(weights_TK, down_splits, down_k_splits)[..., None]
     return _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0)).astype(x_TH.dtype)
 
 
-def split_active_ZT(active_TK: jax.Array, splits: int, k_splits: int) -> jax.Array:
+def split_active_ZT(weights_TK: jax.Array, splits: int, k_splits: int) -> jax.Array:
     """[splits * k_splits, T] bool: whether row s * k_splits + ks of `down_sums` was written (a slot of split s of
-    the token's choices is active)."""
-    t, k = active_TK.shape
-    split_TS = jnp.any(active_TK.reshape(t, splits, k // splits) != 0, axis=-1)
+    the token's choices has a router weight other than 0)."""
+    t, k = weights_TK.shape
+    split_TS = jnp.any(weights_TK.reshape(t, splits, k // splits) != 0, axis=-1)
     return jnp.repeat(split_TS.T, k_splits, axis=0)
 
 
@@ -313,8 +314,8 @@ def _sum_leading(v: jax.Array) -> jax.Array:
     return out
 
 
-def _active(active_U, slots: int) -> jax.Array:
-    return jnp.ones((slots,), jnp.int32) if active_U is None else active_U.astype(jnp.int32)
+def _weights(weight_U, slots: int) -> jax.Array:
+    return jnp.ones((slots,), jnp.float32) if weight_U is None else weight_U.astype(jnp.float32)
 
 
 def _operands(w: Int4Weight):
