@@ -4,11 +4,14 @@ Both sides prefill the same prompt in chunks into their own caches (the way a 32
 first step's logits must then agree, which holds only if the weight mapping, both chunked prefills and both
 caches are right."""
 
+import importlib.util
+
 import pytest
 
 from bench.peer_hf import main, prefill_chunk
 
-pytest.importorskip("transformers")
+# find_spec, not importorskip: importing transformers (1.2 s) at collection cost every worker, not only this file's
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 
 
 def test_peer_after_a_chunked_prefill_agrees_with_jaxspec(tmp_path):
