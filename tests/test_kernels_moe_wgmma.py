@@ -61,12 +61,12 @@ def test_interpret_matches_reference(experts, t, gate_up_splits, down_splits, do
     assert _rel_err(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("down_splits", [4, 2])
+@pytest.mark.parametrize("down_splits", [2])
 def test_zero_weight_slots_are_skipped_and_add_nothing(experts, down_splits):
     """Slots of router weight 0 (under expert parallelism: every choice of another device's expert, pointed at a
     local one) are skipped by both kernels; their unwritten rows are masked, so the result is the reference's.
-    Token 1 has no active choice at all, token 0 a whole down split without one (down_splits=4: one choice a
-    split)."""
+    Token 1 has no active choice at all, token 0 a whole down split without one (its choices 0 and 1), token 2 a
+    split with one inactive choice among active ones (run, its h zero)."""
     t = 3
     x = jax.random.normal(jax.random.PRNGKey(11), (t, H)).astype(jnp.bfloat16)
     ids, w = _routing(t, 11)
