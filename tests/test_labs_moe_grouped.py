@@ -24,6 +24,24 @@ def test_shared_groups_hold_the_experts_several_slots_chose():
     np.testing.assert_allclose(g.weight_UT, [[0.5, 0.0, 0.125], [0.25, 0.75, 0.0], [0.0] * 3])
 
 
+def test_shared_groups_match_a_plain_count_at_random_routings():
+    rng = np.random.default_rng(0)
+    for t, k in ((1, 8), (3, 4), (4, 8), (8, 2)):  # each shape compiles its own ops: few shapes, several draws
+        for e in (k, 2 * k, 3 * k):
+            ids = np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int32)
+            w = rng.uniform(0.1, 1.0, (t, k)).astype(np.float32)
+            g = moe_grouped.shared_groups(jnp.asarray(ids), jnp.asarray(w))
+            flat = ids.reshape(-1)
+            order = list(dict.fromkeys(x for x in flat if (flat == x).sum() > 1))  # shared experts, first choice first
+            want_expert = np.full(max(1, t * k // 2), -1)
+            want_expert[:len(order)] = order
+            np.testing.assert_array_equal(g.expert_U, want_expert)
+            for u, x in enumerate(order):
+                np.testing.assert_allclose(g.weight_UT[u], np.where(ids == x, w, 0.0).sum(axis=1), rtol=1e-6)
+                np.testing.assert_array_equal(g.member_UT[u], (ids == x).any(axis=1))
+            np.testing.assert_array_equal(g.shared_P, [(flat == x).sum() > 1 for x in flat])
+
+
 @pytest.mark.parametrize("t,share", [(2, "some")])  # both kernels at work (one interpreter run: the suite's time)
 def test_interpret_matches_reference(experts, t, share):  # noqa: F811
     k = 4

@@ -47,24 +47,27 @@ class SharedGroups(NamedTuple):
 
 
 def shared_groups(ids_TK: jax.Array, weights_TK: jax.Array) -> SharedGroups:
+    """Written as comparisons and masked sums over the T x K slots (no sort, scatter or scan), so XLA makes a few
+    fused kernels of it: at independent routing this bookkeeping is all the shared path adds to the step."""
     t, k = ids_TK.shape
     p = t * k
+    groups = max(1, p // 2)  # each group holds two slots at least
     ids_P = ids_TK.reshape(p).astype(jnp.int32)
-    token_P = jnp.arange(p, dtype=jnp.int32) // k
+    slot_P = jnp.arange(p, dtype=jnp.int32)
     same_PP = ids_P[:, None] == ids_P[None, :]
     shared_P = jnp.sum(same_PP, axis=1) > 1
-    first_P = jnp.argmax(same_PP, axis=1)  # the first slot that chose this slot's expert
-    leads_P = shared_P & (first_P == jnp.arange(p))
-    group_of_lead_P = jnp.cumsum(leads_P.astype(jnp.int32)) - 1
-    groups = max(1, p // 2)  # each group holds two slots at least
-    # a slot of no group writes nowhere (index `groups`, dropped)
-    target_P = jnp.where(shared_P, group_of_lead_P[first_P], groups)
+    # a slot leads its group when no earlier slot chose its expert; a group's index counts the leads before it
+    lead_P = shared_P & ~jnp.any(same_PP & (slot_P[None, :] < slot_P[:, None]), axis=1)
+    rank_P = jnp.sum(lead_P[None, :] & (slot_P[None, :] < slot_P[:, None]), axis=1)
+    lead_rank_P = jnp.where(lead_P, rank_P, -1)
+    group_P = jnp.where(shared_P, jnp.max(jnp.where(same_PP, lead_rank_P[None, :], -1), axis=1), -1)
+    in_UP = group_P[None, :] == jnp.arange(groups, dtype=jnp.int32)[:, None]
+    expert_U = jnp.max(jnp.where(in_UP, ids_P[None, :], -1), axis=1)
+    of_token_UTP = in_UP[:, None, :] & ((slot_P // k)[None, None, :] == jnp.arange(t)[None, :, None])
     weight_P = weights_TK.reshape(p).astype(jnp.float32)
-    return SharedGroups(
-        shared_P=shared_P,
-        expert_U=jnp.full((groups,), -1, jnp.int32).at[target_P].set(ids_P, mode="drop"),
-        weight_UT=jnp.zeros((groups, t), jnp.float32).at[target_P, token_P].add(weight_P, mode="drop"),
-        member_UT=jnp.zeros((groups, t), bool).at[target_P, token_P].set(True, mode="drop"))
+    return SharedGroups(shared_P=shared_P, expert_U=expert_U,
+                        weight_UT=jnp.sum(jnp.where(of_token_UTP, weight_P[None, None, :], 0.0), axis=2),
+                        member_UT=jnp.any(of_token_UTP, axis=2))
 
 
 def token_tiles(v_XTK: jax.Array) -> jax.Array:
