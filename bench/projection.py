@@ -139,12 +139,26 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['k']} | {v['tokens']}{'' if v['measured_at_depth'] else ' (interpolated)'} | "
                      f"{v['layer_us']:.1f} | {v['ms']:.2f} | {r['draft_ms']:.3f} | {r['cycle_ms']:.2f} | "
                      f"{r['break_even_length']:.2f} |")
-    k3 = next((r for r in result["cycles"] if r["k"] == 3), None)
-    if k3 is not None:
-        lines += ["", "Speed-up over plain decoding at the public Kimi-K2.5 EAGLE-3 drafter's acceptance lengths (K = 3): "
-                  + ", ".join(f"{name} {PUBLISHED_K3[name]:.2f} -> {s:.2f}x"
-                              for name, s in k3["speedup_at_published"].items()) + "."]
+    lines += published_speedups(result["cycles"])
     return "\n".join(lines) + "\n"
+
+
+def published_speedups(cycles: list[dict]) -> list[str]:
+    """Markdown lines: the K = 3 row's speed-ups at PUBLISHED_K3 (none without a K = 3 row)."""
+    k3 = next((r for r in cycles if r["k"] == 3), None)
+    if k3 is None:
+        return []
+    return ["", "Speed-up over plain decoding at the public Kimi-K2.5 EAGLE-3 drafter's acceptance lengths (K = 3): "
+            + ", ".join(f"{name} {PUBLISHED_K3[name]:.2f} -> {s:.2f}x"
+                        for name, s in k3["speedup_at_published"].items()) + "."]
+
+
+def load_json(flag: str, path: Path) -> dict:
+    """The JSON file a flag names; SystemExit naming the flag and the file where it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"{flag} {path}: {e}") from None
 
 
 def main(argv=None) -> dict:
@@ -155,12 +169,7 @@ def main(argv=None) -> dict:
     p.add_argument("--routing", default=None, help="the routing of --depth's rows to use (when it holds several)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     a = p.parse_args(argv)
-    inputs = {}
-    for flag, path in (("--depth", a.depth), ("--cycles", a.cycles)):
-        try:
-            inputs[flag] = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise SystemExit(f"{flag} {path}: {e}") from None
+    inputs = {flag: load_json(flag, path) for flag, path in (("--depth", a.depth), ("--cycles", a.cycles))}
     result = project(inputs["--depth"], inputs["--cycles"], a.routing)
     now = datetime.datetime.now(datetime.timezone.utc)
     result.update(date=now.isoformat(timespec="seconds"), inputs={"depth": str(a.depth), "cycles": str(a.cycles)})

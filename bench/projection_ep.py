@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -39,7 +38,8 @@ import jax
 import numpy as np
 
 from bench import depth_gap
-from bench.projection import KIMI_DENSE_LAYERS, KIMI_LAYERS, PUBLISHED_K3, decode_and_cycles, depth_rows, draft_ms
+from bench.projection import (KIMI_DENSE_LAYERS, KIMI_LAYERS, decode_and_cycles, depth_rows, draft_ms, load_json,
+                              published_speedups)
 from bench.report import publish
 from bench.routes import regime_ids
 
@@ -140,20 +140,8 @@ def markdown(result: dict) -> str:
             v = r["verify"]
             lines.append(f"| {r['k']} | {v['tokens']} | {v['busiest_device_slots']:.2f} | {v['layer_us']:.1f} | "
                          f"{v['ms']:.2f} | {r['draft_ms']:.3f} | {r['cycle_ms']:.2f} | {r['break_even_length']:.2f} |")
-        k3 = next((r for r in tab["cycles"] if r["k"] == 3), None)
-        if k3 is not None:
-            lines += ["", "K = 3 at the public Kimi-K2.5 EAGLE-3 drafter's acceptance lengths: "
-                      + ", ".join(f"{n} {PUBLISHED_K3[n]:.2f} -> {s:.2f}x"
-                                  for n, s in k3["speedup_at_published"].items())
-                      + ".", ""]
+        lines += published_speedups(tab["cycles"]) + [""]
     return "\n".join(lines) + "\n"
-
-
-def _load(flag: str, path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"{flag} {path}: {e}") from None
 
 
 def main(argv=None) -> dict:
@@ -171,7 +159,7 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     files = {"--profile": a.profile, "--depth": a.depth, "--ep-slots": a.ep_slots, "--all-reduce": a.all_reduce,
              "--cycles": a.cycles}
-    data = {flag: _load(flag, path) for flag, path in files.items()}
+    data = {flag: load_json(flag, path) for flag, path in files.items()}
     profile = depth_gap.load_profile(data["--profile"], a.profile)
     ar = data["--all-reduce"]
     latencies = a.all_reduce_us if a.all_reduce_us is not None else [0.0] + [
