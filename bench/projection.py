@@ -161,18 +161,33 @@ def load_json(flag: str, path: Path) -> dict:
         raise SystemExit(f"{flag} {path}: {e}") from None
 
 
+def merged_depth(docs: list[dict]) -> dict:
+    """Several `--depth` results as one: their layer slopes, a later file's row replacing an earlier one's at the
+    same batch, T and routing (a kernel measured at some T over a run of another at every T); the first file's
+    device, the dates of all."""
+    rows = {}
+    for doc in docs:
+        for s in doc.get("layer_slope") or []:
+            rows[(s["batch"], s["tokens"], s.get("routing", "model"))] = s
+    return dict(layer_slope=list(rows.values()), device=docs[0].get("device"),
+                date=" + ".join(str(d.get("date")) for d in docs))
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m bench.projection", description=__doc__.split("\n")[0])
-    p.add_argument("--depth", type=Path, required=True, help="bench.step JSON with --prefix-layers layer slopes")
+    p.add_argument("--depth", type=Path, nargs="+", required=True,
+                   help="bench.step JSON with --prefix-layers layer slopes; several: a later file's rows replace an "
+                        "earlier one's at the same T and routing")
     p.add_argument("--cycles", type=Path, required=True,
                    help="bench.step JSON (4 layers) with device-loop verify steps and cycles at B = 1")
     p.add_argument("--routing", default=None, help="the routing of --depth's rows to use (when it holds several)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     a = p.parse_args(argv)
-    inputs = {flag: load_json(flag, path) for flag, path in (("--depth", a.depth), ("--cycles", a.cycles))}
-    result = project(inputs["--depth"], inputs["--cycles"], a.routing)
+    depth = merged_depth([load_json("--depth", path) for path in a.depth])
+    result = project(depth, load_json("--cycles", a.cycles), a.routing)
     now = datetime.datetime.now(datetime.timezone.utc)
-    result.update(date=now.isoformat(timespec="seconds"), inputs={"depth": str(a.depth), "cycles": str(a.cycles)})
+    result.update(date=now.isoformat(timespec="seconds"),
+                  inputs={"depth": " + ".join(str(d) for d in a.depth), "cycles": str(a.cycles)})
     publish(result, a.out, f"projection-{now.strftime('%Y%m%d-%H%M')}", markdown, print)
     return result
 

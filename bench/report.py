@@ -26,11 +26,11 @@ def _decode_ms(steps, batch, context, path, key="median_ms"):
 
 
 def _short(c: dict) -> str:
-    if c.get("variant") == "wgmma":
+    if c.get("variant") in ("wgmma", "grouped"):
         down_st = c.get("down_stages") or c["stages"]
         stages = f"st{c['stages']}" + (f"/{down_st}" if down_st != c["stages"] else "")
         f_splits = c.get("down_k_splits", 1)
-        return (f"wgmma {stages} gate_up/{c['gate_up_splits']} down/{c['down_splits']}"
+        return (f"{c['variant']} {stages} gate_up/{c['gate_up_splits']} down/{c['down_splits']}"
                 + (f" F/{f_splits}" if f_splits > 1 else "") + (" h-before" if c.get("permute_h") == "before" else ""))
     slots = f"/{c['slots']}" if c.get("variant") == "gemv" else ""
     return f"{c.get('variant', 'mma')}{slots} {c['block_f']}/{c['block_h']}/{c['block_k']} w{c['num_warps']} s{c['down_splits']}"

@@ -41,7 +41,7 @@ from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_ban
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
-from model.config import Kernels  # noqa: E402
+from model.config import KERNEL_CHOICES, Kernels  # noqa: E402
 from model.kernels.dispatch import moe_kernel_for, triton_config_for, wgmma_config_for  # noqa: E402
 from model.kv_cache import LatentCache, round_capacity  # noqa: E402
 from model.sharding import (CACHE_RULES, TARGET_RULES, make_mesh, mesh_context, parse_mesh_spec,  # noqa: E402
@@ -90,8 +90,8 @@ def random_model(layers: int, tiny: bool):
 def _kernel_record(tokens: int, experts, cfg) -> dict:
     """The MoE kernel the engine dispatches to at this many tokens, and its settings."""
     variant = moe_kernel_for(tokens, experts, cfg.kernels)
-    if variant == "wgmma":
-        return {"variant": "wgmma", **wgmma_config_for(experts, cfg.num_experts_per_tok, tokens)}
+    if variant in ("wgmma", "grouped"):
+        return {"variant": variant, **wgmma_config_for(experts, cfg.num_experts_per_tok, tokens)}
     return triton_config_for(tokens, experts).__dict__
 
 
@@ -321,6 +321,9 @@ def parse_args(argv):
                         "tokens: independent at random, neighbour (each choice repeats one of the previous token's "
                         f"with probability {NEIGHBOUR_SHARE}), shared (a row's tokens choose the same experts); the "
                         "cycles keep the model's router")
+    p.add_argument("--moe-kernel", choices=[c for c in KERNEL_CHOICES["moe"] if c != "off"], default="auto",
+                   help="the kernel path's routed experts (model.config.Kernels.moe): grouped converts an expert "
+                        "several verify slots chose once")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--skip-reference", action="store_true",
@@ -388,11 +391,13 @@ def main(argv=None) -> dict:
             traceback.print_exc()
         save()
     result["moe_path"] = "pallas kernel (model.kernels dispatch)" if kernel_ok else "plain XLA reference"
-    result["kernel_config"] = {f"T{t}": _kernel_record(t, moe_layer.experts, cfg)
+    loops = {"reference": PATH_KERNELS["reference"], "kernel": Kernels(moe=args.moe_kernel)}
+    result["moe_kernel"] = args.moe_kernel
+    result["kernel_config"] = {f"T{t}": _kernel_record(t, moe_layer.experts, cfg.replace(kernels=loops["kernel"]))
                                for t in sorted({b * t for b in args.batches for t in args.tokens})} if kernel_ok else {}
-    log(f"MoE path for the steps: {result['moe_path']}")
+    log(f"MoE path for the steps: {result['moe_path']}" + (f", moe={args.moe_kernel}" if kernel_ok else ""))
 
-    loops = {path: PATH_KERNELS[path] for path in (("reference", "kernel") if kernel_ok else ("reference",))}
+    loops = {path: loops[path] for path in (("reference", "kernel") if kernel_ok else ("reference",))}
     main_plan = [("kernel" if kernel_ok else "reference", b, c, t)
                  for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
     plan = list(main_plan)

@@ -44,10 +44,23 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """--model and --draft, as every entry point that loads a pair takes them."""
+    """--model, --draft and --moe-kernel, as every entry point that loads a pair takes them."""
+    from model.config import KERNEL_CHOICES
+
     p.add_argument("--model", type=Path, default=None, help="converted target checkpoint (default: the embedded model)")
     p.add_argument("--draft", type=Path, default=None,
                    help="converted EAGLE-3 drafter (default: MODEL/draft, then a sibling directory named draft)")
+    p.add_argument("--moe-kernel", choices=KERNEL_CHOICES["moe"], default="auto",
+                   help="routed experts (model.config.Kernels.moe): auto (the measured default), wgmma, grouped "
+                        "(verify converts an expert several tokens chose once: faster where tokens share experts, "
+                        "a few percent slower where they do not; Hopper), triton, off (plain XLA)")
+
+
+def with_moe_kernel(cfg, choice: str):
+    """The target config with its routed-experts kernel set to the --moe-kernel choice."""
+    import dataclasses
+
+    return cfg.replace(kernels=dataclasses.replace(cfg.kernels, moe=choice))
 
 
 def parse_mesh(spec: str | None):

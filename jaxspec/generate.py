@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
-                                 parse_mesh, run_with_exit_codes)
+                                 parse_mesh, run_with_exit_codes, with_moe_kernel)
 from jaxspec.defaults import DEFAULT_NUM_STEPS, default_dtype
 from jaxspec.generate_display import echo_prompt, format_speedup
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
@@ -34,6 +34,7 @@ JSON_SCHEMA = {
     "draft": "str | null: drafter checkpoint directory (null without speculation)",
     "speculative_num_steps": "int: draft tokens per cycle K (0 = no speculation)",
     "dtype": "str: activation dtype",
+    "moe_kernel": "str: the routed-experts kernel asked for (--moe-kernel; auto: the measured default)",
     "devices": "int: devices in the mesh",
     "sampling": {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"},
     "results": [{
@@ -232,6 +233,7 @@ def run(argv: list[str] | None = None) -> int:
     _status(f"loading target {model_dir}", quiet)
     verify = "full" if a.verify_weights else "sizes"
     cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype, verify=verify)
+    cfg = with_moe_kernel(cfg, a.moe_kernel)
     dcfg = dw = None
     if draft_dir is not None:
         _status(f"loading drafter {draft_dir}", quiet)
@@ -299,6 +301,7 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
         "draft": None if draft_dir is None else str(draft_dir),
         "speculative_num_steps": k,
         "dtype": a.dtype,
+        "moe_kernel": a.moe_kernel,
         "devices": 1 if mesh is None else int(mesh.devices.size),
         "sampling": {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "seed": a.seed},
         "results": [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jaxspec.defaults import default_dtype
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
-                                 parse_mesh, run_with_exit_codes)
+                                 parse_mesh, run_with_exit_codes, with_moe_kernel)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +118,7 @@ def build_service(a, k: int, buckets: list[int], log=print):
     dtype = jnp.dtype(a.dtype or default_dtype(jax.default_backend()))
     log(f"loading target {model_dir}")
     cfg, tw = load_target(model_dir, mesh=mesh, dtype=dtype)
+    cfg = with_moe_kernel(cfg, a.moe_kernel)
     dcfg = dw = None
     if draft_dir is not None:
         log(f"loading drafter {draft_dir}")

@@ -30,7 +30,7 @@ HEAVY_FILES = (
     "test_bench_adaptive.py", "test_train_smoke.py", "test_adaptive.py", "test_kernels_moe_wgmma.py",
     "test_sharding.py", "test_model_parity.py", "test_speculative.py", "test_train_default_pair.py",
     "test_bench_step.py", "test_drafters_mla.py", "test_notebook.py", "test_kernels_moe.py", "test_multihost.py",
-    "test_bench_graph_mode_check.py", "test_convert_parity.py", "test_labs_moe_grouped.py", "test_kernels_router.py",
+    "test_bench_graph_mode_check.py", "test_convert_parity.py", "test_kernels_moe_grouped.py", "test_kernels_router.py",
     "test_bench_step_profile_cycles.py", "test_sampling_broken_rules.py", "test_chunked_prefill.py",
     "test_bench_projection_ep.py",
     "test_kernels_mla.py", "test_bench_step_mesh.py", "test_convert_resume.py", "test_convert_memory.py",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench.projection import PUBLISHED_K3, main, project
+from bench.projection import PUBLISHED_K3, main, merged_depth, project
 
 
 def slope(t, layer_ms, prefix_ms, routing="neighbour"):
@@ -61,3 +61,13 @@ def test_the_cli_writes_the_table(tmp_path):
           str(tmp_path / "out")])
     md = next((tmp_path / "out").glob("projection-*.md")).read_text()
     assert "| 3 | 4 | 500.0 |" in md and "HumanEval 3.29 ->" in md
+
+
+def test_a_later_depth_file_replaces_rows_at_the_same_t_and_routing():
+    later = dict(device="dev2", date="e", layer_slope=[slope(4, 0.4, 1.1 + 4 * 0.4), slope(4, 0.3, 1.0, "shared")])
+    merged = merged_depth([DEPTH, later])
+    assert merged["date"] == "d + e" and merged["device"] == "dev"
+    r = project(merged, CYCLES, "neighbour")
+    by_k = {c["k"]: c for c in r["cycles"]}
+    assert by_k[3]["verify"]["layer_us"] == pytest.approx(400.0)  # the later file's T = 4
+    assert r["decode"]["layer_us"] == pytest.approx(200.0)  # T = 1 from the first file

@@ -99,12 +99,14 @@ def _check_schema(doc, schema):
 def test_greedy_cli_equals_library_baseline(ckpt, library, k, capsys):
     want = library(PROMPT)
     # no --dtype: float32 on a CPU, as the library engine runs
+    # --moe-kernel grouped: off a Hopper GPU the plain routed experts run, so the tokens stay the library's
+    moe = ["--moe-kernel", "grouped"] if k else []
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
-                              "--speculative-num-steps", k, "--json")
+                              "--speculative-num-steps", k, "--json", *moe)
     assert code == 0, err
     doc = json.loads(out)
     _check_schema(doc, JSON_SCHEMA)
-    assert doc["dtype"] == "float32"
+    assert doc["dtype"] == "float32" and doc["moe_kernel"] == ("grouped" if k else "auto")
     res = doc["results"][0]
     assert res["tokens"] == want
     assert res["prompt_tokens"] == len(load_tokenizer(ckpt / "model").encode(PROMPT))
@@ -201,6 +203,7 @@ ERRORS = [
     (["--speculative-adaptive", "--speculative-adaptive-costs", "/nonexistent/costs.json"], "readable file"),
     (["--baseline", "--speculative-num-steps", "0"], "--baseline compares speculative decoding with plain"),
     (["--baseline", "--baseline-rounds", "0"], "--baseline-rounds"),
+    (["--moe-kernel", "fast"], "--moe-kernel"),
     (["--mesh", "3x"], "--mesh"),
     (["--mesh", "64"], "needs 64 devices"),
     (["--no-such-flag"], "unrecognized arguments"),

@@ -11,6 +11,6 @@ mkdir -p "$OUT/step-routing"
   echo "== $(date -u +%T)"
   timeout ${STEP_TIMEOUT:-480} python -m bench.step --layers 10 --prefix-layers 5 --batches ${BATCHES:-1} --contexts 1024 \
       --tokens ${TOKENS:-1 4 8} --cycle-k --skip-moe-layer --skip-reference --iters 10 --routing ${ROUTINGS:-neighbour shared independent} \
-      --budget-s ${BUDGET_S:-380} --out "$OUT/step-routing"
+      --moe-kernel ${MOE_KERNEL:-auto} --budget-s ${BUDGET_S:-380} --out "$OUT/step-routing"
   echo "== end $(date -u +%T)"
 } 2>&1 | tee "$OUT/step-routing/run.log"

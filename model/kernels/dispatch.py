@@ -7,7 +7,8 @@ for on one GPU (the measurements behind each bound are in docs/performance.md); 
 
 Routed experts (`moe_kernel_for`):
 - INT4 experts on Hopper up to WGMMA_MAX_TOKENS tokens (decode, verify): moe_wgmma.py, Mosaic GPU, weight tiles
-  streamed into shared memory by TMA, products on tensor cores;
+  streamed into shared memory by TMA, products on tensor cores; with `Kernels(moe="grouped")`, verify of 2 to
+  moe_grouped.MAX_TOKENS tokens takes moe_grouped.py instead (an expert several slots chose is converted once);
 - otherwise up to PAIRS_MAX_TOKENS: moe_gemv.py, Triton, one slot per (token, choice) on CUDA cores;
 - above (up to MAX_KERNEL_TOKENS): moe_gather.py, Triton, tensor-core dots over the unique experts;
 - prefill buckets beyond MAX_KERNEL_TOKENS: the plain dense path.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import jax
 
 from model.config import Kernels, TextConfig
-from model.kernels import moe_wgmma
+from model.kernels import moe_grouped, moe_wgmma
 from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
@@ -80,13 +81,15 @@ def _triton_fits(tokens: int, experts) -> bool:
 
 
 def moe_kernel_for(tokens: int, experts, kernels: Kernels = Kernels()) -> str | None:
-    """'wgmma' (moe_wgmma.py), 'gemv' / 'mma' (the Triton kernels, `triton_config_for`), or None for the plain
-    XLA path."""
+    """'wgmma' (moe_wgmma.py), 'grouped' (moe_grouped.py), 'gemv' / 'mma' (the Triton kernels,
+    `triton_config_for`), or None for the plain XLA path."""
     if kernels.moe == "off" or isinstance(experts.gate, Fp8Weight) or tokens > MAX_KERNEL_TOKENS:
         return None
     if jax.default_backend() != "gpu":  # under a mesh too: model.moe_parallel runs this per device
         return None
     wgmma_fits = tokens <= WGMMA_MAX_TOKENS and moe_wgmma.supports(experts) and on_hopper()
+    if kernels.moe == "grouped" and wgmma_fits:  # one token has nothing to share: moe_wgmma
+        return "grouped" if 2 <= tokens <= moe_grouped.MAX_TOKENS else "wgmma"
     if kernels.moe in ("auto", "wgmma") and wgmma_fits:
         return "wgmma"
     if kernels.moe in ("auto", "triton") and _triton_fits(tokens, experts):
@@ -100,6 +103,9 @@ def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK
     if kernel == "wgmma":
         return moe_wgmma.routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK,
                                               **wgmma_config_for(experts, ids_TK.shape[1], tokens))
+    if kernel == "grouped":
+        return moe_grouped.routed_experts_grouped(x_TH, experts, ids_TK, weights_TK,
+                                                  **wgmma_config_for(experts, ids_TK.shape[1], tokens))
     return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=triton_config_for(tokens, experts))
 
 

@@ -1,23 +1,27 @@
-"""Routed experts whose cost follows the unique experts (issue 36), built for measurement; not dispatched.
+"""Routed experts for verify whose cost follows the experts the tokens share: Pallas Mosaic GPU (Hopper).
 
-Plain reference: `model.moe.experts_gather`. The engine's moe_wgmma runs one program row per (token, choice)
-slot and converts an expert's int4 tiles once per slot that chose it, so verify tokens that share experts cost
-what independent ones do. Here the slots are split by whether their expert is shared, inside the program and with
-no conditional (an XLA conditional costs a host round trip, ~16 us: docs/performance.md):
-- a slot whose expert no other slot of the step chose runs moe_wgmma's own kernels, the others' slots skipped
-  (moe_wgmma skips a slot of router weight 0; skipped programs exit before their pipelines);
-- each expert that several slots chose is one group, at most T x K // 2 of them: its tiles are converted once and
-  multiplied with all (up to 8) tokens as the wgmma's N columns, one wgmma per scale group (K = 32), each group's
-  product scaled by that group's column of the scale tile, picked by a one-hot mask and a row sum (the route the
-  measured expert-grouped kernel of run 17 took: 0.57x of moe_wgmma at T = 4 when the tokens share all experts).
+Plain reference: `model.moe.experts_gather`. moe_wgmma runs one program row per (token, choice) slot and converts an
+expert's int4 tiles once per slot that chose it, so verify tokens that share experts cost what independent ones do.
+Here the slots are split by how many slots of the step chose their expert, inside the program and with no
+conditional (an XLA conditional costs a host round trip, ~16 us on an H200):
+- an expert chosen by fewer than `min_members` slots runs in moe_wgmma's own kernels, one program row per slot, the
+  other slots skipped (moe_wgmma skips a slot of router weight 0; skipped programs exit before their pipelines);
+- an expert chosen by `min_members` slots or more is one group, at most T x K // min_members of them: its tiles are
+  converted once and multiplied with all (up to 8) tokens as the wgmma's N columns, one wgmma per scale group
+  (K = 32), each group's product scaled by that group's column of the scale tile, picked by a one-hot mask and a
+  row sum.
 Groups beyond the step's count exit at once. Both kernels always run; at independent routing the group kernels'
-programs nearly all exit, at shared routing the slot kernels' do. The group kernels' outputs are added to the
-slot kernels' by XLA (the down kernel writes per group: [U, H, 8]).
+programs nearly all exit, at shared routing the slot kernels' do. The group kernels' outputs are added to the slot
+kernels' by XLA (the down kernel writes per group: [U, H, 8]).
 
-Why it lost before and what is different: run 17's version held both paths in one kernel (every program reserved
-both paths' registers and shared memory: 1.2x slower at random routing), and run 18's split version ran its
-one-member groups through its own group-layout kernels (16-22% slower). Here the one-member slots run the
-engine's kernels unchanged, with their layout and splits.
+Why two slots make a group: wherever tokens share experts, a threshold of two ran faster than three
+(bench.moe_grouped on an H200, docs/performance.md); at independent routing neither beat moe_wgmma alone, by the
+fixed cost of the group kernels' launches and the bookkeeping, which is why `Kernels(moe="auto")` does not take
+this path.
+
+Why it is built this way: one kernel holding both paths (every program reserves both paths' registers and shared
+memory) ran 1.2x slower at random routing, and one-member groups in the group layout ran 16-22% slower; here the
+slots run the engine's kernels unchanged, with their layout and splits.
 """
 
 from __future__ import annotations
@@ -35,27 +39,34 @@ from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _interpret_kw
                                      _specs, _store_rows, _sum_leading, _transforms, _zeros, permute_K, supports)
 
 MAX_TOKENS = 8  # the tokens ride as the wgmma's N = 8 columns
+MIN_MEMBERS = 2  # slots that make an expert a group (the module docstring: why)
 GROUP_K = TILE_K // GROUPS  # columns of one scale group: the K of each of a tile's GROUPS wgmmas
 
 
 class SharedGroups(NamedTuple):
-    """The step's experts chosen by several slots (`shared_groups`): U of them at most, in order of first choice."""
-    shared_P: jax.Array  # [T * K] bool: the slot's expert is chosen by another slot too
+    """The step's experts chosen by min_members slots or more (`shared_groups`): U of them at most, in order of
+    first choice."""
+    shared_P: jax.Array  # [T * K] bool: the slot's expert is a group's
     expert_U: jax.Array  # [U] int32: each group's expert; -1 beyond the step's count (those programs exit)
     weight_UT: jax.Array  # [U, T] float32: token t's router weight for the group's expert (0: not a member)
     member_UT: jax.Array  # [U, T] bool
 
 
-def shared_groups(ids_TK: jax.Array, weights_TK: jax.Array) -> SharedGroups:
+def shared_groups(ids_TK: jax.Array, weights_TK: jax.Array, min_members: int = MIN_MEMBERS) -> SharedGroups:
     """Written as comparisons and masked sums over the T x K slots (no sort, scatter or scan), so XLA makes a few
-    fused kernels of it: at independent routing this bookkeeping is all the shared path adds to the step."""
+    fused kernels of it: at independent routing this bookkeeping is all the group path adds to the step."""
+    if min_members < 2:
+        raise ValueError(f"min_members={min_members}: a group holds two slots at least")
     t, k = ids_TK.shape
     p = t * k
-    groups = max(1, p // 2)  # each group holds two slots at least
+    groups = max(1, p // min_members)
     ids_P = ids_TK.reshape(p).astype(jnp.int32)
     slot_P = jnp.arange(p, dtype=jnp.int32)
-    same_PP = ids_P[:, None] == ids_P[None, :]
-    shared_P = jnp.sum(same_PP, axis=1) > 1
+    # a slot of router weight 0 (under expert parallelism, a choice of another device's expert, pointed at a local
+    # one) joins no group: it stays with the slot kernels, which skip it
+    active_P = weights_TK.reshape(p) != 0
+    same_PP = (ids_P[:, None] == ids_P[None, :]) & active_P[:, None] & active_P[None, :]
+    shared_P = jnp.sum(same_PP, axis=1) >= min_members
     # a slot leads its group when no earlier slot chose its expert; a group's index counts the leads before it
     lead_P = shared_P & ~jnp.any(same_PP & (slot_P[None, :] < slot_P[:, None]), axis=1)
     rank_P = jnp.sum(lead_P[None, :] & (slot_P[None, :] < slot_P[:, None]), axis=1)
@@ -173,9 +184,9 @@ def group_down(h_UTF, down, groups: SharedGroups, *, stages: int = STAGES, inter
     )(groups.expert_U, token_tiles(h_UTF), *_operands(down))
 
 
-def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1,
-                                down_splits: int = 2, down_k_splits: int = 1, stages: int = STAGES,
-                                interpret: bool = False) -> jax.Array:
+def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1, down_splits: int = 2,
+                           down_k_splits: int = 1, stages: int = STAGES, min_members: int = MIN_MEMBERS,
+                           interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`moe_wgmma.supports`), T <= MAX_TOKENS; the
     splits are moe_wgmma's (`model.kernels.dispatch.wgmma_config_for`), gate_up's shared by the group kernel."""
     if not supports(experts):
@@ -183,10 +194,10 @@ def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_sp
     t, k = ids_TK.shape
     if t > MAX_TOKENS:
         raise ValueError(f"moe_grouped takes up to {MAX_TOKENS} tokens, got {t}")
-    groups = shared_groups(ids_TK, weights_TK)
+    groups = shared_groups(ids_TK, weights_TK, min_members)
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     alone_w_TK = jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK)
-    # the slots no other slot shares an expert with: moe_wgmma's kernels, the shared slots skipped
+    # the slots of experts that are no group: moe_wgmma's kernels, the shared slots skipped
     gu_Z2UF = moe_wgmma.gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
                                      splits=gate_up_splits, weight_U=alone_w_TK.reshape(t * k), interpret=interpret)
     h_UF = moe_wgmma.swiglu_h(permute_K(gu_Z2UF), alone_w_TK)
@@ -195,7 +206,7 @@ def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_sp
                                 interpret=interpret)
     written_ZT1 = moe_wgmma.split_active_ZT(alone_w_TK, down_splits, down_k_splits)[..., None]
     y_TH = _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0))
-    # the shared experts: each converted once for all its tokens
+    # the groups: each expert converted once for all its tokens
     gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,
                        interpret=interpret)
     g_UTF, u_UTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
@@ -204,68 +215,3 @@ def routed_experts_shared_split(x_TH, experts, ids_TK, weights_TK, *, gate_up_sp
     y_UHT = group_down(h_UTF, experts.down, groups, stages=stages, interpret=interpret)
     y_HT = jnp.sum(jnp.where((groups.expert_U >= 0)[:, None, None], y_UHT, 0.0), axis=0)
     return (y_TH + y_HT[:, :t].T).astype(x_TH.dtype)
-
-
-# --- the lab: `python -m bench.labs.moe_grouped` ---------------------------------------------------------------
-
-def _lab(argv=None) -> int:
-    """Times the engine's routed experts against routed_experts_shared_split on one K2.5 layer (384 INT4 experts,
-    random weights) at each T and routing regime of bench.routes, each held to the plain reference; writes
-    moe-grouped-lab-<platform>-<date>.json to --out."""
-    import argparse
-    import datetime
-    from pathlib import Path
-
-    import numpy as np
-
-    import bench  # noqa: F401  (the engine's XLA flags)
-    from bench.labs.ep_slots import local_experts
-    from bench.moe_layer import _rel_err, time_moe
-    from bench.report import write_json
-    from bench.routes import ROUTINGS, regime_ids
-    from model.kernels.dispatch import wgmma_config_for
-    from model.moe import experts_gather, routed_experts
-
-    ap = argparse.ArgumentParser(prog="python -m bench.labs.moe_grouped", description=_lab.__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--routing", nargs="+", default=["independent", "neighbour", "shared"], choices=ROUTINGS[1:])
-    ap.add_argument("--experts", type=int, default=384)
-    ap.add_argument("--f", type=int, default=2048)
-    ap.add_argument("--h", type=int, default=7168)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
-    args = ap.parse_args(argv)
-    experts = local_experts(args.experts, args.f, args.h, jax.random.PRNGKey(0))
-    rows = []
-    for routing in args.routing:
-        for t in args.tokens:
-            ids = regime_ids(jax.random.PRNGKey(t), 1, t, args.experts, 8, routing)
-            w = jnp.asarray(np.random.default_rng(t).uniform(0.05, 0.3, (t, 8)), jnp.float32)
-            x = jax.random.normal(jax.random.PRNGKey(100 + t), (t, args.h), jnp.float32).astype(jnp.bfloat16)
-            ref = jax.jit(experts_gather)(x, experts, ids, w)
-            split = functools.partial(routed_experts_shared_split, **wgmma_config_for(experts, 8, t),
-                                      interpret=jax.default_backend() != "gpu")  # a CPU run is a smoke check
-            unique = int(np.unique(np.asarray(ids)).size)
-            row = {"routing": routing, "tokens": t, "unique_experts": unique}
-            for name, fn in (("engine", routed_experts), ("shared_split", split)):
-                try:
-                    out = jax.jit(fn)(x, experts, ids, w)
-                    timing = time_moe(fn, x, experts, ids, w, iters=args.iters)
-                    row[name] = {"us": 1e3 * timing["ms"], "spread_us": 1e3 * timing["spread_ms"],
-                                 "rel_err": _rel_err(out, ref)}
-                except Exception as e:  # a kernel that fails to compile or run is a row, not the end of the lab
-                    row[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-            rows.append(row)
-            print(f"{routing} T={t} ({unique} unique): " + ", ".join(
-                f"{n} {row[n]['us']:.1f} us (rel err {row[n]['rel_err']:.1e})" if "us" in row[n]
-                else f"{n} {row[n]['error']}" for n in ("engine", "shared_split")), flush=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
-    write_json({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "experts": args.experts,
-                "f": args.f, "h": args.h, "rows": rows}, args.out, f"moe-grouped-lab-{jax.default_backend()}-{stamp}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(_lab())
