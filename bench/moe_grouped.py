@@ -51,6 +51,9 @@ def main(argv=None) -> int:
 
     experts = local_experts(args.experts, args.f, args.h, jax.random.PRNGKey(0))
     rows = []
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
+    doc = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "experts": args.experts, "f": args.f,
+           "h": args.h, "rows": rows, "complete": False}
     for routing in args.routing:
         for t in args.tokens:
             ids = regime_ids(jax.random.PRNGKey(t), 1, t, args.experts, 8, routing)
@@ -70,14 +73,15 @@ def main(argv=None) -> int:
                 except Exception as e:  # a kernel that fails to compile or run is a row, not the end of the bench
                     row[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
             rows.append(row)
+            # written after every row, marked incomplete until the last: a run cut short keeps what it measured
+            write_json(doc, args.out, f"moe-grouped-{jax.default_backend()}-{stamp}")
             print(f"{routing} T={t} ({row['unique_experts']} unique, by members {row['experts_by_members']}): "
                   + ", ".join(f"{n} {v['us']:.1f} +- {v['spread_us']:.1f} us (rel err {v['rel_err']:.1e})"
                               if "us" in v else f"{n} {v['error']}"
                               for n, v in row.items() if isinstance(v, dict) and ("us" in v or "error" in v)),
                   flush=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
-    write_json({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "experts": args.experts,
-                "f": args.f, "h": args.h, "rows": rows}, args.out, f"moe-grouped-{jax.default_backend()}-{stamp}")
+    doc["complete"] = True
+    write_json(doc, args.out, f"moe-grouped-{jax.default_backend()}-{stamp}")
     return 0
 
 
