@@ -5,7 +5,8 @@ the kernels really run. On a Kimi-K2.5-shaped model of N layers (random weights,
 random latent cache, per batch, context and T, one step's logits under:
 - `plain`: XLA everywhere (`Kernels(moe="off", mla="off", router="off")`), the reference;
 - `engine`: the engine's dispatch (every kernel where it applies);
-- `router`, `experts`, `attention`: one kernel family on, the rest plain, to say which one a difference comes from.
+- `router`, `experts`, `attention`: one kernel family on, the rest plain, to say which one a difference comes from;
+- `experts_grouped`: the routed experts under `Kernels(moe="grouped")` (moe_grouped for verify), the rest plain.
 Each against `plain`: the logits' relative error (all rows, and the worst row), argmax agreement, and how many
 (layer, token) expert choices differ. Random weights give near-ties between the 8th and 9th expert: two paths
 whose router logits differ in the last bits pick different experts there, and that token's logits then move by
@@ -45,15 +46,16 @@ VARIANTS = {
     "router": ("router",),
     "experts": ("experts",),
     "attention": ("attention",),
+    "experts_grouped": ("experts_grouped",),
 }
 CHECKED = tuple(v for v in VARIANTS if v != "plain")  # each compared with "plain"
 
 
 def kernel_families(on: tuple[str, ...]) -> Kernels:
-    """The kernel config of a variant: each family in `on` takes the engine's own rule ("auto"), the others the
-    plain XLA path ("off")."""
-    return Kernels(router="auto" if "router" in on else "off", moe="auto" if "experts" in on else "off",
-                   mla="auto" if "attention" in on else "off")
+    """The kernel config of a variant: each family in `on` takes the engine's own rule ("auto"; the routed experts
+    "grouped" under experts_grouped), the others the plain XLA path ("off")."""
+    moe = "grouped" if "experts_grouped" in on else "auto" if "experts" in on else "off"
+    return Kernels(router="auto" if "router" in on else "off", moe=moe, mla="auto" if "attention" in on else "off")
 
 
 def step_logits(w, cfg, tokens_BT, positions_BT, cache, on: tuple[str, ...]):
@@ -149,7 +151,7 @@ def main(argv=None) -> dict:
                                    **compare(*step_logits(w, cfg, tokens_BT, positions_BT, cache, VARIANTS[v]), *ref))
                         res["rows"].append(row)
                         save()
-                        log(f"{experts} B={b} ctx={c} T={t} {v:9s}: rel_err {row['rel_err']:.2e}, worst row "
+                        log(f"{experts} B={b} ctx={c} T={t} {v:15s}: rel_err {row['rel_err']:.2e}, worst row "
                             f"{row['max_row_rel_err']:.2e}, argmax {row['argmax_agree']:.3f}, choices differing "
                             f"{row['choices_differ']}/{row['choices']}, rows rerouted {row['rows_rerouted']}/{row['rows']}"
                             f", worst row routed alike {row['same_route_max_rel_err']}")

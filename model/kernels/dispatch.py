@@ -88,11 +88,12 @@ def moe_kernel_for(tokens: int, experts, kernels: Kernels = Kernels()) -> str | 
     if jax.default_backend() != "gpu":  # under a mesh too: model.moe_parallel runs this per device
         return None
     wgmma_fits = tokens <= WGMMA_MAX_TOKENS and moe_wgmma.supports(experts) and on_hopper()
-    if kernels.moe == "grouped" and wgmma_fits:  # one token has nothing to share: moe_wgmma
-        return "grouped" if 2 <= tokens <= moe_grouped.MAX_TOKENS else "wgmma"
-    if kernels.moe in ("auto", "wgmma") and wgmma_fits:
+    # "grouped" is "auto" but for verify on Hopper (one token has nothing to share)
+    if kernels.moe == "grouped" and wgmma_fits and 2 <= tokens <= moe_grouped.MAX_TOKENS:
+        return "grouped"
+    if kernels.moe in ("auto", "wgmma", "grouped") and wgmma_fits:
         return "wgmma"
-    if kernels.moe in ("auto", "triton") and _triton_fits(tokens, experts):
+    if kernels.moe in ("auto", "triton", "grouped") and _triton_fits(tokens, experts):
         return triton_config_for(tokens, experts).variant
     return None
 
