@@ -88,7 +88,8 @@ def test_step_profile_tiny(tmp_path):
 
     # 4 layers, as test_bench_step_tiny: the weights program (the costliest compile here) is compiled once
     result = profile_main(["--tiny", "--layers", "4", "--tokens", "1", "--steps", "2", "--context", "16",
-                           "--out", str(tmp_path)])
+                           "--routing", "independent", "--out", str(tmp_path)])
+    assert result["routing"] == "independent" and result["moe_kernel"] == "auto"
     [row] = result["rows"]
     assert row["ops"] and row["kernels_per_step"] > 0
     assert 0 < row["busy_ms_per_step"] <= row["span_ms_per_step"] * (1 + 1e-9)

@@ -33,7 +33,8 @@ import numpy as np  # noqa: E402
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.step import bench_config, draw_weights, make_step, make_step_loop, random_cache, step_inputs  # noqa: E402
-from model.config import Kernels  # noqa: E402
+from bench.routes import ROUTINGS  # noqa: E402
+from model.config import KERNEL_CHOICES, Kernels  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
 
@@ -255,7 +256,8 @@ def profile_cycles(w, cfg, args, k: int, log) -> list[dict]:
 
 def markdown(result: dict, top: int) -> str:
     lines = [f"# Step profile: {result['device']}, jax {result['jax']}, {result['date']}", "",
-             f"{result['layers']} layers, batch {result['batch']}, context {result['context']}, {result['steps']} steps "
+             f"{result['layers']} layers, batch {result['batch']}, context {result['context']}, routed experts "
+             f"{result.get('moe_kernel', 'auto')}, routing {result.get('routing', 'model')}, {result['steps']} steps "
              "in one jitted loop, traced with jax.profiler after warm-up. Kernel times are the device's own (per step); "
              "'busy' is the union of kernel intervals, so wall - busy is launch gaps and idle time.", ""]
     for row in result["rows"]:
@@ -321,6 +323,10 @@ def parse_args(argv):
     p.add_argument("--loop-fixed", action="store_true",
                    help="also trace a device-loop call of --steps decode steps and one of 3 x --steps: where a call's "
                         "fixed cost (bench.timing's device_loop_fixed_ms) goes, device and host")
+    p.add_argument("--moe-kernel", choices=[c for c in KERNEL_CHOICES["moe"] if c != "off"], default="auto",
+                   help="the target steps' routed experts (model.config.Kernels.moe)")
+    p.add_argument("--routing", choices=ROUTINGS, default="model",
+                   help="the target steps' expert choices (bench.routes: model, independent, neighbour, shared)")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     p.add_argument("--hlo", action="store_true",
@@ -343,11 +349,12 @@ def main(argv=None) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     cfg = bench_config(args.layers, args.tiny)
     w = draw_weights(cfg, args.tiny)
-    loop = make_step_loop(cfg, Kernels())
-    step = make_step(cfg, Kernels())
+    kernels = Kernels(moe=args.moe_kernel)
+    loop = make_step_loop(cfg, kernels, args.routing)
+    step = make_step(cfg, kernels, args.routing)
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
                   date=now.isoformat(timespec="seconds"), layers=args.layers, batch=args.batch, context=args.context,
-                  steps=args.steps, rows=[])
+                  steps=args.steps, moe_kernel=args.moe_kernel, routing=args.routing, rows=[])
     for t in args.tokens:
         key = jax.random.PRNGKey(t)
         holder = {"cache": random_cache(cfg, args.batch, round_capacity(args.context + 16), args.context, key)}
