@@ -26,17 +26,16 @@ os.environ.setdefault("JAXSPEC_AUTOTUNE_CACHE", "off")
 # (measured seconds of each file on the 2-core machine, every file of 5 s or more; the rest follow in collection
 # order), which keeps both workers busy to the end. The order changes no result; a stale list only costs time.
 HEAVY_FILES = (
-    "test_serve.py", "test_cli.py", "test_speculative_limits.py", "test_sampling_losslessness.py",
-    "test_bench_adaptive.py", "test_train_smoke.py", "test_adaptive.py", "test_kernels_moe_wgmma.py",
-    "test_sharding.py", "test_model_parity.py", "test_speculative.py", "test_train_default_pair.py",
-    "test_bench_step.py", "test_drafters_mla.py", "test_notebook.py", "test_kernels_moe.py", "test_multihost.py",
-    "test_bench_graph_mode_check.py", "test_convert_parity.py", "test_kernels_moe_grouped.py", "test_kernels_router.py",
-    "test_bench_step_profile_cycles.py", "test_sampling_broken_rules.py", "test_chunked_prefill.py",
-    "test_bench_projection_ep.py",
-    "test_kernels_mla.py", "test_bench_step_mesh.py", "test_convert_resume.py", "test_convert_memory.py",
-    "test_convert_integrity.py", "test_generate_hostile.py", "test_checkpoint_versions.py", "test_adaptive_sampling.py",
-    "test_convert_errors.py", "test_plan.py", "test_convert_units.py", "test_bench_routes.py", "test_bench_peer.py",
-    "test_bench_host_overhead.py", "test_bench_step_profile_loop_fixed.py", "test_acceptance_exact.py",
+    "test_cli.py", "test_serve.py", "test_speculative_limits.py", "test_bench_adaptive.py", "test_speculative.py",
+    "test_kernels_moe_wgmma.py", "test_train_smoke.py", "test_adaptive.py", "test_sampling_losslessness.py",
+    "test_bench_step.py", "test_sharding.py", "test_model_parity.py", "test_notebook.py", "test_drafters_mla.py",
+    "test_train_default_pair.py", "test_multihost.py", "test_kernels_moe.py", "test_convert_resume.py",
+    "test_bench_graph_mode_check.py", "test_sampling_broken_rules.py", "test_kernels_moe_grouped.py",
+    "test_convert_parity.py", "test_chunked_prefill.py", "test_kernels_mla.py", "test_bench_step_mesh.py",
+    "test_kernels_router.py", "test_generate_hostile.py", "test_convert_memory.py", "test_adaptive_sampling.py",
+    "test_convert_integrity.py", "test_bench_step_profile_cycles.py", "test_convert_errors.py", "test_bench_routes.py",
+    "test_bench_step_profile_loop_fixed.py", "test_plan.py", "test_convert_units.py", "test_bench_peer.py",
+    "test_checkpoint_versions.py", "test_bench_host_overhead.py", "test_acceptance_exact.py",
 )
 
 

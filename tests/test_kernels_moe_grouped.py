@@ -28,12 +28,14 @@ def test_shared_groups_hold_the_experts_several_slots_chose():
 @pytest.mark.parametrize("m", [2, 3])
 def test_shared_groups_match_a_plain_count_at_random_routings(m):
     rng = np.random.default_rng(m)
-    for t, k in ((1, 8), (3, 4), (4, 8), (8, 2)):  # each shape compiles its own ops: few shapes, several draws
+    # jitted: one program a shape, where running op by op compiles every operation on its own
+    shared_groups = jax.jit(moe_grouped.shared_groups, static_argnames="min_members")
+    for t, k in ((1, 8), (3, 4), (4, 8), (8, 2)):  # each shape compiles its own program: few shapes, several draws
         for e in (k, 2 * k, 3 * k):
             ids = np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int32)
             # a quarter of the slots inactive (weight 0: another device's expert under expert parallelism)
             w = np.where(rng.uniform(size=(t, k)) < 0.25, 0.0, rng.uniform(0.1, 1.0, (t, k))).astype(np.float32)
-            g = moe_grouped.shared_groups(jnp.asarray(ids), jnp.asarray(w), min_members=m)
+            g = shared_groups(jnp.asarray(ids), jnp.asarray(w), min_members=m)
             flat = np.where(w.reshape(-1) != 0, ids.reshape(-1), -1)  # -1: joins no group
             order = list(dict.fromkeys(x for x in flat if x >= 0 and (flat == x).sum() >= m))  # first choice first
             want_expert = np.full(max(1, t * k // m), -1)
