@@ -24,6 +24,7 @@ from bench.routes import ROUTINGS, regime_ids
 from model.kernels.dispatch import wgmma_config_for
 from model.kernels.moe_grouped import routed_experts_grouped
 from model.kernels.moe_wgmma import routed_experts_wgmma
+from model.moe import experts_gather
 
 
 def paths(experts, tokens: int, min_members: list[int]) -> dict:
@@ -48,8 +49,6 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
-    from model.moe import experts_gather
-
     experts = local_experts(args.experts, args.f, args.h, jax.random.PRNGKey(0))
     rows = []
     per_expert = nbytes(experts) // args.experts

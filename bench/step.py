@@ -97,6 +97,8 @@ def _kernel_record(tokens: int, experts, cfg) -> dict:
 
 # the two paths every benchmark compares: the engine's kernels as dispatched, and the plain XLA routed experts
 PATH_KERNELS = {"kernel": Kernels(), "reference": Kernels(moe="off")}
+# what --moe-kernel may name for the kernel path (the reference path is the "off" one)
+KERNEL_PATH_MOE = tuple(c for c in KERNEL_CHOICES["moe"] if c != "off")
 
 
 def make_step(cfg, kernels: Kernels, routing: str = "model"):
@@ -321,7 +323,7 @@ def parse_args(argv):
                         "tokens: independent at random, neighbour (each choice repeats one of the previous token's "
                         f"with probability {NEIGHBOUR_SHARE}), shared (a row's tokens choose the same experts); the "
                         "cycles keep the model's router")
-    p.add_argument("--moe-kernel", choices=[c for c in KERNEL_CHOICES["moe"] if c != "off"], default="auto",
+    p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto",
                    help="the kernel path's routed experts (model.config.Kernels.moe): grouped converts an expert "
                         "several verify slots chose once")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
@@ -391,13 +393,14 @@ def main(argv=None) -> dict:
             traceback.print_exc()
         save()
     result["moe_path"] = "pallas kernel (model.kernels dispatch)" if kernel_ok else "plain XLA reference"
-    loops = {"reference": PATH_KERNELS["reference"], "kernel": Kernels(moe=args.moe_kernel)}
+    path_kernels = {**PATH_KERNELS, "kernel": Kernels(moe=args.moe_kernel)}
     result["moe_kernel"] = args.moe_kernel
-    result["kernel_config"] = {f"T{t}": _kernel_record(t, moe_layer.experts, cfg.replace(kernels=loops["kernel"]))
+    kernel_cfg = cfg.replace(kernels=path_kernels["kernel"])
+    result["kernel_config"] = {f"T{t}": _kernel_record(t, moe_layer.experts, kernel_cfg)
                                for t in sorted({b * t for b in args.batches for t in args.tokens})} if kernel_ok else {}
     log(f"MoE path for the steps: {result['moe_path']}" + (f", moe={args.moe_kernel}" if kernel_ok else ""))
 
-    loops = {path: loops[path] for path in (("reference", "kernel") if kernel_ok else ("reference",))}
+    loops = {path: path_kernels[path] for path in (("reference", "kernel") if kernel_ok else ("reference",))}
     main_plan = [("kernel" if kernel_ok else "reference", b, c, t)
                  for b, c, t in step_plan(args.batches, args.contexts, args.tokens)]
     plan = list(main_plan)

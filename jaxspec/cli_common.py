@@ -5,6 +5,7 @@ end a run."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -58,8 +59,6 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def with_moe_kernel(cfg, choice: str):
     """The target config with its routed-experts kernel set to the --moe-kernel choice."""
-    import dataclasses
-
     return cfg.replace(kernels=dataclasses.replace(cfg.kernels, moe=choice))
 
 

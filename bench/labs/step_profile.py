@@ -32,9 +32,10 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
 from bench.report import write_json  # noqa: E402
-from bench.step import bench_config, draw_weights, make_step, make_step_loop, random_cache, step_inputs  # noqa: E402
+from bench.step import (KERNEL_PATH_MOE, bench_config, draw_weights, make_step, make_step_loop,  # noqa: E402
+                        random_cache, step_inputs)
 from bench.routes import ROUTINGS  # noqa: E402
-from model.config import KERNEL_CHOICES, Kernels  # noqa: E402
+from model.config import Kernels  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
 
@@ -323,7 +324,7 @@ def parse_args(argv):
     p.add_argument("--loop-fixed", action="store_true",
                    help="also trace a device-loop call of --steps decode steps and one of 3 x --steps: where a call's "
                         "fixed cost (bench.timing's device_loop_fixed_ms) goes, device and host")
-    p.add_argument("--moe-kernel", choices=[c for c in KERNEL_CHOICES["moe"] if c != "off"], default="auto",
+    p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto",
                    help="the target steps' routed experts (model.config.Kernels.moe)")
     p.add_argument("--routing", choices=ROUTINGS, default="model",
                    help="the target steps' expert choices (bench.routes: model, independent, neighbour, shared)")
