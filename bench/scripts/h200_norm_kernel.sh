@@ -3,7 +3,8 @@
 # (each step under its own timeout, all inside one 10-minute call): the kernel held to the plain step on the device
 # (bench.kernel_agreement, variants norm and engine), a 4-layer step traced kernel by kernel with the norm kernel
 # and without (bench.labs.step_profile, with the optimized HLO that names what each fusion computes), then one MoE
-# layer at depth with it (bench.step: the 10-layer step minus its 5-layer prefix, device loop) at T = 1 (its compile and weights take ~4 minutes).
+# layer at depth with it (bench.step: the 10-layer step minus its 5-layer prefix, device loop) at T = 1 (weights
+# and the two programs' compiles take ~4 minutes).
 # Files under $OUT: kernel-agreement/, profile-norm-auto/, profile-norm-off/, step-depth/, run.log.
 set -u
 export PYTHONUNBUFFERED=1
