@@ -373,7 +373,7 @@ def main(argv=None) -> dict:
         for _ in range(2):
             jax.block_until_ready(run())
         if args.hlo:
-            hlo = loop.lower(w, tokens_BT, positions_BT, holder["cache"]).compile().as_text()
+            hlo = loop.lower(w, tokens_BT, positions_BT, holder["cache"], jnp.int32(args.steps)).compile().as_text()
             hlo_path = Path(args.out) / f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}-T{t}.hlo.txt"
             hlo_path.parent.mkdir(parents=True, exist_ok=True)
             hlo_path.write_text(hlo)
