@@ -34,7 +34,7 @@ def _mb(n: float) -> float:
 LAYER = [
     ("input_reduce_fusion", "input RMSNorm", SMALL, 0),
     ("loop_multiply_fusion", "norm scale", SMALL, 0),
-    ("gemm_fusion_dot", "q_a + kv_a projections", "attention GEMV", H * (Q_LORA + KV_LORA + ROPE) * BF16),
+    ("gemm_fusion_dot", "q_a projection", "attention GEMV", H * Q_LORA * BF16),
     ("loop_reduce_fusion", "q_a norm", SMALL, 0),
     ("input_reduce_fusion", "kv_a norm", SMALL, 0),
     ("loop_multiply_fusion", "norm scale", SMALL, 0),
@@ -42,8 +42,9 @@ LAYER = [
     ("input_reduce_fusion", "q_nope x W_uk (absorbed k)", "attention absorbed", HEADS * NOPE * KV_LORA * BF16),
     ("input_concatenate_fusion", "rope / query layout", SMALL, 0),
     ("loop_dynamic_slice_fusion", "cache slice", SMALL, 0),
-    ("input_reduce_fusion", "rope / query layout", SMALL, 0),
-    ("input_reduce_fusion", "rope / query layout", SMALL, 0),
+    # the optimized HLO names this fusion's op: the [576] kv_a GEMV, which XLA runs as a reduction
+    ("input_reduce_fusion", "kv_a projection", "attention GEMV", H * (KV_LORA + ROPE) * BF16),
+    ("input_reduce_fusion", "a LoRA norm's mean of squares", SMALL, 0),
     ("loop_dynamic_update_slice_fusion", "cache write", SMALL, 0),
     ("loop_dynamic_slice_fusion", "cache slice", SMALL, 0),
     ("loop_dynamic_update_slice_fusion", "cache write", SMALL, 0),

@@ -3,10 +3,9 @@
 The CPU tests hold each kernel to its reference in interpret mode; this checks the whole step on the device, where
 the kernels really run. On a Kimi-K2.5-shaped model of N layers (random weights, bf16 and INT4 experts) and a
 random latent cache, per batch, context and T, one step's logits under:
-- `plain`: XLA everywhere (`Kernels(moe="off", mla="off", router="off", norm="off")`), the reference;
+- `plain`: XLA everywhere (`Kernels(moe="off", mla="off", router="off")`), the reference;
 - `engine`: the engine's dispatch (every kernel where it applies);
-- `router`, `experts`, `attention`, `norm`: one kernel family on, the rest plain, to say which one a difference
-  comes from;
+- `router`, `experts`, `attention`: one kernel family on, the rest plain, to say which one a difference comes from;
 - `experts_grouped`: the routed experts under `Kernels(moe="grouped")` (moe_grouped for verify), the rest plain.
 Each against `plain`: the logits' relative error (all rows, and the worst row), argmax agreement, and how many
 (layer, token) expert choices differ. Random weights give near-ties between the 8th and 9th expert: two paths
@@ -43,12 +42,11 @@ from model.kv_cache import round_capacity  # noqa: E402
 # which kernel families a variant turns on
 VARIANTS = {
     "plain": (),
-    "engine": ("router", "experts", "attention", "norm"),
+    "engine": ("router", "experts", "attention"),
     "router": ("router",),
     "experts": ("experts",),
     "attention": ("attention",),
     "experts_grouped": ("experts_grouped",),
-    "norm": ("norm",),
 }
 CHECKED = tuple(v for v in VARIANTS if v != "plain")  # each compared with "plain"
 
@@ -57,8 +55,7 @@ def kernel_families(on: tuple[str, ...]) -> Kernels:
     """The kernel config of a variant: each family in `on` takes the engine's own rule ("auto"; the routed experts
     "grouped" under experts_grouped), the others the plain XLA path ("off")."""
     moe = "grouped" if "experts_grouped" in on else "auto" if "experts" in on else "off"
-    return Kernels(router="auto" if "router" in on else "off", moe=moe, mla="auto" if "attention" in on else "off",
-                   norm="auto" if "norm" in on else "off")
+    return Kernels(router="auto" if "router" in on else "off", moe=moe, mla="auto" if "attention" in on else "off")
 
 
 def step_logits(w, cfg, tokens_BT, positions_BT, cache, on: tuple[str, ...]):

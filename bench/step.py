@@ -326,9 +326,6 @@ def parse_args(argv):
     p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto",
                    help="the kernel path's routed experts (model.config.Kernels.moe): grouped converts an expert "
                         "several verify slots chose once")
-    p.add_argument("--norm-kernel", choices=("auto", "off"), default="auto",
-                   help="the kernel path's RMSNorms (model.config.Kernels.norm): auto fuses each norm with its "
-                        "residual add in one launch for decode and verify rows on one GPU, off keeps XLA's fusions")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--skip-reference", action="store_true",
@@ -396,13 +393,12 @@ def main(argv=None) -> dict:
             traceback.print_exc()
         save()
     result["moe_path"] = "pallas kernel (model.kernels dispatch)" if kernel_ok else "plain XLA reference"
-    path_kernels = {**PATH_KERNELS, "kernel": Kernels(moe=args.moe_kernel, norm=args.norm_kernel)}
-    result["moe_kernel"], result["norm_kernel"] = args.moe_kernel, args.norm_kernel
+    path_kernels = {**PATH_KERNELS, "kernel": Kernels(moe=args.moe_kernel)}
+    result["moe_kernel"] = args.moe_kernel
     kernel_cfg = cfg.replace(kernels=path_kernels["kernel"])
     result["kernel_config"] = {f"T{t}": _kernel_record(t, moe_layer.experts, kernel_cfg)
                                for t in sorted({b * t for b in args.batches for t in args.tokens})} if kernel_ok else {}
-    log(f"MoE path for the steps: {result['moe_path']}" + (f", moe={args.moe_kernel}" if kernel_ok else "")
-        + f", norm={args.norm_kernel}")
+    log(f"MoE path for the steps: {result['moe_path']}" + (f", moe={args.moe_kernel}" if kernel_ok else ""))
 
     loops = {path: path_kernels[path] for path in (("reference", "kernel") if kernel_ok else ("reference",))}
     main_plan = [("kernel" if kernel_ok else "reference", b, c, t)

@@ -17,7 +17,7 @@ from model.config import TextConfig
 from model.kernels.dispatch import mla_kernel_applies
 from model.kernels.mla_decode import mla_decode_attention
 from model.kv_cache import visible_slots, write_slots
-from model.layer_norms import NormJob, layer_norms
+from model.norms import rms_norm
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
 
@@ -39,25 +39,21 @@ class MLAWeights:
     o_proj: jax.Array  # [H, N, Dv]
 
 
-def project_query(q_in_BTX, w: MLAWeights, cfg: TextConfig, cos, sin):
-    """The query input (the normalized q_a output, or the layer input without q-LoRA) -> q_nope [B, T, N, Dn],
-    roped q_rope [B, T, N, R]."""
-    q_BTND = jnp.einsum("btq,nkq->btnk", q_in_BTX, w.q_b_proj.astype(q_in_BTX.dtype))
+def project_query(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
+    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R]. `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters
+    build it with their rms_norm_eps)."""
+    q_in = x_BTH if w.q_a_proj is None else rms_norm(linear(x_BTH, w.q_a_proj), w.q_a_norm, norm_eps)
+    q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
     q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
     return q_nope, apply_interleaved(q_rope, cos, sin)
 
 
-def project_lora(x_BTH, w: MLAWeights, cfg: TextConfig, norm_eps: float = LORA_NORM_EPS):
-    """-> the query input (normalized q_a output, or x without q-LoRA), the normalized latent [B, T, C] (what the
-    cache stores) and the shared key before rope [B, T, R]. Both norms in one launch where the norm kernel runs.
-    `norm_eps`: the LoRA norms' (EAGLE-3 MLA drafters build them with their rms_norm_eps)."""
+def project_latent(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
+    """-> normalized latent [B, T, C], roped shared key [B, T, R]: what the cache stores."""
     kv_BTX = linear(x_BTH, w.kv_a_proj)
-    jobs = (NormJob(kv_BTX, None, w.kv_a_norm),)
-    if w.q_a_proj is not None:
-        jobs += (NormJob(linear(x_BTH, w.q_a_proj), None, w.q_a_norm),)
-    normed = [out for _, out in layer_norms(jobs, norm_eps, cfg.kernels)]
-    q_in = x_BTH if w.q_a_proj is None else normed[1]
-    return q_in, normed[0], kv_BTX[..., cfg.kv_lora_rank :]
+    latent_BTC = rms_norm(kv_BTX[..., : cfg.kv_lora_rank], w.kv_a_norm, norm_eps)
+    k_rope_BTR = apply_interleaved(kv_BTX[..., cfg.kv_lora_rank :][:, :, None, :], cos, sin)[:, :, 0, :]
+    return latent_BTC, k_rope_BTR
 
 
 def _softmax_masked(scores_BNTS, positions_BT, scale):
@@ -107,9 +103,8 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     """One MLA layer: write the T new tokens into the cache, attend, project out.
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_in, latent_BTC, k_pe_BTR = project_lora(x_BTH, w, cfg, norm_eps)
-    q_nope, q_rope = project_query(q_in, w, cfg, cos, sin)
-    k_rope_BTR = apply_interleaved(k_pe_BTR[:, :, None, :], cos, sin)[:, :, 0, :]
+    q_nope, q_rope = project_query(x_BTH, w, cfg, cos, sin, norm_eps)
+    latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin, norm_eps)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
     if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):

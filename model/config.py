@@ -39,7 +39,6 @@ KERNEL_CHOICES = {
     "moe": ("auto", "off", "wgmma", "grouped", "triton"),
     "mla": ("auto", "off", "on"),
     "router": ("auto", "off", "on"),
-    "norm": ("auto", "off", "on"),
 }
 
 
@@ -53,13 +52,12 @@ class Kernels:
     the plain XLA reference. moe "wgmma" / "triton" names the routed-experts kernel (Mosaic GPU on Hopper, or the
     Triton gemv / mma pair) wherever its shapes fit; moe "grouped" takes what "auto" takes but, for verify of 2 to 8
     tokens on Hopper, the kernels that convert an expert several slots chose once for all its tokens (moe_grouped);
-    mla / router / norm "on" takes the kernel for every shape it can compute (off the GPU in Pallas' interpret mode:
-    slow, for tests)."""
+    mla / router "on" takes the kernel for every shape it can compute (off the GPU in Pallas' interpret mode: slow,
+    for tests)."""
 
     moe: str = "auto"
     mla: str = "auto"
     router: str = "auto"
-    norm: str = "auto"  # the decoder layers' RMSNorms with their residual adds (model/kernels/rms_norm.py)
 
     def __post_init__(self):
         for family, allowed in KERNEL_CHOICES.items():

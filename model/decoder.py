@@ -11,7 +11,6 @@ from flax import struct
 from model.attention_mla import MLAWeights, mla
 from model.config import TextConfig
 from model.kv_cache import LatentCache
-from model.layer_norms import NormJob, layer_norms
 from model.mlp import MLPWeights, swiglu
 from model.moe import MoEWeights, moe
 from model.norms import rms_norm
@@ -46,10 +45,11 @@ class ForwardOutput(NamedTuple):
 
 
 def decoder_layer(x_BTH, lw: LayerWeights, cfg: TextConfig, cos, sin, positions_BT, latent, k_rope, attention):
-    ((_, normed_BTH),) = layer_norms((NormJob(x_BTH, None, lw.input_norm),), cfg.rms_norm_eps, cfg.kernels)
-    attn_BTH, latent, k_rope = mla(normed_BTH, lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention)
-    ((x_BTH, h_BTH),) = layer_norms((NormJob(x_BTH, attn_BTH, lw.post_attention_norm),), cfg.rms_norm_eps,
-                                    cfg.kernels)
+    attn_BTH, latent, k_rope = mla(
+        rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention
+    )
+    x_BTH = x_BTH + attn_BTH
+    h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
     ff_BTH = moe(h_BTH, lw.mlp, cfg) if isinstance(lw.mlp, MoEWeights) else swiglu(h_BTH, lw.mlp)
     return x_BTH + ff_BTH, latent, k_rope
 

@@ -88,8 +88,8 @@ def test_step_profile_tiny(tmp_path):
 
     # 4 layers, as test_bench_step_tiny: the weights program (the costliest compile here) is compiled once
     result = profile_main(["--tiny", "--layers", "4", "--tokens", "1", "--steps", "2", "--context", "16",
-                           "--routing", "independent", "--norm-kernel", "off", "--hlo", "--out", str(tmp_path)])
-    assert result["routing"] == "independent" and result["moe_kernel"] == "auto" and result["norm_kernel"] == "off"
+                           "--routing", "independent", "--hlo", "--out", str(tmp_path)])
+    assert result["routing"] == "independent" and result["moe_kernel"] == "auto"
     assert "HloModule" in next(tmp_path.glob("step-profile-*-T1.hlo.txt")).read_text()  # --hlo: the loop's program
     [row] = result["rows"]
     assert row["ops"] and row["kernels_per_step"] > 0

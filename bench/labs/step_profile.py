@@ -258,8 +258,7 @@ def profile_cycles(w, cfg, args, k: int, log) -> list[dict]:
 def markdown(result: dict, top: int) -> str:
     lines = [f"# Step profile: {result['device']}, jax {result['jax']}, {result['date']}", "",
              f"{result['layers']} layers, batch {result['batch']}, context {result['context']}, routed experts "
-             f"{result.get('moe_kernel', 'auto')}, norms {result.get('norm_kernel', 'auto')}, routing "
-             f"{result.get('routing', 'model')}, {result['steps']} steps "
+             f"{result.get('moe_kernel', 'auto')}, routing {result.get('routing', 'model')}, {result['steps']} steps "
              "in one jitted loop, traced with jax.profiler after warm-up. Kernel times are the device's own (per step); "
              "'busy' is the union of kernel intervals, so wall - busy is launch gaps and idle time.", ""]
     for row in result["rows"]:
@@ -327,8 +326,6 @@ def parse_args(argv):
                         "fixed cost (bench.timing's device_loop_fixed_ms) goes, device and host")
     p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto",
                    help="the target steps' routed experts (model.config.Kernels.moe)")
-    p.add_argument("--norm-kernel", choices=("auto", "off"), default="auto",
-                   help="the target steps' RMSNorms (model.config.Kernels.norm)")
     p.add_argument("--routing", choices=ROUTINGS, default="model",
                    help="the target steps' expert choices (bench.routes: model, independent, neighbour, shared)")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
@@ -353,13 +350,12 @@ def main(argv=None) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     cfg = bench_config(args.layers, args.tiny)
     w = draw_weights(cfg, args.tiny)
-    kernels = Kernels(moe=args.moe_kernel, norm=args.norm_kernel)
+    kernels = Kernels(moe=args.moe_kernel)
     loop = make_step_loop(cfg, kernels, args.routing)
     step = make_step(cfg, kernels, args.routing)
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
                   date=now.isoformat(timespec="seconds"), layers=args.layers, batch=args.batch, context=args.context,
-                  steps=args.steps, moe_kernel=args.moe_kernel, norm_kernel=args.norm_kernel, routing=args.routing,
-                  rows=[])
+                  steps=args.steps, moe_kernel=args.moe_kernel, routing=args.routing, rows=[])
     for t in args.tokens:
         key = jax.random.PRNGKey(t)
         holder = {"cache": random_cache(cfg, args.batch, round_capacity(args.context + 16), args.context, key)}

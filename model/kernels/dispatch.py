@@ -133,22 +133,6 @@ def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int,
     return True
 
 
-# --- norms -----------------------------------------------------------------------------------------------------
-# The fused norm kernel takes decode and verify rows (batch x tokens) up to this; prefill buckets keep XLA's fusions,
-# whose launches are then shared by many rows.
-NORM_KERNEL_MAX_ROWS = 64
-
-
-def norm_kernel_applies(kernels: Kernels, rows: int) -> bool:
-    """The fused RMSNorm kernel (rms_norm.py) for these rows? "auto": on one GPU up to NORM_KERNEL_MAX_ROWS rows;
-    "on": any rows (off the GPU in Pallas' interpret mode)."""
-    if kernels.norm == "off":
-        return False
-    if kernels.norm == "on":
-        return True
-    return jax.default_backend() == "gpu" and rows <= NORM_KERNEL_MAX_ROWS and single_device_program()
-
-
 # --- routing ---------------------------------------------------------------------------------------------------
 def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> bool:
     """The router's top-k kernel (router_topk.py, with router_gemv.py's logits at 2-8 tokens)? It routes one expert

@@ -16,12 +16,25 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.triton_ops import next_pow2, pow2_chunks
 from model.router_weights import chosen_weights
 
 
 # Warps per token's program (one warp, shuffles only, ran as fast: docs/performance.md).
 NUM_WARPS = 4
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _pow2_chunks(n: int) -> list[tuple[int, int]]:
+    """(offset, size) pieces of 0..n with power-of-two sizes (Triton blocks): 384 -> (0, 256), (256, 128)."""
+    out, off = [], 0
+    for bit in reversed(range(n.bit_length())):
+        if n >> bit & 1:
+            out.append((off, 1 << bit))
+            off += 1 << bit
+    return out
 
 
 def _logits(logits_ref, t, off, size):
@@ -31,11 +44,11 @@ def _logits(logits_ref, t, off, size):
 
 def _topk_kernel(logits_ref, bias_ref, w_ref, ids_ref, *, experts, k, norm, scale):
     t = pl.program_id(0)
-    chunks = pow2_chunks(experts)  # E need not be a power of two: no masks, no padded copies
+    chunks = _pow2_chunks(experts)  # E need not be a power of two: no masks, no padded copies
     idx = [off + jnp.arange(size, dtype=jnp.int32) for off, size in chunks]
     score = [jax.nn.sigmoid(_logits(logits_ref, t, off, size)) for off, size in chunks]
     choice = [s + bias_ref[pl.ds(off, size)] for s, (off, size) in zip(score, chunks)]
-    k_pad = next_pow2(k)
+    k_pad = _next_pow2(k)
     slot_K = jnp.arange(k_pad, dtype=jnp.int32)
     ids_K = jnp.zeros((k_pad,), jnp.int32)
     w_K = jnp.zeros((k_pad,), jnp.float32)
@@ -84,7 +97,7 @@ route_topk.defvjp(_route_topk_fwd, _route_topk_bwd)
 def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
     partials_ZTE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
     _, t, e = partials_ZTE.shape
-    k_pad = next_pow2(k)
+    k_pad = _next_pow2(k)
     kernel = functools.partial(_topk_kernel, experts=e, k=k, norm=norm_topk_prob, scale=float(scaling))
     w_TK, ids_TK = pl.pallas_call(
         kernel,

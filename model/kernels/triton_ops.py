@@ -53,17 +53,3 @@ def and_or(a: jax.Array, mask: int, bits: int, ptx: bool) -> jax.Array:
     b = jnp.full(a.shape, bits, jnp.int32)
     out = _asm("lop3.b32 $0, $1, $2, $3, 0xEA;", "r", jnp.int32, a32, m, b)  # 0xEA: (a & b) | c
     return jax.lax.bitcast_convert_type(out, jnp.uint32)
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def pow2_chunks(n: int) -> list[tuple[int, int]]:
-    """(offset, size) pieces of 0..n with power-of-two sizes (Triton blocks): 384 -> (0, 256), (256, 128)."""
-    out, off = [], 0
-    for bit in reversed(range(n.bit_length())):
-        if n >> bit & 1:
-            out.append((off, 1 << bit))
-            off += 1 << bit
-    return out
