@@ -184,6 +184,22 @@ def group_down(h_UTF, down, groups: SharedGroups, *, stages: int = STAGES, inter
     )(groups.expert_U, token_tiles(h_UTF), *_operands(down))
 
 
+def slot_sums(x_TH, experts, ids_TK, alone_w_TK, *, gate_up_splits: int, down_splits: int, down_k_splits: int,
+              stages: int = STAGES, interpret: bool = False) -> jax.Array:
+    """[T, H] f32: the slots of experts that are no group, through moe_wgmma's kernels; a slot of weight 0 in
+    `alone_w_TK` (a group's, or another device's) is skipped."""
+    t, k = ids_TK.shape
+    expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
+    gu_Z2UF = moe_wgmma.gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
+                                     splits=gate_up_splits, weight_U=alone_w_TK.reshape(t * k), interpret=interpret)
+    h_UF = moe_wgmma.swiglu_h(permute_K(gu_Z2UF), alone_w_TK)
+    y_ZTH = moe_wgmma.down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
+                                k_splits=down_k_splits, weight_U=alone_w_TK.reshape(t * k),
+                                interpret=interpret)
+    written_ZT1 = moe_wgmma.split_active_ZT(alone_w_TK, down_splits, down_k_splits)[..., None]
+    return _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0))
+
+
 def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1, down_splits: int = 2,
                            down_k_splits: int = 1, stages: int = STAGES, min_members: int = MIN_MEMBERS,
                            interpret: bool = False) -> jax.Array:
@@ -195,17 +211,9 @@ def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits:
     if t > MAX_TOKENS:
         raise ValueError(f"moe_grouped takes up to {MAX_TOKENS} tokens, got {t}")
     groups = shared_groups(ids_TK, weights_TK, min_members)
-    expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    alone_w_TK = jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK)
-    # the slots of experts that are no group: moe_wgmma's kernels, the shared slots skipped
-    gu_Z2UF = moe_wgmma.gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
-                                     splits=gate_up_splits, weight_U=alone_w_TK.reshape(t * k), interpret=interpret)
-    h_UF = moe_wgmma.swiglu_h(permute_K(gu_Z2UF), alone_w_TK)
-    y_ZTH = moe_wgmma.down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
-                                k_splits=down_k_splits, weight_U=alone_w_TK.reshape(t * k),
-                                interpret=interpret)
-    written_ZT1 = moe_wgmma.split_active_ZT(alone_w_TK, down_splits, down_k_splits)[..., None]
-    y_TH = _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0))
+    y_TH = slot_sums(x_TH, experts, ids_TK, jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK),
+                     gate_up_splits=gate_up_splits, down_splits=down_splits, down_k_splits=down_k_splits,
+                     stages=stages, interpret=interpret)
     # the groups: each expert converted once for all its tokens
     gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,
                        interpret=interpret)
