@@ -4,11 +4,13 @@ import json
 
 import pytest
 
-from bench import projection_ep
+from bench import depth_gap, projection_ep
 from tests.test_bench_depth_gap import _step
 from tests.test_bench_projection import CYCLES, DEPTH
 
-PROFILE = {"rows": [{"tokens": 1, "sequence": _step(lambda i: 2.0 + i % 5)}]}
+# launch-bound small kernels of 2-4 us, every kernel that reads weights 20 us
+PROFILE = {"rows": [{"tokens": 1, "sequence": _step(
+    lambda i: 2.0 + i % 3 if depth_gap.LAYER[i][2] == depth_gap.SMALL else 20.0)}]}
 EP = {"rows": [{"local_slots": 1, "skip": {"ms": 0.030}}, {"local_slots": 7, "skip": {"ms": 0.078}}]}
 ALL_REDUCE = {"rows": [{"tokens": 1, "all_reduces_per_moe_layer": 2, "all_reduce_us": 150.0}]}
 
