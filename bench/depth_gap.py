@@ -6,8 +6,10 @@ Input: a `bench.labs.step_profile` trace of the 4-layer K2.5-shaped step (its `r
 kernels of one decode step in launch order). A MoE layer is the 32 kernels from its input norm to the residual
 add after the routed experts. Kernel names are XLA's fusion names, which carry no source: each kernel's role
 is read from its place in the layer (LAYER below, checked against the trace: a name that does not match stops
-the script) and its bytes from the K2.5 dimensions (REFERENCE.md); the GEMVs' times agree with those bytes to
-within 10-50%, which is how the roles were matched. Prints one table per layer and a summary by category.
+the script; `bench.depth_gap_hlo` reads roles from the optimized HLO instead, for traces in another launch order)
+and its bytes from the K2.5 dimensions (REFERENCE.md); the GEMVs' times agree with those bytes to within 10-50%,
+which is how the roles were matched, and the HLO of a later compile of the same step corrected three of them.
+Prints one table per layer and a summary by category.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ LAYER = [
     ("input_reduce_fusion", "input RMSNorm", SMALL, 0),
     ("loop_multiply_fusion", "norm scale", SMALL, 0),
     ("gemm_fusion_dot", "q_a projection", "attention GEMV", H * Q_LORA * BF16),
-    ("loop_reduce_fusion", "q_a norm", SMALL, 0),
-    ("input_reduce_fusion", "kv_a norm", SMALL, 0),
+    ("loop_reduce_fusion", "q_a GEMM's split-K sum", SMALL, 0),
+    ("input_reduce_fusion", "a LoRA norm's mean of squares", SMALL, 0),
     ("loop_multiply_fusion", "norm scale", SMALL, 0),
     ("gemm_fusion_dot", "q_b projection", "attention GEMV", Q_LORA * HEADS * (NOPE + ROPE) * BF16),
     ("input_reduce_fusion", "q_nope x W_uk (absorbed k)", "attention absorbed", HEADS * NOPE * KV_LORA * BF16),
