@@ -8,7 +8,7 @@ add after the routed experts. Kernel names are XLA's fusion names, which carry n
 is read from its place in the layer (LAYER below, checked against the trace: a name that does not match stops
 the script; `bench.depth_gap_hlo` reads roles from the optimized HLO instead, for traces in another launch order)
 and its bytes from the K2.5 dimensions (REFERENCE.md); the GEMVs' times agree with those bytes to within 10-50%,
-which is how the roles were matched, and the HLO of a later compile of the same step corrected three of them.
+which is how the roles were matched, and the HLO of a later compile of the same step corrected four of them.
 Prints one table per layer and a summary by category.
 """
 
@@ -62,7 +62,7 @@ LAYER = [
     ("nvjet", "shared expert down", "shared expert", F * H * BF16),
     ("input_reduce_fusion", "router logits (f32)", "router", EXPERTS * H * F32),
     ("router_topk", "router top-k kernel", "router", 0),
-    ("loop_slice_fusion", "routing ids", SMALL, 0),
+    ("loop_slice_fusion", "block-diagonal x (moe_wgmma's input)", SMALL, 0),
     ("anonymous_mosaic_gpu_kernel", "routed gate + up (moe_wgmma)", "routed experts", CHOICES * 2 * INT4_MATRIX),
     ("loop_slice_fusion", "SiLU x up, block-diagonal layout", SMALL, 0),
     ("anonymous_mosaic_gpu_kernel", "routed down (moe_wgmma)", "routed experts", CHOICES * INT4_MATRIX),
