@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.labs import moe_grouped_tokens as lab
-from model.moe import ExpertWeights, experts_gather
-from model.quant import Int4Weight
+from model.moe import experts_gather
+from tests.test_kernels_moe_grouped import lowered_at_kimi_shapes
 from tests.test_kernels_moe_wgmma import H, _rel_err, experts  # noqa: F401  (the module's fixture)
 
 
@@ -27,11 +27,5 @@ def test_interpret_matches_reference(experts):  # noqa: F811
 
 
 def test_lowers_to_mosaic_gpu_at_kimi_shapes():
-    e, f, h, t = 384, 2048, 7168, 4
-    sd = jax.ShapeDtypeStruct
-    w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
-    experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
-    fn = functools.partial(lab.routed_experts_grouped_tokens, gate_up_splits=7, down_splits=8)
-    lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
-                                sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
-    assert lowered.as_text().count("mosaic_gpu") >= 4  # the slot kernels and the group kernels
+    # the slot kernels and the group kernels
+    assert lowered_at_kimi_shapes(lab.routed_experts_grouped_tokens).count("mosaic_gpu") >= 4

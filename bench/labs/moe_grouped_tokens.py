@@ -26,10 +26,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import bench  # noqa: F401  (the engine's XLA flags)
 from bench import moe_grouped as grouped_bench
 from model.kernels.dispatch import wgmma_config_for
-from model.kernels.moe_grouped import MAX_TOKENS, MIN_MEMBERS, SharedGroups, shared_groups, slot_sums
-from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _interpret_kw, _nibble_pairs, _operands,
-                                     _store_rows, _sum_leading, _transforms, _zeros, block_diagonal_UNGK, permute_K,
-                                     supports)
+from model.kernels.moe_grouped import SharedGroups, group_h, routed_experts_grouped
+from model.kernels.moe_wgmma import (GROUPS, ROWS, STAGES, TILE_K, _interpret_kw, _nibble_pairs, _operands, _specs,
+                                     _store_rows, _sum_leading, _transforms, _zeros, block_diagonal_UNGK, permute_K)
 
 
 def _token_tile_products(w_smem, s_smem, b_smem, accs, interpret: bool):
@@ -59,17 +58,12 @@ def _tokens_spec(tokens: int, index, interpret: bool, lead: tuple = ()):
     return plgpu.BlockSpec((*lead, tokens, None, GROUPS, TILE_K), index, transforms=_transforms(16, TILE_K, interpret))
 
 
-def _weight_specs(index, interpret: bool, lead: tuple = ()):
-    w = plgpu.BlockSpec((*lead, ROWS, TILE_K), index, transforms=_transforms(4, TILE_K, interpret))
-    return w, plgpu.BlockSpec((*lead, ROWS, GROUPS), index)
-
-
 def _gate_up_kernel(expert_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, tokens, n_k, stages, interpret):
     """gu[split, 0 / 1, group, token, rows]: every token's gate / up rows of the group's expert over the split."""
     g, rb, split = jax.lax.axis_index("group"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
     e = expert_ref[g]
     b = _tokens_spec(tokens, lambda k: (0, split * n_k + k, 0, 0), interpret)
-    w, s = _weight_specs(lambda k: (rb, split * n_k + k), interpret)
+    _, w, s = _specs(interpret, None, lambda k: (rb, split * n_k + k))
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
         acc_g, acc_u = carry  # one converted operand live at a time
@@ -92,7 +86,7 @@ def _down_kernel(expert_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, tokens, n_k, sta
     rb, g = jax.lax.axis_index("rows"), jax.lax.axis_index("group")
     e = expert_ref[g]
     b = _tokens_spec(tokens, lambda k: (g, 0, k, 0, 0), interpret, lead=(None,))
-    w, s = _weight_specs(lambda k: (e, rb, k), interpret, lead=(None,))
+    _, w, s = _specs(interpret, None, lambda k: (e, rb, k), lead=(None,))
 
     def step(_, hbd_smem, dq_smem, ds_smem, acc):
         return _token_tile_products(dq_smem, ds_smem, hbd_smem, acc, interpret)
@@ -130,26 +124,17 @@ def group_down(h_UTF, down, groups: SharedGroups, *, stages: int = STAGES, inter
     )(groups.expert_U, hbd, *_operands(down))
 
 
-def routed_experts_grouped_tokens(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1, down_splits: int = 2,
-                                  down_k_splits: int = 1, stages: int = STAGES, min_members: int = MIN_MEMBERS,
-                                  interpret: bool = False) -> jax.Array:
-    """`model.kernels.moe_grouped.routed_experts_grouped` with this lab's group kernels."""
-    if not supports(experts):
-        raise ValueError(f"the lab takes moe_wgmma's INT4 experts, got gate {experts.gate.shape}")
-    t, k = ids_TK.shape
-    if t > MAX_TOKENS:
-        raise ValueError(f"the lab takes up to {MAX_TOKENS} tokens, got {t}")
-    groups = shared_groups(ids_TK, weights_TK, min_members)
-    y_TH = slot_sums(x_TH, experts, ids_TK, jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK),
-                     gate_up_splits=gate_up_splits, down_splits=down_splits, down_k_splits=down_k_splits,
-                     stages=stages, interpret=interpret)
+def group_sums_tokens(x_TH, experts, groups: SharedGroups, *, gate_up_splits: int, stages: int = STAGES,
+                      interpret: bool = False) -> jax.Array:
+    """`model.kernels.moe_grouped.group_sums` with this lab's group kernels: [T, H] f32."""
     g_UTF, u_UTF = _sum_leading(group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits,
                                               stages=stages, interpret=interpret))
-    # where, not a product: the rows of groups that exited were never written
-    h_UTF = jnp.where(groups.member_UT[..., None], jax.nn.silu(g_UTF) * u_UTF * groups.weight_UT[..., None], 0.0)
-    y_UTH = group_down(h_UTF, experts.down, groups, stages=stages, interpret=interpret)
-    y_TH = y_TH + jnp.sum(jnp.where((groups.expert_U >= 0)[:, None, None], y_UTH, 0.0), axis=0)
-    return y_TH.astype(x_TH.dtype)
+    y_UTH = group_down(group_h(g_UTF, u_UTF, groups), experts.down, groups, stages=stages, interpret=interpret)
+    return jnp.sum(jnp.where((groups.expert_U >= 0)[:, None, None], y_UTH, 0.0), axis=0)
+
+
+# moe_grouped's routed experts with this lab's group kernels (the slot kernels and the bookkeeping are the product's)
+routed_experts_grouped_tokens = functools.partial(routed_experts_grouped, group_path=group_sums_tokens)
 
 
 def paths(experts, tokens: int, min_members: list[int]) -> dict:

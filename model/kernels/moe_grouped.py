@@ -184,8 +184,8 @@ def group_down(h_UTF, down, groups: SharedGroups, *, stages: int = STAGES, inter
     )(groups.expert_U, token_tiles(h_UTF), *_operands(down))
 
 
-def slot_sums(x_TH, experts, ids_TK, alone_w_TK, *, gate_up_splits: int, down_splits: int, down_k_splits: int,
-              stages: int = STAGES, interpret: bool = False) -> jax.Array:
+def _slot_sums(x_TH, experts, ids_TK, alone_w_TK, *, gate_up_splits: int, down_splits: int, down_k_splits: int,
+               stages: int = STAGES, interpret: bool = False) -> jax.Array:
     """[T, H] f32: the slots of experts that are no group, through moe_wgmma's kernels; a slot of weight 0 in
     `alone_w_TK` (a group's, or another device's) is skipped."""
     t, k = ids_TK.shape
@@ -200,26 +200,39 @@ def slot_sums(x_TH, experts, ids_TK, alone_w_TK, *, gate_up_splits: int, down_sp
     return _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0))
 
 
+def group_h(g_UTF, u_UTF, groups: SharedGroups) -> jax.Array:
+    """SiLU(gate) x up x the router weight of each group's member tokens, zero for the others: where, not a product,
+    since the rows of groups that exited were never written."""
+    return jnp.where(groups.member_UT[..., None], jax.nn.silu(g_UTF) * u_UTF * groups.weight_UT[..., None], 0.0)
+
+
+def group_sums(x_TH, experts, groups: SharedGroups, *, gate_up_splits: int, stages: int = STAGES,
+               interpret: bool = False) -> jax.Array:
+    """[T, H] f32: the groups' experts, each converted once for all its tokens (this module's group kernels)."""
+    t = x_TH.shape[0]
+    gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,
+                       interpret=interpret)
+    g_UTF, u_UTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
+    y_UHT = group_down(group_h(g_UTF, u_UTF, groups), experts.down, groups, stages=stages, interpret=interpret)
+    y_HT = jnp.sum(jnp.where((groups.expert_U >= 0)[:, None, None], y_UHT, 0.0), axis=0)
+    return y_HT[:, :t].T
+
+
 def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1, down_splits: int = 2,
                            down_k_splits: int = 1, stages: int = STAGES, min_members: int = MIN_MEMBERS,
-                           interpret: bool = False) -> jax.Array:
+                           interpret: bool = False, group_path=group_sums) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`moe_wgmma.supports`), T <= MAX_TOKENS; the
-    splits are moe_wgmma's (`model.kernels.dispatch.wgmma_config_for`), gate_up's shared by the group kernel."""
+    splits are moe_wgmma's (`model.kernels.dispatch.wgmma_config_for`), gate_up's shared by the group kernel.
+    `group_path`: the groups' [T, H] sum, `group_sums`'s signature (a lab's group kernels plug in here)."""
     if not supports(experts):
         raise ValueError(f"moe_grouped takes moe_wgmma's INT4 experts, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
     if t > MAX_TOKENS:
         raise ValueError(f"moe_grouped takes up to {MAX_TOKENS} tokens, got {t}")
     groups = shared_groups(ids_TK, weights_TK, min_members)
-    y_TH = slot_sums(x_TH, experts, ids_TK, jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK),
-                     gate_up_splits=gate_up_splits, down_splits=down_splits, down_k_splits=down_k_splits,
-                     stages=stages, interpret=interpret)
-    # the groups: each expert converted once for all its tokens
-    gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,
-                       interpret=interpret)
-    g_UTF, u_UTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
-    # where, not a product: the rows of groups that exited were never written
-    h_UTF = jnp.where(groups.member_UT[..., None], jax.nn.silu(g_UTF) * u_UTF * groups.weight_UT[..., None], 0.0)
-    y_UHT = group_down(h_UTF, experts.down, groups, stages=stages, interpret=interpret)
-    y_HT = jnp.sum(jnp.where((groups.expert_U >= 0)[:, None, None], y_UHT, 0.0), axis=0)
-    return (y_TH + y_HT[:, :t].T).astype(x_TH.dtype)
+    y_TH = _slot_sums(x_TH, experts, ids_TK, jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK),
+                      gate_up_splits=gate_up_splits, down_splits=down_splits, down_k_splits=down_k_splits,
+                      stages=stages, interpret=interpret)
+    y_TH = y_TH + group_path(x_TH, experts, groups, gate_up_splits=gate_up_splits, stages=stages,
+                             interpret=interpret)
+    return y_TH.astype(x_TH.dtype)
