@@ -92,10 +92,11 @@ def check(chunk: list[dict]) -> None:
                              "the trace's layer is not the one LAYER describes")
 
 
-def analyse(chunk: list[dict], tbs: float) -> dict:
-    check(chunk)
+def summarize(kernels: list[tuple[dict, str, str, int]], tbs: float) -> dict:
+    """(trace kernel, role, category, bytes it must read) of one layer -> its rows, the sums by category and the
+    layer's totals against the floor at `tbs` TB/s."""
     rows, cats = [], {}
-    for k, (_, role, cat, nbytes) in zip(chunk, LAYER):
+    for k, role, cat, nbytes in kernels:
         floor_us = nbytes / tbs / 1e6
         rows.append({"kernel": k["kernel"], "role": role, "category": cat, "us": k["us"], "MB": _mb(nbytes),
                      "floor_us": floor_us})
@@ -107,20 +108,29 @@ def analyse(chunk: list[dict], tbs: float) -> dict:
             "floor_us": sum(r["floor_us"] for r in rows), "MB": sum(r["MB"] for r in rows)}
 
 
+def analyse(chunk: list[dict], tbs: float) -> dict:
+    check(chunk)
+    return summarize([(k, role, cat, nbytes) for k, (_, role, cat, nbytes) in zip(chunk, LAYER)], tbs)
+
+
+def category_lines(cats: dict, us: float, floor_us: float, us_header: str = "us") -> list[str]:
+    """The by-category table, largest excess over the floor first, and the layer's row (kernel counts may be
+    means)."""
+    lines = [f"| category | kernels | {us_header} | floor us | x floor | excess us |", "|---|---|---|---|---|---|"]
+    for cat, c in sorted(cats.items(), key=lambda kv: -(kv[1]["us"] - kv[1]["floor_us"])):
+        ratio = f"{c['us'] / c['floor_us']:.2f}" if c["floor_us"] > 0 else "-"
+        lines.append(f"| {cat} | {c['kernels']:g} | {c['us']:.1f} | {c['floor_us']:.1f} | {ratio} | "
+                     f"{c['us'] - c['floor_us']:.1f} |")
+    lines.append(f"| **layer** | {sum(c['kernels'] for c in cats.values()):g} | {us:.1f} | {floor_us:.1f} | "
+                 f"{us / floor_us:.2f} | {us - floor_us:.1f} |")
+    return lines
+
+
 def markdown(result: dict) -> str:
     lines = [f"One MoE layer at T = 1 from `{result['profile']}` (the mean over its {result['layer_count']} MoE layers "
              f"after the first; kernel times are the device's, traced; floors at {result['tbs']} TB/s). "
-             "The kernels' sum overstates the layer's time where the graph runs independent kernels side by side.", "",
-             "| category | kernels | us (mean over layers) | floor us | x floor | excess us |",
-             "|---|---|---|---|---|---|"]
-    cats = result["categories"]
-    for cat, c in sorted(cats.items(), key=lambda kv: -(kv[1]["us"] - kv[1]["floor_us"])):
-        ratio = f"{c['us'] / c['floor_us']:.2f}" if c["floor_us"] > 0 else "-"
-        lines.append(f"| {cat} | {c['kernels']} | {c['us']:.1f} | {c['floor_us']:.1f} | {ratio} | "
-                     f"{c['us'] - c['floor_us']:.1f} |")
-    lines.append(f"| **layer** | {sum(c['kernels'] for c in cats.values())} | {result['us']:.1f} | "
-                 f"{result['floor_us']:.1f} | {result['us'] / result['floor_us']:.2f} | "
-                 f"{result['us'] - result['floor_us']:.1f} |")
+             "The kernels' sum overstates the layer's time where the graph runs independent kernels side by side.", ""]
+    lines += category_lines(result["categories"], result["us"], result["floor_us"], "us (mean over layers)")
     lines += ["", "| # | kernel | role | us | MB | floor us |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(result["rows"]):
         lines.append(f"| {i} | {r['kernel']} | {r['role']} | {r['us']:.1f} | {r['MB']:.1f} | {r['floor_us']:.1f} |")

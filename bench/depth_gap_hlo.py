@@ -20,8 +20,8 @@ import re
 import sys
 from pathlib import Path
 
-from bench.depth_gap import BF16, CHOICES, EXPERTS, F, F32, H, HEADS, INT4_MATRIX, KV_LORA, NOPE, Q_LORA, ROPE, SMALL, \
-    TBS, V
+from bench.depth_gap import (BF16, CHOICES, EXPERTS, F, F32, H, HEADS, INT4_MATRIX, KV_LORA, NOPE, Q_LORA, ROPE,
+                             SMALL, TBS, V, category_lines, summarize)
 
 ROUTED_DOWN = "anonymous_mosaic_gpu_kernel"  # the second Mosaic GPU kernel of a layer: moe_wgmma's down
 # (role, category, bytes at T = 1 with a 1k cache) of the kernels whose role a name or an einsum says
@@ -99,19 +99,11 @@ def layer_segments(sequence: list[dict]) -> list[list[dict]]:
 
 
 def analyse(segment: list[dict], ops: dict, tbs: float = TBS) -> dict:
-    rows, cats, mosaic = [], {}, 0
+    kernels, mosaic = [], 0
     for k in segment:
-        role, cat, nbytes = role_of(k["kernel"], ops.get(k["kernel"]), mosaic)
+        kernels.append((k, *role_of(k["kernel"], ops.get(k["kernel"]), mosaic)))
         mosaic += k["kernel"] == ROUTED_DOWN
-        floor_us = nbytes / tbs / 1e6
-        rows.append({"kernel": k["kernel"], "role": role, "category": cat, "us": k["us"], "MB": nbytes / 1e6,
-                     "floor_us": floor_us})
-        c = cats.setdefault(cat, {"us": 0.0, "floor_us": 0.0, "kernels": 0})
-        c["us"] += k["us"]
-        c["floor_us"] += floor_us
-        c["kernels"] += 1
-    return {"rows": rows, "categories": cats, "us": sum(r["us"] for r in rows),
-            "floor_us": sum(r["floor_us"] for r in rows)}
+    return summarize(kernels, tbs)
 
 
 def markdown(profile: str, hlo: str, layers: list[dict]) -> str:
@@ -125,24 +117,10 @@ def markdown(profile: str, hlo: str, layers: list[dict]) -> str:
             for key in m:
                 m[key] += c[key] / len(layers)
     us, floor = (sum(L[k] for L in layers) / len(layers) for k in ("us", "floor_us"))
-    lines += [f"## Mean over the {len(layers)} layers", "",
-              "| category | kernels | us | floor us | x floor | excess us |", "|---|---|---|---|---|---|"]
-    for cat, c in sorted(cats.items(), key=lambda kv: -(kv[1]["us"] - kv[1]["floor_us"])):
-        ratio = f"{c['us'] / c['floor_us']:.2f}" if c["floor_us"] > 0 else "-"
-        lines.append(f"| {cat} | {c['kernels']:.1f} | {c['us']:.1f} | {c['floor_us']:.1f} | {ratio} | "
-                     f"{c['us'] - c['floor_us']:.1f} |")
-    lines += [f"| **layer** | {sum(c['kernels'] for c in cats.values()):.1f} | {us:.1f} | {floor:.1f} | "
-              f"{us / floor:.2f} | {us - floor:.1f} |", ""]
+    lines += [f"## Mean over the {len(layers)} layers", ""] + category_lines(cats, us, floor) + [""]
     for n, layer in enumerate(layers):
-        lines += [f"## MoE layer {n + 2}", "", "| category | kernels | us | floor us | x floor | excess us |",
-                  "|---|---|---|---|---|---|"]
-        for cat, c in sorted(layer["categories"].items(), key=lambda kv: -(kv[1]["us"] - kv[1]["floor_us"])):
-            ratio = f"{c['us'] / c['floor_us']:.2f}" if c["floor_us"] > 0 else "-"
-            lines.append(f"| {cat} | {c['kernels']} | {c['us']:.1f} | {c['floor_us']:.1f} | {ratio} | "
-                         f"{c['us'] - c['floor_us']:.1f} |")
-        lines += [f"| **layer** | {len(layer['rows'])} | {layer['us']:.1f} | {layer['floor_us']:.1f} | "
-                  f"{layer['us'] / layer['floor_us']:.2f} | {layer['us'] - layer['floor_us']:.1f} |", "",
-                  "| # | kernel | role (or HLO op -> output) | us | MB | floor us |", "|---|---|---|---|---|---|"]
+        lines += [f"## MoE layer {n + 2}", ""] + category_lines(layer["categories"], layer["us"], layer["floor_us"])
+        lines += ["", "| # | kernel | role (or HLO op -> output) | us | MB | floor us |", "|---|---|---|---|---|---|"]
         lines += [f"| {i} | {r['kernel']} | {r['role']} | {r['us']:.1f} | {r['MB']:.1f} | {r['floor_us']:.1f} |"
                   for i, r in enumerate(layer["rows"])]
         lines.append("")
