@@ -34,16 +34,19 @@ K25 = dict(h=7168, q=1536, c=512, r=64)
 TINY = dict(h=256, q=64, c=32, r=16)
 
 
-def draw(dims: dict, key) -> dict:
+def draw(dims: dict, key) -> tuple[dict, jax.Array]:
+    """Random weights of the block (with q_a and kv_a also as one weight, concatenated once as a loader would) and
+    one token's hidden state x [1, 1, H]."""
     ks = jax.random.split(key, 6)
     h, q, c, r = dims["h"], dims["q"], dims["c"], dims["r"]
     bf = jnp.bfloat16
-    return {"input_norm": (1 + 0.1 * jax.random.normal(ks[0], (h,))).astype(bf),
-            "q_a": (jax.random.normal(ks[1], (q, h)) * h ** -0.5).astype(bf),
-            "kv_a": (jax.random.normal(ks[2], (c + r, h)) * h ** -0.5).astype(bf),
-            "q_a_norm": (1 + 0.1 * jax.random.normal(ks[3], (q,))).astype(bf),
-            "kv_a_norm": (1 + 0.1 * jax.random.normal(ks[4], (c,))).astype(bf),
-            "x": jax.random.normal(ks[5], (1, 1, h)).astype(bf)}
+    w = {"input_norm": (1 + 0.1 * jax.random.normal(ks[0], (h,))).astype(bf),
+         "q_a": (jax.random.normal(ks[1], (q, h)) * h ** -0.5).astype(bf),
+         "kv_a": (jax.random.normal(ks[2], (c + r, h)) * h ** -0.5).astype(bf),
+         "q_a_norm": (1 + 0.1 * jax.random.normal(ks[3], (q,))).astype(bf),
+         "kv_a_norm": (1 + 0.1 * jax.random.normal(ks[4], (c,))).astype(bf)}
+    w["qkv_a"] = jnp.concatenate([w["q_a"], w["kv_a"]], axis=0)
+    return w, jax.random.normal(ks[5], (1, 1, h)).astype(bf)
 
 
 def _lora_outputs(q_BTQ, kv_BTX, w, c):
@@ -107,9 +110,7 @@ def main(argv=None) -> dict:
     if args.steps < 1 or args.iters < 1:
         raise SystemExit("--steps and --iters must be >= 1")
     dims = TINY if args.tiny else K25
-    w = draw(dims, jax.random.PRNGKey(0))
-    w["qkv_a"] = jnp.concatenate([w["q_a"], w["kv_a"]], axis=0)  # once, as a loader would
-    x = w.pop("x")
+    w, x = draw(dims, jax.random.PRNGKey(0))
     ref = jax.jit(lambda x: attention_input(x, w, "plain"))(x)
     now = datetime.datetime.now(datetime.timezone.utc)
     result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "date": now.isoformat(timespec="seconds"),
