@@ -39,7 +39,7 @@ from bench.routes import NEIGHBOUR_SHARE, ROUTINGS, record_routes, set_routes  #
 from bench.report import write_report  # noqa: E402
 from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
-from model.decoder import forward  # noqa: E402
+from model.decoder import forward, fuse_attention_inputs  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
 from model.config import KERNEL_CHOICES, Kernels  # noqa: E402
 from model.kernels.dispatch import moe_kernel_for, triton_config_for, wgmma_config_for  # noqa: E402
@@ -326,6 +326,9 @@ def parse_args(argv):
     p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto",
                    help="the kernel path's routed experts (model.config.Kernels.moe): grouped converts an expert "
                         "several verify slots chose once")
+    p.add_argument("--attention-input", choices=("fused", "separate"), default="fused",
+                   help="q_a and kv_a as one weight, as the engines run them (jaxspec.sharded.weights_to_run), or "
+                        "as two (the layout checkpoints store)")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--skip-reference", action="store_true",
@@ -368,7 +371,9 @@ def main(argv=None) -> dict:
     mesh = make_mesh(args.mesh) if args.mesh else None
     t0 = time.perf_counter()
     w = draw_weights(cfg, args.tiny, mesh=mesh)
-    log(f"weights: {args.layers} layers in {time.perf_counter() - t0:.1f} s")
+    if args.attention_input == "fused":
+        w = fuse_attention_inputs(w)
+    log(f"weights: {args.layers} layers in {time.perf_counter() - t0:.1f} s, attention input {args.attention_input}")
     if mesh is not None:
         result["mesh"] = dict(zip(mesh.axis_names, mesh.devices.shape))
         result["allreduce_us"] = {f"T{t}": allreduce_us(mesh, max(args.batches) * t, cfg.hidden_size)

@@ -24,7 +24,7 @@ from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill,
                              valid_chunk)
 from jaxspec.sampling import SamplingParams
-from jaxspec.sharded import compile_program, place_weights
+from jaxspec.sharded import compile_program, weights_to_run
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.stats import AcceptanceStats
 from model.kv_cache import round_capacity
@@ -129,7 +129,7 @@ class Engine:
             raise ValueError(f"prefill_chunk must be a power of two >= {MIN_BUCKET}, not {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
         self.mesh = mesh
-        self.cfg, self.weights, self.k = cfg, weights if mesh is None else place_weights(weights, mesh), num_steps
+        self.cfg, self.weights, self.k = cfg, weights_to_run(weights, mesh), num_steps
         self.max_context = max_context or cfg.target.max_position_embeddings
         self.drafter = drafter  # None: the EAGLE-3 draft chain
         self.compile_count = 0  # programs this engine had to compile (not found in _PROGRAMS)

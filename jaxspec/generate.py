@@ -256,6 +256,7 @@ def run(argv: list[str] | None = None) -> int:
         engine_kw["prefill_chunk"] = a.prefill_chunk
     engine = Engine(SpecConfig(cfg, dcfg, eos), SpecWeights(tw, dw), num_steps=k, max_context=a.max_context,
                     adaptive=policy, **engine_kw)
+    del tw  # the engine runs its own layout of these weights (jaxspec.sharded.weights_to_run); free the loaded one
     sampling = SamplingParams(a.temperature, a.top_k, a.top_p)
     _status("compiling (ahead of time, once per shape)", quiet)
 

@@ -134,6 +134,7 @@ def build_service(a, k: int, buckets: list[int], log=print):
     engine = SlotEngine(SpecConfig(cfg, dcfg, eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
                         num_steps=k, max_batch=a.max_batch, max_context=max_context,
                         cycles_per_step=a.cycles_per_step, mesh=mesh, **kw)
+    del tw  # the engine runs its own layout of these weights (jaxspec.sharded.weights_to_run); free the loaded one
     log(f"compiling (slots {a.max_batch}, context {max_context}, K {k}, prompt buckets {buckets})")
     engine.warm_up([b for b in buckets if b <= max_context])
     log(f"compiled in {engine.compile_s:.1f} s")

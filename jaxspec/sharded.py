@@ -13,6 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from jaxspec.models import SpecWeights
+from model.decoder import fuse_attention_inputs
 from model.sharding import DRAFT_RULES, STATE_RULES, TARGET_RULES, mesh_context, shardings_for
 
 
@@ -53,6 +54,14 @@ def place(tree, shardings):
 
 def place_weights(weights: SpecWeights, mesh: Mesh) -> SpecWeights:
     return place(weights, weight_shardings(weights, mesh))
+
+
+def weights_to_run(weights: SpecWeights, mesh: Mesh | None) -> SpecWeights:
+    """The weights as the engines run them: placed by the partition rules over `mesh` (when there is one), then
+    the target's attention input projections fused (`model.decoder.fuse_attention_inputs`; the fused weight
+    keeps the replicated placement of its parts). The caller's unfused arrays are freed once it drops them."""
+    placed = weights if mesh is None else place_weights(weights, mesh)
+    return placed.replace(target=fuse_attention_inputs(placed.target))
 
 
 def _abstract(tree):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from model.config import TextConfig
@@ -27,30 +28,63 @@ LORA_NORM_EPS = 1e-6
 
 @struct.dataclass
 class MLAWeights:
-    q_a_proj: Weight | None  # [Q, H] (None when q_lora_rank is None)
-    q_a_norm: jax.Array | None  # [Q]
+    q_a_proj: Weight | None  # [Q, H]; None without q-LoRA (q_lora_rank None, q_a_norm None) or inside qkv_a_proj
+    q_a_norm: jax.Array | None  # [Q]; None exactly when the model has no q-LoRA
     q_b_proj: jax.Array  # [N, Dn+R, Q], or [N, Dn+R, H] as q_proj without q-LoRA
-    kv_a_proj: Weight  # [C+R, H]
+    kv_a_proj: Weight | None  # [C+R, H]; None inside qkv_a_proj
     kv_a_norm: jax.Array  # [C]
     # [N, C, Dn]: k_nope rows of kv_b_proj, transposed so the absorbed query contracts Dn along the minor axis
     # (stored [N, Dn, C], XLA would transpose it at every dispatch of a step)
     w_uk: jax.Array
     w_uv: jax.Array  # [N, Dv, C]  v rows of kv_b_proj
     o_proj: jax.Array  # [H, N, Dv]
+    # [Q+C+R, H]: q_a_proj's rows over kv_a_proj's, the two input projections as one GEMM (`fuse_input_projections`,
+    # done when weights are loaded to run; checkpoints store the two apart, as Hugging Face does). At one token
+    # XLA runs the two as a split-K GEMM, its sum and a GEMV (three launches, each short of its bytes' time); one
+    # weight is one GEMM.
+    qkv_a_proj: Weight | None = None
 
 
-def project_query(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
-    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R]. `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters
-    build it with their rms_norm_eps)."""
-    q_in = x_BTH if w.q_a_proj is None else rms_norm(linear(x_BTH, w.q_a_proj), w.q_a_norm, norm_eps)
+def fuse_input_projections(w: MLAWeights) -> MLAWeights:
+    """`w` with q_a_proj and kv_a_proj concatenated into qkv_a_proj, where both are dense arrays of one dtype (an
+    FP8 q_a's block scales do not tile the concatenation) and the model has q-LoRA; otherwise `w` unchanged. The
+    result keeps the inputs' sharding (both are replicated under model.sharding.TARGET_RULES)."""
+    if w.qkv_a_proj is not None or w.q_a_proj is None:
+        return w
+    q_a, kv_a = w.q_a_proj, w.kv_a_proj
+    if not (isinstance(q_a, (jax.Array, np.ndarray)) and isinstance(kv_a, (jax.Array, np.ndarray))) \
+            or q_a.dtype != kv_a.dtype:
+        return w
+    if isinstance(q_a, np.ndarray):
+        both = np.concatenate([q_a, kv_a], axis=0)
+    else:
+        both = jax.jit(lambda a, b: jnp.concatenate([a, b], axis=0), out_shardings=q_a.sharding)(q_a, kv_a)
+    return w.replace(q_a_proj=None, kv_a_proj=None, qkv_a_proj=both)
+
+
+def input_projections(x_BTH, w: MLAWeights):
+    """-> (q_a_proj's output [B, T, Q], or None without q-LoRA; kv_a_proj's output [B, T, C+R]), from the one
+    fused weight where `w` has it."""
+    if w.qkv_a_proj is not None:
+        both_BTX = linear(x_BTH, w.qkv_a_proj)
+        q = w.q_a_norm.shape[0]
+        return both_BTX[..., :q], both_BTX[..., q:]
+    return (None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)), linear(x_BTH, w.kv_a_proj)
+
+
+def project_query(x_BTH, q_a_BTQ, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
+    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`; None
+    without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
+    it with their rms_norm_eps)."""
+    q_in = x_BTH if q_a_BTQ is None else rms_norm(q_a_BTQ, w.q_a_norm, norm_eps)
     q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
     q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
     return q_nope, apply_interleaved(q_rope, cos, sin)
 
 
-def project_latent(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
-    """-> normalized latent [B, T, C], roped shared key [B, T, R]: what the cache stores."""
-    kv_BTX = linear(x_BTH, w.kv_a_proj)
+def project_latent(kv_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
+    """kv_a_proj's output (`input_projections`) -> normalized latent [B, T, C], roped shared key [B, T, R]: what
+    the cache stores."""
     latent_BTC = rms_norm(kv_BTX[..., : cfg.kv_lora_rank], w.kv_a_norm, norm_eps)
     k_rope_BTR = apply_interleaved(kv_BTX[..., cfg.kv_lora_rank :][:, :, None, :], cos, sin)[:, :, 0, :]
     return latent_BTC, k_rope_BTR
@@ -103,8 +137,9 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     """One MLA layer: write the T new tokens into the cache, attend, project out.
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_nope, q_rope = project_query(x_BTH, w, cfg, cos, sin, norm_eps)
-    latent_BTC, k_rope_BTR = project_latent(x_BTH, w, cfg, cos, sin, norm_eps)
+    q_a_BTQ, kv_BTX = input_projections(x_BTH, w)
+    q_nope, q_rope = project_query(x_BTH, q_a_BTQ, w, cfg, cos, sin, norm_eps)
+    latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
     if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):

@@ -21,7 +21,7 @@ from jaxspec.prefill import DEFAULT_CHUNK, baseline_prefill, prompt_bucket, spec
 from jaxspec.sampling import SamplingParams
 from jaxspec.serving.slot_cycle import run_cycles
 from jaxspec.serving.slots import init_slots, insert_prefilled
-from jaxspec.sharded import compile_program, place_weights
+from jaxspec.sharded import compile_program, weights_to_run
 from model.kv_cache import round_capacity
 
 
@@ -52,7 +52,7 @@ class SlotEngine:
             raise ValueError(f"max_context {max_context} exceeds the model's {cfg.target.max_position_embeddings} "
                              "positions")
         self.cfg, self.k, self.mesh = cfg, num_steps, mesh
-        self.weights = weights if mesh is None else place_weights(weights, mesh)
+        self.weights = weights_to_run(weights, mesh)
         self.max_batch, self.max_context = max_batch, max_context
         self.cycles_per_step, self.prefill_chunk = cycles_per_step, prefill_chunk
         self.capacity = round_capacity(max_context)
