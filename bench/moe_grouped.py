@@ -38,9 +38,8 @@ def paths(experts, tokens: int, min_members: list[int]) -> dict:
     return out
 
 
-def main(argv=None, paths_fn=paths, prog: str = "python -m bench.moe_grouped", stem: str = "moe-grouped") -> int:
-    """`paths_fn` (experts, tokens, min_members) -> name -> function: the paths each row times (a lab adds its own)."""
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.moe_grouped", description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[2, 4, 5, 8])
     ap.add_argument("--routing", nargs="+", default=["independent", "neighbour", "shared"], choices=ROUTINGS[1:])
     ap.add_argument("--min-members", type=int, nargs="+", default=[2, 3])
@@ -69,7 +68,7 @@ def main(argv=None, paths_fn=paths, prog: str = "python -m bench.moe_grouped", s
             floor_us = 1e3 * floor_ms(int(counts.size) * per_expert + 2 * x.nbytes, HBM_TBS)
             row = {"routing": routing, "tokens": t, "unique_experts": int(counts.size), "floor_us": floor_us,
                    "experts_by_members": {int(m): int((counts == m).sum()) for m in np.unique(counts)}}
-            for name, fn in paths_fn(experts, t, args.min_members).items():
+            for name, fn in paths(experts, t, args.min_members).items():
                 try:
                     out = jax.jit(fn)(x, experts, ids, w)
                     timing = time_moe(fn, x, experts, ids, w, iters=args.iters)
@@ -79,7 +78,7 @@ def main(argv=None, paths_fn=paths, prog: str = "python -m bench.moe_grouped", s
                     row[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
             rows.append(row)
             # written after every row, marked incomplete until the last: a run cut short keeps what it measured
-            write_json(doc, args.out, f"{stem}-{jax.default_backend()}-{stamp}")
+            write_json(doc, args.out, f"moe-grouped-{jax.default_backend()}-{stamp}")
             print(f"{routing} T={t} ({row['unique_experts']} unique, by members {row['experts_by_members']}; floor "
                   f"{floor_us:.1f} us): "
                   + ", ".join(f"{n} {v['us']:.1f} +- {v['spread_us']:.1f} us ({v['x_floor']:.2f}x, rel err "
@@ -88,7 +87,7 @@ def main(argv=None, paths_fn=paths, prog: str = "python -m bench.moe_grouped", s
                               for n, v in row.items() if isinstance(v, dict) and ("us" in v or "error" in v)),
                   flush=True)
     doc["complete"] = True
-    write_json(doc, args.out, f"{stem}-{jax.default_backend()}-{stamp}")
+    write_json(doc, args.out, f"moe-grouped-{jax.default_backend()}-{stamp}")
     return 0
 
 

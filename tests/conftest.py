@@ -31,7 +31,7 @@ HEAVY_FILES = (
     "test_bench_step.py", "test_sharding.py", "test_model_parity.py", "test_notebook.py", "test_drafters_mla.py",
     "test_train_default_pair.py", "test_multihost.py", "test_kernels_moe.py", "test_convert_resume.py",
     "test_bench_graph_mode_check.py", "test_sampling_broken_rules.py", "test_kernels_moe_grouped.py",
-    "test_bench_moe_grouped_tokens.py", "test_convert_parity.py", "test_chunked_prefill.py", "test_kernels_mla.py", "test_bench_step_mesh.py",
+    "test_convert_parity.py", "test_chunked_prefill.py", "test_kernels_mla.py", "test_bench_step_mesh.py",
     "test_kernels_router.py", "test_generate_hostile.py", "test_convert_memory.py", "test_adaptive_sampling.py",
     "test_convert_integrity.py", "test_bench_step_profile_cycles.py", "test_convert_errors.py", "test_bench_routes.py",
     "test_bench_step_profile_loop_fixed.py", "test_plan.py", "test_convert_units.py", "test_bench_peer.py",

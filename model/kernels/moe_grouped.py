@@ -220,10 +220,9 @@ def group_sums(x_TH, experts, groups: SharedGroups, *, gate_up_splits: int, stag
 
 def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits: int = 1, down_splits: int = 2,
                            down_k_splits: int = 1, stages: int = STAGES, min_members: int = MIN_MEMBERS,
-                           interpret: bool = False, group_path=group_sums) -> jax.Array:
+                           interpret: bool = False) -> jax.Array:
     """Same contract as `model.moe.experts_gather` for INT4 experts (`moe_wgmma.supports`), T <= MAX_TOKENS; the
-    splits are moe_wgmma's (`model.kernels.dispatch.wgmma_config_for`), gate_up's shared by the group kernel.
-    `group_path`: the groups' [T, H] sum, `group_sums`'s signature (a lab's group kernels plug in here)."""
+    splits are moe_wgmma's (`model.kernels.dispatch.wgmma_config_for`), gate_up's shared by the group kernel."""
     if not supports(experts):
         raise ValueError(f"moe_grouped takes moe_wgmma's INT4 experts, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
@@ -233,6 +232,6 @@ def routed_experts_grouped(x_TH, experts, ids_TK, weights_TK, *, gate_up_splits:
     y_TH = _slot_sums(x_TH, experts, ids_TK, jnp.where(groups.shared_P.reshape(t, k), 0.0, weights_TK),
                       gate_up_splits=gate_up_splits, down_splits=down_splits, down_k_splits=down_k_splits,
                       stages=stages, interpret=interpret)
-    y_TH = y_TH + group_path(x_TH, experts, groups, gate_up_splits=gate_up_splits, stages=stages,
+    y_TH = y_TH + group_sums(x_TH, experts, groups, gate_up_splits=gate_up_splits, stages=stages,
                              interpret=interpret)
     return y_TH.astype(x_TH.dtype)
