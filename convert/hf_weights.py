@@ -156,11 +156,18 @@ class WeightBuilder:
 
         return ExpertWeights(gate=stack("gate_proj", f, h), up=stack("up_proj", f, h), down=stack("down_proj", h, f))
 
+    def router(self, name: str) -> np.ndarray:
+        """The router [E, H] in its stored float dtype (Kimi stores bf16): the logits are computed in float32 from it
+        (`model.router.router_logits`), exact either way, and a widened copy would double its bytes every step.
+        Anything narrower than 16 bits is widened to float32."""
+        w = self.raw(name, (self.cfg.n_routed_experts, self.cfg.hidden_size))
+        return w if w.dtype in (np.float32, np.float16, ml_dtypes.bfloat16) else w.astype(np.float32)
+
     def layer(self, layer: int) -> LayerWeights:
         c, p = self.cfg, layer_prefix(self.cfg, layer)
         if c.is_moe_layer(layer):
             ff = MoEWeights(
-                router=self.raw(p + "mlp.gate.weight", (c.n_routed_experts, c.hidden_size)).astype(np.float32),
+                router=self.router(p + "mlp.gate.weight"),
                 router_bias=self.vector(p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, np.float32),
                 experts=self.experts(layer),
                 shared=None if c.n_shared_experts == 0 else self.mlp(

@@ -13,6 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from jaxspec.models import SpecWeights
+from model.attention_mla import fuse_input_projections
 from model.decoder import fuse_attention_inputs
 from model.sharding import DRAFT_RULES, STATE_RULES, TARGET_RULES, mesh_context, shardings_for
 
@@ -58,10 +59,14 @@ def place_weights(weights: SpecWeights, mesh: Mesh) -> SpecWeights:
 
 def weights_to_run(weights: SpecWeights, mesh: Mesh | None) -> SpecWeights:
     """The weights as the engines run them: placed by the partition rules over `mesh` (when there is one), then
-    the target's attention input projections fused (`model.decoder.fuse_attention_inputs`; the fused weight
-    keeps the replicated placement of its parts). The caller's unfused arrays are freed once it drops them."""
+    the attention input projections fused, the target's (`model.decoder.fuse_attention_inputs`) and an MLA
+    draft's (`model.attention_mla.fuse_input_projections`); a fused weight keeps the replicated placement of its
+    parts. The caller's unfused arrays are freed once it drops them."""
     placed = weights if mesh is None else place_weights(weights, mesh)
-    return placed.replace(target=fuse_attention_inputs(placed.target))
+    draft = placed.draft
+    if draft is not None and draft.mla is not None:
+        draft = draft.replace(mla=fuse_input_projections(draft.mla))
+    return placed.replace(target=fuse_attention_inputs(placed.target), draft=draft)
 
 
 def _abstract(tree):

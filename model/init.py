@@ -108,7 +108,7 @@ def init_kimi_weights(cfg: TextConfig, key, dtype=jnp.bfloat16, experts: str = "
                     _normal(draw, (e, f, h), dtype, h), _normal(draw, (e, f, h), dtype, h), _normal(draw, (e, h, f), dtype, f)
                 )
             ff = MoEWeights(
-                router=_normal(draw, (e, h), jnp.float32, h),
+                router=_normal(draw, (e, h), dtype, h),  # Kimi stores it bf16; the logits are float32 from it
                 router_bias=0.01 * draw.normal((e,)),
                 experts=ew,
                 shared=None if cfg.n_shared_experts == 0 else _mlp(draw, h, f * cfg.n_shared_experts, dtype),

@@ -36,7 +36,7 @@ class ExpertWeights:
 
 @struct.dataclass
 class MoEWeights:
-    router: jax.Array  # [E, H] float32
+    router: jax.Array  # [E, H] as the checkpoint stores it (Kimi: bf16); the logits are float32 from it
     router_bias: jax.Array  # [E] float32 (e_score_correction_bias: used for choosing only)
     experts: ExpertWeights
     shared: MLPWeights | None

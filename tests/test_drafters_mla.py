@@ -18,6 +18,7 @@ from convert.stream import ConvertOptions, convert_checkpoint
 from jaxspec.engine import Engine
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
 from jaxspec.sampling import SamplingParams
+from model.attention_mla import fuse_input_projections
 from model.eagle3 import DraftConfig, draft_config_from_dict, draft_forward, init_draft_cache
 from tests.mla_drafters import TorchMLADrafter, write_mla_drafter
 from tests.numpy_pair import numpy_draft, numpy_target
@@ -58,10 +59,15 @@ def test_config_and_tensors(converted):
     assert draft_config_from_dict(draft_config_to_hf(cfg)) == cfg  # what jaxspec writes reads back the same
 
 
-def test_forward_matches_torch_through_cycles(converted):
+@pytest.mark.parametrize("fused", [False, True], ids=["as-converted", "fused-as-run"])
+def test_forward_matches_torch_through_cycles(converted, fused):
     """Extend, draft ahead on the draft's own output, extend again over rejected slots, and once more: logits
-    and the carried hidden state agree with the PyTorch reference at every step."""
+    and the carried hidden state agree with the PyTorch reference at every step, with the weights as converted
+    and with q_a and kv_a as one weight, as the engines run them."""
     kind, t, raw, cfg, w = converted
+    if fused:
+        w = w.replace(mla=fuse_input_projections(w.mla))
+        assert w.mla.qkv_a_proj is not None
     b, cap, a = 2, 32, 3 * 32
     ref = TorchMLADrafter(t, raw, b, cap)
     cache = init_draft_cache(cfg, b, cap, jnp.float32)
