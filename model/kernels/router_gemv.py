@@ -1,4 +1,5 @@
-"""Router logits for decode and verify: a Pallas (Triton) GEMV over the [E, H] float32 router, split over H.
+"""Router logits for decode and verify: a Pallas (Triton) GEMV over the [E, H] router (bf16 as Kimi stores it, or
+float32), split over H.
 
 Plain reference: the einsum in `model.router.route` (float32, Precision.HIGHEST). Why: at 2-8 tokens XLA
 runs it as a split-K GEMM plus a reduction launch, several times the router's byte floor, because the [T, 384]
