@@ -43,7 +43,8 @@ from convert.hf_config import draft_config_to_hf, text_config_to_hf
 from convert.integrity import describe_files, describe_tree, verify_manifest
 from convert.tokenizer_files import copy_tokenizer_files
 from model.config import TextConfig, load_text_config
-from model.decoder import KimiWeights
+from model.attention_mla import split_input_projections
+from model.decoder import KimiWeights, split_attention_inputs
 from model.eagle3 import DraftConfig, DraftWeights, load_draft_config
 from model.moe import MoEWeights
 from model.quant import Fp8Weight, Int4Weight
@@ -298,7 +299,9 @@ def assemble_kimi_weights(items: dict) -> KimiWeights:
 def save_target(path: str | Path, weights: KimiWeights, config: TextConfig | dict, *,
                 tokenizer_dir: str | Path | None = None, source: str = "in-memory weights",
                 overwrite: bool = False) -> Path:
-    """Save in-memory target weights (numpy or jax arrays, any sharding) as a complete checkpoint."""
+    """Save in-memory target weights (numpy or jax arrays, any sharding) as a complete checkpoint; weights in the
+    engines' run layout (q_a and kv_a fused) are stored apart again, as every checkpoint stores them."""
+    weights = split_attention_inputs(weights)
     raw = config if isinstance(config, dict) else text_config_to_hf(config)
     writer = CheckpointWriter(path, {"kind": "target", "source": source}, restart=True, overwrite=overwrite)
     items = split_kimi_weights(weights)
@@ -312,7 +315,10 @@ def save_target(path: str | Path, weights: KimiWeights, config: TextConfig | dic
 def save_draft(path: str | Path, weights: DraftWeights, config: DraftConfig | dict, *,
                tokenizer_dir: str | Path | None = None, source: str = "in-memory weights",
                overwrite: bool = False) -> Path:
-    """Save in-memory EAGLE-3 draft weights as a complete checkpoint (one item, "draft")."""
+    """Save in-memory EAGLE-3 draft weights as a complete checkpoint (one item, "draft"); an MLA draft's fused q_a
+    and kv_a (the engines' run layout) are stored apart again."""
+    if weights.mla is not None:
+        weights = weights.replace(mla=split_input_projections(weights.mla))
     raw = config if isinstance(config, dict) else draft_config_to_hf(config)
     writer = CheckpointWriter(path, {"kind": "draft", "source": source}, restart=True, overwrite=overwrite)
     writer.save_item("draft", weights)

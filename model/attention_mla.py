@@ -62,6 +62,14 @@ def fuse_input_projections(w: MLAWeights) -> MLAWeights:
     return w.replace(q_a_proj=None, kv_a_proj=None, qkv_a_proj=both)
 
 
+def split_input_projections(w: MLAWeights) -> MLAWeights:
+    """The inverse of `fuse_input_projections`: q_a_proj and kv_a_proj apart, as checkpoints store them."""
+    if w.qkv_a_proj is None:
+        return w
+    q = w.q_a_norm.shape[0]
+    return w.replace(q_a_proj=w.qkv_a_proj[:q], kv_a_proj=w.qkv_a_proj[q:], qkv_a_proj=None)
+
+
 def input_projections(x_BTH, w: MLAWeights):
     """-> (q_a_proj's output [B, T, Q], or None without q-LoRA; kv_a_proj's output [B, T, C+R]), from the one
     fused weight where `w` has it."""

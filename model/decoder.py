@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from model.attention_mla import MLAWeights, fuse_input_projections, mla
+from model.attention_mla import MLAWeights, fuse_input_projections, mla, split_input_projections
 from model.config import TextConfig
 from model.kv_cache import LatentCache
 from model.mlp import MLPWeights, swiglu
@@ -41,6 +41,11 @@ def fuse_attention_inputs(w: KimiWeights) -> KimiWeights:
     """`w` with every layer's q_a and kv_a projections as one weight (`model.attention_mla.fuse_input_projections`):
     the layout weights are run in, built once when they are loaded."""
     return w.replace(layers=tuple(lw.replace(attn=fuse_input_projections(lw.attn)) for lw in w.layers))
+
+
+def split_attention_inputs(w: KimiWeights) -> KimiWeights:
+    """The inverse of `fuse_attention_inputs`: every layer's q_a and kv_a apart, as checkpoints store them."""
+    return w.replace(layers=tuple(lw.replace(attn=split_input_projections(lw.attn)) for lw in w.layers))
 
 
 class ForwardOutput(NamedTuple):

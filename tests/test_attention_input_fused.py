@@ -9,11 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from convert.checkpoint import load_draft, load_target, save_draft, save_target
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from model.attention_mla import fuse_input_projections
 from model.decoder import forward, fuse_attention_inputs
-from model.init import init_kimi_weights
+from model.eagle3 import DraftConfig
+from model.init import init_draft_weights, init_kimi_weights
 from model.kv_cache import init_latent_cache
 from model.quant import Fp8Weight
 from model.sharding import make_mesh
@@ -86,3 +88,30 @@ def test_engine_on_a_mesh_keeps_the_fused_weight_replicated():
     assert fused.sharding.is_fully_replicated and len(fused.sharding.device_set) == 8
     again = Engine(cfg, eng.weights, num_steps=2, mesh=eng.mesh)  # already in the run layout: nothing copied
     assert again.weights.target.layers[1].attn.qkv_a_proj is fused
+
+
+def test_checkpoints_store_the_two_weights_apart(tmp_path):
+    """Weights in the run layout saved as a checkpoint come back as Hugging Face lays them out (target and MLA
+    draft), so `convert check` and every reader see the stored format."""
+    cfg = tiny_target_config()
+    w = init_kimi_weights(cfg, np.random.default_rng(9), jnp.float32)
+    save_target(tmp_path / "t", fuse_attention_inputs(w), cfg)
+    _, back = load_target(tmp_path / "t", dtype="stored")
+    assert back.layers[1].attn.qkv_a_proj is None
+    _assert_same(back, w)
+    dcfg = DraftConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=12,
+                       intermediate_size=32, vocab_size=cfg.vocab_size, draft_vocab_size=cfg.vocab_size,
+                       rope_theta=50000.0, rms_norm_eps=1e-5, aux_layer_ids=(0, 1, 2), attention="mla",
+                       q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    dw = init_draft_weights(dcfg, np.random.default_rng(10), jnp.float32)
+    save_draft(tmp_path / "d", dw.replace(mla=fuse_input_projections(dw.mla)), dcfg)
+    _, dback = load_draft(tmp_path / "d", dtype="stored")
+    assert dback.mla.qkv_a_proj is None and dback.mla.q_a_proj is not None
+    _assert_same(dback, dw)
+
+
+def _assert_same(a, b):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
