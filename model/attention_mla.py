@@ -55,11 +55,12 @@ def fuse_input_projections(w: MLAWeights) -> MLAWeights:
     if not (isinstance(q_a, (jax.Array, np.ndarray)) and isinstance(kv_a, (jax.Array, np.ndarray))) \
             or q_a.dtype != kv_a.dtype:
         return w
-    if isinstance(q_a, np.ndarray):
-        both = np.concatenate([q_a, kv_a], axis=0)
-    else:
-        both = jax.jit(lambda a, b: jnp.concatenate([a, b], axis=0), out_shardings=q_a.sharding)(q_a, kv_a)
+    both = np.concatenate([q_a, kv_a], axis=0) if isinstance(q_a, np.ndarray) else _stack_rows(q_a, kv_a)
     return w.replace(q_a_proj=None, kv_a_proj=None, qkv_a_proj=both)
+
+
+# one program per shape for every layer and every engine; the output keeps the inputs' (replicated) placement
+_stack_rows = jax.jit(lambda a, b: jnp.concatenate([a, b], axis=0))
 
 
 def split_input_projections(w: MLAWeights) -> MLAWeights:
