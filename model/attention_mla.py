@@ -72,8 +72,8 @@ def split_input_projections(w: MLAWeights) -> MLAWeights:
 
 
 def input_projections(x_BTH, w: MLAWeights):
-    """-> (q_a_proj's output [B, T, Q], or None without q-LoRA; kv_a_proj's output [B, T, C+R]), from the one
-    fused weight where `w` has it."""
+    """-> (q_a_proj's output [B, T, q_lora_rank], or None without q-LoRA; kv_a_proj's output [B, T, C+R]), from
+    the one fused weight where `w` has it."""
     if w.qkv_a_proj is not None:
         both_BTX = linear(x_BTH, w.qkv_a_proj)
         q = w.q_a_norm.shape[0]
@@ -81,11 +81,11 @@ def input_projections(x_BTH, w: MLAWeights):
     return (None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)), linear(x_BTH, w.kv_a_proj)
 
 
-def project_query(x_BTH, q_a_BTQ, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
+def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS):
     """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`; None
     without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
     it with their rms_norm_eps)."""
-    q_in = x_BTH if q_a_BTQ is None else rms_norm(q_a_BTQ, w.q_a_norm, norm_eps)
+    q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX, w.q_a_norm, norm_eps)
     q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
     q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
     return q_nope, apply_interleaved(q_rope, cos, sin)
@@ -146,8 +146,8 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     """One MLA layer: write the T new tokens into the cache, attend, project out.
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_a_BTQ, kv_BTX = input_projections(x_BTH, w)
-    q_nope, q_rope = project_query(x_BTH, q_a_BTQ, w, cfg, cos, sin, norm_eps)
+    q_a_BTX, kv_BTX = input_projections(x_BTH, w)
+    q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps)
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
