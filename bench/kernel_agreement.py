@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from bench.routes import record_routes  # noqa: E402
 from bench.report import fmt, write_report  # noqa: E402
 from bench.step import bench_config, draw_weights, random_cache, step_inputs  # noqa: E402
-from model.decoder import forward  # noqa: E402
+from model.decoder import forward, fuse_attention_inputs  # noqa: E402
 from model.config import Kernels  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
@@ -138,7 +138,7 @@ def main(argv=None) -> dict:
     # saved after every row: a run cut short by its time limit keeps what it measured
     save = lambda: write_report(res, Path(args.out), stem, markdown)  # noqa: E731
     for experts in args.experts:
-        w = draw_weights(cfg, args.tiny, experts)
+        w = fuse_attention_inputs(draw_weights(cfg, args.tiny, experts))  # the layout the engines run
         for b in args.batches:
             for c in args.contexts:
                 key = jax.random.PRNGKey(1000 * b + c)
