@@ -66,10 +66,18 @@ def bench_config(layers: int, tiny: bool):
 init_weights = jax.jit(init_kimi_weights, static_argnums=(0,), static_argnames=("dtype", "experts"))
 
 
-def draw_weights(cfg, tiny: bool, experts: str = "int4", mesh=None):
+def draw_weights(cfg, tiny: bool, experts: str = "int4", mesh=None, moe_layers: str = "distinct"):
     """Random weights for `cfg`, waited for. A tiny model is drawn by numpy on the host (nothing to compile: the
     jitted init compiles for ~10 s at -O0 on a CPU); a full-size one in one jitted program on device, or straight
-    into its shards over `mesh` (a full-size model never sits on one device)."""
+    into its shards over `mesh` (a full-size model never sits on one device).
+
+    `moe_layers="repeated"`: one MoE layer is drawn and every MoE layer runs on its arrays. Drawing grows with the
+    layers (K2.5's routed experts are 8.4 GB a layer), so this takes a fraction of the time at depth, and each layer
+    still reads its own ~0.5 GB from memory at T = 1, ten times the L2 cache, so what a step reads is unchanged."""
+    if moe_layers == "repeated":
+        first = cfg.first_k_dense_replace
+        one = draw_weights(cfg.replace(num_hidden_layers=first + 1, aux_layer_ids=None), tiny, experts, mesh)
+        return one.replace(layers=one.layers + (one.layers[-1],) * (cfg.num_hidden_layers - first - 1))
     if tiny:
         w = init_kimi_weights(cfg, np.random.default_rng(0), experts=experts)
         if mesh is not None:
@@ -329,6 +337,9 @@ def parse_args(argv):
     p.add_argument("--attention-input", choices=("fused", "separate"), default="fused",
                    help="q_a and kv_a as one weight, as the engines run them (jaxspec.sharded.weights_to_run), or "
                         "as two (the layout checkpoints store)")
+    p.add_argument("--moe-layers", choices=("distinct", "repeated"), default="distinct",
+                   help="repeated: one MoE layer's random weights used by every MoE layer (bench.step.draw_weights: "
+                        "a fraction of the drawing time at depth, the same bytes read per step)")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new configurations after this")
     p.add_argument("--skip-moe-layer", action="store_true")
     p.add_argument("--skip-reference", action="store_true",
@@ -370,10 +381,11 @@ def main(argv=None) -> dict:
 
     mesh = make_mesh(args.mesh) if args.mesh else None
     t0 = time.perf_counter()
-    w = draw_weights(cfg, args.tiny, mesh=mesh)
+    w = draw_weights(cfg, args.tiny, mesh=mesh, moe_layers=args.moe_layers)
     if args.attention_input == "fused":
         w = fuse_attention_inputs(w)
-    log(f"weights: {args.layers} layers in {time.perf_counter() - t0:.1f} s, attention input {args.attention_input}")
+    log(f"weights: {args.layers} layers ({args.moe_layers} MoE layers) in {time.perf_counter() - t0:.1f} s, attention "
+        f"input {args.attention_input}")
     if mesh is not None:
         result["mesh"] = dict(zip(mesh.axis_names, mesh.devices.shape))
         result["allreduce_us"] = {f"T{t}": allreduce_us(mesh, max(args.batches) * t, cfg.hidden_size)

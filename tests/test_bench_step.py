@@ -131,3 +131,14 @@ def test_report_shows_the_moe_layer_and_its_whole_block():
     assert "| 1 | 8 | 198.0 | 46.1 | 65.2 | wgmma | 1.41 |" in text
     assert "| 1 | 298.0 | 69.3 | 85.0 | 1.23 |" in text and "| 4 | 298.0" not in text  # T=4's block not timed
 
+
+
+def test_repeated_moe_layers_share_one_draw():
+    """`--moe-layers repeated`: every MoE layer runs on one drawn layer's arrays; the dense layers stay as drawn."""
+    from bench.step import bench_config, draw_weights
+
+    cfg = bench_config(5, tiny=True)
+    w = draw_weights(cfg, tiny=True, moe_layers="repeated")
+    assert len(w.layers) == 5 and cfg.first_k_dense_replace == 1
+    assert all(lw is w.layers[1] for lw in w.layers[2:])
+    assert w.layers[0].mlp.gate.shape != w.layers[1].mlp.experts.gate.shape
