@@ -55,7 +55,7 @@ def test_fusion_is_idempotent_and_leaves_what_it_cannot_fuse():
     # without q-LoRA there is no q_a to fuse
     no_lora = init_kimi_weights(tiny_target_config(q_lora_rank=None), np.random.default_rng(2), jnp.float32)
     assert fuse_input_projections(no_lora.layers[0].attn) is no_lora.layers[0].attn
-    # an FP8 q_a's [128, 128] block scales do not tile a concatenation with kv_a; so do two dtypes
+    # an FP8 q_a's [128, 128] block scales do not tile a concatenation with kv_a, and two dtypes do not concatenate
     fp8 = attn.replace(q_a_proj=Fp8Weight(attn.q_a_proj.astype(jnp.float8_e4m3fn), jnp.ones((1, 1), jnp.float32),
                                           (128, 128)))
     assert fuse_input_projections(fp8) is fp8
