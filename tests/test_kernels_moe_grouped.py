@@ -73,20 +73,15 @@ def test_interpret_matches_reference(experts, t, share):  # noqa: F811
     assert _rel_err(out, ref) < 1e-2
 
 
-def lowered_at_kimi_shapes(routed_experts, t: int = 4) -> str:
-    """`routed_experts` (x, experts, ids, weights) at K2.5's expert shapes and T tokens, lowered for CUDA: its text."""
-    e, f, h = 384, 2048, 7168
+def test_lowers_to_mosaic_gpu_at_kimi_shapes():
+    e, f, h, t = 384, 2048, 7168, 4
     sd = jax.ShapeDtypeStruct
     w = lambda o, i: Int4Weight(sd((e, o, i // 8), jnp.uint32), sd((e, o, i // 32), jnp.bfloat16))  # noqa: E731
     experts = ExpertWeights(w(f, h), w(f, h), w(h, f))
-    fn = functools.partial(routed_experts, gate_up_splits=7, down_splits=8)
-    return jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
-                             sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def test_lowers_to_mosaic_gpu_at_kimi_shapes():
-    # the slot kernels and the group kernels
-    assert lowered_at_kimi_shapes(moe_grouped.routed_experts_grouped).count("mosaic_gpu") >= 4
+    fn = functools.partial(moe_grouped.routed_experts_grouped, gate_up_splits=7, down_splits=8)
+    lowered = jax.jit(fn).trace(sd((t, h), jnp.bfloat16), experts, sd((t, 8), jnp.int32),
+                                sd((t, 8), jnp.float32)).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("mosaic_gpu") >= 4  # the slot kernels and the group kernels
 
 
 def test_grouped_config_takes_it_for_verify_only(monkeypatch, experts):  # noqa: F811

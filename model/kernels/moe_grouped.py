@@ -200,12 +200,6 @@ def _slot_sums(x_TH, experts, ids_TK, alone_w_TK, *, gate_up_splits: int, down_s
     return _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0))
 
 
-def group_h(g_UTF, u_UTF, groups: SharedGroups) -> jax.Array:
-    """SiLU(gate) x up x the router weight of each group's member tokens, zero for the others: where, not a product,
-    since the rows of groups that exited were never written."""
-    return jnp.where(groups.member_UT[..., None], jax.nn.silu(g_UTF) * u_UTF * groups.weight_UT[..., None], 0.0)
-
-
 def group_sums(x_TH, experts, groups: SharedGroups, *, gate_up_splits: int, stages: int = STAGES,
                interpret: bool = False) -> jax.Array:
     """[T, H] f32: the groups' experts, each converted once for all its tokens (this module's group kernels)."""
@@ -213,7 +207,9 @@ def group_sums(x_TH, experts, groups: SharedGroups, *, gate_up_splits: int, stag
     gu = group_gate_up(x_TH, experts.gate, experts.up, groups, splits=gate_up_splits, stages=stages,
                        interpret=interpret)
     g_UTF, u_UTF = (jnp.swapaxes(m, 1, 2)[:, :t] for m in _sum_leading(gu))
-    y_UHT = group_down(group_h(g_UTF, u_UTF, groups), experts.down, groups, stages=stages, interpret=interpret)
+    # where, not a product: the rows of groups that exited were never written
+    h_UTF = jnp.where(groups.member_UT[..., None], jax.nn.silu(g_UTF) * u_UTF * groups.weight_UT[..., None], 0.0)
+    y_UHT = group_down(h_UTF, experts.down, groups, stages=stages, interpret=interpret)
     y_HT = jnp.sum(jnp.where((groups.expert_U >= 0)[:, None, None], y_UHT, 0.0), axis=0)
     return y_HT[:, :t].T
 
