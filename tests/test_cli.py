@@ -136,13 +136,6 @@ def test_adaptive_cli_equals_library_baseline_and_reports_its_choices(ckpt, libr
     assert sum(doc["acceptance"]["histogram"]) == drafted
 
 
-# A cycle costs at least a plain step, so no honest speedup exceeds the tokens a cycle yields (the mean acceptance
-# length) in expectation; a baseline timed unfairly (its compile or prefill counted) shows far above it. The slack is
-# for the run-to-run noise of two timed paths on a loaded 2-core machine (a median of 3 rounds read 1.06x at a mean
-# acceptance length of 1.0 there): the bound is a check on how the figure is made, not a timing.
-ACCEPTANCE_BOUND_SLACK = 1.3
-
-
 def _printed_speedup(stderr: str) -> tuple[float, float, float, float]:
     """(mean acceptance length, speedup, its min, its max) as the statistics lines print them."""
     mal = float(re.search(r"mean acceptance length ([0-9.]+)", stderr).group(1))
@@ -160,18 +153,19 @@ def test_streaming_text_and_statistics(ckpt, library):
     for needle in ("prompt tokens:", "prefill:", "compile:", "tok/s", "mean acceptance length", "ms/cycle", "baseline"):
         assert needle in r.stderr
     assert "both streamed, median of 3 interleaved rounds" in r.stderr  # like with like
+    # the figure is a timing (its method, which keeps it within the acceptance length: tests/test_speedup_method.py)
     mal, speedup, low, high = _printed_speedup(r.stderr)
-    assert low <= speedup <= high and speedup <= ACCEPTANCE_BOUND_SLACK * mal
+    assert low <= speedup <= high and mal >= 1.0
 
 
-def test_baseline_in_the_device_loop_is_bounded_by_acceptance(ckpt, capsys):
+def test_baseline_in_the_device_loop_reports_its_rounds(ckpt, capsys):
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
                               "--speculative-num-steps", 3, "--baseline", "--baseline-rounds", 3, "--json")
     assert code == 0, err
     doc = json.loads(out)
     b, mal = doc["baseline"], doc["acceptance"]["mean_acceptance_length"]
     assert b["mode"] == "device loop" and b["rounds"] == 3
-    assert b["speedup_min"] <= b["speedup"] <= b["speedup_max"] and b["speedup"] <= ACCEPTANCE_BOUND_SLACK * mal
+    assert b["speedup_min"] <= b["speedup"] <= b["speedup_max"] and mal >= 1.0  # a timing: see test_speedup_method
 
 
 def test_batch_file_matches_single_prompts(ckpt, library, tmp_path, capsys):
