@@ -95,9 +95,11 @@ class AdaptivePolicy:
     prior: float = 0.7
     ema: float = 0.125  # weight of one observation in the moving average
     explore_every: int = 32  # cycles between optimistic choices (while the rule's choice changes)
-    # plain steps the draft may lag before it catches up; None: 8 with the probe (each catch-up brings fresh
-    # observations of c_1, so a plain stretch is reconsidered soon), 32 without (a catch-up only keeps the draft
-    # cache current, at about one draft step's cost)
+    # plain steps the draft may lag before it catches up; None: 8 with the probe on an accelerator (each catch-up
+    # brings fresh observations of c_1, so a plain stretch is reconsidered soon), 32 without (a catch-up only keeps
+    # the draft cache current, at about one draft step's cost) and on a CPU, where a catch-up costs most of a plain
+    # step whatever its width (at 8 entries the loop forced to K = 0 ran ~10% slower than plain decoding; at 32
+    # within the noise: docs/performance.md) and speculation pays only near full acceptance anyway
     backlog: int | None = None
     stretch: int = 8  # cycles a choice of K runs at least before the rule may leave it
     # a K in use is kept while the time it needs for the tokens still wanted is within this fraction of the best
@@ -139,7 +141,13 @@ class AdaptivePolicy:
 
     @property
     def backlog_width(self) -> int:
-        return self.backlog if self.backlog is not None else (8 if self.probe else 32)
+        return self.backlog_on(jax.default_backend())
+
+    def backlog_on(self, backend: str) -> int:
+        """The backlog's width on `backend` ("cpu", "gpu", ...): see `backlog`."""
+        if self.backlog is not None:
+            return self.backlog
+        return 8 if self.probe and backend != "cpu" else 32
 
     def compiled(self, k_max: int) -> tuple:
         """What the programs bake in (costs, prior and schedule are data in the state)."""
@@ -475,6 +483,21 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
         room = (k_chosen > 0) | jnp.all(bl.count_B + live.astype(jnp.int32) <= width)  # K = 0 appends to the backlog
         return jnp.any(live) & ~single & agrees & room
 
+    # A plain step observes nothing (the estimates change only at the next catch-up), so within a plain run the
+    # rule's verdict at the run's start stands, and each cycle checks only the counters: the backlog's room, the
+    # batch's end, an exploration that would try another K falling due, the schedule.
+    stays_at_start = decide(accept_BJ, spec, used_N, current=choice)[1]
+    no_trial_at_start = decide(optimistic(accept_BJ), spec, used_N)[0] == choice
+
+    def keep_going_plain(s: SpecState, bl: Backlog, e, ran):
+        live = ~s.done
+        kept = (held + ran < stretch) | stays_at_start
+        no_trial = (s.cycles < state.explore_next) | no_trial_at_start
+        forced_next = state.schedule_P[s.cycles % state.schedule_len]
+        agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & no_trial)
+        room = jnp.all(bl.count_B + live.astype(jnp.int32) <= width)
+        return jnp.any(live) & ~single & agrees & room
+
     common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
     cycle_fns = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
                  functools.partial(speculative_step, w, cfg, k=k, drafter=drafter, **common) for k in steps]
@@ -487,7 +510,8 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     spec, backlog, est = jax.lax.cond(needs, lambda *a: flush(*a, sp), lambda s, bl, e: (s, bl, e), spec,
                                       state.backlog, (state.hits_BJ, state.trials_BJ))
-    branches = [lambda s, bl, e, f=f: run_choice(f, keep_going, budget, s, bl, e) for f in cycle_fns]
+    branches = [lambda s, bl, e, f=f, go=(keep_going_plain if k == 0 else keep_going):
+                run_choice(f, go, budget, s, bl, e) for f, k in zip(cycle_fns, steps)]
     new_spec, backlog, (hits_BJ, trials_BJ), more = jax.lax.switch(choice, branches, spec, backlog, est)
 
     # an exploration is confirmed when what it observed leaves the rule where it was

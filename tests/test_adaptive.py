@@ -4,6 +4,7 @@ distributed as plain sampling while K switches between cycles (chi-square)."""
 
 import collections
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -147,6 +148,10 @@ def test_policy_and_cost_table_validation():
     assert AdaptivePolicy().resolve_steps(8) == (0, 1, 2, 3, 4, 6, 8)
     assert AdaptivePolicy().resolve_steps(5) == (0, 1, 2, 3, 4, 5)
     assert AdaptivePolicy().resolve_steps(1) == (0, 1)
+    # the backlog: short on an accelerator while the probe reads c_1 from it, long on a CPU and without the probe
+    assert AdaptivePolicy().backlog_on("gpu") == 8 and AdaptivePolicy().backlog_on("cpu") == 32
+    assert AdaptivePolicy(probe=False).backlog_on("gpu") == 32 and AdaptivePolicy(backlog=4).backlog_on("cpu") == 4
+    assert AdaptivePolicy().backlog_width == AdaptivePolicy().backlog_on(jax.default_backend())
     for bad in (AdaptivePolicy(steps=(0,)), AdaptivePolicy(steps=(0, 5)), AdaptivePolicy(ema=0.0),
                 AdaptivePolicy(costs=((0, 1.0), (1, 1.0))), AdaptivePolicy(schedule=(5,)), AdaptivePolicy(backlog=0),
                 AdaptivePolicy(hysteresis=1.0), AdaptivePolicy(hysteresis=-0.1)):

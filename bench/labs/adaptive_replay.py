@@ -77,7 +77,7 @@ def replay_rule(n_G, total: int, cost_ms: dict, policy: AdaptivePolicy, steps, s
     hits, trials = np.zeros(jmax, np.float32), np.zeros(jmax, np.float32)
     hits[0], trials[0] = adaptive.PRIOR_START * policy.prior, adaptive.PRIOR_START
     keep = 1.0 - policy.ema
-    width = policy.backlog_width
+    width = policy.backlog_on("gpu")  # the replay prices an accelerator's cycles, whatever machine runs it
     backlog = []  # probe outcomes of the plain steps not yet caught up
     g, t, cycles, ks = 1, 0.0, 0, []
     explore_next, gap, last_rule = policy.explore_every - 1, policy.explore_every, -1
