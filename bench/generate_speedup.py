@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEFAULT_ARMS = ["fixed=", "adaptive=--speculative-adaptive"]
+DEFAULT_ARMS = ["default=", "fixed=--no-speculative-adaptive", "adaptive=--speculative-adaptive"]
 SPEEDUP_LINE = re.compile(r"speedup (\d+\.\d+)x \((?:(\d+\.\d+)-(\d+\.\d+)x over \d+ rounds|1 round)\)")
 K_LINE = re.compile(r"cycles per K \{([^}]*)\}")
 

@@ -31,11 +31,12 @@ COST_CACHE_ENV = "JAXSPEC_COST_CACHE"
 # catch-ups of either default backlog (8 or 32 entries)
 MEASURE_CYCLES = (16, 48)
 MEASURE_REPEATS = 3
-# a CPU's cycles are slow and its timings move with the machine's load anyway: one shorter pair per K (the plain
-# branch's catch-up then falls outside the difference, which leans the choice towards plain steps, as a CPU wants;
-# three pairs cost ~5 s more at start-up on the 2-core machine and chose no better there)
-CPU_MEASURE_CYCLES = (8, 24)
-CPU_MEASURE_REPEATS = 1
+# a CPU has no command buffers and its calls' fixed cost is small, while a difference of two calls doubles their
+# noise (the load of a shared machine moves each call by 10-30%): the short call runs no cycle, so t(K) is the
+# long call's time per cycle less the call's own cost, and three rounds over the branches (each a median's vote)
+# keep one slow moment from pricing one K alone (the fastest of them stands: `measure`)
+CPU_MEASURE_CYCLES = (0, 24)
+CPU_MEASURE_REPEATS = 3
 
 
 class Measured(NamedTuple):
@@ -142,10 +143,11 @@ def remember(key: str, measured: Measured, steps: tuple[int, ...]) -> None:
 def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int] | None = None,
             repeats: int | None = None, first_run: bool | None = None) -> Measured | None:
     """Seconds per cycle of each branch: `run_forced(state_copy, branch, n)` runs up to n cycles of that branch on
-    a copy of `state` (donated) and returns (the state after, cycles it ran). After a long warm-up call, each repeat
-    times a short and a long call; t(K) is the median over repeats of (long - short) / (their cycle difference),
-    the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth on a GPU), and the
-    table is made non-decreasing in K (`nondecreasing`; `n_branches` are the compiled set in increasing K). Where
+    a copy of `state` (donated) and returns (the state after, cycles it ran). After a long warm-up call of each
+    branch, each repeat is a round over the branches that times a short and a long call of each (a short call of
+    0 cycles times the call alone); t(K) is the median (on a CPU the least) over repeats of (long - short) / (their
+    cycle difference), the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth
+    on a GPU), and the table is made non-decreasing in K (`nondecreasing`; `n_branches` are the compiled set in increasing K). Where
     the generation ends before the long call's cycles, the long call's time per cycle stands in. None if no cycle
     is left to run. The first-run price is the median over branches and repeats of the short call's time beyond
     its cycles (`first_run`; None: off a CPU)."""
@@ -153,27 +155,30 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
     first_run = not on_cpu if first_run is None else first_run
     short, long = cycles or (CPU_MEASURE_CYCLES if on_cpu else MEASURE_CYCLES)
     repeats = repeats or (CPU_MEASURE_REPEATS if on_cpu else MEASURE_REPEATS)
-    costs, intercepts = [], []
-    for branch in range(n_branches):
-        def timed(n):
-            copy = jax.tree.map(jnp.copy, state)
-            jax.block_until_ready(copy)
-            t0 = time.perf_counter()
-            out, ran = run_forced(copy, branch, n)
-            jax.block_until_ready(out.generated)
-            return time.perf_counter() - t0, ran
 
-        # the warm-up is a long call: it runs every path of the branch (a plain stretch's catch-up comes only after
-        # `backlog` steps), and a path's first run is slow on XLA:CPU (it priced K = 0 at 1.5-2x its cost)
-        if timed(long)[1] < 1:
+    def timed(branch, n):
+        copy = jax.tree.map(jnp.copy, state)
+        jax.block_until_ready(copy)
+        t0 = time.perf_counter()
+        out, ran = run_forced(copy, branch, n)
+        jax.block_until_ready(out.generated)
+        return time.perf_counter() - t0, ran
+
+    # the warm-up is a long call: it runs every path of the branch (a plain stretch's catch-up comes only after
+    # `backlog` steps), and a path's first run is slow on XLA:CPU (it priced K = 0 at 1.5-2x its cost)
+    for branch in range(n_branches):
+        if timed(branch, long)[1] < 1:
             return None
-        slopes = []
-        for _ in range(repeats):
-            (t_short, ran_short), (t_long, ran_long) = timed(short), timed(long)
+    slopes, intercepts = [[] for _ in range(n_branches)], []
+    for _ in range(repeats):  # rounds over the branches: drift in the machine's speed falls on every K alike
+        for branch in range(n_branches):
+            (t_short, ran_short), (t_long, ran_long) = timed(branch, short), timed(branch, long)
             slope = (t_long - t_short) / (ran_long - ran_short) if ran_long > ran_short else 0.0
-            slopes.append(slope if slope > 0 else t_long / ran_long)
-            intercepts.append(max(0.0, t_short - ran_short * slopes[-1]))
-        costs.append(statistics.median(slopes))
+            slopes[branch].append(slope if slope > 0 else t_long / ran_long)
+            intercepts.append(max(0.0, t_short - ran_short * slopes[branch][-1]))
+    # a CPU's noise is the machine's other load, which only adds time: the fastest round is the closest to the
+    # program's own cost (the rounds' spread of t(K) / t(0) over processes: 1.2-1.3x, against 1.3-1.5x by median)
+    costs = [(min if on_cpu else statistics.median)(s) for s in slopes]
     return Measured(nondecreasing(costs), statistics.median(intercepts) if first_run else 0.0)
 
 

@@ -15,3 +15,17 @@ DEFAULT_ACCELERATOR_DTYPE = "bfloat16"
 def default_dtype(backend: str) -> str:
     """The activation dtype for `backend` (jax.default_backend(): 'cpu', 'gpu', 'tpu')."""
     return DTYPE_BY_BACKEND.get(backend, DEFAULT_ACCELERATOR_DTYPE)
+
+
+# Adaptive speculation (the draft length chosen per cycle, K = 0 included) per backend, when the user asks for
+# neither it nor a fixed K. On a CPU a cycle is compute-bound, so a verify of K + 1 tokens costs about as many plain
+# steps and every fixed K ran slower than plain decoding on the embedded model; the adaptive program costs about
+# what plain decoding costs there and falls back to plain steps, at the price of compiling every branch and
+# timing them at start-up. On GPUs the adaptive program's own launch cost is larger than what its choices saved
+# on the models measured, so fixed K stays the default (docs/performance.md, "Adaptive speculation").
+ADAPTIVE_BY_BACKEND = {"cpu": True}
+
+
+def default_adaptive(backend: str) -> bool:
+    """Whether `generate` speculates adaptively on `backend` unless told (--[no-]speculative-adaptive)."""
+    return ADAPTIVE_BY_BACKEND.get(backend, False)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
                                  parse_mesh, run_with_exit_codes, with_moe_kernel)
-from jaxspec.defaults import DEFAULT_NUM_STEPS, default_dtype
+from jaxspec.defaults import DEFAULT_NUM_STEPS, default_adaptive, default_dtype
 from jaxspec.generate_display import echo_prompt, format_speedup
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
 
@@ -51,7 +51,7 @@ JSON_SCHEMA = {
         "histogram": "[int]: cycles that accepted 0..K drafts",
         "per_position": "[float]: P(draft i accepted), i = 1..K",
     },
-    "adaptive": "null, or with --speculative-adaptive: {steps: [int]: the compiled K set, costs_ms: {K: float}: t(K) "
+    "adaptive": "null, or when K was chosen adaptively (--speculative-adaptive; the default on a CPU): {steps: [int]: the compiled K set, costs_ms: {K: float}: t(K) "
                 "per cycle, first_run_ms: float: the price of a branch's first run in a call, cost_source: 'measured' | "
                 "'cached' | 'given', measure_s: float, k_per_cycle: [int], "
                 "k_histogram: {K: int}, expected_tokens_per_s: float: the model's E[tokens] / t over the cycles run, "
@@ -68,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-steps", type=int, default=None,
                    help=f"draft tokens per cycle (0 = no speculation; default {DEFAULT_NUM_STEPS})")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
-    p.add_argument("--speculative-adaptive", action="store_true",
+    p.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose K on the device among {0, 1, 2, 3, 4, 6, 8} up to --speculative-num-steps (0 = "
-                        "plain decoding) by expected tokens per second")
+                        "plain decoding) by expected tokens per second (default: on a CPU, where every fixed K runs "
+                        "slower than plain decoding; off on GPUs: fixed K)")
     p.add_argument("--speculative-adaptive-costs", type=str, default=None, metavar="JSON",
                    help='ms per cycle for each K of the adaptive set, inline (\'{"0": 9.5, "1": 11, "2": 12, '
                         '"3": 13, "4": 14.5}\') or a JSON file (default: measured on the device at start-up)')
@@ -137,8 +138,9 @@ def _check_flags(a) -> int:
         raise UsageError(f"--speculative-num-steps must be >= 0, got {k}")
     if a.speculative_adaptive and k < 1:
         raise UsageError("--speculative-adaptive needs --speculative-num-steps >= 1 (the largest K it may choose)")
-    if a.speculative_adaptive_costs is not None and not a.speculative_adaptive:
-        raise UsageError("--speculative-adaptive-costs needs --speculative-adaptive")
+    if a.speculative_adaptive_costs is not None and (a.speculative_adaptive is False or k < 1):
+        raise UsageError("--speculative-adaptive-costs needs adaptive speculation (not --no-speculative-adaptive, "
+                         "and --speculative-num-steps >= 1)")
     if a.speculative_num_draft_tokens is not None and a.speculative_num_draft_tokens != k + 1:
         raise UsageError(
             f"--speculative-num-draft-tokens {a.speculative_num_draft_tokens} must equal --speculative-num-steps + 1 "
@@ -207,8 +209,13 @@ def run(argv: list[str] | None = None) -> int:
     from jaxspec.sampling import SamplingParams
     from jaxspec.tokenizer import StreamDecoder, load_tokenizer
 
+    import jax
+
+    adaptive = a.speculative_adaptive
+    if adaptive is None:  # given costs ask for it; otherwise the backend's default, where there is a K to choose
+        adaptive = a.speculative_adaptive_costs is not None or (k > 0 and default_adaptive(jax.default_backend()))
     policy = None
-    if a.speculative_adaptive:
+    if adaptive:
         policy = AdaptivePolicy()
         if a.speculative_adaptive_costs is not None:
             try:
@@ -224,8 +231,6 @@ def run(argv: list[str] | None = None) -> int:
         raise UsageError(f"no drafter found beside {model_dir} (pass --draft DIR, or --speculative-num-steps 0)")
     if draft_dir is not None and not draft_dir.is_dir():
         raise UsageError(f"--draft {draft_dir}: no such checkpoint directory")
-    import jax
-
     a.dtype = a.dtype or default_dtype(jax.default_backend())
     dtype = jnp.dtype(a.dtype)
 

@@ -120,8 +120,30 @@ def test_cost_table_is_the_slope_between_a_short_and_a_long_call(monkeypatch):
     np.testing.assert_allclose(got.costs_s, [0.001, 0.003], rtol=1e-9)
     assert got.first_run_s == pytest.approx(0.007)  # the calls' fixed cost prices a branch's first run
     assert adaptive_costs.measure(run_forced, state, 2, cycles=(16, 48), repeats=1).first_run_s == 0.0  # on a CPU
-    # each branch is warmed up by a long call (every path of it run once, untimed), then 3 timed pairs
-    assert calls[:14] == [(b, n) for b in (0, 1) for n in (48, 16, 48, 16, 48, 16, 48)]
+    # each branch is warmed up by a long call (every path of it run once, untimed), then 3 rounds over the branches
+    # of a timed pair each
+    assert calls[:14] == [(0, 48), (1, 48)] + [(b, n) for _ in range(3) for b in (0, 1) for n in (16, 48)]
+
+
+def test_on_a_cpu_the_fastest_round_prices_each_k(monkeypatch):
+    """A CPU's default: a call of no cycle against one of 24, three rounds, the least per K (other load only adds
+    time, so one slow round must not price a K)."""
+    assert jax.default_backend() == "cpu"
+    clock, calls = [0.0], []
+    per_cycle = {0: 0.002, 1: 0.004}
+
+    def run_forced(state, branch, cycles):
+        calls.append((branch, cycles))
+        slow = 1.5 if len(calls) in (3, 4) else 1.0  # the first round's K = 0 pair runs on a loaded machine
+        clock[0] += 0.0005 + slow * cycles * per_cycle[branch]
+        return state, cycles
+
+    monkeypatch.setattr(adaptive_costs.time, "perf_counter", lambda: clock[0])
+    state = collections.namedtuple("State", "generated")(jnp.zeros(3))
+    got = adaptive_costs.measure(run_forced, state, 2)
+    np.testing.assert_allclose(got.costs_s, [0.002, 0.004], rtol=1e-9)
+    assert got.first_run_s == 0.0
+    assert calls == [(0, 24), (1, 24)] + [(b, n) for _ in range(3) for b in (0, 1) for n in (0, 24)]
 
 
 def test_measured_table_never_falls_with_k(monkeypatch):

@@ -100,7 +100,8 @@ def test_greedy_cli_equals_library_baseline(ckpt, library, k, capsys):
     want = library(PROMPT)
     # no --dtype: float32 on a CPU, as the library engine runs
     # --moe-kernel grouped: off a Hopper GPU the plain routed experts run, so the tokens stay the library's
-    moe = ["--moe-kernel", "grouped"] if k else []
+    # --no-speculative-adaptive: fixed K (on a CPU adaptive is the default: test_cpu_default_is_adaptive)
+    moe = ["--moe-kernel", "grouped", "--no-speculative-adaptive"] if k else []
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
                               "--speculative-num-steps", k, "--json", *moe)
     assert code == 0, err
@@ -136,6 +137,20 @@ def test_adaptive_cli_equals_library_baseline_and_reports_its_choices(ckpt, libr
     assert sum(doc["acceptance"]["histogram"]) == drafted
 
 
+def test_cpu_default_is_adaptive(ckpt, library, capsys):
+    """No adaptive flag on a CPU: K is chosen per cycle (from a cost table measured at start-up), up to the K
+    asked for; --no-speculative-adaptive runs fixed K."""
+    assert jax.default_backend() == "cpu"
+    code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
+                              "--speculative-num-steps", 1, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["results"][0]["tokens"] == library(PROMPT)
+    ad = doc["adaptive"]
+    assert ad["steps"] == [0, 1] and ad["cost_source"] in ("measured", "cached")
+    assert len(ad["k_per_cycle"]) == doc["timings"]["cycles"]
+
+
 def _printed_speedup(stderr: str) -> tuple[float, float, float, float]:
     """(mean acceptance length, speedup, its min, its max) as the statistics lines print them."""
     mal = float(re.search(r"mean acceptance length ([0-9.]+)", stderr).group(1))
@@ -147,7 +162,7 @@ def _printed_speedup(stderr: str) -> tuple[float, float, float, float]:
 def test_streaming_text_and_statistics(ckpt, library):
     text = load_tokenizer(ckpt / "model").decode(library(PROMPT))
     r = cli("--model", ckpt / "model", "--max-new-tokens", MAX_NEW, "--speculative-num-steps", 3, "--baseline",
-            "--baseline-rounds", 3, stdin=PROMPT)
+            "--baseline-rounds", 3, "--no-speculative-adaptive", stdin=PROMPT)
     assert r.returncode == 0, r.stderr
     assert r.stdout == text + "\n"  # a pipe: no echoed prompt, no escape codes
     for needle in ("prompt tokens:", "prefill:", "compile:", "tok/s", "mean acceptance length", "ms/cycle", "baseline"):
@@ -160,7 +175,8 @@ def test_streaming_text_and_statistics(ckpt, library):
 
 def test_baseline_in_the_device_loop_reports_its_rounds(ckpt, capsys):
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
-                              "--speculative-num-steps", 3, "--baseline", "--baseline-rounds", 3, "--json")
+                              "--speculative-num-steps", 3, "--baseline", "--baseline-rounds", 3, "--json",
+                              "--no-speculative-adaptive")
     assert code == 0, err
     doc = json.loads(out)
     b, mal = doc["baseline"], doc["acceptance"]["mean_acceptance_length"]
@@ -172,7 +188,7 @@ def test_batch_file_matches_single_prompts(ckpt, library, tmp_path, capsys):
     f = tmp_path / "prompts.txt"
     f.write_text("\n".join(BATCH) + "\n")
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--batch-file", f, "--max-new-tokens", MAX_NEW,
-                              "--dtype", "float32", "--json")
+                              "--dtype", "float32", "--json", "--no-speculative-adaptive")
     assert code == 0, err
     got = [x["tokens"] for x in json.loads(out)["results"]]
     assert got == [library(p) for p in BATCH]
@@ -198,7 +214,9 @@ ERRORS = [
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
     (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], "--speculative-num-draft-tokens"),
     (["--speculative-adaptive", "--speculative-num-steps", "0"], "--speculative-adaptive needs"),
-    (["--speculative-adaptive-costs", '{"0": 1}'], "--speculative-adaptive-costs needs"),
+    (["--no-speculative-adaptive", "--speculative-adaptive-costs", '{"0": 1}'], "--speculative-adaptive-costs needs"),
+    (["--speculative-num-steps", "0", "--speculative-adaptive-costs", '{"0": 1}'], "--speculative-adaptive-costs needs"),
+    (["--speculative-adaptive-costs", '{"0": 1}'], "compiled set is K = [0, 1, 2, 3, 4]"),
     (["--speculative-adaptive", "--speculative-adaptive-costs", '{"0": 1}'], "compiled set is K = [0, 1, 2, 3, 4]"),
     (["--speculative-adaptive", "--speculative-adaptive-costs", "/nonexistent/costs.json"], "readable file"),
     (["--baseline", "--speculative-num-steps", "0"], "--baseline compares speculative decoding with plain"),
