@@ -98,8 +98,8 @@ class AdaptivePolicy:
     # plain steps the draft may lag before it catches up; None: 8 with the probe on an accelerator (each catch-up
     # brings fresh observations of c_1, so a plain stretch is reconsidered soon), 32 without (a catch-up only keeps
     # the draft cache current, at about one draft step's cost) and on a CPU, where a catch-up costs most of a plain
-    # step whatever its width (at 8 entries the loop forced to K = 0 ran ~10% slower than plain decoding; at 32
-    # within the noise: docs/performance.md) and speculation pays only near full acceptance anyway
+    # step whatever its width (so a short backlog makes plain runs measurably dearer than plain decoding:
+    # docs/performance.md, "On a CPU") and speculation pays only near full acceptance anyway
     backlog: int | None = None
     stretch: int = 8  # cycles a choice of K runs at least before the rule may leave it
     # a K in use is kept while the time it needs for the tokens still wanted is within this fraction of the best

@@ -31,10 +31,10 @@ COST_CACHE_ENV = "JAXSPEC_COST_CACHE"
 # catch-ups of either default backlog (8 or 32 entries)
 MEASURE_CYCLES = (16, 48)
 MEASURE_REPEATS = 3
-# a CPU has no command buffers and its calls' fixed cost is small, while a difference of two calls doubles their
-# noise (the load of a shared machine moves each call by 10-30%): the short call runs no cycle, so t(K) is the
-# long call's time per cycle less the call's own cost, and three rounds over the branches (each a median's vote)
-# keep one slow moment from pricing one K alone (the fastest of them stands: `measure`)
+# a CPU has no command buffers and its calls' fixed cost is small, while a difference of two calls adds their
+# noise (a shared machine's load moves each call): the short call runs no cycle, so t(K) is the long call's time
+# per cycle less the call's own cost, and three rounds over the branches, the fastest standing (`measure`), keep
+# one slow moment from pricing one K alone
 CPU_MEASURE_CYCLES = (0, 24)
 CPU_MEASURE_REPEATS = 3
 
@@ -147,10 +147,10 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
     branch, each repeat is a round over the branches that times a short and a long call of each (a short call of
     0 cycles times the call alone); t(K) is the median (on a CPU the least) over repeats of (long - short) / (their
     cycle difference), the slope, so a call's fixed cost is not spread over its cycles (it is several cycles' worth
-    on a GPU), and the table is made non-decreasing in K (`nondecreasing`; `n_branches` are the compiled set in increasing K). Where
-    the generation ends before the long call's cycles, the long call's time per cycle stands in. None if no cycle
-    is left to run. The first-run price is the median over branches and repeats of the short call's time beyond
-    its cycles (`first_run`; None: off a CPU)."""
+    on a GPU), and the table is made non-decreasing in K (`nondecreasing`; `n_branches` are the compiled set in
+    increasing K). Where the generation ends before the long call's cycles, the long call's time per cycle stands
+    in. None if no cycle is left to run. The first-run price is the median over branches and repeats of the short
+    call's time beyond its cycles (`first_run`; None: off a CPU)."""
     on_cpu = jax.default_backend() == "cpu"
     first_run = not on_cpu if first_run is None else first_run
     short, long = cycles or (CPU_MEASURE_CYCLES if on_cpu else MEASURE_CYCLES)
@@ -177,7 +177,8 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
             slopes[branch].append(slope if slope > 0 else t_long / ran_long)
             intercepts.append(max(0.0, t_short - ran_short * slopes[branch][-1]))
     # a CPU's noise is the machine's other load, which only adds time: the fastest round is the closest to the
-    # program's own cost (the rounds' spread of t(K) / t(0) over processes: 1.2-1.3x, against 1.3-1.5x by median)
+    # program's own cost, and its ratios t(K) / t(0) move less between measurements than the median's
+    # (`python -m bench.labs.cost_table_spread`)
     costs = [(min if on_cpu else statistics.median)(s) for s in slopes]
     return Measured(nondecreasing(costs), statistics.median(intercepts) if first_run else 0.0)
 

@@ -51,9 +51,10 @@ JSON_SCHEMA = {
         "histogram": "[int]: cycles that accepted 0..K drafts",
         "per_position": "[float]: P(draft i accepted), i = 1..K",
     },
-    "adaptive": "null, or when K was chosen adaptively (--speculative-adaptive; the default on a CPU): {steps: [int]: the compiled K set, costs_ms: {K: float}: t(K) "
-                "per cycle, first_run_ms: float: the price of a branch's first run in a call, cost_source: 'measured' | "
-                "'cached' | 'given', measure_s: float, k_per_cycle: [int], "
+    "adaptive": "null, or when K was chosen adaptively (--speculative-adaptive; the default on a CPU): {steps: "
+                "[int]: the compiled K set, costs_ms: {K: float}: t(K) per cycle, first_run_ms: float: the price of "
+                "a branch's first run in a call, cost_source: 'measured' | 'cached' | 'given', measure_s: float, "
+                "k_per_cycle: [int], "
                 "k_histogram: {K: int}, expected_tokens_per_s: float: the model's E[tokens] / t over the cycles run, "
                 "achieved_tokens_per_s: float}",
     "baseline": "null, or with --baseline (jaxspec/speedup.py): {decode_tokens_per_s, decode_s, steps, "
