@@ -200,18 +200,19 @@ def run(argv: list[str] | None = None) -> int:
     mesh = parse_mesh(a.mesh)
     prompts_text, batch = _read_prompts(a)
 
+    import jax
     import jax.numpy as jnp
 
     from convert.checkpoint import load_draft, load_target, read_metadata
     from jaxspec.adaptive import AdaptivePolicy
     from jaxspec.adaptive_costs import CostTableError, parse_costs
+    from jaxspec.compile_cache import enable as enable_compile_cache
     from jaxspec.engine import Engine
     from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
     from jaxspec.sampling import SamplingParams
     from jaxspec.tokenizer import StreamDecoder, load_tokenizer
 
-    import jax
-
+    enable_compile_cache()  # before anything compiles: JAX settles its cache at the first compilation
     adaptive = a.speculative_adaptive
     if adaptive is None:  # given costs ask for it; otherwise the backend's default, where there is a K to choose
         adaptive = a.speculative_adaptive_costs is not None or (k > 0 and default_adaptive(jax.default_backend()))

@@ -148,7 +148,10 @@ def run(argv: list[str] | None = None) -> int:
     k, buckets = _check(a)
     import uvicorn
 
+    from jaxspec.compile_cache import enable as enable_compile_cache
     from jaxspec.serving.app import create_app
+
+    enable_compile_cache()  # before anything compiles: JAX settles its cache at the first compilation
 
     def log(msg):
         print(f"[jaxspec] {msg}", file=sys.stderr, flush=True)

@@ -18,6 +18,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --x
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # importing jaxspec would point XLA's GPU autotuner at ~/.cache (jaxspec.xla_flags); a CPU run has nothing to keep
 os.environ.setdefault("JAXSPEC_AUTOTUNE_CACHE", "off")
+# the entry points keep compiled programs under ~/.cache (jaxspec.compile_cache); the suite keeps its own (below)
+os.environ.setdefault("JAXSPEC_COMPILE_CACHE", "off")
 
 
 # The suite runs as `-n 2 --dist loadfile`: whole files go to the two workers in queue order, the next file to the
