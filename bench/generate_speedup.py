@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.report import publish
+
 DEFAULT_ARMS = ["default=", "fixed=--no-speculative-adaptive", "adaptive=--speculative-adaptive"]
 SPEEDUP_LINE = re.compile(r"speedup (\d+\.\d+)x \((?:(\d+\.\d+)-(\d+\.\d+)x over \d+ rounds|1 round)\)")
 K_LINE = re.compile(r"cycles per K \{([^}]*)\}")
@@ -31,6 +33,20 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     if not sep or not name:
         raise SystemExit(f"--arms {text!r}: expected NAME=FLAGS (FLAGS may be empty)")
     return name, shlex.split(flags)
+
+
+def add_run_flags(p: argparse.ArgumentParser, default_arms: list[str], runs: int, runs_help: str) -> None:
+    """--arms, --runs, --timeout-s and --out, as the benches that run generate in fresh processes take them."""
+    p.add_argument("--arms", nargs="+", default=default_arms, help="NAME=FLAGS for generate (FLAGS may be empty)")
+    p.add_argument("--runs", type=int, default=runs, help=runs_help)
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
+    p.add_argument("--out", required=True, help="results folder (JSON, markdown)")
+
+
+def parsed_arms(p: argparse.ArgumentParser, a) -> list[tuple[str, list[str]]]:
+    if a.runs < 1:
+        p.error(f"--runs must be >= 1, got {a.runs}")
+    return [parse_arm(t) for t in a.arms]
 
 
 def run_once(flags: list[str], mode: str, timeout_s: float) -> dict:
@@ -85,16 +101,11 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.generate_speedup", description=__doc__.split("\n")[0])
-    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, help="NAME=FLAGS for generate (FLAGS may be empty)")
+    add_run_flags(p, DEFAULT_ARMS, 5, "processes per arm and mode")
     p.add_argument("--modes", nargs="+", choices=["stream", "json"], default=["stream", "json"])
-    p.add_argument("--runs", type=int, default=5, help="processes per arm and mode")
     p.add_argument("--floor", type=float, default=0.95, help="count the runs that print a speedup below this")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
-    p.add_argument("--out", required=True, help="results folder (JSON, markdown)")
     a = p.parse_args(argv)
-    if a.runs < 1:
-        p.error(f"--runs must be >= 1, got {a.runs}")
-    arms = [parse_arm(t) for t in a.arms]
+    arms = parsed_arms(p, a)
     import jax  # noqa: PLC0415 - only for the report's header; the runs are subprocesses
 
     now = datetime.datetime.now()
@@ -109,13 +120,8 @@ def main(argv=None) -> int:
                 arm["modes"][mode].append(row)
                 print(f"run {i + 1}/{a.runs} {arm['name']:>10s} {mode:6s} {row['speedup']:.2f}x "
                       f"({row['low']:.2f}-{row['high']:.2f}) {row['k_histogram'] or ''}", flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"generate-speedup-{jax.default_backend()}-{now.strftime('%Y%m%d-%H%M')}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
-    print(f"wrote {stem}.json and .md")
+    publish(result, Path(a.out), f"generate-speedup-{jax.default_backend()}-{now.strftime('%Y%m%d-%H%M')}",
+            markdown, print)
     return 0
 
 

@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.generate_speedup import parse_arm
+from bench.generate_speedup import add_run_flags, parsed_arms
+from bench.report import publish
 
 DEFAULT_ARMS = ["default=", "fixed=--no-speculative-adaptive"]
 
@@ -62,14 +63,9 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n")[0])
-    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, help="NAME=FLAGS for generate (FLAGS may be empty)")
-    p.add_argument("--runs", type=int, default=3, help="processes per arm (the first compiles)")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="per process")
-    p.add_argument("--out", required=True, help="results folder (JSON, markdown)")
+    add_run_flags(p, DEFAULT_ARMS, 3, "processes per arm (the first compiles)")
     a = p.parse_args(argv)
-    if a.runs < 1:
-        p.error(f"--runs must be >= 1, got {a.runs}")
-    arms = [parse_arm(t) for t in a.arms]
+    arms = parsed_arms(p, a)
     import jax  # noqa: PLC0415 - only for the report's header; the runs are subprocesses
 
     out = Path(a.out)
@@ -86,11 +82,7 @@ def main(argv=None) -> int:
                 print(f"run {i + 1}/{a.runs} {arm['name']:>10s} wall {row['wall_s']:.1f} s compile "
                       f"{row['compile_s']:.1f} s table {row['measure_s']:.1f} s decode {row['decode_s']:.3f} s",
                       flush=True)
-    stem = out / f"startup-{jax.default_backend()}-{now.strftime('%Y%m%d-%H%M')}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
-    print(f"wrote {stem}.json and .md")
+    publish(result, out, f"startup-{jax.default_backend()}-{now.strftime('%Y%m%d-%H%M')}", markdown, print)
     return 0
 
 
