@@ -42,19 +42,21 @@ def processed_probs(logits_XV: jax.Array, temperature, top_k, top_p) -> jax.Arra
     """Softmax of logits / temperature restricted to the top-k, then to the smallest top-p nucleus."""
     scaled = logits_XV.astype(jnp.float32) / temperature
     v = scaled.shape[-1]
+    # One descending sort serves both cuts: softmax keeps the order of the logits, so the nucleus is read off the
+    # sorted row and applied as a cut on the logits themselves (a sort over the vocabulary dominates this function's
+    # cost where the vocabulary is large, and it runs for every position a cycle samples).
     sorted_desc = -jnp.sort(-scaled, axis=-1)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
     kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(k - 1, scaled.shape[:-1])[..., None], axis=-1)
-    scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
-    probs = jax.nn.softmax(scaled, axis=-1)
+    in_top_k = sorted_desc >= kth  # every logit tied with the k-th is kept too
+    sorted_probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=-1)
     # nucleus: keep tokens whose preceding cumulative mass (in descending order) is < top_p. top_p = 1 keeps every
     # token: the float32 running mass reaches 1.0 before the end of a long tail, which `< 1` alone would cut off.
-    sorted_probs = -jnp.sort(-probs, axis=-1)
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = (mass_before < top_p) | (top_p >= 1.0)
-    cutoff = jnp.min(jnp.where(keep_sorted, sorted_probs, jnp.inf), axis=-1, keepdims=True)
-    probs = jnp.where(probs >= cutoff, probs, 0.0)
-    return probs / probs.sum(-1, keepdims=True)
+    keep_sorted = in_top_k & ((mass_before < top_p) | (top_p >= 1.0))
+    # the last kept logit: a token tied with it is kept too, whatever order the sort gave the tie
+    cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    return jax.nn.softmax(jnp.where(scaled >= cutoff, scaled, -jnp.inf), axis=-1)
 
 
 def sample(key, probs_XV: jax.Array) -> jax.Array:

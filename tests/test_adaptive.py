@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive import (EXPLORE_BACKOFF, AdaptivePolicy, acceptance_rates, expected_tokens,
-                              next_exploration, optimistic, priced_choice, throughput)
+from jaxspec.adaptive import (EXPLORE_BACKOFF, AdaptivePolicy, _observe, acceptance_rates, expected_tokens,
+                              next_exploration, optimistic, priced_choice, probe_observe, throughput)
 from jaxspec.adaptive_costs import CostTableError, parse_costs
 from jaxspec.engine import Engine
 from jaxspec.spec_step import draft_chain
@@ -101,6 +101,30 @@ def test_exploration_backs_off_while_it_confirms_the_rule():
     # ... and the rule changing its choice brings exploration back to every `every` cycles
     nxt, gap = next_exploration(300, False, False, True, every * EXPLORE_BACKOFF, 900, every)
     assert (int(nxt), int(gap)) == (304, 4)
+
+
+def test_a_catch_up_observes_as_one_observation_at_a_time():
+    """probe_observe over a backlog equals `_observe` applied entry by entry; a sampled catch-up that reads only
+    the most recent entries equals the same over those entries alone."""
+    ema, n = 0.25, 6
+    obs = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    start = (jnp.array([[2.0, 1.0]]), jnp.array([[3.0, 2.0]]))
+
+    def one_at_a_time(entries):
+        hits, trials = start
+        for i in entries:
+            hits, trials = _observe(hits, trials, jnp.array([[True, False]]), jnp.array([[obs[i], 0.0]]), ema)
+        return hits, trials
+
+    n_B = jnp.array([n], jnp.int32)
+    every = probe_observe(start, jnp.asarray(obs)[None], jnp.arange(n)[None], n_B, ema)
+    np.testing.assert_allclose(np.concatenate(every), np.concatenate(one_at_a_time(range(n))), rtol=1e-6)
+    # the last 4 entries, as a sampled probe of width 4 reads them; a probe wider than the backlog reads padding
+    # (negative entries), which observes nothing
+    idx = jnp.array([[-2, -1, 2, 3, 4, 5]])
+    last = probe_observe(start, jnp.asarray(np.concatenate([[1.0, 1.0], obs[2:]]))[None], idx, n_B, ema)
+    np.testing.assert_allclose(np.concatenate(last), np.concatenate(one_at_a_time(range(2, n))), rtol=1e-6)
+    assert float(last[1][0, 1]) == 2.0  # deeper positions untouched
 
 
 def test_cost_table_is_the_slope_between_a_short_and_a_long_call(monkeypatch):
