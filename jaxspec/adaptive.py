@@ -486,32 +486,30 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
 
     used_N = state.used_N.at[choice].set(True)  # what the run's own decisions see
 
-    def keep_going(s: SpecState, bl: Backlog, e, ran):
-        live = ~s.done
+    def verdict(s: SpecState, e):
+        """(the chosen K stays by the rule, no due exploration would try another K) under the counts `e`."""
         accept = acceptance_rates(*e, state.prior)
-        _, stays = decide(accept, s, used_N, current=choice)
+        return decide(accept, s, used_N, current=choice)[1], decide(optimistic(accept), s, used_N)[0] == choice
+
+    def keep_going(s: SpecState, bl: Backlog, e, ran, plain_verdict=None):
+        live = ~s.done
+        stays, trial_free = verdict(s, e) if plain_verdict is None else plain_verdict
         kept = (held + ran < stretch) | stays
         # an exploration that falls due ends the run only when it would try another K
-        no_trial = (s.cycles < state.explore_next) | (decide(optimistic(accept), s, used_N)[0] == choice)
+        no_trial = (s.cycles < state.explore_next) | trial_free
         forced_next = state.schedule_P[s.cycles % state.schedule_len]
         agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & no_trial)
-        room = (k_chosen > 0) | jnp.all(bl.count_B + live.astype(jnp.int32) <= width)  # K = 0 appends to the backlog
+        # K = 0 appends to the backlog
+        room = True if plain_verdict is None else jnp.all(bl.count_B + live.astype(jnp.int32) <= width)
         return jnp.any(live) & ~single & agrees & room
 
-    # A plain step observes nothing (the estimates change only at the next catch-up), so within a plain run the
-    # rule's verdict at the run's start stands, and each cycle checks only the counters: the backlog's room, the
-    # batch's end, an exploration that would try another K falling due, the schedule.
-    stays_at_start = decide(accept_BJ, spec, used_N, current=choice)[1]
-    no_trial_at_start = decide(optimistic(accept_BJ), spec, used_N)[0] == choice
-
-    def keep_going_plain(s: SpecState, bl: Backlog, e, ran):
-        live = ~s.done
-        kept = (held + ran < stretch) | stays_at_start
-        no_trial = (s.cycles < state.explore_next) | no_trial_at_start
-        forced_next = state.schedule_P[s.cycles % state.schedule_len]
-        agrees = jnp.where(forced_next >= 0, forced_next == choice, kept & no_trial)
-        room = jnp.all(bl.count_B + live.astype(jnp.int32) <= width)
-        return jnp.any(live) & ~single & agrees & room
+    def run(step, k: int, s: SpecState, bl: Backlog, e):
+        if k > 0:
+            return run_choice(step, keep_going, budget, s, bl, e)
+        # A plain step observes nothing: the counts stay as the catch-up before the run left them, so the verdict
+        # at the run's start stands and each cycle checks only the counters (the backlog's room, the batch's end,
+        # a due exploration, the schedule)
+        return run_choice(step, functools.partial(keep_going, plain_verdict=verdict(s, e)), budget, s, bl, e)
 
     common = dict(greedy=greedy, max_new_tokens=max_new_tokens, ema=ema, probe=probe)
     cycle_fns = [functools.partial(plain_step, w, cfg, **common) if k == 0 else
@@ -525,8 +523,7 @@ def adaptive_cycle(w: SpecWeights, state: AdaptiveState, sp: dict, *, cfg: SpecC
     flush = functools.partial(catch_up, w, cfg, greedy=greedy, ema=ema, probe=probe)
     spec, backlog, est = jax.lax.cond(needs, lambda *a: flush(*a, sp), lambda s, bl, e: (s, bl, e), spec,
                                       state.backlog, (state.hits_BJ, state.trials_BJ))
-    branches = [lambda s, bl, e, f=f, go=(keep_going_plain if k == 0 else keep_going):
-                run_choice(f, go, budget, s, bl, e) for f, k in zip(cycle_fns, steps)]
+    branches = [functools.partial(run, f, k) for f, k in zip(cycle_fns, steps)]
     new_spec, backlog, (hits_BJ, trials_BJ), more = jax.lax.switch(choice, branches, spec, backlog, est)
 
     # an exploration is confirmed when what it observed leaves the rule where it was
