@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from bench.adaptive_prompts import encode, load_pair
 from jaxspec.adaptive import AdaptivePolicy
 from jaxspec.engine import Engine
+from jaxspec.generate import DEFAULT_PROMPT
 from jaxspec.sampling import SamplingParams
 
-PROMPT = 'def read_lines(path):\n    """Return the lines of the file at path."""\n    with'  # generate's default
 COSTS = ((0, 2e-3), (1, 4e-3), (2, 6e-3), (3, 7e-3), (4, 9e-3))  # given, so no start-up timing: the runs force K = 0
 VARIANTS = {  # name: policy (None: plain decoding)
     "plain": None,
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     names = ["plain"] + [n for n in a.variants if n != "plain"]
     cfg, weights, tok = load_pair(jnp.dtype(a.dtype))
-    prompt = encode(tok, PROMPT)
+    prompt = encode(tok, DEFAULT_PROMPT)
     sampling = SamplingParams(a.temperature, 0, a.top_p)
     engines = {n: Engine(cfg, weights, num_steps=4, adaptive=VARIANTS[n]) for n in names}
 

@@ -20,8 +20,8 @@ from bench.adaptive_prompts import encode, load_pair
 from jaxspec import adaptive_costs
 from jaxspec.adaptive import AdaptivePolicy
 from jaxspec.engine import Engine
+from jaxspec.generate import DEFAULT_PROMPT
 
-PROMPT = 'def read_lines(path):\n    """Return the lines of the file at path."""\n    with'  # generate's default
 
 
 def main(argv=None) -> int:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         p.error("--measurements must be >= 2 (a spread needs two)")
     cfg, weights, tok = load_pair(jnp.dtype(a.dtype))
     engine = Engine(cfg, weights, num_steps=a.k, adaptive=AdaptivePolicy())
-    prompt = encode(tok, PROMPT)
+    prompt = encode(tok, DEFAULT_PROMPT)
     ratios, seconds = [], []
     for _ in range(a.measurements):
         adaptive_costs._MEMORY.clear()  # noqa: SLF001 - force a fresh measurement on the same compiled programs
