@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.defaults import default_dtype
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
                                  parse_mesh, run_with_exit_codes, with_moe_kernel)
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens verified per cycle incl. the root (chain: num-steps + 1)")
     p.add_argument("--chat-template", type=Path, default=None,
                    help="a jinja chat template file, replacing the checkpoint's (needed where it has none)")
+    add_chat_template_flags(p)
     p.add_argument("--mesh", type=str, default=None, help="device count (8) or data x model shape (2x4)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="activation dtype (default: float32 on CPU, bfloat16 on GPU, as generate)")
@@ -83,6 +85,7 @@ def _check(a) -> tuple[int, list[int]]:
     if a.speculative_num_draft_tokens is not None and a.speculative_num_draft_tokens != k + 1:
         raise UsageError(f"--speculative-num-draft-tokens {a.speculative_num_draft_tokens} must equal "
                          f"--speculative-num-steps + 1 = {k + 1} for chain drafting (topk 1)")
+    chat_template_kwargs(a)  # refused before anything loads
     return k, buckets
 
 
@@ -140,7 +143,7 @@ def build_service(a, k: int, buckets: list[int], log=print):
     log(f"compiled in {engine.compile_s:.1f} s")
     metrics = Metrics(a.max_batch)
     return Service(Scheduler(engine, metrics, a.max_queue), tokenizer, metrics, a.served_model_name,
-                   a.shutdown_timeout)
+                   a.shutdown_timeout, chat_template_kwargs(a))
 
 
 def run(argv: list[str] | None = None) -> int:

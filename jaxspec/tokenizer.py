@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import jinja2
+import jinja2.ext
 import jinja2.sandbox
 
 # Kimi K2's pre-tokenizer split pattern (tokenization_kimi.py): Han runs, cased words, 1-3 digit numbers,
@@ -61,23 +62,32 @@ class Tokenizer:
             return None
         return self.special_tokens.get(_token_content(tok))
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                            **template_kwargs) -> str:
+        """Render as transformers' apply_chat_template does (same jinja settings, `tools` passed as given or None,
+        extra keyword arguments as template variables: Kimi-K2.5's `thinking`)."""
         if not self.chat_template:
             where = Path(self.name).parent
             raise TokenizerError(f"{where}: the checkpoint has no chat template (looked for {CHAT_TEMPLATE_FILES[0]}, "
                                  f"{CHAT_TEMPLATE_FILES[1]} and 'chat_template' in tokenizer_config.json)")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # transformers' environment: trim/lstrip blocks and loop controls (Kimi's templates `break`)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                          extensions=[jinja2.ext.loopcontrols])
 
         def raise_exception(msg):
             raise TokenizerError(f"chat template: {msg}")
 
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            # transformers' filter: no HTML escaping, and the separators Kimi-K2.5's tool declaration asks for
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
         env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+        env.filters["tojson"] = tojson
         specials = {k: _token_content(self.config[k]) for k in ("bos_token", "eos_token") if self.config.get(k)}
         try:
             return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **specials
-            )
+                **{**specials, **template_kwargs}, messages=messages, tools=tools,
+                add_generation_prompt=add_generation_prompt)
         except jinja2.TemplateSyntaxError as e:
             raise TokenizerError(f"{self.chat_template_origin}: chat template has a syntax error at line {e.lineno}: "
                                  f"{e.message}") from None

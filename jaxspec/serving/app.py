@@ -2,8 +2,9 @@
 server-sent events or not), /v1/models, /health, /metrics.
 
 Handlers run on the event loop; the device runs in the scheduler's thread, which hands tokens back through
-`loop.call_soon_threadsafe`. Text is decoded per request (UTF-8 safe) and cut at stop strings here; a stop string
-or a client that goes away cancels the request, which frees its slot before the next device step.
+`loop.call_soon_threadsafe`. Text is decoded per request (UTF-8 safe, special tokens kept as text) and cut at stop
+strings here; a stop string or a client that goes away cancels the request, which frees its slot before the next
+device step. A chat completion's text is then split into reasoning, content and tool calls (assistant_output.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from jaxspec.serving.assistant_output import AssistantOutputParser, Content, Reasoning, collect
+from jaxspec.serving.kimi_tool_calls import ToolCall
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.protocol import BadRequest, GenerationRequest, parse_chat, parse_completion
+from jaxspec.serving.reasoning import prompt_opens_reasoning
 from jaxspec.serving.scheduler import Failed, Finished, QueueFull, Request, Scheduler, ShuttingDown, Tokens
 from jaxspec.serving.stop import StopMatcher
 from jaxspec.tokenizer import StreamDecoder, Tokenizer, TokenizerError
@@ -36,6 +40,7 @@ class Service:
     metrics: Metrics
     model_name: str
     shutdown_timeout_s: float = 30.0
+    template_kwargs: dict = dataclasses.field(default_factory=dict)  # --chat-template-kwargs / --thinking
 
     @property
     def engine(self):
@@ -55,15 +60,17 @@ class Service:
             ids = [bos] + ids
         return ids
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, gen: GenerationRequest) -> tuple[list[int], str]:
+        """(token ids, rendered text) of a chat request: the server's template kwargs, the request's over them."""
         if not self.tokenizer.chat_template:
             raise BadRequest(f"the model {self.model_name!r} has no chat template: use /v1/completions, or start the "
                              "server with --chat-template FILE", "messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages)
+            text = self.tokenizer.apply_chat_template(gen.prompt, tools=gen.tools,
+                                                      **{**self.template_kwargs, **gen.template_kwargs})
         except TokenizerError as e:
-            raise BadRequest(str(e), "messages") from None
-        return self.encode(text)
+            raise BadRequest(str(e), "chat_template_kwargs" if gen.template_kwargs else "messages") from None
+        return self.encode(text), text
 
 
 class _Text:
@@ -159,6 +166,36 @@ def _usage(prompt_ids, text: _Text) -> dict:
             "total_tokens": len(prompt_ids) + text.tokens}
 
 
+def _chat_deltas(deltas) -> list[dict]:
+    """Parsed deltas -> OpenAI stream deltas: a tool call as its id and name, then its arguments piece by piece."""
+    out = []
+    for d in deltas:
+        if isinstance(d, Content):
+            out.append({"content": d.text})
+        elif isinstance(d, Reasoning):
+            out.append({"reasoning_content": d.text})
+        else:
+            assert isinstance(d, ToolCall)
+            head = {"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+            out.append({"tool_calls": [head]})
+            out += [{"tool_calls": [{"index": d.index, "function": {"arguments": p}}]} for p in d.argument_pieces]
+    return out
+
+
+def _chat_reason(reason: str, parser: AssistantOutputParser) -> str:
+    return "tool_calls" if reason == "stop" and parser.calls else reason
+
+
+def _chat_message(parser: AssistantOutputParser, deltas) -> dict:
+    m = collect(parser, deltas)
+    message = {"role": "assistant", "content": m.content if m.content or not m.tool_calls else None}
+    if m.reasoning:
+        message["reasoning_content"] = m.reasoning
+    if m.tool_calls:
+        message["tool_calls"] = [c.as_openai() for c in m.tool_calls]
+    return message
+
+
 def _choice(chat: bool, text: str, reason, delta: bool, first: bool = False) -> dict:
     if not chat:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
@@ -168,7 +205,9 @@ def _choice(chat: bool, text: str, reason, delta: bool, first: bool = False) -> 
     return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
 
 
-async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest, prompt_ids: list[int], chat: bool):
+async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest, prompt_ids: list[int], chat: bool,
+                    parser: AssistantOutputParser | None = None):
+    """`parser` (chat): splits the text into reasoning, content and tool calls."""
     request, queue = _submit(service, gen, prompt_ids)
     text = _Text(service, gen.stop)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -189,7 +228,16 @@ async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest,
                 if chat:
                     yield sse([_choice(True, "", None, delta=True, first=True)])
                 async for piece, reason in _pieces(service, request, queue, text):
-                    yield sse([_choice(chat, piece, reason, delta=True)])
+                    if not chat:
+                        yield sse([_choice(chat, piece, reason, delta=True)])
+                        continue
+                    deltas = parser.push(piece) + (parser.finish() if reason is not None else [])
+                    for body in _chat_deltas(deltas):
+                        yield sse([{"index": 0, "delta": body, "logprobs": None, "finish_reason": None}])
+                    if reason is not None:
+                        service.metrics.malformed(parser.malformed)
+                        yield sse([{"index": 0, "delta": {}, "logprobs": None,
+                                    "finish_reason": _chat_reason(reason, parser)}])
                 if gen.include_usage:
                     yield sse([], usage=_usage(prompt_ids, text))
                 yield "data: [DONE]\n\n"
@@ -226,8 +274,14 @@ async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest,
     finally:
         service.scheduler.cancel(request)
     service.metrics.request_done("completed")
-    return JSONResponse({**head, "choices": [_choice(chat, content, reason, delta=False)],
-                         "usage": _usage(prompt_ids, text)})
+    if chat:
+        deltas = parser.push(content) + parser.finish()
+        service.metrics.malformed(parser.malformed)
+        choice = {"index": 0, "message": _chat_message(parser, deltas), "logprobs": None,
+                  "finish_reason": _chat_reason(reason, parser)}
+    else:
+        choice = _choice(chat, content, reason, delta=False)
+    return JSONResponse({**head, "choices": [choice], "usage": _usage(prompt_ids, text)})
 
 
 def _endpoint(service: Service, chat: bool):
@@ -240,8 +294,11 @@ def _endpoint(service: Service, chat: bool):
                 service.metrics.request_done("rejected")
                 return _error(404, f"model {model!r} is not served here (this server serves {service.model_name!r})",
                               "invalid_request_error", "model")
-            prompt_ids = service.chat_prompt(gen.prompt) if chat else service.encode(gen.prompt)
-            return await _generate(service, http, gen, prompt_ids, chat)
+            if not chat:
+                return await _generate(service, http, gen, service.encode(gen.prompt), chat)
+            prompt_ids, prompt_text = service.chat_prompt(gen)
+            parser = AssistantOutputParser(gen.tool_names, in_reasoning=prompt_opens_reasoning(prompt_text))
+            return await _generate(service, http, gen, prompt_ids, chat, parser)
         except BadRequest as e:
             service.metrics.request_done("rejected")
             return _error(400, str(e), "invalid_request_error", e.param)

@@ -6,6 +6,8 @@ import collections
 import threading
 import time
 
+from jaxspec.serving.assistant_output import MALFORMED_KINDS
+
 TOKENS_PER_S_WINDOW_S = 10.0  # tokens per second is measured over this trailing window
 
 
@@ -18,6 +20,7 @@ class Metrics:
         self.max_batch = max_batch
         self._lock = threading.Lock()
         self.requests = collections.Counter()  # outcome -> count
+        self.malformed_tool_calls = collections.Counter()  # what was wrong -> count (returned as content)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.queue_length = 0
@@ -30,6 +33,10 @@ class Metrics:
     def request_done(self, outcome: str) -> None:
         with self._lock:
             self.requests[outcome] += 1
+
+    def malformed(self, kinds: list[str]) -> None:
+        with self._lock:
+            self.malformed_tool_calls.update(kinds)
 
     def prompt(self, tokens: int) -> None:
         with self._lock:
@@ -67,6 +74,9 @@ class Metrics:
             rows = [
                 ("jaxspec_requests_total", "counter", "Requests by outcome",
                  [({"outcome": o}, n) for o, n in sorted(self.requests.items())] or [({"outcome": "completed"}, 0)]),
+                ("jaxspec_malformed_tool_calls_total", "counter",
+                 "Tool calls (or sections) in model output that could not be parsed and were returned as content",
+                 [({"kind": k}, self.malformed_tool_calls[k]) for k in MALFORMED_KINDS]),
                 ("jaxspec_prompt_tokens_total", "counter", "Prompt tokens prefilled", [({}, self.prompt_tokens)]),
                 ("jaxspec_generation_tokens_total", "counter", "Tokens generated", [({}, self.generation_tokens)]),
                 ("jaxspec_queue_length", "gauge", "Requests waiting for a slot", [({}, self.queue_length)]),

@@ -1,21 +1,31 @@
 """OpenAI request bodies -> validated generation requests; every refusal names the field (HTTP 400).
 
-Fields the engine does not implement (n > 1, logprobs, echo, penalties, logit_bias, best_of, suffix, tools) are
-refused when set to anything but their neutral value, rather than silently ignored. Unknown fields are ignored,
-as the OpenAI clients send extras.
+Fields the engine does not implement (n > 1, logprobs, echo, penalties, logit_bias, best_of, suffix, the legacy
+functions, a tool_choice that would force a call, parallel_tool_calls false) are refused when set to anything but
+their neutral value, rather than silently ignored: nothing constrains what the model samples, so a call cannot be
+forced. Unknown fields are ignored, as the OpenAI clients send extras.
+
+Chat messages and tools go into the checkpoint's chat template (jinja, as transformers renders it), so they are
+checked here for the shapes the OpenAI API gives them and passed on as given.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 import secrets
 
+from jaxspec.chat_template_flags import RESERVED_TEMPLATE_KWARGS, reserved_key
 from jaxspec.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 16
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
+MAX_TOOLS = 128  # OpenAI's limit
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+TOOL_CHOICES = ("auto", "none")  # "required" and a named function would need constrained decoding
 
 
 class BadRequest(ValueError):
@@ -33,6 +43,12 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    tools: list[dict] | None = None  # chat: the functions the model may call (None: no tools, or tool_choice none)
+    template_kwargs: dict = dataclasses.field(default_factory=dict)  # chat: chat_template_kwargs
+
+    @property
+    def tool_names(self) -> frozenset[str] | None:
+        return None if self.tools is None else frozenset(t["function"]["name"] for t in self.tools)
 
 
 def _typed(body: dict, name: str, kinds: tuple, what: str):
@@ -61,7 +77,7 @@ def _neutral(body: dict) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name) not in (None, 0):
             raise BadRequest(f"'{name}' is not supported (only 0)", name)
-    for name in ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix", "tools", "functions"):
+    for name in ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix", "functions", "function_call"):
         if body.get(name) not in (None, False, {}, [], ""):
             raise BadRequest(f"'{name}' is not supported", name)
 
@@ -128,16 +144,113 @@ def parse_completion(body) -> GenerationRequest:
         raise BadRequest("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
     if len(prompt) == 0:
         raise BadRequest("'prompt' is empty", "prompt")
+    if body.get("tools") not in (None, []):
+        raise BadRequest("'tools' is for /v1/chat/completions (the chat template declares them)", "tools")
     return _common(body, prompt, "max_tokens", DEFAULT_COMPLETION_TOKENS)
 
 
-def _message_text(content, i: int) -> str:
+def _message_text(content, where: str, allow_none: bool = False) -> str | None:
+    if content is None and allow_none:
+        return None
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
-    raise BadRequest(f"'messages[{i}].content' must be a string or a list of text parts", "messages")
+    raise BadRequest(f"'{where}.content' must be a string or a list of text parts", "messages")
+
+
+def _string(value, where: str, param: str) -> str:
+    if not isinstance(value, str):
+        raise BadRequest(f"'{where}' must be a string, got {type(value).__name__}", param)
+    return value
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    """An assistant turn's earlier calls, as the template writes them back: id, type, function name + arguments."""
+    if not isinstance(calls, list):
+        raise BadRequest(f"'{where}' must be a list", "messages")
+    out = []
+    for j, c in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(c, dict) or not isinstance(c.get("function"), dict):
+            raise BadRequest(f"'{at}' must be an object with a 'function' object", "messages")
+        if c.get("type", "function") != "function":
+            raise BadRequest(f"'{at}.type' must be 'function'", "messages")
+        fn = c["function"]
+        out.append({"id": _string(c.get("id"), f"{at}.id", "messages"), "type": "function",
+                    "function": {"name": _string(fn.get("name"), f"{at}.function.name", "messages"),
+                                 "arguments": _string(fn.get("arguments"), f"{at}.function.arguments", "messages")}})
+    return out
+
+
+def _message(m, i: int) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRequest(f"'{where}' must be an object with a string 'role'", "messages")
+    role = m["role"]
+    calls = m.get("tool_calls")
+    out = {"role": role, "content": _message_text(m.get("content"), where, allow_none=role == "assistant")}
+    if m.get("name") is not None:  # Kimi's templates write it in the role's place
+        out["name"] = _string(m["name"], f"{where}.name", "messages")
+    if role == "assistant":
+        if calls not in (None, []):
+            out["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls")
+        elif out["content"] is None:
+            raise BadRequest(f"'{where}' has neither content nor tool_calls", "messages")
+        if m.get("reasoning_content") is not None:  # what this server returned as the turn's reasoning
+            out["reasoning_content"] = _string(m["reasoning_content"], f"{where}.reasoning_content", "messages")
+    elif calls is not None:
+        raise BadRequest(f"'{where}.tool_calls' is only for assistant messages", "messages")
+    if role == "tool":
+        out["tool_call_id"] = _string(m.get("tool_call_id"), f"{where}.tool_call_id", "messages")
+    return out
+
+
+def _tools(body: dict) -> list[dict] | None:
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise BadRequest(f"'tools' must be a list of at most {MAX_TOOLS} tools", "tools")
+    seen = set()
+    for j, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise BadRequest(f"'tools[{j}]' must be {{\"type\": \"function\", \"function\": {{...}}}}", "tools")
+        fn = t["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+            raise BadRequest(f"'tools[{j}].function.name' must be 1-64 letters, digits, '_' or '-'", "tools")
+        if name in seen:
+            raise BadRequest(f"'tools' declares the function {name!r} twice", "tools")
+        seen.add(name)
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise BadRequest(f"'tools[{j}].function.description' must be a string", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise BadRequest(f"'tools[{j}].function.parameters' must be a JSON Schema object", "tools")
+    return tools
+
+
+def _tool_choice(body: dict) -> str:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str) and choice in TOOL_CHOICES:
+        return choice
+    if choice == "required" or isinstance(choice, dict):
+        raise BadRequest(f"'tool_choice' {json.dumps(choice)[:100]} is not supported: nothing constrains what the model "
+                         "samples, so a call cannot be forced; use 'auto' (the model decides) or 'none'", "tool_choice")
+    raise BadRequest("'tool_choice' must be 'auto' or 'none'", "tool_choice")
+
+
+def _template_kwargs(body: dict) -> dict:
+    kwargs = _typed(body, "chat_template_kwargs", (dict,), "an object") or {}
+    for key in kwargs:
+        if reserved_key(key):
+            raise BadRequest(f"'chat_template_kwargs' may not set {key!r} (the server sets "
+                             f"{', '.join(RESERVED_TEMPLATE_KWARGS)}; keys are template variable names)",
+                             "chat_template_kwargs")
+    return kwargs
 
 
 def parse_chat(body) -> GenerationRequest:
@@ -146,10 +259,14 @@ def parse_chat(body) -> GenerationRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'", "messages")
-        clean.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
+    clean = [_message(m, i) for i, m in enumerate(messages)]
+    tools = _tools(body)
+    if _tool_choice(body) == "none":
+        tools = None  # neither declared to the model nor parsed out of its answer
+    parallel = _typed(body, "parallel_tool_calls", (bool,), "a boolean")
+    if parallel is False:
+        raise BadRequest("'parallel_tool_calls' false is not supported: nothing stops the model from calling several "
+                         "functions in one turn", "parallel_tool_calls")
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _common(body, clean, field, None)
+    gen = _common(body, clean, field, None)
+    return dataclasses.replace(gen, tools=tools, template_kwargs=_template_kwargs(body))
