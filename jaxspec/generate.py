@@ -16,10 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
                                  parse_mesh, run_with_exit_codes, with_moe_kernel)
 from jaxspec.defaults import DEFAULT_NUM_STEPS, default_adaptive, default_dtype
-from jaxspec.generate_display import echo_prompt, format_speedup
+from jaxspec.generate_display import ChatDisplay, echo_prompt, format_speedup
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
 
 # The embedded model's tokenizer (byte-level BPE on Python sources) joins a newline with the indentation after it
@@ -40,6 +41,10 @@ JSON_SCHEMA = {
     "results": [{
         "prompt": "str", "prompt_tokens": "int", "tokens": "[int]: generated token ids",
         "text": "str: decoded generated tokens", "accepted_per_cycle": "[int]: drafts accepted per cycle",
+        "reasoning_content": "str | null: --chat: the thinking (<think> ... </think>), apart from the answer",
+        "content": "str | null: --chat: the answer without thinking and tool calls",
+        "tool_calls": "null, or --chat: [{id, type: 'function', function: {name, arguments: str (JSON)}}]: the "
+                      "calls the model made to --tools' functions (malformed ones stay in content)",
     }],
     "timings": {
         "compile_s": "float: ahead-of-time compilation of prefill and decode programs",
@@ -88,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", type=Path, default=None)
     src.add_argument("--batch-file", type=Path, default=None, help="one prompt per line, generated as one batch")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the model's chat template")
+    add_chat_template_flags(p)
+    p.add_argument("--tools", type=Path, default=None, metavar="FILE",
+                   help="--chat: a JSON file of OpenAI tools (a list of {type: function, function: {name, ...}}), "
+                        "declared to the model; its calls print as JSON")
     p.add_argument("--json", action="store_true", help="print one JSON document (schema: jaxspec.generate.JSON_SCHEMA)")
     p.add_argument("--baseline", action="store_true",
                    help="also time decoding without speculation on the same target: both timed alike, in "
@@ -152,7 +161,26 @@ def _check_flags(a) -> int:
                          "--speculative-num-steps >= 1 (with 0 the run is already the baseline)")
     if a.baseline_rounds < 1:
         raise UsageError(f"--baseline-rounds must be >= 1, got {a.baseline_rounds}")
+    if not a.chat and (a.chat_template_kwargs is not None or a.thinking is not None or a.tools is not None):
+        raise UsageError("--chat-template-kwargs, --thinking and --tools shape a chat prompt: they need --chat")
+    chat_template_kwargs(a)
+    _read_tools(a)
     return k
+
+
+def _read_tools(a) -> list[dict] | None:
+    if a.tools is None:
+        return None
+    from jaxspec.serving.protocol import BadRequest, parse_chat
+
+    try:
+        tools = json.loads(a.tools.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"--tools {a.tools}: cannot read a JSON document ({e.__class__.__name__}: {e})") from None
+    try:  # the server's checks, so both take the same tools
+        return parse_chat({"messages": [{"role": "user", "content": ""}], "tools": tools}).tools
+    except BadRequest as e:
+        raise UsageError(f"--tools {a.tools}: {e}") from None
 
 
 def _read_prompts(a) -> tuple[list[str], bool]:
@@ -210,6 +238,8 @@ def run(argv: list[str] | None = None) -> int:
     from jaxspec.engine import Engine
     from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
     from jaxspec.sampling import SamplingParams
+    from jaxspec.serving.assistant_output import parse_assistant
+    from jaxspec.serving.reasoning import prompt_opens_reasoning
     from jaxspec.tokenizer import StreamDecoder, load_tokenizer
 
     enable_compile_cache()  # before anything compiles: JAX settles its cache at the first compilation
@@ -250,8 +280,11 @@ def run(argv: list[str] | None = None) -> int:
     eos = eos_ids(model_dir, cfg, tokenizer)
     _status(f"loaded in {time.perf_counter() - t0:.1f} s", quiet)
 
+    tools = _read_tools(a)
     if a.chat:
-        prompts_text = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts_text]
+        kwargs = chat_template_kwargs(a)
+        prompts_text = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tools=tools, **kwargs)
+                        for p in prompts_text]
     prompts = [tokenizer.encode(p) for p in prompts_text]
     bos = tokenizer.token_id("bos_token")
     if tokenizer.config.get("add_bos_token") and bos is not None:  # the embedded model saw <|bos|> at file starts
@@ -271,14 +304,24 @@ def run(argv: list[str] | None = None) -> int:
     if stream:
         echo_prompt(prompts_text[0], sys.stdout)
         decoder = StreamDecoder(tokenizer)
+        parser = _chat_parser(a, tools, prompts_text[0])
+        display = ChatDisplay(sys.stdout, sys.stderr)
         result = None
         for event in engine.stream(prompts, a.max_new_tokens, sampling, seed=a.seed):
             if isinstance(event, list):
-                sys.stdout.write(decoder.push(event[0]))
+                if parser is None:
+                    sys.stdout.write(decoder.push(event[0]))
+                else:  # the end-of-turn token is not part of the answer
+                    display.write(parser.push(decoder.push([t for t in event[0] if t not in eos])))
                 sys.stdout.flush()
             else:
                 result = event
-        sys.stdout.write(decoder.flush() + "\n")
+        if parser is None:
+            sys.stdout.write(decoder.flush())
+        else:
+            display.write(parser.push(decoder.flush()) + parser.finish())
+            display.end()
+        sys.stdout.write("\n")
         sys.stdout.flush()
     else:
         result = engine.generate(prompts, a.max_new_tokens, sampling, seed=a.seed)
@@ -290,18 +333,47 @@ def run(argv: list[str] | None = None) -> int:
                                    rounds=a.baseline_rounds)
 
     texts = [tokenizer.decode(t) for t in result.tokens]
-    report = _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline, stream)
+    chats = [None] * len(texts)
+    if a.chat:  # the answer without its end-of-turn token, split into thinking, answer and tool calls
+        chats = [parse_assistant(tokenizer.decode([i for i in t if i not in eos]), _tool_names(tools),
+                                 prompt_opens_reasoning(p)) for t, p in zip(result.tokens, prompts_text)]
+    report = _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline, stream, chats)
     if a.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
         if batch:
             for i, text in enumerate(texts):
-                print(f"=== [{i}] {prompts_text[i]!r}\n{text}")
+                print(f"=== [{i}] {prompts_text[i]!r}")
+                if chats[i] is None:
+                    print(text)
+                else:
+                    display = ChatDisplay(sys.stdout, sys.stderr)
+                    display.write(parse_assistant_deltas(chats[i]))
+                    display.end()
+                    print()
         _print_stats(report, k)
     return 0
 
 
-def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline, stream) -> dict:
+def _tool_names(tools) -> frozenset[str] | None:
+    return None if tools is None else frozenset(t["function"]["name"] for t in tools)
+
+
+def _chat_parser(a, tools, prompt_text: str):
+    from jaxspec.serving.assistant_output import AssistantOutputParser
+    from jaxspec.serving.reasoning import prompt_opens_reasoning
+
+    return AssistantOutputParser(_tool_names(tools), prompt_opens_reasoning(prompt_text)) if a.chat else None
+
+
+def parse_assistant_deltas(m) -> list:
+    """A parsed answer as the deltas ChatDisplay writes: thinking, answer, then the calls."""
+    from jaxspec.serving.assistant_output import Content, Reasoning
+
+    return [Reasoning(m.reasoning), Content(m.content), *m.tool_calls]
+
+
+def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline, stream, chats) -> dict:
     stats = result.stats
     ms_cycle = 1000 * result.decode_s / result.cycles if result.cycles else None
     out = {
@@ -313,8 +385,11 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
         "devices": 1 if mesh is None else int(mesh.devices.size),
         "sampling": {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "seed": a.seed},
         "results": [
-            {"prompt": pt, "prompt_tokens": len(p), "tokens": toks, "text": txt, "accepted_per_cycle": acc}
-            for pt, p, toks, txt, acc in zip(prompts_text, prompts, result.tokens, texts, result.accepted)
+            {"prompt": pt, "prompt_tokens": len(p), "tokens": toks, "text": txt, "accepted_per_cycle": acc,
+             "reasoning_content": None if chat is None else chat.reasoning,
+             "content": None if chat is None else chat.content,
+             "tool_calls": None if chat is None else [c.as_openai() for c in chat.tool_calls]}
+            for pt, p, toks, txt, acc, chat in zip(prompts_text, prompts, result.tokens, texts, result.accepted, chats)
         ],
         "timings": {
             "compile_s": result.compile_s,

@@ -32,3 +32,25 @@ def test_speedup_is_the_median_of_paired_rounds_with_its_range():
     assert (d["speedup_min"], d["speedup_max"], d["decode_tokens_per_s"]) == (1.2, 3.0, 100.0)
     line = format_speedup(d)
     assert "speedup 2.00x (1.20-3.00x over 3 rounds)" in line and "both streamed" in line
+
+
+def test_chat_answer_thinking_apart_and_tool_calls_as_json(monkeypatch):
+    from jaxspec.generate_display import ChatDisplay
+    from jaxspec.serving.assistant_output import AssistantOutputParser
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    answer = ("Need the weather.</think>Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.w:0"
+              '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>')
+    call = '{"tool_call": {"id": "functions.w:0", "type": "function", "function": {"name": "w", "arguments": ' \
+           '"{\\"city\\": \\"Paris\\"}"}}}\n'
+    for out, err in ((_Terminal(), io.StringIO()), (io.StringIO(), io.StringIO())):
+        parser, display = AssistantOutputParser(frozenset({"w"}), in_reasoning=True), ChatDisplay(out, err)
+        for ch in answer:  # as it streams
+            display.write(parser.push(ch))
+        display.write(parser.finish())
+        display.end()
+        if out.isatty():  # thinking dimmed on the terminal, the answer on its own line, the call as JSON
+            assert out.getvalue() == f"{DIM}Need the weather.{RESET}\nChecking.\n{call}" and err.getvalue() == ""
+        else:  # a pipe gets the answer and the call; the thinking goes to stderr, undimmed
+            assert out.getvalue() == f"Checking.\n{call}" and err.getvalue() == "Need the weather.\n"
