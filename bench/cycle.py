@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.bytes_floor import draft_bytes, step_bytes, unique_experts_per_layer
-from bench.routes import record_routes
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.spec_step import speculative_cycle
+from jaxspec.spec_step import speculative_cycle_accepting
 from jaxspec.state import SpecState
 from model.config import Kernels
 from model.eagle3 import DraftConfig, init_draft_cache
@@ -86,14 +85,20 @@ def initial_state(cfg, dcfg, batch: int, context: int, capacity: int, key, dtype
     )
 
 
+def spec_configs(cfg, tiny: bool, kind: str = "llama") -> tuple[SpecConfig, DraftConfig]:
+    """The pair's configs: the target `cfg` with a `k25_draft_config` draft of `kind`."""
+    from jaxspec.models import check_draft_fits
+
+    dcfg = k25_draft_config(cfg, tiny, kind)
+    return SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg), dcfg
+
+
 def spec_pair(w, cfg, tiny: bool, kind: str = "llama"):
     """The target weights `w` with a random K2.5-shaped one-layer draft of `kind` (DRAFT_KINDS), with its own
     lm_head: (SpecConfig, DraftConfig, SpecWeights)."""
-    from jaxspec.models import check_draft_fits
     from model.init import init_draft_weights
 
-    dcfg = k25_draft_config(cfg, tiny, kind)
-    spec_cfg = SpecConfig(target=check_draft_fits(cfg, dcfg), draft=dcfg)
+    spec_cfg, dcfg = spec_configs(cfg, tiny, kind)
     # tiny: drawn by numpy (nothing to compile on a CPU), as bench.step.draw_weights draws the target
     source = np.random.default_rng(5) if tiny else jax.random.PRNGKey(5)
     dw = init_draft_weights(dcfg, source, d2t=np.zeros(dcfg.draft_vocab_size, np.int64))
@@ -101,9 +106,9 @@ def spec_pair(w, cfg, tiny: bool, kind: str = "llama"):
 
 
 def _greedy_cycle(spec_cfg: SpecConfig, k: int):
-    """(weights, state) -> state after one greedy cycle."""
-    return lambda w, state: speculative_cycle(w, state, {}, cfg=spec_cfg, k=k, greedy=True,
-                                              max_new_tokens=MAX_NEW_TOKENS)
+    """(weights, state) -> `CycleOutput` of one greedy cycle."""
+    return lambda w, state: speculative_cycle_accepting(w, state, {}, cfg=spec_cfg, k=k, greedy=True,
+                                                        max_new_tokens=MAX_NEW_TOKENS)
 
 
 def _with_kernels(spec_cfg: SpecConfig, kernels: Kernels) -> SpecConfig:
@@ -112,15 +117,13 @@ def _with_kernels(spec_cfg: SpecConfig, kernels: Kernels) -> SpecConfig:
 
 
 def make_cycle(spec_cfg: SpecConfig, k: int, kernels: Kernels):
-    """Jitted cycle under `kernels` (state donated) that also returns the verify's router ids
-    [moe layers, B*(K+1), topk] (recorded where the router runs: global ids under a mesh too)."""
+    """Jitted cycle under `kernels` (state donated) that also returns the verify's expert ids
+    [moe layers, B*(K+1), topk] (where the router runs: global ids under a mesh too)."""
     one_cycle = _greedy_cycle(_with_kernels(spec_cfg, kernels), k)
 
     def cycle(w: SpecWeights, state: SpecState):
-        recorded = []
-        with record_routes(recorded):
-            new_state = one_cycle(w, state)
-        return new_state, jnp.stack(recorded)
+        out = one_cycle(w, state)
+        return out.state, jnp.stack(out.verify_expert_ids)
 
     return jax.jit(cycle, donate_argnums=(1,))
 
@@ -131,7 +134,7 @@ def make_cycle_loop(spec_cfg: SpecConfig, k: int, kernels: Kernels):
     one_cycle = _greedy_cycle(_with_kernels(spec_cfg, kernels), k)
 
     def loop(w: SpecWeights, state: SpecState, cycles):
-        return jax.lax.fori_loop(0, cycles, lambda _, s: one_cycle(w, s), state)
+        return jax.lax.fori_loop(0, cycles, lambda _, s: one_cycle(w, s).state, state)
 
     return jax.jit(loop, donate_argnums=(1,))
 

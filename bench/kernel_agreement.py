@@ -32,7 +32,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.routes import record_routes  # noqa: E402
 from bench.report import fmt, write_report  # noqa: E402
 from bench.step import bench_config, draw_weights, random_cache, step_inputs  # noqa: E402
 from model.decoder import forward, fuse_attention_inputs  # noqa: E402
@@ -63,10 +62,8 @@ def step_logits(w, cfg, tokens_BT, positions_BT, cache, on: tuple[str, ...]):
     cfg = cfg.replace(kernels=kernel_families(on))
 
     def step(w, tokens_BT, positions_BT, cache):
-        ids = []
-        with record_routes(ids):
-            out = forward(w, cfg, tokens_BT, positions_BT, cache)
-        return out.logits.astype(jnp.float32), jnp.stack(ids)
+        out = forward(w, cfg, tokens_BT, positions_BT, cache)
+        return out.logits.astype(jnp.float32), jnp.stack(out.expert_ids)
 
     logits, ids = jax.jit(step)(w, tokens_BT, positions_BT, cache)
     return np.asarray(logits), np.asarray(ids)

@@ -112,7 +112,8 @@ def _moe_block(x_TH, layer: MoEWeights, ids_TK, weights_TK, *, cfg):
     """The whole block as a decoder layer calls it (`model.moe.moe`: routing, routed experts, shared expert); it
     routes x itself, so the chain's ids and weights go unused."""
     del ids_TK, weights_TK
-    return moe(x_TH[None], layer, cfg)[0]
+    y_BTH, _ = moe(x_TH[None], layer, cfg)
+    return y_BTH[0]
 
 
 def time_moe_block(layer: MoEWeights, cfg, x_TH, ids_TK, weights_TK, iters: int = 10) -> dict:

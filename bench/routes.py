@@ -1,44 +1,14 @@
-"""Record each MoE layer's router ids while a program is traced, for byte floors and agreement checks; or set
-them (`set_routes`) to a routing regime, so kernels are timed at routings the random model does not produce.
-
-The recorder wraps `model.moe.route` at trace time only: the jitted program returns the ids it recorded as an
-extra output of that very step, so a floor counts the experts this step selected. It observes; it selects no
-kernel (kernels are chosen by `model.config.Kernels` on the config a program is traced with).
+"""The routing regimes bench times kernels under: expert ids handed to the model's forward
+(`model.decoder.forward(expert_ids=...)`) in place of its router's choices, so kernels are timed at routings a
+random model does not produce. The ids a step ran come back as its `ForwardOutput.expert_ids`, so a floor counts the
+experts that very step selected. Neither selects a kernel (kernels are chosen by `model.config.Kernels` on the
+config a program is traced with).
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
-
-import model.moe as moe_module
-
-
-@contextlib.contextmanager
-def _route_wrapped(wrap):
-    """`model.moe.route` replaced by `wrap(the route in place)` while the block runs (programs traced in it keep
-    the wrapper); restored after."""
-    saved = moe_module.route
-    moe_module.route = wrap(saved)
-    try:
-        yield
-    finally:
-        moe_module.route = saved
-
-
-def record_routes(recorder: list):
-    """Append each MoE layer's global router ids [T, K] to `recorder` where `model.moe.moe` routes (outside the
-    expert-parallel shard_map, so sharded programs record global ids too)."""
-    def wrap(route):
-        def recorded(*args, **kwargs):
-            weights_TK, ids_TK = route(*args, **kwargs)
-            recorder.append(ids_TK)
-            return weights_TK, ids_TK
-        return recorded
-
-    return _route_wrapped(wrap)
 
 
 # How the tokens of one row (a verify's K+1 tokens) choose experts when bench sets the routing:
@@ -71,22 +41,12 @@ def regime_ids(key, rows: int, tokens: int, experts: int, k: int, regime: str, s
     return ids_RTK.reshape(rows * tokens, k).astype(jnp.int32)
 
 
-def set_routes(regime: str, tokens_per_row: int, seed: int = 0, share: float = NEIGHBOUR_SHARE):
-    """Replace the expert ids `model.moe.route` returns with `regime_ids` (each MoE layer its own draw; the
-    router's weights of those slots are kept, so the kernels see realistic magnitudes). The model is unchanged:
-    bench swaps the router's output at trace time, as `record_routes` observes it. "model": no change."""
+def regime_routes(regime: str, rows: int, tokens_per_row: int, moe_layers: int, experts: int, k: int, seed: int = 0,
+                  share: float = NEIGHBOUR_SHARE) -> tuple[jax.Array, ...] | None:
+    """`forward`'s `expert_ids` for `regime`: each MoE layer its own `regime_ids` draw [rows * tokens_per_row, k]
+    (the router's weights of those slots are kept, so the kernels see realistic magnitudes); None for "model" (the
+    router chooses)."""
     if regime == "model":
-        return contextlib.nullcontext()
-    layer = [0]
-
-    def wrap(route):
-        def routed(x_TH, *args, **kwargs):
-            weights_TK, ids_TK = route(x_TH, *args, **kwargs)
-            n, k = ids_TK.shape
-            experts = args[0].shape[0] if args else kwargs["router_EH"].shape[0]
-            key = jax.random.fold_in(jax.random.PRNGKey(seed), layer[0])
-            layer[0] += 1
-            return weights_TK, regime_ids(key, n // tokens_per_row, tokens_per_row, experts, k, regime, share)
-        return routed
-
-    return _route_wrapped(wrap)
+        return None
+    return tuple(regime_ids(jax.random.fold_in(jax.random.PRNGKey(seed), layer), rows, tokens_per_row, experts, k,
+                            regime, share) for layer in range(moe_layers))

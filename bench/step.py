@@ -35,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.routes import NEIGHBOUR_SHARE, ROUTINGS, record_routes, set_routes  # noqa: E402
+from bench.routes import NEIGHBOUR_SHARE, ROUTINGS, regime_routes  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
@@ -109,16 +109,22 @@ PATH_KERNELS = {"kernel": Kernels(), "reference": Kernels(moe="off")}
 KERNEL_PATH_MOE = tuple(c for c in KERNEL_CHOICES["moe"] if c != "off")
 
 
+def step_routes(cfg, routing: str, tokens_BT):
+    """`forward`'s `expert_ids` for `routing` at these tokens (`bench.routes.regime_routes`; None for "model")."""
+    b, t = tokens_BT.shape
+    return regime_routes(routing, b, t, cfg.num_hidden_layers - cfg.first_k_dense_replace, cfg.n_routed_experts,
+                         cfg.num_experts_per_tok)
+
+
 def make_step(cfg, kernels: Kernels, routing: str = "model"):
-    """Jitted target forward under `kernels` (cache donated) returning logits, the cache and the router ids of
-    each MoE layer; `routing` other than "model" sets the ids (`bench.routes.set_routes`, per row of T tokens)."""
+    """Jitted target forward under `kernels` (cache donated) returning logits, the cache and the expert ids of
+    each MoE layer [L, B*T, K]; `routing` other than "model" sets the ids (`bench.routes.regime_routes`, per row of T
+    tokens)."""
     cfg = cfg.replace(kernels=kernels)
 
     def step(w, tokens_BT, positions_BT, cache):
-        recorded = []
-        with set_routes(routing, tokens_BT.shape[1]), record_routes(recorded):
-            out = forward(w, cfg, tokens_BT, positions_BT, cache)
-        return out.logits, out.cache, jnp.stack(recorded)
+        out = forward(w, cfg, tokens_BT, positions_BT, cache, expert_ids=step_routes(cfg, routing, tokens_BT))
+        return out.logits, out.cache, jnp.stack(out.expert_ids)
 
     return jax.jit(step, donate_argnums=(3,))
 
@@ -130,10 +136,11 @@ def make_step_loop(cfg, kernels: Kernels, routing: str = "model"):
     cfg = cfg.replace(kernels=kernels)
 
     def loop(w, tokens_BT, positions_BT, cache, steps):
+        expert_ids = step_routes(cfg, routing, tokens_BT)
+
         def body(_, carry):
             toks, c = carry
-            with set_routes(routing, toks.shape[1]):
-                out = forward(w, cfg, toks, positions_BT, c)
+            out = forward(w, cfg, toks, positions_BT, c, expert_ids=expert_ids)
             return jnp.argmax(out.logits, axis=-1).astype(toks.dtype), out.cache
 
         return jax.lax.fori_loop(0, steps, body, (tokens_BT, cache))

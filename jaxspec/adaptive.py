@@ -407,8 +407,8 @@ def speculative_step(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: 
                      greedy: bool, max_new_tokens: int, ema: float, probe: bool = True, drafter=None):
     """K >= 1: one speculative cycle of K drafts (the draft already caught up), its outcome observed."""
     live_B = ~spec.done
-    spec, accepted_B = speculative_cycle_accepting(w, spec, sp, cfg=cfg, k=k, greedy=greedy,
-                                                   max_new_tokens=max_new_tokens, drafter=drafter)
+    spec, accepted_B, _ = speculative_cycle_accepting(w, spec, sp, cfg=cfg, k=k, greedy=greedy,
+                                                      max_new_tokens=max_new_tokens, drafter=drafter)
     hits_BJ, trials_BJ = est
     j_J = jnp.arange(1, hits_BJ.shape[1] + 1)[None]
     observed_BJ = live_B[:, None] & (j_J <= jnp.minimum(accepted_B + 1, k)[:, None])

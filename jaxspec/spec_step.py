@@ -13,6 +13,8 @@ Positions (chain drafting, L = committed target length, x_L = the pending token)
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -67,12 +69,18 @@ def speculative_cycle(w: SpecWeights, state: SpecState, sp: dict, *, cfg: SpecCo
                       max_new_tokens: int, drafter=None) -> SpecState:
     """`drafter` replaces the EAGLE-3 chain (same signature as `draft_chain`); tests plug oracles in here."""
     return speculative_cycle_accepting(w, state, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
-                                       drafter=drafter)[0]
+                                       drafter=drafter).state
+
+
+class CycleOutput(NamedTuple):
+    state: SpecState
+    accepted: jax.Array  # [B] drafts each sequence accepted (what adaptive K learns from)
+    verify_expert_ids: tuple[jax.Array, ...]  # per MoE layer [B*(K+1), topk]: the experts the verify ran
 
 
 def speculative_cycle_accepting(w: SpecWeights, state: SpecState, sp: dict, *, cfg: SpecConfig, k: int, greedy: bool,
-                                max_new_tokens: int, drafter=None) -> tuple[SpecState, jax.Array]:
-    """`speculative_cycle` that also returns the drafts each sequence accepted [B] (what adaptive K learns from)."""
+                                max_new_tokens: int, drafter=None) -> CycleOutput:
+    """`speculative_cycle` that also returns what the cycle accepted and the experts its verify ran."""
     tcfg, dcfg = cfg.target, cfg.draft
     b = state.pending.shape[0]
     key, k_draft, k_accept = jax.random.split(state.key, 3)
@@ -99,7 +107,7 @@ def speculative_cycle_accepting(w: SpecWeights, state: SpecState, sp: dict, *, c
 
     new_state = commit(state, cfg, key, accepted_B, emitted_BK1, verify.cache, ext.cache, next_logits_BVd,
                        next_hidden_BH, max_new_tokens)
-    return new_state, accepted_B
+    return CycleOutput(new_state, accepted_B, verify.expert_ids)
 
 
 def commit(state: SpecState, cfg: SpecConfig, key, accepted_B, emitted_BK1, target_cache, draft_cache,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -53,16 +54,30 @@ class ForwardOutput(NamedTuple):
     aux_hidden: jax.Array  # [B, T, len(aux_layers) * H]: residual stream leaving each aux layer
     cache: LatentCache  # lengths unchanged: the caller decides what is committed
     final_hidden: jax.Array  # [B, T, H] after the final norm
+    expert_ids: tuple[jax.Array, ...] = ()  # per MoE layer [B*T, K]: the experts each token ran
 
 
-def decoder_layer(x_BTH, lw: LayerWeights, cfg: TextConfig, cos, sin, positions_BT, latent, k_rope, attention):
+def decoder_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope, expert_ids_TK=None, *,
+                  cfg: TextConfig, attention: str):
+    """One layer: (residual stream out [B, T, H], latent cache, rope-key cache, the experts each token ran [B*T, K]
+    or None in a dense layer)."""
     attn_BTH, latent, k_rope = mla(
         rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention
     )
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
-    ff_BTH = moe(h_BTH, lw.mlp, cfg) if isinstance(lw.mlp, MoEWeights) else swiglu(h_BTH, lw.mlp)
-    return x_BTH + ff_BTH, latent, k_rope
+    if isinstance(lw.mlp, MoEWeights):
+        ff_BTH, ids_TK = moe(h_BTH, lw.mlp, cfg, expert_ids_TK)
+    else:
+        ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
+    return x_BTH + ff_BTH, latent, k_rope, ids_TK
+
+
+# Each layer is a call of this one jitted function. JAX traces and lowers a jitted callee once per signature (the
+# dense first layers, the MoE layers) and calls it from every layer, so tracing and lowering a program (its Pallas
+# kernels included) cost the same at 61 layers as at 2. XLA inlines the calls before it optimizes, so the program
+# that runs is the one an unrolled Python loop builds.
+layer_call = jax.jit(decoder_layer, static_argnames=("cfg", "attention"))
 
 
 def forward(
@@ -74,21 +89,29 @@ def forward(
     *,
     logits_at: jax.Array | None = None,
     attention: str = "absorbed",
+    expert_ids: Sequence[jax.Array] | None = None,
 ) -> ForwardOutput:
     """Run T new tokens per sequence at `positions` (slot = position) through the target.
 
-    `logits_at` [B] picks one token per sequence for the lm_head (prefill needs only the last)."""
+    `logits_at` [B] picks one token per sequence for the lm_head (prefill needs only the last). `expert_ids`: one
+    [B*T, K] array per MoE layer replacing the router's choices (`model.moe.moe`; benchmarks only)."""
     inv_freq, multiplier = target_rope_tables(cfg)
     cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
     x_BTH = w.embed[tokens_BT]
     aux_ids = set(cfg.eagle_aux_layers)
-    aux, latents, k_ropes = [], [], []
+    aux, latents, k_ropes, chosen = [], [], [], []
     for i, lw in enumerate(w.layers):
-        x_BTH, latent, k_rope = decoder_layer(
-            x_BTH, lw, cfg, cos, sin, positions_BT, cache.latent[i], cache.k_rope[i], attention
+        forced_TK = None
+        if expert_ids is not None and isinstance(lw.mlp, MoEWeights):
+            forced_TK = expert_ids[len(chosen)]
+        x_BTH, latent, k_rope, ids_TK = layer_call(
+            x_BTH, lw, cos, sin, positions_BT, cache.latent[i], cache.k_rope[i], forced_TK, cfg=cfg,
+            attention=attention,
         )
         latents.append(latent)
         k_ropes.append(k_rope)
+        if ids_TK is not None:
+            chosen.append(ids_TK)
         if i in aux_ids:
             aux.append(x_BTH)
     final_BTH = rms_norm(x_BTH, w.final_norm, cfg.rms_norm_eps)
@@ -98,4 +121,4 @@ def forward(
     logits = jnp.einsum("bth,vh->btv", head_in, w.lm_head.astype(head_in.dtype), preferred_element_type=jnp.float32)
     aux_BTA = jnp.concatenate(aux, axis=-1) if aux else jnp.zeros((*x_BTH.shape[:2], 0), x_BTH.dtype)
     new_cache = LatentCache(latent=tuple(latents), k_rope=tuple(k_ropes), lengths=cache.lengths)
-    return ForwardOutput(logits, aux_BTA, new_cache, final_BTH)
+    return ForwardOutput(logits, aux_BTA, new_cache, final_BTH, tuple(chosen))

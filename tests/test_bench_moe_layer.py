@@ -72,7 +72,7 @@ def test_moe_block_is_the_decoder_layers_moe_and_counts_its_bytes():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, cfg.hidden_size)).astype(jnp.bfloat16)
     ids = jnp.zeros((2, cfg.num_experts_per_tok), jnp.int32)  # unused: the block routes x itself
     out = jax.jit(functools.partial(_moe_block, cfg=cfg))(x, layer, ids, jnp.ones(ids.shape, jnp.float32))
-    want = jax.jit(lambda x, layer: moe(x[None], layer, cfg)[0])(x, layer)
+    want = jax.jit(lambda x, layer: moe(x[None], layer, cfg)[0][0])(x, layer)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
     per_expert = nbytes(layer.experts) // layer.experts.num_experts
     assert moe_block_bytes(layer, 5, x) == (nbytes(layer.router) + nbytes(layer.router_bias) + nbytes(layer.shared)

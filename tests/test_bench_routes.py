@@ -1,12 +1,12 @@
-"""bench.routes.set_routes: the routing regimes bench times kernels under (issue 36), and that the model's own
-router is what runs when no regime is set."""
+"""bench.routes: the routing regimes bench times kernels under (issue 36), handed to the forward as data, and that
+the model's own router is what runs when no regime is set."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.routes import ROUTINGS, record_routes, regime_ids
+from bench.routes import ROUTINGS, regime_ids
 from bench.step import bench_config, draw_weights, make_step, random_cache, step_inputs
 from model.config import Kernels
 from model.decoder import forward
@@ -52,18 +52,20 @@ def test_the_step_routes_by_the_regime_or_by_its_router():
     model_ids, shared_ids = recorded("model"), recorded("shared")
     moe_layers = cfg.num_hidden_layers - cfg.first_k_dense_replace
     assert model_ids.shape == shared_ids.shape == (moe_layers, batch * tokens, cfg.num_experts_per_tok)
-    for layer in range(moe_layers):  # each MoE layer its own draw, the draw set_routes documents
+    for layer in range(moe_layers):  # each MoE layer its own draw, the draw regime_routes documents
         want = regime_ids(jax.random.fold_in(jax.random.PRNGKey(0), layer), batch, tokens, cfg.n_routed_experts,
                           cfg.num_experts_per_tok, "shared")
         np.testing.assert_array_equal(shared_ids[layer], np.asarray(want))
     assert not np.array_equal(model_ids, shared_ids)
-    # "model": the router's own choices, as the same jitted forward makes them with nothing set
-    def plain(w, tokens_BT, positions_BT, cache):
-        recorder = []
-        with record_routes(recorder):
-            forward(w, cfg.replace(kernels=Kernels(moe="off")), tokens_BT, positions_BT, cache)
-        return jnp.stack(recorder)
-
-    cache = random_cache(cfg, batch, 32, context, key, jnp.float32)
-    np.testing.assert_array_equal(model_ids, np.asarray(jax.jit(plain)(w, *step_inputs(cfg, batch, tokens, context,
-                                                                                        key), cache)))
+    # "model": the router's own choices, as the same jitted forward makes them with nothing set; handing those
+    # choices back in runs the same step, and the shared regime's choices run another
+    cfg_off = cfg.replace(kernels=Kernels(moe="off"))
+    run = jax.jit(lambda w, t, p, c, ids: forward(w, cfg_off, t, p, c, expert_ids=ids))
+    inputs = step_inputs(cfg, batch, tokens, context, key)
+    plain = run(w, *inputs, random_cache(cfg, batch, 32, context, key, jnp.float32), None)
+    np.testing.assert_array_equal(model_ids, np.asarray(jnp.stack(plain.expert_ids)))
+    again = run(w, *inputs, random_cache(cfg, batch, 32, context, key, jnp.float32), tuple(jnp.asarray(model_ids)))
+    np.testing.assert_array_equal(np.asarray(again.logits), np.asarray(plain.logits))
+    forced = run(w, *inputs, random_cache(cfg, batch, 32, context, key, jnp.float32), tuple(jnp.asarray(shared_ids)))
+    np.testing.assert_array_equal(np.asarray(jnp.stack(forced.expert_ids)), shared_ids)
+    assert not np.allclose(np.asarray(forced.logits), np.asarray(plain.logits))
