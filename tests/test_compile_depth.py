@@ -1,0 +1,80 @@
+"""What a program costs to build does not grow with depth: every layer is a call of one jitted function
+(`model.decoder.layer_call`), traced and lowered once per signature, so the lowered program of 8 layers is barely
+larger than that of 2, and its Pallas kernels are lowered once however many layers call them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bench import compile_depth
+from bench.step import bench_config, draw_weights
+from model.decoder import forward
+from model.init import init_kimi_weights
+from model.kernels import dispatch
+from model.kv_cache import init_latent_cache
+
+
+def test_the_bench_builds_each_program_and_the_lowered_size_stays_flat(tmp_path):
+    # its own process: the bench points JAX's persistent cache at --cache-dir, which JAX settles once a process
+    subprocess.run([sys.executable, "-m", "bench.compile_depth", "--tiny", "--layers", "3", "8", "--programs",
+                    "decode", "verify4", "cycle3", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path)],
+                   check=True, capture_output=True, cwd=Path(__file__).parents[1], timeout=600)
+    result = json.loads(next(tmp_path.glob("compile-depth-*.json")).read_text())
+    assert not result["errors"]
+    rows = {(r["layers"], r["program"]): r for r in result["rows"]}
+    assert set(rows) == {(n, p) for n in (3, 8) for p in ("decode", "verify4", "cycle3")}
+    for program in ("decode", "verify4", "cycle3"):
+        shallow, deep = rows[3, program], rows[8, program]
+        assert deep["text_mb"] <= 1.3 * shallow["text_mb"], program
+        assert deep["function_calls"] > shallow["function_calls"]  # each layer calls the shared body
+        assert shallow["cached_compile_s"] is not None
+    assert (tmp_path / "cache").is_dir() and any((tmp_path / "cache").iterdir())
+    assert "| 8 | cycle3 |" in next(tmp_path.glob("compile-depth-*.md")).read_text()
+
+
+def test_a_program_of_8_layers_lowers_to_at_most_1_3x_one_of_2():
+    sizes = {}
+    for layers in (2, 8):
+        cfg = bench_config(layers, tiny=True)
+        w = draw_weights(cfg, tiny=True, moe_layers="repeated")
+        cache = init_latent_cache(cfg, 1, 64, jnp.float32)
+        tokens = jnp.zeros((1, 1), jnp.int32)
+        step = jax.jit(lambda w, t, c, cfg=cfg: forward(w, cfg, t, t, c).logits)
+        sizes[layers] = len(step.trace(w, tokens, cache).lower().as_text())
+    assert sizes[8] <= 1.3 * sizes[2], sizes
+
+
+@pytest.fixture
+def as_on_a_hopper_gpu():
+    """Trace as on one Hopper GPU (the kernels' dispatch says yes) and lower for CUDA; JAX's caches are cleared after,
+    so no program of this process reuses a trace made under the pretence."""
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"), \
+            mock.patch.object(dispatch, "on_hopper", lambda: True):
+        yield
+    jax.clear_caches()
+
+
+def test_the_gpu_program_lowers_each_kernel_once_whatever_the_depth(as_on_a_hopper_gpu):
+    """At Kimi-K2.5's shapes (INT4 experts) the decode and verify steps lowered for CUDA hold the same Pallas custom
+    calls (routed experts, MLA attention, router top-k) at 8 layers as at 2: one lowering serves every layer."""
+    found = {}
+    for layers in (2, 8):
+        cfg = bench_config(layers, tiny=False)
+        w = jax.eval_shape(lambda cfg=cfg: init_kimi_weights(cfg, jax.random.PRNGKey(0), experts="int4"))
+        cache = jax.eval_shape(lambda cfg=cfg: init_latent_cache(cfg, 1, 1024, jnp.bfloat16))
+        for tokens in (1, 4):
+            t = jax.ShapeDtypeStruct((1, tokens), jnp.int32)
+            step = jax.jit(lambda w, t, c, cfg=cfg: forward(w, cfg, t, t, c).logits)
+            text = step.trace(w, t, cache).lower(lowering_platforms=("cuda",)).as_text()
+            found[layers, tokens] = (compile_depth.custom_calls(text), len(text))
+    for tokens in (1, 4):
+        (calls_2, size_2), (calls_8, size_8) = found[2, tokens], found[8, tokens]
+        assert calls_2 >= 3  # the kernels are in the program (experts, attention, router)
+        assert calls_8 == calls_2, found
+        assert size_8 <= 1.1 * size_2, found
