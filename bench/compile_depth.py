@@ -73,8 +73,21 @@ def custom_calls(text: str) -> int:
     return text.count("stablehlo.custom_call")
 
 
+CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+cache_counts = {"hits": 0, "misses": 0}
+
+
+def _count_cache_event(event: str, **_) -> None:
+    if event in CACHE_EVENTS:
+        cache_counts[CACHE_EVENTS[event]] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_event)
+
+
 def build(fn, args, cache_dir: Path | None) -> dict:
-    """Trace, lower and compile `fn` at `args`, each timed; with `cache_dir`, compile again from the cache."""
+    """Trace, lower and compile `fn` at `args`, each timed; with `cache_dir`, compile again from the cache. The
+    persistent cache's hits during each compile are counted (`compile_cache_hit`, `cached_compile_cache_hit`)."""
     t0 = time.perf_counter()
     traced = fn.trace(*args)
     t1 = time.perf_counter()
@@ -82,27 +95,34 @@ def build(fn, args, cache_dir: Path | None) -> dict:
     t2 = time.perf_counter()
     text = lowered.as_text()
     t3 = time.perf_counter()
+    hits = cache_counts["hits"]
     lowered.compile()
     t4 = time.perf_counter()
+    hit = cache_counts["hits"] > hits
     row = dict(trace_s=t1 - t0, lower_s=t2 - t1, compile_s=t4 - t3, text_mb=len(text) / 1e6,
                custom_calls=custom_calls(text), function_calls=text.count("call @"))
     row["total_s"] = row["trace_s"] + row["lower_s"] + row["compile_s"]
+    if cache_dir is not None:
+        row["compile_cache_hit"] = hit
     if cache_dir is not None:  # as a new process would: nothing kept in memory, the disk cache warm
         jax.clear_caches()
         again = fn.trace(*args).lower()
+        hits = cache_counts["hits"]
         t5 = time.perf_counter()
         again.compile()
         row["cached_compile_s"] = time.perf_counter() - t5
+        row["cached_compile_cache_hit"] = cache_counts["hits"] > hits
     return row
 
 
-def profiled_compile(fn, args, top: int) -> list[dict]:
+def profiled_compile(fn, args, top: int, use_cache: bool = False) -> list[dict]:
     """The events of XLA's compile of `fn` that took the most time in all (inclusive: a pass pipeline counts its
-    passes too), from the JAX profiler's trace; Python's frames are left out."""
+    passes too), from the JAX profiler's trace; Python's frames are left out, but for a load from the cache
+    (`use_cache`)."""
     jax.clear_caches()  # JAX keeps what it compiled in memory too
     lowered = fn.trace(*args).lower()
     cache_on = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)  # compile, whatever a cache holds
+    jax.config.update("jax_enable_compilation_cache", use_cache)  # without: compile, whatever a cache holds
     try:
         with tempfile.TemporaryDirectory() as d:
             with jax.profiler.trace(d, create_perfetto_trace=True):
@@ -113,7 +133,8 @@ def profiled_compile(fn, args, top: int) -> list[dict]:
         jax.config.update("jax_enable_compilation_cache", cache_on)
     total, count = defaultdict(float), defaultdict(int)
     for e in events:
-        if e.get("ph") == "X" and "dur" in e and not str(e.get("name", "$")).startswith("$"):  # not Python frames
+        # a compile's own events name XLA's passes; a load has few, so its Python frames are kept
+        if e.get("ph") == "X" and "dur" in e and (use_cache or not str(e.get("name", "$")).startswith("$")):
             name = re.sub(r"\.\d+$", "", str(e.get("name", "")))
             total[name] += e["dur"] / 1e6
             count[name] += 1
@@ -127,9 +148,11 @@ def markdown(result: dict) -> str:
              "program's StableHLO text in MB and the custom calls (Pallas kernels) in it.", "",
              "| layers | program | trace | lower | XLA compile | total | from the cache | lowered MB | custom calls |",
              "|---|---|---|---|---|---|---|---|---|"]
+    hit = {True: " (hit)", False: " (miss)", None: ""}
     for r in result["rows"]:
         lines.append(f"| {r['layers']} | {r['program']} | {fmt(r['trace_s'], 2)} | {fmt(r['lower_s'], 2)} | "
-                     f"{fmt(r['compile_s'], 2)} | {fmt(r['total_s'], 2)} | {fmt(r.get('cached_compile_s'), 3)} | "
+                     f"{fmt(r['compile_s'], 2)}{hit[r.get('compile_cache_hit') or None]} | {fmt(r['total_s'], 2)} | "
+                     f"{fmt(r.get('cached_compile_s'), 3)}{hit[r.get('cached_compile_cache_hit')]} | "
                      f"{fmt(r['text_mb'], 2)} | {r['custom_calls']} |")
     for p in result.get("profiles", []):
         lines += ["", f"XLA compile of {p['program']} at {p['layers']} layers, host events by total time:", "",
@@ -146,6 +169,9 @@ def main(argv=None):
     p.add_argument("--programs", type=parse_program, nargs="+", default=[("step", 1), ("step", 4), ("cycle", 3)],
                    metavar="PROGRAM", help="decode, verifyT (T tokens), cycleK (K drafts)")
     p.add_argument("--cache-dir", type=Path, help="a new, empty directory: compile each program again from it")
+    p.add_argument("--warm", action="store_true",
+                   help="--cache-dir holds what an earlier process compiled: the first compile loads (and --profile "
+                        "profiles the load)")
     p.add_argument("--profile", nargs="*", default=[], metavar="PROGRAM",
                    help="profile XLA's compile of these programs at the deepest depth")
     p.add_argument("--profile-top", type=int, default=40)
@@ -153,8 +179,9 @@ def main(argv=None):
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
     if args.cache_dir is not None:
-        if args.cache_dir.exists() and any(args.cache_dir.iterdir()):
-            raise SystemExit(f"--cache-dir {args.cache_dir}: not empty (the first compile must be cold)")
+        if not args.warm and args.cache_dir.exists() and any(args.cache_dir.iterdir()):
+            raise SystemExit(f"--cache-dir {args.cache_dir}: not empty (the first compile must be cold; --warm to "
+                             "load what an earlier run wrote there)")
         args.cache_dir.mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", str(args.cache_dir))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -176,7 +203,8 @@ def main(argv=None):
                       f"{row['custom_calls']} custom calls", flush=True)
                 if program in args.profile and layers == max(args.layers):
                     result["profiles"].append(dict(layers=layers, program=program,
-                                                   events=profiled_compile(fn, fargs, args.profile_top)))
+                                                   events=profiled_compile(fn, fargs, args.profile_top,
+                                                                           use_cache=args.warm)))
             except Exception as e:  # noqa: BLE001 - one program's failure is reported, the others still run
                 result["errors"].append(f"{layers} layers {program}: {type(e).__name__}: {e}"[:2000])
                 print(result["errors"][-1], flush=True)
