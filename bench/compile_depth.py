@@ -4,12 +4,14 @@ experts at batch 1 over a 1k context), jax's trace, its lowering to StableHLO an
 beside the size of the lowered text and the custom calls (Pallas kernels) in it. Programs are built from shapes
 alone: nothing is drawn or run, so a 61-layer program costs its compile and no memory.
 
-`--cache-dir DIR` (a new, empty directory) compiles each program a second time with JAX's persistent compilation
-cache pointed there: the first compile is cold, the second loads what the first wrote. `--profile` records XLA's
-compile of each program with the JAX profiler and keeps the host events that took the most time (where a compile's
-seconds go, pass by pass). Writes compile-depth-<device>-<date>.json and .md to --out.
+`--cache-dir DIR` (a new, empty directory) points JAX's persistent compilation cache there, so the compiles are
+cold and their programs are kept; a second process with `--warm` and the same directory then times what a later run
+of the engine pays: each compile a load (the table marks hits). `--profile PROGRAM ...` records XLA's cold compile
+of those programs at the deepest depth with the JAX profiler and keeps the events that took the most time (where a
+compile's seconds go, pass by pass). Writes compile-depth-<device>-<date>.json and .md to --out.
 
     python -m bench.compile_depth --layers 4 10 61 --programs decode verify4 cycle3 --cache-dir /tmp/cc
+    python -m bench.compile_depth --layers 61 --programs decode --cache-dir /tmp/cc --warm
 """
 
 from __future__ import annotations
@@ -86,8 +88,8 @@ jax.monitoring.register_event_listener(_count_cache_event)
 
 
 def build(fn, args, cache_dir: Path | None) -> dict:
-    """Trace, lower and compile `fn` at `args`, each timed; with `cache_dir`, compile again from the cache. The
-    persistent cache's hits during each compile are counted (`compile_cache_hit`, `cached_compile_cache_hit`)."""
+    """Trace, lower and compile `fn` at `args`, each timed; with `cache_dir`, whether the compile was a load from
+    the persistent cache (`compile_cache_hit`)."""
     t0 = time.perf_counter()
     traced = fn.trace(*args)
     t1 = time.perf_counter()
@@ -104,25 +106,16 @@ def build(fn, args, cache_dir: Path | None) -> dict:
     row["total_s"] = row["trace_s"] + row["lower_s"] + row["compile_s"]
     if cache_dir is not None:
         row["compile_cache_hit"] = hit
-    if cache_dir is not None:  # as a new process would: nothing kept in memory, the disk cache warm
-        jax.clear_caches()
-        again = fn.trace(*args).lower()
-        hits = cache_counts["hits"]
-        t5 = time.perf_counter()
-        again.compile()
-        row["cached_compile_s"] = time.perf_counter() - t5
-        row["cached_compile_cache_hit"] = cache_counts["hits"] > hits
     return row
 
 
-def profiled_compile(fn, args, top: int, use_cache: bool = False) -> list[dict]:
+def profiled_compile(fn, args, top: int) -> list[dict]:
     """The events of XLA's compile of `fn` that took the most time in all (inclusive: a pass pipeline counts its
-    passes too), from the JAX profiler's trace; Python's frames are left out, but for a load from the cache
-    (`use_cache`)."""
+    passes too), from the JAX profiler's trace; Python's frames are left out."""
     jax.clear_caches()  # JAX keeps what it compiled in memory too
     lowered = fn.trace(*args).lower()
     cache_on = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", use_cache)  # without: compile, whatever a cache holds
+    jax.config.update("jax_enable_compilation_cache", False)  # compile, whatever a cache holds
     try:
         with tempfile.TemporaryDirectory() as d:
             with jax.profiler.trace(d, create_perfetto_trace=True):
@@ -133,8 +126,7 @@ def profiled_compile(fn, args, top: int, use_cache: bool = False) -> list[dict]:
         jax.config.update("jax_enable_compilation_cache", cache_on)
     total, count = defaultdict(float), defaultdict(int)
     for e in events:
-        # a compile's own events name XLA's passes; a load has few, so its Python frames are kept
-        if e.get("ph") == "X" and "dur" in e and (use_cache or not str(e.get("name", "$")).startswith("$")):
+        if e.get("ph") == "X" and "dur" in e and not str(e.get("name", "$")).startswith("$"):  # not Python frames
             name = re.sub(r"\.\d+$", "", str(e.get("name", "")))
             total[name] += e["dur"] / 1e6
             count[name] += 1
@@ -146,13 +138,12 @@ def markdown(result: dict) -> str:
     lines = [f"# Building the engine's programs by depth: {result['device']}, jax {result['jax']}, {result['date']}",
              "", "Kimi-K2.5 shapes, INT4 experts, batch 1, 1k context, built from shapes alone. Seconds; the lowered "
              "program's StableHLO text in MB and the custom calls (Pallas kernels) in it.", "",
-             "| layers | program | trace | lower | XLA compile | total | from the cache | lowered MB | custom calls |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| layers | program | trace | lower | XLA compile | total | lowered MB | custom calls |",
+             "|---|---|---|---|---|---|---|---|"]
     hit = {True: " (hit)", False: " (miss)", None: ""}
     for r in result["rows"]:
         lines.append(f"| {r['layers']} | {r['program']} | {fmt(r['trace_s'], 2)} | {fmt(r['lower_s'], 2)} | "
-                     f"{fmt(r['compile_s'], 2)}{hit[r.get('compile_cache_hit') or None]} | {fmt(r['total_s'], 2)} | "
-                     f"{fmt(r.get('cached_compile_s'), 3)}{hit[r.get('cached_compile_cache_hit')]} | "
+                     f"{fmt(r['compile_s'], 2)}{hit[r.get('compile_cache_hit')]} | {fmt(r['total_s'], 2)} | "
                      f"{fmt(r['text_mb'], 2)} | {r['custom_calls']} |")
     for p in result.get("profiles", []):
         lines += ["", f"XLA compile of {p['program']} at {p['layers']} layers, host events by total time:", "",
@@ -170,8 +161,7 @@ def main(argv=None):
                    metavar="PROGRAM", help="decode, verifyT (T tokens), cycleK (K drafts)")
     p.add_argument("--cache-dir", type=Path, help="a new, empty directory: compile each program again from it")
     p.add_argument("--warm", action="store_true",
-                   help="--cache-dir holds what an earlier process compiled: the first compile loads (and --profile "
-                        "profiles the load)")
+                   help="--cache-dir holds what an earlier process compiled there: each compile is a load")
     p.add_argument("--profile", nargs="*", default=[], metavar="PROGRAM",
                    help="profile XLA's compile of these programs at the deepest depth")
     p.add_argument("--profile-top", type=int, default=40)
@@ -203,8 +193,7 @@ def main(argv=None):
                       f"{row['custom_calls']} custom calls", flush=True)
                 if program in args.profile and layers == max(args.layers):
                     result["profiles"].append(dict(layers=layers, program=program,
-                                                   events=profiled_compile(fn, fargs, args.profile_top,
-                                                                           use_cache=args.warm)))
+                                                   events=profiled_compile(fn, fargs, args.profile_top)))
             except Exception as e:  # noqa: BLE001 - one program's failure is reported, the others still run
                 result["errors"].append(f"{layers} layers {program}: {type(e).__name__}: {e}"[:2000])
                 print(result["errors"][-1], flush=True)

@@ -20,22 +20,30 @@ from model.kernels import dispatch
 from model.kv_cache import init_latent_cache
 
 
-def test_the_bench_builds_each_program_and_the_lowered_size_stays_flat(tmp_path):
+def _bench(tmp_path, *flags):
     # its own process: the bench points JAX's persistent cache at --cache-dir, which JAX settles once a process
+    out = tmp_path / ("warm" if "--warm" in flags else "cold")
     subprocess.run([sys.executable, "-m", "bench.compile_depth", "--tiny", "--layers", "3", "8", "--programs",
-                    "decode", "verify4", "cycle3", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path)],
+                    "decode", "verify4", "cycle3", "--cache-dir", str(tmp_path / "cache"), "--out", str(out), *flags],
                    check=True, capture_output=True, cwd=Path(__file__).parents[1], timeout=600)
-    result = json.loads(next(tmp_path.glob("compile-depth-*.json")).read_text())
+    result = json.loads(next(out.glob("compile-depth-*.json")).read_text())
     assert not result["errors"]
-    rows = {(r["layers"], r["program"]): r for r in result["rows"]}
-    assert set(rows) == {(n, p) for n in (3, 8) for p in ("decode", "verify4", "cycle3")}
+    return {(r["layers"], r["program"]): r for r in result["rows"]}, out
+
+
+def test_the_bench_builds_each_program_the_lowered_size_stays_flat_and_a_later_run_loads(tmp_path):
+    cold, out = _bench(tmp_path)
+    assert set(cold) == {(n, p) for n in (3, 8) for p in ("decode", "verify4", "cycle3")}
     for program in ("decode", "verify4", "cycle3"):
-        shallow, deep = rows[3, program], rows[8, program]
+        shallow, deep = cold[3, program], cold[8, program]
         assert deep["text_mb"] <= 1.3 * shallow["text_mb"], program
         assert deep["function_calls"] > shallow["function_calls"]  # each layer calls the shared body
-        assert shallow["cached_compile_s"] is not None
-    assert (tmp_path / "cache").is_dir() and any((tmp_path / "cache").iterdir())
-    assert "| 8 | cycle3 |" in next(tmp_path.glob("compile-depth-*.md")).read_text()
+    assert not any(r["compile_cache_hit"] for r in cold.values())
+    assert "| 8 | cycle3 |" in next(out.glob("compile-depth-*.md")).read_text()
+    warm, _ = _bench(tmp_path, "--warm")
+    assert all(r["compile_cache_hit"] for r in warm.values())  # each program loaded from what the first run kept
+    with pytest.raises(subprocess.CalledProcessError):  # a cold run refuses a cache that holds programs
+        _bench(tmp_path)
 
 
 def test_a_program_of_8_layers_lowers_to_at_most_1_3x_one_of_2():
