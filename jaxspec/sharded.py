@@ -8,6 +8,9 @@ devices are assembled from the host value every process holds alike.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
@@ -84,15 +87,32 @@ class MeshProgram:
         return self.compiled(*place(args, self.in_shardings))
 
 
-def compile_program(fn, args: tuple, donate: tuple = (), mesh: Mesh | None = None):
-    """Ahead-of-time compile `fn(*args)`: as a plain jit without a mesh, else with the rule shardings in and
-    STATE_RULES out, traced inside the mesh."""
+def lower_program(fn, args: tuple, donate: tuple = (), mesh: Mesh | None = None):
+    """Trace and lower `fn(*args)` (arrays or their shapes): as a plain jit without a mesh, else with the rule
+    shardings in and STATE_RULES out, traced inside the mesh. Returns (the lowered program, its in-shardings or
+    None without a mesh)."""
     if mesh is None:
-        return jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+        return jax.jit(fn, donate_argnums=donate).lower(*args), None
     in_shardings = arg_shardings(args, mesh)
     abstract = _abstract(args)
     with mesh_context(mesh):
         out_shardings = shardings_for(jax.eval_shape(fn, *abstract), mesh, STATE_RULES)
         jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
-        compiled = jitted.lower(*abstract).compile()
-    return MeshProgram(compiled, in_shardings)
+        return jitted.lower(*abstract), in_shardings
+
+
+def compile_programs(specs: list[tuple], mesh: Mesh | None = None) -> list:
+    """Ahead-of-time compile each `(fn, args, donate)` of `specs` (`lower_program`). JAX traces and lowers them one
+    after another; XLA then compiles them side by side, one thread each (a program's optimisation passes run on
+    one core, and at Kimi's depth each takes tens of seconds), or loads them from the persistent cache."""
+    lowered = [lower_program(fn, args, donate, mesh) for fn, args, donate in specs]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
+        compiled = list(pool.map(lambda lw: lw[0].compile(), lowered))
+    return [c if ins is None else MeshProgram(c, ins) for c, (_, ins) in zip(compiled, lowered)]
+
+
+def compile_program(fn, args: tuple, donate: tuple = (), mesh: Mesh | None = None):
+    """Ahead-of-time compile `fn(*args)` (`lower_program`)."""
+    lowered, in_shardings = lower_program(fn, args, donate, mesh)
+    compiled = lowered.compile()
+    return compiled if in_shardings is None else MeshProgram(compiled, in_shardings)

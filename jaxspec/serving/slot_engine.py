@@ -8,6 +8,7 @@ sampling values, seed) is traced, so requests never cause a compile beyond a new
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -21,7 +22,8 @@ from jaxspec.prefill import DEFAULT_CHUNK, baseline_prefill, prompt_bucket, spec
 from jaxspec.sampling import SamplingParams
 from jaxspec.serving.slot_cycle import run_cycles
 from jaxspec.serving.slots import init_slots, insert_prefilled
-from jaxspec.sharded import compile_program, weights_to_run
+from jaxspec.sharded import compile_program, compile_programs, weights_to_run
+from model.sharding import mesh_context
 from model.kv_cache import round_capacity
 
 
@@ -82,17 +84,27 @@ class SlotEngine:
         return hit
 
     def warm_up(self, buckets=(16,)):
-        """Compile the loops (greedy-only and mixed) and the prefill programs for `buckets` before serving."""
+        """Compile the loops (greedy-only and mixed), the prefill programs for `buckets` and the insert before
+        serving, side by side (`jaxspec.sharded.compile_programs`)."""
         cancel = jnp.zeros((self.max_batch,), bool)
-        for sampled in (False, True):
-            self._loop(self.k, sampled, cancel)
-            for bucket in buckets:
-                self._prefill_program(bucket, greedy=not sampled)
-        self._insert_program(self._prefill_args(np.zeros((1,), np.int32), SamplingParams(), 0)[1])
+        specs = [self._loop_spec(self.k, sampled, cancel) for sampled in (False, True)]
+        specs += [self._prefill_spec(bucket, greedy) for greedy in (True, False) for bucket in buckets]
+        _, prefill_fn, prefill_args, _ = specs[2]
+        with mesh_context(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+            one = jax.eval_shape(prefill_fn, *prefill_args)  # what a prefill hands the insert
+        specs.append(self._insert_spec(one))
+        todo = [spec for spec in specs if spec[0] not in self._programs]
+        t0 = time.perf_counter()
+        programs = compile_programs([(fn, args, donate) for _, fn, args, donate in todo], self.mesh)
+        self._programs.update((key, program) for (key, *_), program in zip(todo, programs))
+        self.compile_s += time.perf_counter() - t0
+
+    def _loop_spec(self, k: int, sampled: bool, cancel) -> tuple:
+        fn = functools.partial(run_cycles, cfg=self.cfg, k=k, sampled=sampled, cycles=self.cycles_per_step)
+        return ("loop", k, sampled), fn, (self.weights, self.state, cancel), (1,)
 
     def _loop(self, k: int, sampled: bool, cancel):
-        fn = functools.partial(run_cycles, cfg=self.cfg, k=k, sampled=sampled, cycles=self.cycles_per_step)
-        return self._program(("loop", k, sampled), fn, (self.weights, self.state, cancel), donate=(1,))
+        return self._program(*self._loop_spec(k, sampled, cancel))
 
     def _prefill_args(self, tokens: np.ndarray, sampling: SamplingParams, seed: int):
         bucket = prompt_bucket(len(tokens))
@@ -103,7 +115,7 @@ class SlotEngine:
         program = self._prefill_program(bucket, sampling.greedy)
         return program, program(*args)
 
-    def _prefill_program(self, bucket: int, greedy: bool):
+    def _prefill_spec(self, bucket: int, greedy: bool) -> tuple:
         # max_new_tokens / max_cycles only size the batch-1 state's own output buffers, which the insert ignores
         common = dict(cfg=self.cfg, capacity=self.capacity, greedy=greedy, max_new_tokens=2, chunk=self.prefill_chunk)
         if self.k > 0:
@@ -112,12 +124,18 @@ class SlotEngine:
             fn = functools.partial(baseline_prefill, **common)
         sp = SamplingParams().as_arrays()
         args = (self.weights, jnp.zeros((1, bucket), jnp.int32), jnp.ones((1,), jnp.int32), jax.random.key(0), sp)
-        return self._program(("prefill", bucket, greedy), fn, args)
+        return ("prefill", bucket, greedy), fn, args, ()
 
-    def _insert_program(self, one):
+    def _prefill_program(self, bucket: int, greedy: bool):
+        return self._program(*self._prefill_spec(bucket, greedy))
+
+    def _insert_spec(self, one) -> tuple:
         fn = functools.partial(insert_prefilled, eos_ids=self.cfg.eos_ids)
         scalars = (jnp.int32(0), jnp.int32(1), jnp.bool_(True), jnp.float32(1), jnp.int32(0), jnp.float32(1))
-        return self._program(("insert",), fn, (self.state, one, *scalars), donate=(0,))
+        return ("insert",), fn, (self.state, one, *scalars), (0,)
+
+    def _insert_program(self, one):
+        return self._program(*self._insert_spec(one))
 
     # --- running -------------------------------------------------------------------------------------
     def prefill(self, slot: int, tokens: list[int], max_new: int, sampling: SamplingParams, seed: int) -> tuple[int, bool]:
