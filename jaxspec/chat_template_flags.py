@@ -12,7 +12,8 @@ import json
 from jaxspec.cli_common import UsageError
 
 # variables the renderer itself sets: neither a flag nor a request may replace them
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                            "tools_ts_str")
 
 
 def add_chat_template_flags(p) -> None:

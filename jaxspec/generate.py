@@ -239,6 +239,7 @@ def run(argv: list[str] | None = None) -> int:
     from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
     from jaxspec.sampling import SamplingParams
     from jaxspec.serving.assistant_output import parse_assistant
+    from jaxspec.serving.kimi_tool_declaration import InvalidToolSchema
     from jaxspec.serving.reasoning import prompt_opens_reasoning
     from jaxspec.tokenizer import StreamDecoder, load_tokenizer
 
@@ -283,8 +284,11 @@ def run(argv: list[str] | None = None) -> int:
     tools = _read_tools(a)
     if a.chat:
         kwargs = chat_template_kwargs(a)
-        prompts_text = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tools=tools, **kwargs)
-                        for p in prompts_text]
+        try:
+            prompts_text = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tools=tools, **kwargs)
+                            for p in prompts_text]
+        except InvalidToolSchema as e:  # K2.5's template declares the tools in TypeScript: it reads the schemas
+            raise UsageError(f"--tools {a.tools}: {e}") from None
     prompts = [tokenizer.encode(p) for p in prompts_text]
     bos = tokenizer.token_id("bos_token")
     if tokenizer.config.get("add_bos_token") and bos is not None:  # the embedded model saw <|bos|> at file starts

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.sandbox
+
+from jaxspec.serving.kimi_tool_declaration import InvalidToolSchema, UnsupportedToolSchema, tools_declaration
 
 # Kimi K2's pre-tokenizer split pattern (tokenization_kimi.py): Han runs, cased words, 1-3 digit numbers,
 # punctuation runs, newlines, spaces.
@@ -27,6 +30,9 @@ KIMI_PAT_STR = "|".join(
 KIMI_NUM_RESERVED_SPECIAL = 256
 # where a checkpoint keeps its chat template, in the order they are read (then tokenizer_config.json's entry)
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+# the variable Kimi-K2.5's tokenizer code fills with the tools as TypeScript (kimi_tool_declaration.py) for its
+# template, which declares `tools | tojson` only when it is unset
+TOOLS_TS_VARIABLE = "tools_ts_str"
 
 
 class TokenizerError(ValueError):
@@ -65,7 +71,12 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                             **template_kwargs) -> str:
         """Render as transformers' apply_chat_template does (same jinja settings, `tools` passed as given or None,
-        extra keyword arguments as template variables: Kimi-K2.5's `thinking`)."""
+        extra keyword arguments as template variables: Kimi-K2.5's `thinking`).
+
+        A template that reads `tools_ts_str` (Kimi-K2.5's) is rendered as its tokenizer code renders it: the tools
+        with every object's keys sorted, and `tools_ts_str` their TypeScript declaration, left unset where the
+        declaration does not cover a schema (the template then writes JSON). A tool schema that is not JSON
+        Schema raises kimi_tool_declaration.InvalidToolSchema."""
         if not self.chat_template:
             where = Path(self.name).parent
             raise TokenizerError(f"{where}: the checkpoint has no chat template (looked for {CHAT_TEMPLATE_FILES[0]}, "
@@ -85,9 +96,14 @@ class Tokenizer:
         env.filters["tojson"] = tojson
         specials = {k: _token_content(self.config[k]) for k in ("bos_token", "eos_token") if self.config.get(k)}
         try:
-            return env.from_string(self.chat_template).render(
+            parsed = env.parse(self.chat_template)
+            if tools and TOOLS_TS_VARIABLE in jinja2.meta.find_undeclared_variables(parsed):
+                tools, template_kwargs = _with_typescript_tools(tools, template_kwargs)
+            return env.from_string(parsed).render(
                 **{**specials, **template_kwargs}, messages=messages, tools=tools,
                 add_generation_prompt=add_generation_prompt)
+        except InvalidToolSchema:
+            raise  # the request's fault, not the template's
         except jinja2.TemplateSyntaxError as e:
             raise TokenizerError(f"{self.chat_template_origin}: chat template has a syntax error at line {e.lineno}: "
                                  f"{e.message}") from None
@@ -99,6 +115,28 @@ class Tokenizer:
             # are the checkpoint's, reported in one line
             msg = str(e).splitlines()[0] if str(e) else ""
             raise TokenizerError(f"{self.chat_template_origin}: chat template failed ({type(e).__name__}: {msg})"[:400]) from None
+
+
+def _with_typescript_tools(tools: list[dict], template_kwargs: dict) -> tuple[list[dict], dict]:
+    """(tools, template variables) as Kimi-K2.5's tokenization_kimi.py passes them to its template."""
+    try:
+        tools = sorted_keys(tools)
+    except RecursionError:
+        raise InvalidToolSchema("'tools' are nested too deeply") from None
+    try:
+        return tools, {**template_kwargs, TOOLS_TS_VARIABLE: tools_declaration(tools)}
+    except UnsupportedToolSchema:
+        return tools, template_kwargs  # as the reference: no declaration, the template's JSON branch
+
+
+def sorted_keys(value):
+    """`value` with every object's keys in sorted order, as Kimi's tokenization_kimi.py hands tools to its
+    template (the same tools in any key order then render the same prompt; `$defs` are declared in this order)."""
+    if isinstance(value, dict):
+        return {k: sorted_keys(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [sorted_keys(v) for v in value]
+    return value
 
 
 def _read_json(path: Path) -> dict:

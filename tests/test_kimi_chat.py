@@ -9,9 +9,10 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from jaxspec.serving.assistant_output import (ARGUMENTS_NOT_JSON, MARKERS_OUT_OF_ORDER, UNCLOSED_SECTION,
                                               UNKNOWN_FUNCTION, AssistantOutputParser, collect, parse_assistant)
+from jaxspec.serving.kimi_tool_declaration import tools_declaration
 from jaxspec.serving.protocol import BadRequest, parse_chat
 from jaxspec.serving.reasoning import prompt_opens_reasoning
-from jaxspec.tokenizer import StreamDecoder, load_tokenizer
+from jaxspec.tokenizer import StreamDecoder, load_tokenizer, sorted_keys
 from tests.kimi_chat_templates import TEMPLATES
 from tests.kimi_tokenizer_fixture import SPECIAL_OFFSETS, write_kimi_tokenizer
 
@@ -51,8 +52,12 @@ def tok(request, tmp_path_factory):
 
 
 def transformers_render(tok, messages, tools, **kwargs):
-    """transformers' own apply_chat_template rendering (its environment, its message handling)."""
+    """transformers' own apply_chat_template rendering (its environment, its message handling); for K2.5's
+    template, with the tools as its tokenization_kimi.py hands them over (keys sorted, `tools_ts_str` set)."""
     specials = {"bos_token": "[BOS]", "eos_token": "[EOS]"}
+    if tools and "tools_ts_str" in tok.chat_template:
+        tools = sorted_keys(tools)
+        kwargs = {**kwargs, "tools_ts_str": tools_declaration(tools)}
     out = render_jinja_template([messages], tools=tools, chat_template=tok.chat_template, add_generation_prompt=True,
                                 **specials, **kwargs)
     return out[0][0]
@@ -66,7 +71,9 @@ def test_rendering_equals_transformers(tok, name, tools, kwargs):
     gen = parse_chat(body)  # what the server renders: the request as the protocol hands it on
     ours = tok.apply_chat_template(gen.prompt, tools=gen.tools, **gen.template_kwargs)
     assert ours == transformers_render(tok, CONVERSATIONS[name], tools, **kwargs)
-    if tools:
+    if tools and "tools_ts_str" in tok.chat_template:  # K2.5: its TypeScript declaration, not JSON
+        assert "type get_weather = (_: {\n  city: string\n}) => any;" in ours and '"name"' not in ours
+    elif tools:
         assert '"name":"get_weather"' in ours.replace(": ", ":").replace(", ", ",")
     if "tool round trip" == name:
         assert "## Return of functions.get_weather:0\n" in ours and '{"c": 18}<|im_end|>' in ours

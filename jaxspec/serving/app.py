@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from jaxspec.serving.assistant_output import AssistantOutputParser, Content, Reasoning, collect
 from jaxspec.serving.kimi_tool_calls import ToolCall
+from jaxspec.serving.kimi_tool_declaration import InvalidToolSchema
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.protocol import BadRequest, GenerationRequest, parse_chat, parse_completion
 from jaxspec.serving.reasoning import prompt_opens_reasoning
@@ -68,6 +69,8 @@ class Service:
         try:
             text = self.tokenizer.apply_chat_template(gen.prompt, tools=gen.tools,
                                                       **{**self.template_kwargs, **gen.template_kwargs})
+        except InvalidToolSchema as e:
+            raise BadRequest(str(e), "tools") from None
         except TokenizerError as e:
             raise BadRequest(str(e), "chat_template_kwargs" if gen.template_kwargs else "messages") from None
         return self.encode(text), text
@@ -120,6 +123,8 @@ async def _json_body(request: HTTPRequest):
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"the request body is not valid JSON ({e})") from None
+    except RecursionError:  # the decoder recurses per nesting level
+        raise BadRequest("the request body is nested too deeply") from None
 
 
 def _submit(service: Service, gen: GenerationRequest, prompt_ids: list[int]):
@@ -196,13 +201,8 @@ def _chat_message(parser: AssistantOutputParser, deltas) -> dict:
     return message
 
 
-def _choice(chat: bool, text: str, reason, delta: bool, first: bool = False) -> dict:
-    if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-    if delta:
-        body = ({"role": "assistant", "content": text} if first else {"content": text}) if text or first else {}
-        return {"index": 0, "delta": body, "logprobs": None, "finish_reason": reason}
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+def _completion_choice(text: str, reason) -> dict:
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
 
 
 async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest, prompt_ids: list[int], chat: bool,
@@ -225,11 +225,12 @@ async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest,
 
         async def events():
             try:
-                if chat:
-                    yield sse([_choice(True, "", None, delta=True, first=True)])
+                if chat:  # the role first, as OpenAI's streams open
+                    yield sse([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}])
                 async for piece, reason in _pieces(service, request, queue, text):
                     if not chat:
-                        yield sse([_choice(chat, piece, reason, delta=True)])
+                        yield sse([_completion_choice(piece, reason)])
                         continue
                     deltas = parser.push(piece) + (parser.finish() if reason is not None else [])
                     for body in _chat_deltas(deltas):
@@ -280,7 +281,7 @@ async def _generate(service: Service, http: HTTPRequest, gen: GenerationRequest,
         choice = {"index": 0, "message": _chat_message(parser, deltas), "logprobs": None,
                   "finish_reason": _chat_reason(reason, parser)}
     else:
-        choice = _choice(chat, content, reason, delta=False)
+        choice = _completion_choice(content, reason)
     return JSONResponse({**head, "choices": [choice], "usage": _usage(prompt_ids, text)})
 
 
