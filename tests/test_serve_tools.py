@@ -2,18 +2,31 @@
 to recorded K2.5 answers (tests/forced_engine.py), Kimi-K2.5's chat template, the real `openai` client; every
 response and stream chunk validated against the openai package's own types."""
 
+import importlib
 import json
 
 import httpx
-import openai
 import pytest
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from jaxspec.serving.background import BackgroundServer
 from jaxspec.tokenizer import load_tokenizer
 from tests.forced_engine import FINAL_ANSWER, TOOL_CALL_ANSWER, WEATHER_TOOL, forced_service
 from tests.kimi_chat_templates import KIMI_K25
 from tests.kimi_tokenizer_fixture import write_kimi_tokenizer
+
+
+class _OnFirstUse:
+    """A module imported on first use (`openai` takes 1.7 s): every xdist worker collects this file, one runs it."""
+
+    def __init__(self, module: str):
+        self.module = module
+
+    def __getattr__(self, name):
+        return getattr(importlib.import_module(self.module), name)
+
+
+openai = _OnFirstUse("openai")
+chat_types = _OnFirstUse("openai.types.chat")
 
 MODEL = "kimi-k2.5-forced"
 TWO_CALLS = ("</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
@@ -53,7 +66,7 @@ def stream_chunks(server, body):
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(ChatCompletionChunk.model_validate(json.loads(line[6:])))
+                chunks.append(chat_types.ChatCompletionChunk.model_validate(json.loads(line[6:])))
     return chunks
 
 
@@ -64,7 +77,7 @@ def ask(text, **kw):
 def test_tool_call_whole_through_the_openai_client(server):
     raw = post(server, ask("weather"))
     assert raw.status_code == 200
-    ChatCompletion.model_validate(raw.json())
+    chat_types.ChatCompletion.model_validate(raw.json())
     c = openai.OpenAI(base_url=server["base"], api_key="none", max_retries=0)
     r = c.chat.completions.create(model=MODEL, **ask("weather"))
     choice = r.choices[0]
@@ -130,7 +143,7 @@ def test_malformed_call_returns_as_content_and_is_counted(server, stream):
         assert not any(ch.choices[0].delta.tool_calls for ch in chunks if ch.choices)
     else:
         r = post(server, ask("malformed"))
-        msg = ChatCompletion.model_validate(r.json()).choices[0]
+        msg = chat_types.ChatCompletion.model_validate(r.json()).choices[0]
         content, reason = msg.message.content, msg.finish_reason
         assert msg.message.tool_calls is None
     assert content == ("Sure.<|tool_call_begin|>functions.delete_all:0<|tool_call_argument_begin|>{}"
@@ -153,7 +166,7 @@ def test_a_cut_inside_the_section_is_well_formed(server, stream, cut):
         reason = chunks[-1].choices[0].finish_reason
     else:
         r = post(server, body)
-        choice = ChatCompletion.model_validate(r.json()).choices[0]
+        choice = chat_types.ChatCompletion.model_validate(r.json()).choices[0]
         content, reason = choice.message.content, choice.finish_reason
         assert choice.message.tool_calls is None
     assert content.startswith("<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{")
@@ -162,7 +175,7 @@ def test_a_cut_inside_the_section_is_well_formed(server, stream, cut):
 
 def test_thinking_off_and_tool_choice_none(server):
     r = post(server, ask("weather", chat_template_kwargs={"thinking": False}, tool_choice="none"))
-    choice = ChatCompletion.model_validate(r.json()).choices[0]
+    choice = chat_types.ChatCompletion.model_validate(r.json()).choices[0]
     prompt = server["service"].engine.prompts[-1]
     assert prompt.endswith("<think></think>") and "tool_declare" not in prompt
     # not in reasoning, tools off: the forced answer is all content, markers included
@@ -181,3 +194,12 @@ def test_thinking_off_and_tool_choice_none(server):
 def test_bad_tool_requests_are_400_naming_the_field(server, body, field):
     r = post(server, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_a_body_nested_too_deeply_is_400(server):
+    """JSON nested past the decoder's recursion limit (untrusted input) is a bad request, not a server error."""
+    depth = 100_000
+    body = b'{"model": "%s", "messages": ' % MODEL.encode() + b"[" * depth + b"]" * depth + b"}"
+    r = httpx.post(server["base"] + "/chat/completions", content=body,
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
