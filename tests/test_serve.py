@@ -7,6 +7,9 @@ max_tokens gives a prefix of it)."""
 import asyncio
 import copy
 import importlib
+import json
+import logging
+import socket
 import threading
 
 import httpx
@@ -276,6 +279,36 @@ def test_bad_json_unknown_model_and_the_server_survives(server, solo):
         client(server).chat.completions.create(model="jaxspec", messages=[{"content": "no role"}])
     r = client(server).completions.create(model="jaxspec", prompt=PROMPTS[1], max_tokens=8, temperature=0)
     assert r.choices[0].text == expected(server, solo[PROMPTS[1]], 8)[0]
+
+
+@pytest.mark.parametrize("path, raw, status, field", [
+    ("/completions", b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", 400, None),  # past int's digit limit
+    ("/completions", b'{"prompt": "\\ud800 x"}', 400, "prompt"),  # a lone surrogate no tokenizer encodes
+    ("/completions", b'{"prompt": "x", "stop": ["\\udfff"]}', 400, "stop"),
+    ("/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', 400, "messages"),
+    ("/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}] * 5000}).encode(), 400,
+     "messages"),
+    ("/completions", b'{"prompt": "' + b"x" * (33 * 2 ** 20) + b'"}', 413, "body"),
+])
+def test_hostile_bodies_get_a_json_4xx_naming_what_is_wrong(server, path, raw, status, field):
+    r = httpx.post(server["base"] + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == status and r.json()["error"]["param"] == field, r.text[:300]
+
+
+def test_a_client_that_leaves_mid_body_is_one_log_line(server, caplog):
+    host, port = server["base"].split("//")[1].split("/")[0].split(":")
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "')
+        for _ in range(200):  # bounded: the server notices the closed connection within a few polls
+            if any("disconnected" in r.getMessage() for r in caplog.records):
+                break
+            threading.Event().wait(0.05)
+    mine = [r for r in caplog.records if r.name.startswith("jaxspec") or r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in mine] == ["/v1/completions: the client disconnected before its request was read"]
+    assert mine[0].exc_info is None  # a line, no traceback
+    assert httpx.get(server["base"].replace("/v1", "/health")).status_code == 200
 
 
 def test_metrics_report_the_work(server):

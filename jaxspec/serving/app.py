@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import time
 import uuid
 
 from starlette.applications import Starlette
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -32,6 +33,9 @@ from jaxspec.serving.stop import StopMatcher
 from jaxspec.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
+# A request body's limit: a chat of a full 256k-token context is a few MB of JSON
+MAX_BODY_BYTES = 32 * 2 ** 20
+log = logging.getLogger("jaxspec.serve")
 
 
 @dataclasses.dataclass
@@ -117,12 +121,24 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> JS
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
+class BodyTooLarge(Exception):
+    pass
+
+
 async def _json_body(request: HTTPRequest):
-    raw = await request.body()
+    """The request's JSON, read up to MAX_BODY_BYTES (a longer body is refused before it is all read)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BodyTooLarge(f"the request body is {int(declared)} bytes, over the {MAX_BODY_BYTES} this server takes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"the request body is over the {MAX_BODY_BYTES} bytes this server takes")
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the request body is not valid JSON ({e})") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, and integers past Python's digit limit
+        raise BadRequest(f"the request body is not valid JSON ({e})"[:400]) from None
     except RecursionError:  # the decoder recurses per nesting level
         raise BadRequest("the request body is nested too deeply") from None
 
@@ -309,6 +325,17 @@ def _endpoint(service: Service, chat: bool):
         except ShuttingDown as e:
             service.metrics.request_done("rejected")
             return _error(503, str(e), "server_error")
+        except BodyTooLarge as e:
+            service.metrics.request_done("rejected")
+            return _error(413, str(e), "invalid_request_error", "body")
+        except ClientDisconnect:  # gone before its request was read: nobody to answer
+            service.metrics.request_done("rejected")
+            log.warning("%s: the client disconnected before its request was read", http.url.path)
+            return Response(status_code=400)
+        except Exception as e:  # a bug: the client still gets a JSON error, the log the traceback
+            log.exception("%s failed", http.url.path)
+            service.metrics.request_done("failed")
+            return _error(500, f"internal error: {type(e).__name__}", "server_error")
 
     return handle
 

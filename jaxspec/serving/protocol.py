@@ -21,6 +21,7 @@ from jaxspec.chat_template_flags import RESERVED_TEMPLATE_KWARGS, reserved_key
 from jaxspec.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 16
+MAX_MESSAGES = 4096  # a conversation longer than any context; past it, a body is a flood
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 MAX_TOOLS = 128  # OpenAI's limit
@@ -133,9 +134,44 @@ def _common(body: dict, prompt, max_tokens_field: str, default_max_tokens: int |
     return GenerationRequest(prompt, max_tokens, sampling, seed, _stop(body), stream, include_usage)
 
 
-def parse_completion(body) -> GenerationRequest:
+def _has_lone_surrogate(value) -> bool:
+    """Whether any string in `value` (nested lists and objects, keys too) holds a UTF-16 surrogate on its own: JSON's
+    \\ud800 escape decodes to one, and no tokenizer can encode it. A walk with its own stack: bodies may nest as
+    deep as the JSON decoder allows."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _unicode_only(body: dict) -> None:
+    for name, value in body.items():
+        if _has_lone_surrogate(name) or _has_lone_surrogate(value):
+            field = None if _has_lone_surrogate(name) else name
+            what = "a field name" if field is None else f"'{field}'"
+            raise BadRequest(f"{what} holds text that is not valid Unicode (a lone UTF-16 surrogate such as "
+                             "\\ud800)", field)
+
+
+def _json_object(body) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    _unicode_only(body)
+    return body
+
+
+def parse_completion(body) -> GenerationRequest:
+    body = _json_object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -254,11 +290,12 @@ def _template_kwargs(body: dict) -> dict:
 
 
 def parse_chat(body) -> GenerationRequest:
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+    body = _json_object(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"'messages' holds {len(messages)} messages, over the {MAX_MESSAGES} a request may", "messages")
     clean = [_message(m, i) for i, m in enumerate(messages)]
     tools = _tools(body)
     if _tool_choice(body) == "none":
