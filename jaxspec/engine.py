@@ -7,6 +7,7 @@ tests can count compilations.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -24,10 +25,11 @@ from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill,
                              valid_chunk)
 from jaxspec.sampling import SamplingParams
-from jaxspec.sharded import compile_program, weights_to_run
+from jaxspec.sharded import compile_programs, weights_to_run
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.stats import AcceptanceStats
 from model.kv_cache import round_capacity
+from model.sharding import mesh_context
 
 
 class PromptTooLong(ValueError):
@@ -108,7 +110,7 @@ def _with_progress(step):
 
 
 # Compiled programs shared by every Engine: the key holds everything a program bakes in (configs, K, the
-# drafter, greedy, max_new_tokens, mesh) and its arguments' shapes, dtypes and shardings.
+# drafter, greedy, max_new_tokens, mesh) and its arguments' shapes and dtypes.
 _PROGRAMS: dict[tuple, Callable] = {}
 
 
@@ -136,17 +138,29 @@ class Engine:
 
     # --- compilation ---------------------------------------------------------------------------------
     def _compile(self, name: str, fn, static: dict, args: tuple, donate: tuple = (), baked: tuple = ()):
-        """`static` are keyword arguments bound into `fn`; `baked` names what `fn` already closes over."""
-        leaves = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in jax.tree_util.tree_leaves(args))
-        key = (name, self.cfg, self.k, self.drafter, self.mesh, baked, tuple(sorted(static.items())), leaves)
-        hit = _PROGRAMS.get(key)
-        if hit is not None:
-            return hit, 0.0
-        t0 = time.perf_counter()
-        compiled = compile_program(functools.partial(fn, **static), args, donate, self.mesh)
-        _PROGRAMS[key] = compiled
-        self.compile_count += 1
-        return compiled, time.perf_counter() - t0
+        """`static` are keyword arguments bound into `fn`; `baked` names what `fn` already closes over. Returns
+        (program, seconds compiling)."""
+        return self._compile_together([(name, fn, static, args, donate, baked)])[0]
+
+    def _compile_together(self, specs: list[tuple]) -> list[tuple]:
+        """`_compile` for each `(name, fn, static, args, donate, baked)`; the ones not compiled yet side by side
+        (`jaxspec.sharded.compile_programs`), their wall time charged to the first of them."""
+        keys = [self._program_key(name, static, args, baked) for name, _, static, args, _, baked in specs]
+        todo = [(key, spec) for key, spec in zip(keys, specs) if key not in _PROGRAMS]
+        seconds = dict.fromkeys(keys, 0.0)
+        if todo:
+            t0 = time.perf_counter()
+            programs = compile_programs([(functools.partial(fn, **static), args, donate)
+                                         for _, (_, fn, static, args, donate, _) in todo], self.mesh)
+            _PROGRAMS.update((key, program) for (key, _), program in zip(todo, programs))
+            self.compile_count += len(todo)
+            seconds[todo[0][0]] = time.perf_counter() - t0
+        return [(_PROGRAMS[key], seconds.pop(key, 0.0)) for key in keys]
+
+    def _program_key(self, name: str, static: dict, args: tuple, baked: tuple) -> tuple:
+        # arguments by shape and dtype (arrays or their shapes alike): a program's placement follows from the mesh
+        leaves = tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(args))
+        return (name, self.cfg, self.k, self.drafter, self.mesh, baked, tuple(sorted(static.items())), leaves)
 
     def _shapes(self, prompts, max_new_tokens):
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -167,9 +181,15 @@ class Engine:
                  seed: int = 0, speculative: bool | None = None) -> GenerationResult:
         """Run prefill, then every cycle inside one jitted `lax.while_loop` (no host round trip per cycle)."""
         speculative = self.k > 0 if speculative is None else speculative
-        state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
         sp = sampling.validate().as_arrays()
-        if speculative and self.adaptive is not None:
+        adaptive = speculative and self.adaptive is not None
+        step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
+        loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
+        loop_spec = lambda state: ("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp),  # noqa: E731
+                                   (1,), (sampling.greedy, max_new_tokens))
+        state, prefill_s, compile_s, lengths, *ready = self._prefill(prompts, max_new_tokens, sampling, seed,
+                                                                     speculative, then=None if adaptive else loop_spec)
+        if adaptive:
             state, report, key = self._adaptive_start(state, sampling.greedy)
             compiled, c = self._adaptive_loop(state, sp, sampling.greedy, max_new_tokens)
             compile_s += c
@@ -185,11 +205,7 @@ class Engine:
             jax.block_until_ready(state.generated)
             decode_s = time.perf_counter() - t0
             return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, report)
-        step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
-        loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
-        compiled, c = self._compile("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp), (1,),
-                                    baked=(sampling.greedy, max_new_tokens))
-        compile_s += c
+        compiled = ready[0]
         t0 = time.perf_counter()
         state = compiled(self.weights, state, sp)
         jax.block_until_ready(state.generated)
@@ -209,18 +225,21 @@ class Engine:
         runs one cycle per round trip (what bench/stream.py compares). `decode_s` is the decode phase's wall
         time, less the time the consumer held the generator between yields."""
         speculative = self.k > 0 if speculative is None else speculative
-        state, prefill_s, compile_s, lengths = self._prefill(prompts, max_new_tokens, sampling, seed, speculative)
         sp = sampling.validate().as_arrays()
-        report = None
-        name = "cycle_spec" if speculative else "cycle_base"
-        key = None
-        if speculative and self.adaptive is not None:
+        adaptive = speculative and self.adaptive is not None
+        step = _with_progress(self._step_fn(speculative, sampling.greedy, max_new_tokens))
+        cycle_spec = lambda name, state, policy: (name, step, {}, (self.weights, state, sp), (1,),  # noqa: E731
+                                                  (sampling.greedy, max_new_tokens, policy))
+        state, prefill_s, compile_s, lengths, *ready = self._prefill(
+            prompts, max_new_tokens, sampling, seed, speculative,
+            then=None if adaptive else functools.partial(cycle_spec, "cycle_spec" if speculative else "cycle_base",
+                                                         policy=None))
+        report = key = None
+        if adaptive:
             state, report, key = self._adaptive_start(state, sampling.greedy)
-            name = "cycle_adaptive"
-        step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
-        policy = None if report is None else self.adaptive.compiled(self.k)
-        compiled, c = self._compile(name, _with_progress(step), {}, (self.weights, state, sp), (1,),
-                                    baked=(sampling.greedy, max_new_tokens, policy))
+            program, c = self._compile(*cycle_spec("cycle_adaptive", state, self.adaptive.compiled(self.k)))
+            ready, compile_s = [program], compile_s + c
+        compiled = ready[0]
         if key is not None:
             def run_forced(s, cycles):  # calls queued back to back, as pipelined streaming runs them
                 start = int(s.cycles)
@@ -229,7 +248,6 @@ class Engine:
                 return s, int(s.cycles) - start
 
             state, report = self._adaptive_measure(state, report, key, run_forced)
-        compile_s += c
         shown = np.zeros(len(prompts), np.int64)
         progress = jax.device_get(_progress(state))  # the prefill's first tokens
         decode_s, t0 = 0.0, time.perf_counter()
@@ -316,7 +334,10 @@ class Engine:
         return state.replace(cost_N=jnp.asarray(measured.costs_s, jnp.float32),
                              first_run_s=jnp.float32(measured.first_run_s)), report
 
-    def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative):
+    def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative, then=None):
+        """Compile (or find) and run the prefill: (state, prefill seconds, compile seconds, prompt lengths). `then(state
+        shapes)`: the `_compile` spec of the program the run takes next; it is compiled beside the prefill
+        (`_compile_together`) and returned last."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         bucket, capacity = self._shapes(prompts, max_new_tokens)
@@ -331,11 +352,16 @@ class Engine:
         else:
             fn, static = baseline_prefill, dict(cfg=self.cfg, capacity=capacity, greedy=sampling.greedy,
                                                 max_new_tokens=max_new_tokens, chunk=self.prefill_chunk)
-        compiled, compile_s = self._compile("prefill_spec" if speculative else "prefill_base", fn, static, args)
+        specs = [("prefill_spec" if speculative else "prefill_base", fn, static, args, (), ())]
+        if then is not None:
+            with mesh_context(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+                specs.append(then(jax.eval_shape(functools.partial(fn, **static), *args)))
+        built = self._compile_together(specs)
+        compiled = built[0][0]
         t0 = time.perf_counter()
         state = compiled(*args)
         jax.block_until_ready(state.generated)
-        return state, time.perf_counter() - t0, compile_s, lengths
+        return (state, time.perf_counter() - t0, sum(c for _, c in built), lengths, *(p for p, _ in built[1:]))
 
     def _result(self, state, lengths, prefill_s, decode_s, compile_s, speculative,
                 report: AdaptiveReport | None = None) -> GenerationResult:
