@@ -40,7 +40,10 @@ def test_warm_up_compiles_every_program_and_a_mesh_answers_as_one_device(pair):
     cfg, w = pair
     kw = dict(num_steps=NUM_STEPS, max_batch=8, max_context=64, cycles_per_step=2)
     one = SlotEngine(cfg, w, **kw)
-    one.warm_up([16])
+    one.warm_up([])  # no bucket fits (a --max-context below them all): the loops and the insert
+    assert sorted(map(str, one._programs)) == sorted(map(str, [("loop", NUM_STEPS, False), ("loop", NUM_STEPS, True),
+                                                                ("insert",)]))
+    one.warm_up([16])  # only what is missing
     assert sorted(map(str, one._programs)) == sorted(map(str, [("loop", NUM_STEPS, False), ("loop", NUM_STEPS, True),
                                                                 ("prefill", 16, True), ("prefill", 16, False),
                                                                 ("insert",)]))

@@ -89,9 +89,9 @@ class SlotEngine:
         cancel = jnp.zeros((self.max_batch,), bool)
         specs = [self._loop_spec(self.k, sampled, cancel) for sampled in (False, True)]
         specs += [self._prefill_spec(bucket, greedy) for greedy in (True, False) for bucket in buckets]
-        _, prefill_fn, prefill_args, _ = specs[2]
+        _, prefill_fn, prefill_args, _ = self._prefill_spec(prompt_bucket(1), True)
         with mesh_context(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            one = jax.eval_shape(prefill_fn, *prefill_args)  # what a prefill hands the insert
+            one = jax.eval_shape(prefill_fn, *prefill_args)  # what any prefill hands the insert
         specs.append(self._insert_spec(one))
         todo = [spec for spec in specs if spec[0] not in self._programs]
         t0 = time.perf_counter()
