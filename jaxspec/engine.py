@@ -7,7 +7,6 @@ tests can count compilations.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import time
@@ -25,11 +24,10 @@ from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill,
                              valid_chunk)
 from jaxspec.sampling import SamplingParams
-from jaxspec.sharded import compile_programs, weights_to_run
+from jaxspec.sharded import compile_programs, output_shapes, weights_to_run
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.stats import AcceptanceStats
 from model.kv_cache import round_capacity
-from model.sharding import mesh_context
 
 
 class PromptTooLong(ValueError):
@@ -354,8 +352,7 @@ class Engine:
                                                 max_new_tokens=max_new_tokens, chunk=self.prefill_chunk)
         specs = [("prefill_spec" if speculative else "prefill_base", fn, static, args, (), ())]
         if then is not None:
-            with mesh_context(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-                specs.append(then(jax.eval_shape(functools.partial(fn, **static), *args)))
+            specs.append(then(output_shapes(functools.partial(fn, **static), args, self.mesh)))
         built = self._compile_together(specs)
         compiled = built[0][0]
         t0 = time.perf_counter()

@@ -101,6 +101,14 @@ def lower_program(fn, args: tuple, donate: tuple = (), mesh: Mesh | None = None)
         return jitted.lower(*abstract), in_shardings
 
 
+def output_shapes(fn, args: tuple, mesh: Mesh | None = None):
+    """What `fn(*args)` returns, as shapes (nothing runs), traced inside `mesh` as its program would be."""
+    if mesh is None:
+        return jax.eval_shape(fn, *args)
+    with mesh_context(mesh):
+        return jax.eval_shape(fn, *args)
+
+
 def compile_programs(specs: list[tuple], mesh: Mesh | None = None) -> list:
     """Ahead-of-time compile each `(fn, args, donate)` of `specs` (`lower_program`). JAX traces and lowers them one
     after another; XLA then compiles them side by side, one thread each (a program's optimisation passes run on

@@ -8,7 +8,6 @@ sampling values, seed) is traced, so requests never cause a compile beyond a new
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import time
@@ -22,8 +21,7 @@ from jaxspec.prefill import DEFAULT_CHUNK, baseline_prefill, prompt_bucket, spec
 from jaxspec.sampling import SamplingParams
 from jaxspec.serving.slot_cycle import run_cycles
 from jaxspec.serving.slots import init_slots, insert_prefilled
-from jaxspec.sharded import compile_program, compile_programs, weights_to_run
-from model.sharding import mesh_context
+from jaxspec.sharded import compile_program, compile_programs, output_shapes, weights_to_run
 from model.kv_cache import round_capacity
 
 
@@ -90,8 +88,7 @@ class SlotEngine:
         specs = [self._loop_spec(self.k, sampled, cancel) for sampled in (False, True)]
         specs += [self._prefill_spec(bucket, greedy) for greedy in (True, False) for bucket in buckets]
         _, prefill_fn, prefill_args, _ = self._prefill_spec(prompt_bucket(1), True)
-        with mesh_context(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            one = jax.eval_shape(prefill_fn, *prefill_args)  # what any prefill hands the insert
+        one = output_shapes(prefill_fn, prefill_args, self.mesh)  # what any prefill hands the insert
         specs.append(self._insert_spec(one))
         todo = [spec for spec in specs if spec[0] not in self._programs]
         t0 = time.perf_counter()
