@@ -43,22 +43,27 @@ def _first_token(key, logits_BV, greedy, sp):
     return sample(key, processed_probs(logits_BV, **sp))
 
 
-def _prefill_chunk(w, cfg: SpecConfig, tokens_BT, next_BT, lengths_B, key, sp, greedy, start, size, carry):
-    """Target (and draft) over prompt positions start..start+size; the first token of every sequence whose last
-    prompt position falls in this chunk. carry = (target cache, draft cache | None, first [B], draft logits,
-    draft hidden) with the last three taken at each sequence's last position."""
+def next_tokens(tokens_BT):
+    """[B, T] -> the token after each position (x[t+1]; 0 past the end): what the draft's prefill pairs with the
+    target's feature at t."""
+    return jnp.concatenate([tokens_BT[:, 1:], jnp.zeros((tokens_BT.shape[0], 1), tokens_BT.dtype)], axis=1)
+
+
+def prefill_chunk(w, cfg: SpecConfig, toks_BT, nxt_BT, lengths_B, key, sp, greedy, start, carry):
+    """Target (and draft) over prompt positions start..start+size (`toks_BT` [B, size] and their `next_tokens`);
+    the first token of every sequence whose last prompt position falls in this chunk. carry = (target cache, draft
+    cache | None, first [B], draft logits, draft hidden) with the last three taken at each sequence's last
+    position. `start` may be traced: one program serves every chunk of a prompt."""
     target_cache, draft_cache, first_B, dlogits_BV, dhidden_BH = carry
-    b = tokens_BT.shape[0]
+    b, size = toks_BT.shape
     positions_BT = jnp.broadcast_to(start + jnp.arange(size, dtype=jnp.int32), (b, size))
     last_B = lengths_B - 1
     mine_B = (last_B >= start) & (last_B < start + size)
     local_B = jnp.clip(last_B - start, 0, size - 1)
-    toks_BT = jax.lax.dynamic_slice_in_dim(tokens_BT, start, size, axis=1)
     out = forward(w.target, cfg.target, toks_BT, positions_BT, target_cache, logits_at=local_B)
     first_B = jnp.where(mine_B, _first_token(key, out.logits[:, 0], greedy, sp), first_B)
     if draft_cache is not None:
         # the draft's entry at position p pairs token x[p+1] with the target's feature at p; x[last+1] is `first`
-        nxt_BT = jax.lax.dynamic_slice_in_dim(next_BT, start, size, axis=1)
         nxt_BT = jnp.where(positions_BT == last_B[:, None], first_B[:, None], nxt_BT)
         ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, nxt_BT, out.aux_hidden,
                             positions_BT, draft_cache)
@@ -72,16 +77,28 @@ def _prefill_chunk(w, cfg: SpecConfig, tokens_BT, next_BT, lengths_B, key, sp, g
 
 def _prefill(w, cfg: SpecConfig, tokens_BT, lengths_B, key, sp, capacity, greedy, chunk: int, with_draft: bool):
     """The prompt bucket in chunks of `chunk` positions (a device loop), so attention's working memory is
-    chunk x capacity rather than bucket x capacity: long prompts fit. Returns (target cache with the prompt
-    committed, draft cache | None, first token [B], draft logits [B, V] and hidden [B, H] at the last position)."""
+    chunk x capacity rather than bucket x capacity: long prompts fit. Returns `prefill_chunk`'s carry after the
+    last chunk: (target cache, draft cache | None, first token [B], draft logits [B, V] and hidden [B, H] at the
+    last position)."""
     b, t = tokens_BT.shape
     size = min(chunk, t)
     if t % size:
         raise ValueError(f"prompt bucket {t} is not a multiple of the prefill chunk {size}")
+    next_BT = next_tokens(tokens_BT)
+
+    def run(start, carry):
+        chunk_of = lambda x: jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)  # noqa: E731
+        return prefill_chunk(w, cfg, chunk_of(tokens_BT), chunk_of(next_BT), lengths_B, key, sp, greedy, start, carry)
+
+    carry = prefill_carry(w, cfg, b, capacity, with_draft)
+    if t == size:
+        return run(0, carry)
+    return jax.lax.fori_loop(0, t // size, lambda i, c: run(i * size, c), carry)
+
+
+def prefill_carry(w, cfg: SpecConfig, b: int, capacity: int, with_draft: bool) -> tuple:
+    """`prefill_chunk`'s carry before the first chunk: empty caches of `capacity` slots for `b` sequences."""
     dtype = w.target.dtype
-    next_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros((b, 1), tokens_BT.dtype)], axis=1)
-    run = lambda start, carry: _prefill_chunk(w, cfg, tokens_BT, next_BT, lengths_B, key, sp, greedy, start,  # noqa: E731
-                                              size, carry)
     if with_draft:
         # widths and dtypes as draft_forward makes them
         head = w.target.lm_head if w.draft.lm_head is None else w.draft.lm_head
@@ -90,13 +107,7 @@ def _prefill(w, cfg: SpecConfig, tokens_BT, lengths_B, key, sp, capacity, greedy
                  jnp.zeros((b, cfg.draft.hidden_size), embed.dtype))
     else:
         draft = (None, jnp.zeros((b, 0), jnp.float32), jnp.zeros((b, 0), dtype))
-    carry = (init_latent_cache(cfg.target, b, capacity, dtype), draft[0], jnp.zeros((b,), jnp.int32), *draft[1:])
-    if t == size:
-        target_cache, draft_cache, first_B, dlogits, dhidden = run(0, carry)
-    else:
-        target_cache, draft_cache, first_B, dlogits, dhidden = jax.lax.fori_loop(
-            0, t // size, lambda i, c: run(i * size, c), carry)
-    return target_cache.replace(lengths=lengths_B), draft_cache, first_B, dlogits, dhidden
+    return (init_latent_cache(cfg.target, b, capacity, dtype), draft[0], jnp.zeros((b,), jnp.int32), *draft[1:])
 
 
 def _outputs(cfg: SpecConfig, first_B, max_new_tokens, out_width):
@@ -108,15 +119,20 @@ def _outputs(cfg: SpecConfig, first_B, max_new_tokens, out_width):
     return out_tokens, done
 
 
-def spec_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConfig, capacity: int, k: int,
-                 greedy: bool, max_new_tokens: int, max_cycles: int, chunk: int = DEFAULT_CHUNK) -> SpecState:
-    b = tokens_BT.shape[0]
-    key, k_first = jax.random.split(key)
-    target_cache, draft_cache, first_B, dlogits, dhidden = _prefill(w, cfg, tokens_BT, lengths_B, k_first, sp,
-                                                                    capacity, greedy, chunk, with_draft=True)
+def prefill_keys(key):
+    """A request's key -> (the key its state carries on, the key its first token is sampled with)."""
+    state_key, first_key = jax.random.split(key)
+    return state_key, first_key
+
+
+def spec_state(carry, lengths_B, key, *, cfg: SpecConfig, k: int, max_new_tokens: int, max_cycles: int) -> SpecState:
+    """The speculative state once every chunk of the prompt is prefilled (`prefill_chunk`'s carry); `key` is the
+    state's key (`prefill_keys`)."""
+    target_cache, draft_cache, first_B, dlogits, dhidden = carry
+    b = first_B.shape[0]
     out_tokens, done = _outputs(cfg, first_B, max_new_tokens, max_new_tokens + k + 1)
     return SpecState(
-        target_cache=target_cache,
+        target_cache=target_cache.replace(lengths=lengths_B),
         draft_cache=draft_cache,
         pending=first_B,
         draft_logits=dlogits,
@@ -130,13 +146,25 @@ def spec_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConf
     )
 
 
-def baseline_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConfig, capacity: int,
-                     greedy: bool, max_new_tokens: int, chunk: int = DEFAULT_CHUNK) -> BaselineState:
-    key, k_first = jax.random.split(key)
-    target_cache, _, first_B, _, _ = _prefill(w, cfg, tokens_BT, lengths_B, k_first, sp, capacity, greedy, chunk,
-                                              with_draft=False)
+def baseline_state(carry, lengths_B, key, *, cfg: SpecConfig, max_new_tokens: int) -> BaselineState:
+    """`spec_state` for plain decoding."""
+    target_cache, _, first_B, _, _ = carry
     out_tokens, done = _outputs(cfg, first_B, max_new_tokens, max_new_tokens + 1)
     return BaselineState(
-        target_cache=target_cache, pending=first_B, done=done, generated=jnp.ones_like(lengths_B),
-        out_tokens=out_tokens, steps=jnp.int32(0), key=key,
+        target_cache=target_cache.replace(lengths=lengths_B), pending=first_B, done=done,
+        generated=jnp.ones_like(lengths_B), out_tokens=out_tokens, steps=jnp.int32(0), key=key,
     )
+
+
+def spec_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConfig, capacity: int, k: int,
+                 greedy: bool, max_new_tokens: int, max_cycles: int, chunk: int = DEFAULT_CHUNK) -> SpecState:
+    key, k_first = prefill_keys(key)
+    carry = _prefill(w, cfg, tokens_BT, lengths_B, k_first, sp, capacity, greedy, chunk, with_draft=True)
+    return spec_state(carry, lengths_B, key, cfg=cfg, k=k, max_new_tokens=max_new_tokens, max_cycles=max_cycles)
+
+
+def baseline_prefill(w: SpecWeights, tokens_BT, lengths_B, key, sp, *, cfg: SpecConfig, capacity: int,
+                     greedy: bool, max_new_tokens: int, chunk: int = DEFAULT_CHUNK) -> BaselineState:
+    key, k_first = prefill_keys(key)
+    carry = _prefill(w, cfg, tokens_BT, lengths_B, k_first, sp, capacity, greedy, chunk, with_draft=False)
+    return baseline_state(carry, lengths_B, key, cfg=cfg, max_new_tokens=max_new_tokens)

@@ -19,6 +19,10 @@ from jaxspec.defaults import default_dtype
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
                                  parse_mesh, run_with_exit_codes, with_moe_kernel)
 
+# A server admits a prompt longer than this a chunk per device step. Smaller chunks cut how long running streams
+# wait and lengthen a long prompt's time to its first token (docs/serving.md; bench.admission_gaps).
+SERVE_PREFILL_CHUNK = 256
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m jaxspec.serve", description=__doc__.split("\n")[0])
@@ -44,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=str, default=None, help="device count (8) or data x model shape (2x4)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="activation dtype (default: float32 on CPU, bfloat16 on GPU, as generate)")
-    p.add_argument("--prefill-chunk", type=int, default=None,
-                   help="prompt positions per prefill step, a power of two >= 16 (default 512)")
+    p.add_argument("--prefill-chunk", type=int, default=SERVE_PREFILL_CHUNK,
+                   help="prompt positions per prefill step, a power of two >= 16: a longer prompt is admitted one "
+                        "chunk between device steps, so running streams keep emitting (default %(default)s)")
     p.add_argument("--warmup-buckets", type=str, default="16,32,64",
                    help="prompt buckets whose prefill is compiled before serving (comma-separated; others compile "
                         "on first use)")
@@ -71,7 +76,7 @@ def _check(a) -> tuple[int, list[int]]:
         raise UsageError(f"--shutdown-timeout must be a finite number >= 0, got {a.shutdown_timeout}")
     from jaxspec.prefill import MIN_BUCKET, prompt_bucket, valid_chunk
 
-    if a.prefill_chunk is not None and not valid_chunk(a.prefill_chunk):
+    if not valid_chunk(a.prefill_chunk):
         raise UsageError(f"--prefill-chunk must be a power of two >= {MIN_BUCKET}, got {a.prefill_chunk}")
     try:
         buckets = sorted({prompt_bucket(int(b)) for b in a.warmup_buckets.split(",") if b.strip()})
@@ -133,7 +138,7 @@ def build_service(a, k: int, buckets: list[int], log=print):
     max_context = a.max_context or min(cfg.max_position_embeddings, 4096)
     if max_context > cfg.max_position_embeddings:
         raise UsageError(f"--max-context {max_context} exceeds the model's {cfg.max_position_embeddings} positions")
-    kw = {} if a.prefill_chunk is None else {"prefill_chunk": a.prefill_chunk}
+    kw = {"prefill_chunk": a.prefill_chunk}
     engine = SlotEngine(SpecConfig(cfg, dcfg, eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
                         num_steps=k, max_batch=a.max_batch, max_context=max_context,
                         cycles_per_step=a.cycles_per_step, mesh=mesh, **kw)

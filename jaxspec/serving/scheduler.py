@@ -1,9 +1,11 @@
 """Requests in, tokens out: a bounded queue in front of the slots, and the one thread that drives the device.
 
 The engine thread loops: end the slots whose requests were cancelled, prefill waiting requests into free slots,
-run a few cycles over all slots, hand each request its new tokens, free the slots that finished. Nothing a request
-does (a failed prefill, a client that disconnects) stops the loop; a failed step fails the requests in flight
-and starts the slots afresh.
+run a few cycles over all slots, hand each request its new tokens, free the slots that finished. A prompt longer
+than the prefill chunk is admitted one chunk per loop into a slot it holds meanwhile, so the running slots keep
+emitting while it is admitted (one such admission at a time, in arrival order). Nothing a request does (a failed
+prefill, a client that disconnects) stops the loop; a failed step fails the requests in flight and starts the
+slots afresh.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from jaxspec.sampling import SamplingParams
 from jaxspec.serving.metrics import Metrics
-from jaxspec.serving.slot_engine import SlotEngine
+from jaxspec.serving.slot_engine import Admission, SlotEngine
 
 log = logging.getLogger("jaxspec.serve")
 IDLE_WAIT_S = 0.5  # how long the idle engine thread sleeps between checks for stop (woken at once by work)
@@ -68,6 +70,7 @@ class Scheduler:
         self.eos_ids = frozenset(engine.cfg.eos_ids)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: dict[int, Request] = {}  # slot -> request
+        self._admitting: tuple[int, Request, Admission] | None = None  # a long prompt's slot, request, progress
         self._wake = threading.Condition()
         self._stopping = False
         self._deadline = float("inf")  # when stopping: in-flight requests still running then are ended
@@ -108,13 +111,15 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._wake:
-                if self._stopping and (time.monotonic() >= self._deadline or not (self._waiting or self._active)):
+                if self._stopping and (time.monotonic() >= self._deadline
+                                       or not (self._waiting or self._active or self._admitting)):
                     break
-                if not self._waiting and not self._active:
+                if not self._waiting and not self._active and self._admitting is None:
                     self._wake.wait(IDLE_WAIT_S)
                     continue
             freed = self._drop_cancelled()
             self._admit()
+            self._admit_next_chunk()
             self._report_occupancy()
             if not self._active:
                 continue
@@ -137,28 +142,70 @@ class Scheduler:
         return freed
 
     def _admit(self) -> None:
-        free = [s for s in range(self.engine.max_batch) if s not in self._active]
+        held = None if self._admitting is None else self._admitting[0]
+        free = [s for s in range(self.engine.max_batch) if s not in self._active and s != held]
         while free:
             with self._wake:
                 if not self._waiting:
                     return
                 request = self._waiting.popleft()
+                if self.engine.admits_in_chunks(len(request.tokens)) and self._admitting is not None:
+                    self._waiting.appendleft(request)  # one long prompt at a time, in arrival order
+                    return
             if request.cancelled:
                 continue
             slot = free[0]
+            if self.engine.admits_in_chunks(len(request.tokens)):
+                try:
+                    self._admitting = (slot, request, self.engine.begin_admission(request.tokens, request.sampling,
+                                                                                  request.seed))
+                except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
+                    self._prefill_failed(request, e)
+                    continue
+                free.pop(0)
+                continue
             try:
                 first, done = self.engine.prefill(slot, request.tokens, request.max_new, request.sampling, request.seed)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
-                log.exception("prefill failed")
-                request.deliver(Failed(f"prefill failed: {e.__class__.__name__}: {e}"))
+                self._prefill_failed(request, e)
                 continue
-            self.metrics.prompt(len(request.tokens))
-            self.metrics.step(1, 0, 0, 0)
-            request.deliver(Tokens([first]))
-            if done:
-                request.deliver(Finished(self._reason(first)))
-            else:
-                self._active[free.pop(0)] = request
+            if self._started(slot, request, first, done):
+                free.pop(0)
+
+    def _admit_next_chunk(self) -> None:
+        """One chunk of the prompt being admitted; once all are in, its first token and its slot."""
+        if self._admitting is None:
+            return
+        slot, request, admission = self._admitting
+        if request.cancelled:
+            self._admitting = None
+            return
+        try:
+            self.engine.admit_chunk(admission)
+            if not admission.prefilled:
+                return
+            self._admitting = None
+            first, done = self.engine.finish_admission(slot, admission, request.max_new)
+        except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
+            self._admitting = None
+            self._prefill_failed(request, e)
+            return
+        self._started(slot, request, first, done)
+
+    def _prefill_failed(self, request: Request, e: Exception) -> None:
+        log.exception("prefill failed")
+        request.deliver(Failed(f"prefill failed: {e.__class__.__name__}: {e}"))
+
+    def _started(self, slot: int, request: Request, first: int, done: bool) -> bool:
+        """Hand a prefilled request its first token; whether it now runs in `slot`."""
+        self.metrics.prompt(len(request.tokens))
+        self.metrics.step(1, 0, 0, 0)
+        request.deliver(Tokens([first]))
+        if done:
+            request.deliver(Finished(self._reason(first)))
+            return False
+        self._active[slot] = request
+        return True
 
     def _step(self, cancel: np.ndarray) -> None:
         any_sampled = any(not r.sampling.greedy for r in self._active.values())
@@ -187,8 +234,11 @@ class Scheduler:
     def _end_all(self, message: str) -> None:
         with self._wake:
             ended = list(self._active.values()) + list(self._waiting)
+            if self._admitting is not None:
+                ended.append(self._admitting[1])
             self._active.clear()
             self._waiting.clear()
+            self._admitting = None
         for request in ended:
             request.deliver(Failed(message))
         self._report_occupancy()

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.prefill import DEFAULT_CHUNK, baseline_prefill, prompt_bucket, spec_prefill
+from jaxspec.prefill import (DEFAULT_CHUNK, baseline_prefill, baseline_state, next_tokens, prefill_carry,
+                             prefill_chunk, prefill_keys, prompt_bucket, spec_prefill, spec_state)
 from jaxspec.sampling import SamplingParams
 from jaxspec.serving.slot_cycle import run_cycles
 from jaxspec.serving.slots import init_slots, insert_prefilled
@@ -41,6 +42,28 @@ def fixed_k(k: int):
     of the next device loop, 1 <= K <= num_steps where the server speculates (the context check reserves
     num_steps + 1 verify positions; K = 0 there would skip the draft's extend and leave its cache behind)."""
     return lambda last: k
+
+
+@dataclasses.dataclass
+class Admission:
+    """A prompt being prefilled a chunk at a time (`SlotEngine.begin_admission`): its tokens padded to whole
+    chunks, and the batch-1 caches the chunks so far wrote."""
+    tokens: np.ndarray  # [1, whole chunks]
+    next: np.ndarray  # [1, whole chunks]: the token after each position (`jaxspec.prefill.next_tokens`)
+    length: int
+    sampling: SamplingParams
+    state_key: jax.Array
+    first_key: jax.Array
+    carry: tuple | None
+    start: int = 0  # the next chunk's first position
+
+    @property
+    def prefilled(self) -> bool:
+        return self.start >= self.length
+
+
+def _admission_chunk(w, toks, nxt, lengths, key, sp, start, carry, *, cfg, greedy):
+    return prefill_chunk(w, cfg, toks, nxt, lengths, key, sp, greedy, start, carry)
 
 
 class SlotEngine:
@@ -90,6 +113,8 @@ class SlotEngine:
         _, prefill_fn, prefill_args, _ = self._prefill_spec(prompt_bucket(1), True)
         one = output_shapes(prefill_fn, prefill_args, self.mesh)  # what any prefill hands the insert
         specs.append(self._insert_spec(one))
+        if self.admits_in_chunks(self.max_context):
+            specs += self._admission_specs()
         todo = [spec for spec in specs if spec[0] not in self._programs]
         t0 = time.perf_counter()
         programs = compile_programs([(fn, args, donate) for _, fn, args, donate in todo], self.mesh)
@@ -134,15 +159,75 @@ class SlotEngine:
     def _insert_program(self, one):
         return self._program(*self._insert_spec(one))
 
+    def _carry_spec(self) -> tuple:
+        fn = functools.partial(prefill_carry, cfg=self.cfg, b=1, capacity=self.capacity, with_draft=self.k > 0)
+        return ("admission_carry",), fn, (self.weights,), ()
+
+    def _chunk_spec(self, greedy: bool, carry) -> tuple:
+        fn = functools.partial(_admission_chunk, cfg=self.cfg, greedy=greedy)
+        toks = jnp.zeros((1, self.prefill_chunk), jnp.int32)
+        args = (self.weights, toks, toks, jnp.ones((1,), jnp.int32), jax.random.key(0), SamplingParams().as_arrays(),
+                jnp.int32(0), carry)
+        return ("admission_chunk", greedy), fn, args, (7,)
+
+    def _finish_spec(self, carry) -> tuple:
+        if self.k > 0:
+            fn = functools.partial(spec_state, cfg=self.cfg, k=self.k, max_new_tokens=2, max_cycles=1)
+        else:
+            fn = functools.partial(baseline_state, cfg=self.cfg, max_new_tokens=2)
+        return ("admission_finish",), fn, (carry, jnp.ones((1,), jnp.int32), jax.random.key(0)), (0,)
+
+    def _admission_specs(self) -> list[tuple]:
+        """The programs of a prompt admitted a chunk at a time: its empty caches, a chunk (greedy and sampled), the
+        state it hands the insert."""
+        carry = output_shapes(self._carry_spec()[1], (self.weights,), self.mesh)
+        return [self._carry_spec(), self._chunk_spec(True, carry), self._chunk_spec(False, carry),
+                self._finish_spec(carry)]
+
     # --- running -------------------------------------------------------------------------------------
     def prefill(self, slot: int, tokens: list[int], max_new: int, sampling: SamplingParams, seed: int) -> tuple[int, bool]:
-        """Prefill `tokens` into `slot`; returns (first token, done already)."""
+        """Prefill `tokens` into `slot` in one program; returns (first token, done already)."""
         _, one = self._prefill_args(np.asarray(tokens, np.int32), sampling, seed)
+        return self._insert(slot, one, max_new, sampling)
+
+    def _insert(self, slot: int, one, max_new: int, sampling: SamplingParams) -> tuple[int, bool]:
         insert = self._insert_program(one)
         self.state = insert(self.state, one, jnp.int32(slot), jnp.int32(max_new), jnp.bool_(sampling.greedy),
                             jnp.float32(sampling.temperature), jnp.int32(sampling.top_k), jnp.float32(sampling.top_p))
         first, done = jax.device_get((one.pending[0], self.state.done[slot]))
         return int(first), bool(done)
+
+    def admits_in_chunks(self, prompt_len: int) -> bool:
+        """Whether a prompt this long is prefilled a chunk at a time between device steps (`begin_admission`),
+        so the slots already running keep emitting while it is admitted."""
+        return prompt_len > self.prefill_chunk
+
+    def begin_admission(self, tokens: list[int], sampling: SamplingParams, seed: int) -> Admission:
+        """A prompt to prefill a chunk at a time (`admit_chunk`, then `finish_admission`); nothing runs yet."""
+        size = self.prefill_chunk
+        padded = np.zeros((1, -(-len(tokens) // size) * size), np.int32)
+        padded[0, : len(tokens)] = tokens
+        state_key, first_key = prefill_keys(jax.random.key(seed))
+        carry = self._program(*self._carry_spec())(self.weights)
+        return Admission(padded, np.asarray(next_tokens(padded)), len(tokens), sampling, state_key, first_key, carry)
+
+    def admit_chunk(self, a: Admission) -> None:
+        """Prefill the next chunk of `a`'s prompt."""
+        size = self.prefill_chunk
+        chunk = self._program(*self._chunk_spec(a.sampling.greedy, a.carry))
+        a.carry = chunk(self.weights, jnp.asarray(a.tokens[:, a.start : a.start + size]),
+                        jnp.asarray(a.next[:, a.start : a.start + size]), jnp.asarray([a.length], jnp.int32),
+                        a.first_key, a.sampling.as_arrays(), jnp.int32(a.start), a.carry)
+        a.start += size
+
+    def finish_admission(self, slot: int, a: Admission, max_new: int) -> tuple[int, bool]:
+        """Insert `a` (every chunk prefilled) into `slot`; returns (first token, done already)."""
+        if not a.prefilled:
+            raise ValueError(f"admission of {a.length} tokens finished at position {a.start}")
+        finish = self._program(*self._finish_spec(a.carry))
+        one = finish(a.carry, jnp.asarray([a.length], jnp.int32), a.state_key)
+        a.carry = None
+        return self._insert(slot, one, max_new, a.sampling)
 
     def step(self, cancel: np.ndarray, any_sampled: bool) -> StepResult:
         """A few cycles over every slot (after ending the slots in `cancel`); the tokens each slot emitted."""
