@@ -48,6 +48,9 @@ class ForcedEngine:
     def max_new_tokens(self, prompt_len: int) -> int:
         return self.max_context - prompt_len - 1
 
+    def admits_in_chunks(self, prompt_len: int) -> bool:
+        return False  # every prompt "prefills" at once: its answer is recorded
+
     def prefill(self, slot, tokens, max_new, sampling, seed):
         prompt = self.tokenizer.decode(tokens)
         self.prompts.append(prompt)
