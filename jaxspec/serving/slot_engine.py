@@ -214,7 +214,8 @@ class SlotEngine:
     def admit_chunk(self, a: Admission) -> None:
         """Prefill the next chunk of `a`'s prompt."""
         size = self.prefill_chunk
-        chunk = self._program(*self._chunk_spec(a.sampling.greedy, a.carry))
+        key = ("admission_chunk", a.sampling.greedy)  # found without building the spec's example arguments
+        chunk = self._programs.get(key) or self._program(*self._chunk_spec(a.sampling.greedy, a.carry))
         a.carry = chunk(self.weights, jnp.asarray(a.tokens[:, a.start : a.start + size]),
                         jnp.asarray(a.next[:, a.start : a.start + size]), jnp.asarray([a.length], jnp.int32),
                         a.first_key, a.sampling.as_arrays(), jnp.int32(a.start), a.carry)
@@ -224,7 +225,7 @@ class SlotEngine:
         """Insert `a` (every chunk prefilled) into `slot`; returns (first token, done already)."""
         if not a.prefilled:
             raise ValueError(f"admission of {a.length} tokens finished at position {a.start}")
-        finish = self._program(*self._finish_spec(a.carry))
+        finish = self._programs.get(("admission_finish",)) or self._program(*self._finish_spec(a.carry))
         one = finish(a.carry, jnp.asarray([a.length], jnp.int32), a.state_key)
         a.carry = None
         return self._insert(slot, one, max_new, a.sampling)
