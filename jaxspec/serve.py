@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=int, default=SERVE_PREFILL_CHUNK,
                    help="prompt positions per prefill step, a power of two >= 16: a longer prompt is admitted one "
                         "chunk between device steps, so running streams keep emitting (default %(default)s)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=None,
+                   help="prompt tokens the prefix cache holds, in pages of 64: a prompt that starts as an earlier one "
+                        "did prefills only the rest (default: --max-context's worth; 0 = off)")
     p.add_argument("--warmup-buckets", type=str, default="16,32,64",
                    help="prompt buckets whose prefill is compiled before serving (comma-separated; others compile "
                         "on first use)")
@@ -72,6 +75,8 @@ def _check(a) -> tuple[int, list[int]]:
         raise UsageError(f"--port must be in 1..65535, got {a.port}")
     if a.max_context is not None and a.max_context < 2:
         raise UsageError(f"--max-context must be >= 2, got {a.max_context}")
+    if a.prefix_cache_tokens is not None and a.prefix_cache_tokens < 0:
+        raise UsageError(f"--prefix-cache-tokens must be >= 0, got {a.prefix_cache_tokens}")
     if not (a.shutdown_timeout >= 0 and math.isfinite(a.shutdown_timeout)):
         raise UsageError(f"--shutdown-timeout must be a finite number >= 0, got {a.shutdown_timeout}")
     from jaxspec.prefill import MIN_BUCKET, prompt_bucket, valid_chunk
@@ -138,12 +143,14 @@ def build_service(a, k: int, buckets: list[int], log=print):
     max_context = a.max_context or min(cfg.max_position_embeddings, 4096)
     if max_context > cfg.max_position_embeddings:
         raise UsageError(f"--max-context {max_context} exceeds the model's {cfg.max_position_embeddings} positions")
-    kw = {"prefill_chunk": a.prefill_chunk}
+    prefix_tokens = max_context if a.prefix_cache_tokens is None else a.prefix_cache_tokens
+    kw = {"prefill_chunk": a.prefill_chunk, "prefix_cache_tokens": prefix_tokens}
     engine = SlotEngine(SpecConfig(cfg, dcfg, eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
                         num_steps=k, max_batch=a.max_batch, max_context=max_context,
                         cycles_per_step=a.cycles_per_step, mesh=mesh, **kw)
     del tw  # the engine runs its own layout of these weights (jaxspec.sharded.weights_to_run); free the loaded one
-    log(f"compiling (slots {a.max_batch}, context {max_context}, K {k}, prompt buckets {buckets})")
+    log(f"compiling (slots {a.max_batch}, context {max_context}, K {k}, prompt buckets {buckets}, prefix cache "
+        f"{engine.prefix.num_pages} pages of {engine.prefix.page_size})")
     engine.warm_up([b for b in buckets if b <= max_context])
     log(f"compiled in {engine.compile_s:.1f} s")
     metrics = Metrics(a.max_batch)

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from jaxspec.serving.prefix_index import PrefixIndex
 from jaxspec.serving.slot_engine import StepResult
 
 TOKENS_PER_STEP = 3  # a step hands out a few tokens, as a speculative cycle does
@@ -40,6 +41,7 @@ class ForcedEngine:
         self.cfg = _Config(tuple(eos_ids), _Target(len(tokenizer.special_tokens) + 10**6))
         self.max_batch, self.max_context, self.k = max_batch, max_context, 0
         self.prompts: list[str] = []  # every prompt prefilled, as text (tests read what the template rendered)
+        self.prefix = PrefixIndex(0, 64)  # no prefix cache
         self.reset()
 
     def reset(self) -> None:
@@ -48,7 +50,7 @@ class ForcedEngine:
     def max_new_tokens(self, prompt_len: int) -> int:
         return self.max_context - prompt_len - 1
 
-    def admits_in_chunks(self, prompt_len: int) -> bool:
+    def admits_in_chunks(self, tokens) -> bool:
         return False  # every prompt "prefills" at once: its answer is recorded
 
     def prefill(self, slot, tokens, max_new, sampling, seed):

@@ -34,7 +34,7 @@ def _run(engine, slot, steps=12):
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95)],
                          ids=["greedy", "sampled"])
 def test_an_admission_in_chunks_answers_as_the_one_program_prefill(engine, sampling):
-    assert engine.admits_in_chunks(len(LONG)) and not engine.admits_in_chunks(CHUNK)
+    assert engine.admits_in_chunks(LONG) and not engine.admits_in_chunks(LONG[:CHUNK])
     compiled = set(engine._programs)
     engine.reset()
     want_first, _ = engine.prefill(0, LONG, 20, sampling, seed=3)

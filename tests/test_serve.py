@@ -358,6 +358,20 @@ def test_metrics_report_the_work(server):
     assert _metric(server, "jaxspec_queue_length") == 0
 
 
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(server):
+    """The server's default prefix cache (--max-context's worth): the same long prompt again restores its whole
+    pages instead of prefilling them, and answers the same."""
+    ids = [(7 + 13 * i) % 200 + 1 for i in range(100)]
+    ask = lambda: client(server).completions.create(model="jaxspec", prompt=ids, max_tokens=6, temperature=0)  # noqa: E731
+    first = ask()
+    hits, restored = _metric(server, "jaxspec_prefix_cache_hits_total"), _metric(server, "jaxspec_prefix_cache_hit_tokens_total")
+    again = ask()
+    assert again.choices[0].text == first.choices[0].text
+    assert _metric(server, "jaxspec_prefix_cache_hits_total") == hits + 1
+    assert _metric(server, "jaxspec_prefix_cache_hit_tokens_total") == restored + 64  # one whole page of 64
+    assert _metric(server, "jaxspec_prefix_cache_pages") == CONTEXT // 64
+
+
 def test_bench_load_generator_against_the_server(server, solo, tmp_path):
     """bench.serve_load's load generator at a small level: every greedy output equals its solo output."""
     texts = {p: expected(server, solo[p], 6)[0] for p in PROMPTS}

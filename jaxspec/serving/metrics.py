@@ -29,6 +29,7 @@ class Metrics:
         self.accepted_drafts = 0
         self.slot_cycles = 0
         self._recent = collections.deque()  # (time, tokens) of recent steps
+        self._prefix: dict[str, int] = {}  # the prefix cache's counts (PrefixIndex.stats)
 
     def request_done(self, outcome: str) -> None:
         with self._lock:
@@ -56,6 +57,10 @@ class Metrics:
     def occupancy(self, queued: int, active: int) -> None:
         with self._lock:
             self.queue_length, self.active_slots = queued, active
+
+    def prefix_cache(self, stats: dict[str, int]) -> None:
+        with self._lock:
+            self._prefix = dict(stats)
 
     def tokens_per_s(self) -> float:
         now = time.monotonic()
@@ -88,6 +93,22 @@ class Metrics:
                 ("jaxspec_cycles_total", "counter", "Device cycles run", [({}, self.cycles)]),
                 ("jaxspec_tokens_per_second", "gauge",
                  f"Tokens generated per second over the last {TOKENS_PER_S_WINDOW_S:g} s", [({}, tps)]),
+            ]
+            p = self._prefix
+            rows += [
+                ("jaxspec_prefix_cache_hits_total", "counter", "Prompts that started with cached prefix pages",
+                 [({}, p.get("hits", 0))]),
+                ("jaxspec_prefix_cache_misses_total", "counter", "Prompts admitted while the prefix cache held none "
+                 "of their pages", [({}, p.get("misses", 0))]),
+                ("jaxspec_prefix_cache_hit_tokens_total", "counter", "Prompt tokens restored from the prefix cache "
+                 "instead of prefilled", [({}, p.get("hit_tokens", 0))]),
+                ("jaxspec_prefix_cache_pages_in_use", "gauge", "Pages of the prefix cache holding a prompt's tokens",
+                 [({}, p.get("pages_cached", 0))]),
+                ("jaxspec_prefix_cache_pages_held", "gauge", "Pages held by prompts being admitted",
+                 [({}, p.get("pages_referenced", 0))]),
+                ("jaxspec_prefix_cache_pages", "gauge", "Pages of the prefix cache", [({}, p.get("num_pages", 0))]),
+                ("jaxspec_prefix_cache_evictions_total", "counter", "Cached pages evicted to make room",
+                 [({}, p.get("evictions", 0))]),
             ]
         lines = []
         for name, kind, help_, samples in rows:

@@ -86,10 +86,7 @@ class PrefixIndex:
         """How many pages of a prompt of `num_tokens` tokens can be cached: page i needs token (i+1)*P to exist."""
         return max(num_tokens - 1, 0) // self.page_size
 
-    def acquire(self, tokens) -> list[int]:
-        """Pool page ids of the longest cached chain matching the prompt from page 0 on; each is held (reference
-        count + 1) and marked most recently used, in chain order."""
-        tokens = _token_list(tokens)
+    def _match(self, tokens: Sequence[int]) -> list[int]:
         matched: list[int] = []
         if self.num_pages:
             parent = -1
@@ -99,6 +96,16 @@ class PrefixIndex:
                     break
                 matched.append(page)
                 parent = page
+        return matched
+
+    def peek(self, tokens) -> int:
+        """How many pages `acquire` would match now; changes nothing (no count, no recency, no stats)."""
+        return len(self._match(_token_list(tokens)))
+
+    def acquire(self, tokens) -> list[int]:
+        """Pool page ids of the longest cached chain matching the prompt from page 0 on; each is held (reference
+        count + 1) and marked most recently used, in chain order."""
+        matched = self._match(_token_list(tokens))
         for page in matched:
             if self._ref_count[page] == 0:
                 self.pages_referenced += 1

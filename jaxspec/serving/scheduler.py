@@ -149,13 +149,13 @@ class Scheduler:
                 if not self._waiting:
                     return
                 request = self._waiting.popleft()
-                if self.engine.admits_in_chunks(len(request.tokens)) and self._admitting is not None:
+                if self.engine.admits_in_chunks(request.tokens) and self._admitting is not None:
                     self._waiting.appendleft(request)  # one long prompt at a time, in arrival order
                     return
             if request.cancelled:
                 continue
             slot = free[0]
-            if self.engine.admits_in_chunks(len(request.tokens)):
+            if self.engine.admits_in_chunks(request.tokens):
                 try:
                     self._admitting = (slot, request, self.engine.begin_admission(request.tokens, request.sampling,
                                                                                   request.seed))
@@ -179,6 +179,7 @@ class Scheduler:
         slot, request, admission = self._admitting
         if request.cancelled:
             self._admitting = None
+            self.engine.release_admission(admission)
             return
         try:
             self.engine.admit_chunk(admission)
@@ -188,6 +189,7 @@ class Scheduler:
             first, done = self.engine.finish_admission(slot, admission, request.max_new)
         except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
             self._admitting = None
+            self.engine.release_admission(admission)
             self._prefill_failed(request, e)
             return
         self._started(slot, request, first, done)
@@ -236,6 +238,7 @@ class Scheduler:
             ended = list(self._active.values()) + list(self._waiting)
             if self._admitting is not None:
                 ended.append(self._admitting[1])
+                self.engine.release_admission(self._admitting[2])
             self._active.clear()
             self._waiting.clear()
             self._admitting = None
@@ -245,3 +248,4 @@ class Scheduler:
 
     def _report_occupancy(self) -> None:
         self.metrics.occupancy(len(self._waiting), len(self._active))
+        self.metrics.prefix_cache(self.engine.prefix.stats())

@@ -4,6 +4,10 @@ into a slot, run a few cycles over all slots). Called from one thread only (the 
 Programs are compiled ahead of time once per static shape and kept: the loop (K, sampled or not), the insert,
 and the prefill per prompt bucket and greedy/sampled first token. Every per-request value (slot index, budget,
 sampling values, seed) is traced, so requests never cause a compile beyond a new prompt bucket.
+
+With a prefix cache (`prefix_cache_tokens`), every prefilled prompt's full pages are saved into a pool of pages
+(`jaxspec.serving.prefix_pages`), and a prompt that starts with cached pages (`jaxspec.serving.prefix_index`)
+has them restored and prefills only the rest, a chunk at a time from where they end.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import (DEFAULT_CHUNK, baseline_prefill, baseline_state, next_tokens, prefill_carry,
                              prefill_chunk, prefill_keys, prompt_bucket, spec_prefill, spec_state)
 from jaxspec.sampling import SamplingParams
+from jaxspec.serving.prefix_index import PrefixIndex
+from jaxspec.serving.prefix_pages import PAGE_TOKENS, init_prefix_pages, restore_pages, save_pages
 from jaxspec.serving.slot_cycle import run_cycles
 from jaxspec.serving.slots import init_slots, insert_prefilled
 from jaxspec.sharded import compile_program, compile_programs, output_shapes, weights_to_run
@@ -47,15 +53,16 @@ def fixed_k(k: int):
 @dataclasses.dataclass
 class Admission:
     """A prompt being prefilled a chunk at a time (`SlotEngine.begin_admission`): its tokens padded to whole
-    chunks, and the batch-1 caches the chunks so far wrote."""
-    tokens: np.ndarray  # [1, whole chunks]
-    next: np.ndarray  # [1, whole chunks]: the token after each position (`jaxspec.prefill.next_tokens`)
+    chunks past the cached prefix, and the batch-1 caches the cached pages and the chunks so far wrote."""
+    tokens: np.ndarray  # [1, cached prefix + whole chunks]
+    next: np.ndarray  # [1, as tokens]: the token after each position (`jaxspec.prefill.next_tokens`)
     length: int
     sampling: SamplingParams
     state_key: jax.Array
     first_key: jax.Array
     carry: tuple | None
     start: int = 0  # the next chunk's first position
+    cached_pages: list[int] = dataclasses.field(default_factory=list)  # prefix pages restored, held until it ends
 
     @property
     def prefilled(self) -> bool:
@@ -66,9 +73,19 @@ def _admission_chunk(w, toks, nxt, lengths, key, sp, start, carry, *, cfg, greed
     return prefill_chunk(w, cfg, toks, nxt, lengths, key, sp, greedy, start, carry)
 
 
+def _restore_into_carry(pool, carry, page_ids_M, hit_tokens):
+    target_cache, draft_cache = restore_pages(pool, carry[0], carry[1], page_ids_M, hit_tokens)
+    return (target_cache, draft_cache, *carry[2:])
+
+
+def _save_state_pages(pool, one, page_ids_M):
+    return save_pages(pool, one.target_cache, getattr(one, "draft_cache", None), page_ids_M)
+
+
 class SlotEngine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int, max_batch: int, max_context: int,
-                 cycles_per_step: int = 4, prefill_chunk: int = DEFAULT_CHUNK, mesh=None, choose_k=None):
+                 cycles_per_step: int = 4, prefill_chunk: int = DEFAULT_CHUNK, mesh=None, choose_k=None,
+                 prefix_cache_tokens: int = 0):
         if num_steps > 0 and (cfg.draft is None or weights.draft is None):
             raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
         if max_context > cfg.target.max_position_embeddings:
@@ -85,6 +102,19 @@ class SlotEngine:
         self._programs: dict[tuple, object] = {}
         self.compile_s = 0.0
         self._last: StepResult | None = None
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        self._prefix_pages = prefix_cache_tokens // PAGE_TOKENS
+        self.clear_prefix_cache()
+
+    def clear_prefix_cache(self) -> None:
+        """Empty the prefix cache (also done after a program that changes the pool failed: the pool it was given
+        may be gone). Programs stay compiled."""
+        self.prefix = PrefixIndex(self._prefix_pages, PAGE_TOKENS)
+        self.pages = None
+        if self._prefix_pages:
+            carry = output_shapes(self._carry_spec()[1], (self.weights,), self.mesh)
+            self.pages = init_prefix_pages(carry[0], carry[1], self._prefix_pages)
 
     def reset(self) -> None:
         """Every slot idle (after a failed step: its donated state may be gone)."""
@@ -113,8 +143,11 @@ class SlotEngine:
         _, prefill_fn, prefill_args, _ = self._prefill_spec(prompt_bucket(1), True)
         one = output_shapes(prefill_fn, prefill_args, self.mesh)  # what any prefill hands the insert
         specs.append(self._insert_spec(one))
-        if self.admits_in_chunks(self.max_context):
+        if self.max_context > self.prefill_chunk or self.pages is not None:
             specs += self._admission_specs()
+        if self.pages is not None:
+            specs += [self._save_spec(one), self._restore_spec(output_shapes(self._carry_spec()[1], (self.weights,),
+                                                                             self.mesh))]
         todo = [spec for spec in specs if spec[0] not in self._programs]
         t0 = time.perf_counter()
         programs = compile_programs([(fn, args, donate) for _, fn, args, donate in todo], self.mesh)
@@ -184,10 +217,63 @@ class SlotEngine:
         return [self._carry_spec(), self._chunk_spec(True, carry), self._chunk_spec(False, carry),
                 self._finish_spec(carry)]
 
+    def _save_spec(self, one) -> tuple:
+        ids = jnp.zeros((self.capacity // PAGE_TOKENS,), jnp.int32)
+        return ("prefix_save",), _save_state_pages, (self.pages, one, ids), (0,)
+
+    def _restore_spec(self, carry) -> tuple:
+        ids = jnp.zeros((self.capacity // PAGE_TOKENS,), jnp.int32)
+        return ("prefix_restore",), _restore_into_carry, (self.pages, carry, ids, jnp.int32(0)), (1,)
+
+    # --- the prefix cache ----------------------------------------------------------------------------
+    def cached_prefix_tokens(self, tokens: list[int]) -> int:
+        """How many of the prompt's leading tokens the prefix cache holds now (their prefill would be skipped)."""
+        return self.prefix.peek(tokens) * PAGE_TOKENS
+
+    def _page_ids(self, pages: dict[int, int]) -> jax.Array:
+        """{page of the prompt: pool page} as the programs take it: one id per page of the caches, the pool's
+        size (nothing) where none is given."""
+        ids = np.full((self.capacity // PAGE_TOKENS,), self._prefix_pages, np.int32)
+        for m, page in pages.items():
+            ids[m] = page
+        return jnp.asarray(ids)
+
+    def _save_prefix(self, tokens, cached_pages: list[int], one) -> None:
+        """Save the full pages of a prefilled prompt that the cache lacks (as room allows) from its batch-1
+        state `one`."""
+        if self.pages is None:
+            return
+        new = self.prefix.store(list(tokens), cached_pages)
+        if not new:
+            return
+        key = ("prefix_save",)
+        save = self._programs.get(key) or self._program(*self._save_spec(one))
+        try:
+            self.pages = save(self.pages, one, self._page_ids(dict(new)))
+        except Exception:
+            self.clear_prefix_cache()  # the pool was given to the program that failed
+            raise
+
+    def release_admission(self, a: Admission) -> None:
+        """An admission that ends without being finished (its request cancelled or failed) gives back the cached
+        pages it holds."""
+        if a.cached_pages:
+            self.prefix.release(a.cached_pages)
+            a.cached_pages = []
+
     # --- running -------------------------------------------------------------------------------------
     def prefill(self, slot: int, tokens: list[int], max_new: int, sampling: SamplingParams, seed: int) -> tuple[int, bool]:
-        """Prefill `tokens` into `slot` in one program; returns (first token, done already)."""
+        """Prefill `tokens` into `slot` now; returns (first token, done already). A prompt with cached pages is
+        restored from them and prefilled from where they end, a chunk at a time; any other in one program."""
+        if self.cached_prefix_tokens(tokens):
+            a = self.begin_admission(tokens, sampling, seed)
+            while not a.prefilled:
+                self.admit_chunk(a)
+            return self.finish_admission(slot, a, max_new)
+        if self.pages is not None:
+            self.prefix.acquire(tokens)  # nothing cached: counted as a miss
         _, one = self._prefill_args(np.asarray(tokens, np.int32), sampling, seed)
+        self._save_prefix(tokens, [], one)
         return self._insert(slot, one, max_new, sampling)
 
     def _insert(self, slot: int, one, max_new: int, sampling: SamplingParams) -> tuple[int, bool]:
@@ -197,19 +283,31 @@ class SlotEngine:
         first, done = jax.device_get((one.pending[0], self.state.done[slot]))
         return int(first), bool(done)
 
-    def admits_in_chunks(self, prompt_len: int) -> bool:
-        """Whether a prompt this long is prefilled a chunk at a time between device steps (`begin_admission`),
-        so the slots already running keep emitting while it is admitted."""
-        return prompt_len > self.prefill_chunk
+    def admits_in_chunks(self, tokens: list[int]) -> bool:
+        """Whether this prompt is prefilled a chunk at a time between device steps (`begin_admission`), so the
+        slots already running keep emitting while it is admitted: what the prefix cache lacks of it is longer
+        than a chunk."""
+        return len(tokens) - self.cached_prefix_tokens(tokens) > self.prefill_chunk
 
     def begin_admission(self, tokens: list[int], sampling: SamplingParams, seed: int) -> Admission:
-        """A prompt to prefill a chunk at a time (`admit_chunk`, then `finish_admission`); nothing runs yet."""
+        """A prompt to prefill a chunk at a time (`admit_chunk`, then `finish_admission`), from the end of its
+        cached pages (restored now, and held until the admission ends)."""
         size = self.prefill_chunk
-        padded = np.zeros((1, -(-len(tokens) // size) * size), np.int32)
+        cached = self.prefix.acquire(list(tokens)) if self.pages is not None else []
+        start = len(cached) * PAGE_TOKENS
+        padded = np.zeros((1, start + -(-(len(tokens) - start) // size) * size), np.int32)
         padded[0, : len(tokens)] = tokens
         state_key, first_key = prefill_keys(jax.random.key(seed))
-        carry = self._program(*self._carry_spec())(self.weights)
-        return Admission(padded, np.asarray(next_tokens(padded)), len(tokens), sampling, state_key, first_key, carry)
+        try:
+            carry = self._program(*self._carry_spec())(self.weights)
+            if cached:
+                restore = self._programs.get(("prefix_restore",)) or self._program(*self._restore_spec(carry))
+                carry = restore(self.pages, carry, self._page_ids(dict(enumerate(cached))), jnp.int32(start))
+        except Exception:
+            self.prefix.release(cached)
+            raise
+        return Admission(padded, np.asarray(next_tokens(padded)), len(tokens), sampling, state_key, first_key, carry,
+                         start, cached)
 
     def admit_chunk(self, a: Admission) -> None:
         """Prefill the next chunk of `a`'s prompt."""
@@ -225,9 +323,13 @@ class SlotEngine:
         """Insert `a` (every chunk prefilled) into `slot`; returns (first token, done already)."""
         if not a.prefilled:
             raise ValueError(f"admission of {a.length} tokens finished at position {a.start}")
-        finish = self._programs.get(("admission_finish",)) or self._program(*self._finish_spec(a.carry))
-        one = finish(a.carry, jnp.asarray([a.length], jnp.int32), a.state_key)
-        a.carry = None
+        try:
+            finish = self._programs.get(("admission_finish",)) or self._program(*self._finish_spec(a.carry))
+            one = finish(a.carry, jnp.asarray([a.length], jnp.int32), a.state_key)
+            a.carry = None
+            self._save_prefix(a.tokens[0, : a.length].tolist(), a.cached_pages, one)
+        finally:
+            self.release_admission(a)
         return self._insert(slot, one, max_new, a.sampling)
 
     def step(self, cancel: np.ndarray, any_sampled: bool) -> StepResult:
