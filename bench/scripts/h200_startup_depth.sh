@@ -4,5 +4,5 @@
 set -uo pipefail
 export JAXSPEC_AUTOTUNE_CACHE=/tmp/autotune-startup
 nvidia-smi -L
-timeout 560 python -m bench.startup_depth --layers 61 --modes generate serve --timeout 240 --out "$OUT/startup" 2>&1 \
+timeout 560 python -m bench.startup_depth --layers 61 --modes generate serve --timeout 280 --out "$OUT/startup" 2>&1 \
   | grep -E "^(generate|serve)|^\||error" | tail -12
