@@ -3,7 +3,8 @@
 - `generate`: a fresh process draws a Kimi-K2.5-shaped target of --layers layers (INT4 experts; one MoE layer's
   arrays run by every MoE layer, so drawing stays short) and its EAGLE-3 draft, builds `jaxspec.engine.Engine` as
   `python -m jaxspec.generate` does (fixed K, streamed) and streams until the first token of a 64-token prompt.
-- `serve`: a fresh process builds `jaxspec.serving.slot_engine.SlotEngine` as `python -m jaxspec.serve` does and
+- `serve`: a fresh process builds `jaxspec.serving.slot_engine.SlotEngine` as `python -m jaxspec.serve` does (its
+  default prefix cache of --max-context tokens included) and
   runs its warm-up (every program the server compiles before it listens).
 
 Each is timed from the parent's launch of the process to the child's line saying it got there, twice: with an
@@ -53,7 +54,7 @@ def child(mode: str, layers: int, k: int) -> None:
     else:
         from jaxspec.serving.slot_engine import SlotEngine
 
-        engine = SlotEngine(spec_cfg, sw, num_steps=k, max_batch=8, max_context=4096)
+        engine = SlotEngine(spec_cfg, sw, num_steps=k, max_batch=8, max_context=4096, prefix_cache_tokens=4096)
         engine.warm_up([16, 32, 64])
         print("ready", flush=True)
 
