@@ -9,6 +9,12 @@ output is compared with `Engine.generate` on its prompt alone (greedy, same K, s
 in bfloat16 batched kernels may round differently, and the table says how many matched.
 
 Each level starts after one warm-up pass (every prompt once) so no compile lands in a timed level.
+
+Chat and agent traffic: `--system-prompt-tokens N` puts one shared text of about N tokens before every prompt (as a
+system prompt and tool list are), which the server's prefix cache (`--prefix-cache-tokens`, its default when not
+given; 0 = off) holds after the first request. `--long-prompts N` runs N more workers beside each level's, each
+sending prompts of `--long-prompt-tokens` new token ids (one token asked) back to back until the level's own workers
+are done, so the level's inter-token latency shows what long admissions cost the running streams.
 Writes serve-load-<device>-<date>.json and .md to --out.
 """
 
@@ -56,6 +62,12 @@ def parse_args(argv):
     p.add_argument("--max-context", type=int, default=512)
     p.add_argument("--cycles-per-step", type=int, default=4)
     p.add_argument("--no-check", action="store_true", help="skip the comparison with Engine.generate alone")
+    p.add_argument("--system-prompt-tokens", type=int, default=0, help="a shared text of about this many tokens "
+                   "before every prompt")
+    p.add_argument("--prefix-cache-tokens", type=int, default=None, help="the server's (default: its own)")
+    p.add_argument("--prefill-chunk", type=int, default=None, help="the server's (default: its own)")
+    p.add_argument("--long-prompts", type=int, default=0, help="workers sending long prompts during each level")
+    p.add_argument("--long-prompt-tokens", type=int, default=4096)
     a = p.parse_args(argv)
     try:
         a.levels = [int(c) for c in a.concurrency.split(",")]
@@ -70,7 +82,24 @@ def parse_args(argv):
                     ("--speculative-num-steps", a.speculative_num_steps)):
         if v < 1:
             p.error(f"{flag} must be >= 1, got {v}")
+    for flag, v in (("--system-prompt-tokens", a.system_prompt_tokens), ("--long-prompts", a.long_prompts)):
+        if v < 0:
+            p.error(f"{flag} must be >= 0, got {v}")
     return a
+
+
+SYSTEM_LINES = ["You are a careful coding assistant. Answer with code only.",
+                "Tools: read_file(path), write_file(path, text), run(command), search(query).",
+                "Prefer the standard library; keep functions short; name things for what they compute."]
+
+
+def system_text(tokens: int, encode) -> str:
+    """A shared preamble of about `tokens` tokens (whole lines, repeated)."""
+    text, i = "", 0
+    while tokens and len(encode(text)) < tokens:
+        text += SYSTEM_LINES[i % len(SYSTEM_LINES)] + "\n"
+        i += 1
+    return text
 
 
 def percentiles(values) -> dict:
@@ -99,12 +128,28 @@ async def _one(client, model, prompt, max_tokens):
     return "".join(parts), tokens, ttft, itl
 
 
-async def run_level(base_url, model, concurrency, per_worker, max_tokens, prompts=PROMPTS, offset=0):
-    """Every result (prompt, (text, tokens, TTFT, ITL) or the exception) and the level's wall time."""
+async def _long_prompts(client, model, length: int, vocab: int, seed: int, stop: asyncio.Event, sent: list):
+    """Prompts of `length` new token ids, one token asked, back to back until `stop`."""
+    rng = np.random.default_rng(seed)
+    while not stop.is_set():
+        ids = [int(t) for t in rng.integers(1, vocab - 1, size=length)]
+        try:
+            await client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0)
+            sent.append(True)
+        except Exception:  # noqa: BLE001 - counted, not fatal
+            sent.append(False)
+
+
+async def run_level(base_url, model, concurrency, per_worker, max_tokens, prompts=PROMPTS, offset=0,
+                    long_prompts=0, long_tokens=0, vocab=0):
+    """Every result (prompt, (text, tokens, TTFT, ITL) or the exception) and the level's wall time; with
+    `long_prompts`, also how many long prompts were answered and failed beside it."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
-    results = []
+    results, long_sent, stop = [], [], asyncio.Event()
+    longs = [asyncio.create_task(_long_prompts(client, model, long_tokens, vocab, offset * 100 + i, stop, long_sent))
+             for i in range(long_prompts)]
 
     async def worker(w):
         for r in range(per_worker):
@@ -117,7 +162,11 @@ async def run_level(base_url, model, concurrency, per_worker, max_tokens, prompt
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     wall = time.perf_counter() - t0
+    stop.set()
+    await asyncio.gather(*longs)
     await client.close()
+    if long_prompts:
+        return results, wall, (sum(long_sent), len(long_sent) - sum(long_sent))
     return results, wall
 
 
@@ -146,12 +195,12 @@ def _metric(base_url, name) -> float:
     return float("nan")
 
 
-def solo_texts(service, k, max_tokens) -> dict:
+def solo_texts(service, k, max_tokens, prompts) -> dict:
     """prompt -> the text Engine.generate gives it alone (greedy), decoded as the server decodes."""
     engine = Engine(service.engine.cfg, service.engine.weights, num_steps=k)
     eos = service.scheduler.eos_ids
     out = {}
-    for p in PROMPTS:
+    for p in prompts:
         toks = engine.generate([service.encode(p)], max_tokens).tokens[0]
         out[p] = service.tokenizer.decode([t for t in toks if t not in eos])
     return out
@@ -164,18 +213,32 @@ def run_mode(a, mode, log) -> dict:
             "--max-queue", str(max(a.levels) * 2), "--warmup-buckets", "16,32"]
     argv += ["--model", a.model] if a.model else []
     argv += ["--draft", a.draft] if a.draft else []
+    argv += ["--prefix-cache-tokens", str(a.prefix_cache_tokens)] if a.prefix_cache_tokens is not None else []
+    argv += ["--prefill-chunk", str(a.prefill_chunk)] if a.prefill_chunk else []
     sa = build_parser().parse_args(argv)
     service = build_service(sa, *_check(sa), log=log)
-    solo = None if a.no_check else solo_texts(service, k, a.max_tokens)
+    preamble = system_text(a.system_prompt_tokens, service.encode)
+    prompts = [preamble + p for p in PROMPTS]
+    solo = None if a.no_check else solo_texts(service, k, a.max_tokens, prompts)
+    vocab = service.engine.cfg.target.vocab_size
     rows = []
     with BackgroundServer(service) as server:
-        asyncio.run(run_level(server.base_url, service.model_name, len(PROMPTS), 1, a.max_tokens))  # warm-up
+        asyncio.run(run_level(server.base_url, service.model_name, len(prompts), 1, a.max_tokens, prompts))  # warm-up
+        if a.long_prompts:  # the long prompts' programs too
+            asyncio.run(run_level(server.base_url, service.model_name, 1, 1, 2, prompts, 0, 1, a.long_prompt_tokens,
+                                  vocab))
         for c in a.levels:
             cycles0, tokens0 = _metric(server.base_url, "jaxspec_cycles_total"), \
                 _metric(server.base_url, "jaxspec_generation_tokens_total")
-            results, wall = asyncio.run(run_level(server.base_url, service.model_name, c, a.requests_per_worker,
-                                                  a.max_tokens, offset=c))
+            hits0 = _metric(server.base_url, "jaxspec_prefix_cache_hit_tokens_total")
+            out = asyncio.run(run_level(server.base_url, service.model_name, c, a.requests_per_worker,
+                                        a.max_tokens, prompts, offset=c, long_prompts=a.long_prompts,
+                                        long_tokens=a.long_prompt_tokens, vocab=vocab))
+            results, wall = out[:2]
             row = summarize(c, results, wall, solo)
+            row["prefix_hit_tokens"] = _metric(server.base_url, "jaxspec_prefix_cache_hit_tokens_total") - hits0
+            if a.long_prompts:
+                row["long_prompts_answered"], row["long_prompts_failed"] = out[2]
             cycles = _metric(server.base_url, "jaxspec_cycles_total") - cycles0
             row["cycles"] = cycles
             # each request's first token comes out of its prefill, not a cycle
@@ -186,7 +249,8 @@ def run_mode(a, mode, log) -> dict:
             rows.append(row)
         mal = _metric(server.base_url, "jaxspec_mean_acceptance_length")
     return {"mode": mode, "k": k, "mean_acceptance_length": None if k == 0 else mal, "rows": rows,
-            "compile_s": service.engine.compile_s}
+            "compile_s": service.engine.compile_s, "prefix_cache_pages": service.engine.prefix.num_pages,
+            "prompt_tokens": [len(service.encode(p)) for p in prompts]}
 
 
 def markdown(result: dict) -> str:
@@ -194,10 +258,14 @@ def markdown(result: dict) -> str:
              f"Model: {result['model']} ({result['dtype']}); {result['max_tokens']} tokens per request, greedy, "
              f"streamed; {result['requests_per_worker']} requests per worker per level; server: "
              f"{result['cycles_per_step']} cycles per host step, context {result['max_context']}. Throughput = output "
-             "tokens / the level's wall time; TTFT and inter-token latency (ITL) in ms, percentiles over requests.", "",
+             "tokens / the level's wall time; TTFT and inter-token latency (ITL) in ms, percentiles over requests.",
+             f"Shared system prompt: {result.get('system_prompt_tokens', 0)} tokens; prefix cache pages: "
+             + ", ".join(f"{m['mode']} {m.get('prefix_cache_pages', '-')}" for m in result["modes"])
+             + f"; long prompts beside each level: {result.get('long_prompts', 0)} workers of "
+             f"{result.get('long_prompt_tokens', 0)} tokens.", "",
              "| mode | K | concurrency | sent | completed | failed | equal to solo | tok/s | tokens/cycle (all slots) | "
-             "TTFT p50 | p90 | p99 | ITL p50 | p90 | p99 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "TTFT p50 | p90 | p99 | ITL p50 | p90 | p99 | prompt tokens restored | long prompts answered |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in result["modes"]:
         for r in m["rows"]:
             t, i = r["ttft_ms"], r["itl_ms"]
@@ -205,7 +273,7 @@ def markdown(result: dict) -> str:
                 f"| {m['mode']} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | {r['failed']} | "
                 f"{r.get('equal_to_solo', '-')} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['tokens_per_cycle'], 2)} | "
                 f"{fmt(t['50'], 1)} | {fmt(t['90'], 1)} | {fmt(t['99'], 1)} | {fmt(i['50'], 2)} | {fmt(i['90'], 2)} | "
-                f"{fmt(i['99'], 2)} |")
+                f"{fmt(i['99'], 2)} | {fmt(r.get('prefix_hit_tokens'), 0)} | {r.get('long_prompts_answered', '-')} |")
     accept = [f"{m['mode']} K={m['k']}: {fmt(m['mean_acceptance_length'], 2)}" for m in result["modes"] if m["k"]]
     if accept:
         lines += ["", "Mean acceptance length over the whole run (tokens per slot-cycle): " + "; ".join(accept) + "."]
@@ -225,7 +293,9 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "model": a.model or "embedded pair", "dtype": a.dtype, "max_tokens": a.max_tokens,
         "requests_per_worker": a.requests_per_worker, "cycles_per_step": a.cycles_per_step,
-        "max_context": a.max_context, "modes": modes,
+        "max_context": a.max_context, "modes": modes, "system_prompt_tokens": a.system_prompt_tokens,
+        "prefix_cache_tokens": a.prefix_cache_tokens, "long_prompts": a.long_prompts,
+        "long_prompt_tokens": a.long_prompt_tokens if a.long_prompts else 0,
     }
     a.out.mkdir(parents=True, exist_ok=True)
     stem = f"serve-load-{device.platform}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}"
