@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive import (AdaptivePolicy, AdaptiveState, adaptive_cycle, adaptive_loop, forced_schedule,
-                              init_adaptive_state)
+from jaxspec.adaptive import (AdaptivePolicy, AdaptiveState, acceptance_rates, adaptive_cycle, adaptive_loop,
+                              forced_schedule, init_adaptive_state)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill,
@@ -45,6 +45,10 @@ class AdaptiveReport:
     expected_tokens: float  # the model's E[tokens] summed over the cycles run
     expected_s: float  # t(K) summed over the cycles run
     first_run_s: float = 0.0  # the price of a branch's first run in a call (jaxspec.adaptive_costs.Measured)
+    # per sequence, c_j for j = 1..max(steps) as the rule estimated them after the last cycle (its discounted counts
+    # of drafted cycles and of the free observations of c_1 that plain stretches' catch-ups make, shrunk towards the
+    # prior): what its last choices were made on
+    acceptance_estimate: list[list[float]] = dataclasses.field(default_factory=list)
 
     @property
     def k_histogram(self) -> dict[int, int]:
@@ -371,8 +375,11 @@ class Engine:
         else:
             accepted, cycles = [[] for _ in tokens], int(state.steps)
         if isinstance(state, AdaptiveState):
-            k_log, exp_tokens, exp_s = jax.device_get((state.k_log, state.expected_tokens, state.expected_s))
+            k_log, exp_tokens, exp_s, hits_BJ, trials_BJ, prior = jax.device_get(
+                (state.k_log, state.expected_tokens, state.expected_s, state.hits_BJ, state.trials_BJ, state.prior))
+            estimate_BJ = np.asarray(acceptance_rates(hits_BJ, trials_BJ, prior))
             report = dataclasses.replace(report, k_per_cycle=[int(k) for k in k_log[:cycles]],
-                                         expected_tokens=float(exp_tokens), expected_s=float(exp_s))
+                                         expected_tokens=float(exp_tokens), expected_s=float(exp_s),
+                                         acceptance_estimate=estimate_BJ.tolist())
         return GenerationResult(tokens, accepted, [int(x) for x in lengths], prefill_s, decode_s, compile_s, cycles,
                                 report)

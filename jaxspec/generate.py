@@ -21,6 +21,7 @@ from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, ad
                                  parse_mesh, run_with_exit_codes, with_moe_kernel)
 from jaxspec.defaults import DEFAULT_NUM_STEPS, default_adaptive, default_dtype
 from jaxspec.generate_display import ChatDisplay, echo_prompt, format_speedup
+from jaxspec.speculation_verdict import speculation_verdict
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
 
 # The embedded model's tokenizer (byte-level BPE on Python sources) joins a newline with the indentation after it
@@ -63,8 +64,19 @@ JSON_SCHEMA = {
                 "k_histogram: {K: int}, expected_tokens_per_s: float: the model's E[tokens] / t over the cycles run, "
                 "achieved_tokens_per_s: float}",
     "baseline": "null, or with --baseline (jaxspec/speedup.py): {decode_tokens_per_s, decode_s, steps, "
-                "speculative_decode_tokens_per_s, speedup, speedup_min, speedup_max, rounds, mode: 'device loop'}: "
-                "medians over interleaved rounds of both runs, speedup_min/max the rounds' extremes",
+                "speculative_decode_tokens_per_s, speculative_decode_s, speculative_cycles, speedup, speedup_min, "
+                "speedup_max, rounds, mode: 'stream' | 'device loop'}: medians over interleaved rounds of both runs, "
+                "speedup_min/max the rounds' extremes",
+    "speculation": {  # null without speculation (K = 0)
+        "paid": "bool | null: whether speculation paid, where the figures decide it (jaxspec/speculation_verdict.py)",
+        "reason": "str | null: the line printed where it did not pay, with the figures that decided it",
+        "figures": "adaptive: {cycles, plain_cycles, drafting_cycles, first_drafts, first_drafts_accepted, "
+                   "per_position_acceptance: [float | null]: c_j measured over the drafted cycles, estimate: [float] "
+                   "| null: the rule's c_j at the end, cost_in_plain_steps: {K: t(K) / t(0)} | null, "
+                   "expected_tokens_per_cycle: {K: float} | null, speedup: float | null}; fixed K: {k, cycles, "
+                   "mean_acceptance_length, speedup, ms_per_cycle, ms_per_plain_step, "
+                   "cycle_cost_in_plain_steps: the --baseline rounds' medians} (null where not measured)",
+    },
 }
 
 
@@ -410,6 +422,7 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
         },
         "adaptive": None,
         "baseline": None,
+        "speculation": None,
     }
     if result.adaptive is not None:
         ad = result.adaptive
@@ -426,6 +439,9 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
         }
     if baseline is not None:
         out["baseline"] = baseline.as_dict()
+    verdict = speculation_verdict(result, k, out["baseline"])
+    if verdict is not None:
+        out["speculation"] = verdict.as_dict()
     return out
 
 
@@ -451,6 +467,8 @@ def _print_stats(r: dict, k: int) -> None:
         )
     if r["baseline"]:
         lines.append(format_speedup(r["baseline"]))
+    if r["speculation"] and r["speculation"]["reason"]:
+        lines.append(r["speculation"]["reason"])
     print("\n".join(lines), file=sys.stderr)
 
 

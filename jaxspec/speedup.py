@@ -30,6 +30,10 @@ class SpeedupMeasurement:
     baseline_tokens_per_s: tuple[float, ...]
     baseline_steps: int
     baseline_decode_s: float  # median over rounds
+    # the speculative runs' cycles and decode time (median over rounds), timed as the baseline's steps are: what a
+    # cycle costs in plain steps
+    speculative_cycles: int | None = None
+    speculative_decode_s: float | None = None
 
     @property
     def rounds(self) -> int:
@@ -49,6 +53,8 @@ class SpeedupMeasurement:
             "decode_s": self.baseline_decode_s,
             "steps": self.baseline_steps,
             "speculative_decode_tokens_per_s": statistics.median(self.speculative_tokens_per_s),
+            "speculative_decode_s": self.speculative_decode_s,
+            "speculative_cycles": self.speculative_cycles,
             "speedup": self.speedup,
             "speedup_min": min(self.speedups),
             "speedup_max": max(self.speedups),
@@ -88,4 +94,6 @@ def measure_speedup(engine: Engine, prompts: list[list[int]], max_new_tokens: in
         baseline_tokens_per_s=tuple(x.decode_tokens_per_s for x in base),
         baseline_steps=base[-1].cycles,
         baseline_decode_s=statistics.median(x.decode_s for x in base),
+        speculative_cycles=spec[-1].cycles,
+        speculative_decode_s=statistics.median(x.decode_s for x in spec),
     )
