@@ -54,3 +54,29 @@ def test_warm_up_compiles_every_program_and_a_mesh_answers_as_one_device(pair):
     sharded = SlotEngine(cfg, w, mesh=make_mesh((2, 4)), **kw)
     sharded.warm_up([16])
     assert _serve(sharded) == want
+
+
+def test_the_prefix_cache_on_a_mesh_answers_as_one_device(pair):
+    """A prompt prefilled whole (a miss, its page saved) and again from its cached page (a hit) on a 2 x 4 mesh
+    answers as on one device."""
+    cfg, w = pair
+    kw = dict(num_steps=NUM_STEPS, max_batch=8, max_context=192, cycles_per_step=2, prefill_chunk=32,
+              prefix_cache_tokens=128)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(1, 60, size=100)]
+
+    def answer(engine):
+        engine.reset()
+        first, done = engine.prefill(0, prompt, MAX_NEW, SamplingParams(), seed=0)
+        out = [first]
+        while not done and len(out) < MAX_NEW:
+            result = engine.step(np.zeros((engine.max_batch,), bool), any_sampled=False)
+            out += result.tokens[0]
+            done = bool(result.done[0])
+        return out
+
+    want = answer(SlotEngine(cfg, w, **kw))
+    sharded = SlotEngine(cfg, w, mesh=make_mesh((2, 4)), **kw)
+    assert answer(sharded) == want
+    assert sharded.cached_prefix_tokens(prompt) == 64
+    assert answer(sharded) == want
+    assert sharded.prefix.stats()["hits"] == 1
