@@ -26,6 +26,7 @@ from jax.sharding import AbstractMesh
 from convert.help_format import DefaultsHelpFormatter
 from jaxspec.defaults import DEFAULT_NUM_STEPS
 from jaxspec.prefill import DEFAULT_CHUNK
+from jaxspec.serving.prefix_pages import PAGE_TOKENS
 from model.config import TextConfig
 from model.configs import KNOWN, known_config
 from model.configs.drafts import KNOWN_DRAFTS, known_draft_config
@@ -237,7 +238,8 @@ def abstract_mesh(shape: tuple[int, int]) -> AbstractMesh:
 
 
 def make_plan(config: str, devices: int, device_memory: int, context: int, batch: int, *, mesh_shape=None,
-              draft: str | None = "default", experts: str | None = None, num_steps: int = DEFAULT_NUM_STEPS) -> Plan:
+              draft: str | None = "default", experts: str | None = None, num_steps: int = DEFAULT_NUM_STEPS,
+              prefix_cache_tokens: int = 0) -> Plan:
     cfg = known_config(config)
     if experts is None:
         experts = cfg.quant.method if cfg.quant else "bf16"
@@ -259,6 +261,11 @@ def make_plan(config: str, devices: int, device_memory: int, context: int, batch
     }
     if draft_cache is not None:
         kv["draft KV cache"] = bytes_per_device(draft_cache, mesh, CACHE_RULES)
+    pages = prefix_cache_tokens // PAGE_TOKENS
+    if pages:  # the server's prefix cache: whole pages of every cache, held by every device (no rule splits them)
+        pool_target, pool_draft = abstract_caches(cfg, dcfg, 1, pages * PAGE_TOKENS)
+        kv[f"prefix cache ({pages} pages of {PAGE_TOKENS})"] = bytes_per_device(
+            (pool_target.latent, pool_target.k_rope, pool_draft), mesh, ())
     working = cycle_working_bytes(cfg, dcfg, mesh, batch, capacity, num_steps)
 
     fixed = sum(target.values()) + sum(draft_w.values()) + sum(kv.values())
@@ -362,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=131072,
                    help="tokens per sequence (prompt + new); caches are sized as the engine rounds them")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--prefix-cache-tokens", type=int, default=0,
+                   help="the server's prefix cache (python -m jaxspec.serve: --max-context's worth unless told)")
     p.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS,
                    help="draft tokens per cycle K (the default K of python -m jaxspec.generate)")
     return p
@@ -371,7 +380,8 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     try:
         plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
-                         draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps)
+                         draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps,
+                         prefix_cache_tokens=a.prefix_cache_tokens)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

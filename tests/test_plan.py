@@ -73,3 +73,17 @@ def test_kimi_k25_int4_fits_eight_h200(capsys):
 
     # bf16 experts (about 2 TB in all) cannot fit 8 x 141 GB
     assert not plan.make_plan("kimi-k2.5", 8, 141 * plan.GB, 131072, 1, experts="bf16").fits
+
+
+def test_the_servers_prefix_cache_is_counted_as_its_pool_holds_it():
+    """Whole pages of every cache, held by every device: the bytes `init_prefix_pages` allocates."""
+    from jaxspec.serving.prefix_pages import PAGE_TOKENS, init_prefix_pages
+
+    base = plan.make_plan("kimi-k2.5", devices=8, device_memory=141 * plan.GB, context=8192, batch=4)
+    p = plan.make_plan("kimi-k2.5", devices=8, device_memory=141 * plan.GB, context=8192, batch=4,
+                       prefix_cache_tokens=1000)  # 15 whole pages
+    cfg, dcfg = plan.known_config("kimi-k2.5"), plan.known_draft_config(p.draft)
+    target, draft = plan.abstract_caches(cfg, dcfg, 1, PAGE_TOKENS)
+    pool = jax.eval_shape(lambda: init_prefix_pages(target, draft, 1000 // PAGE_TOKENS))
+    assert p.kv[f"prefix cache (15 pages of {PAGE_TOKENS})"] == sum(x.size * x.dtype.itemsize for x in pool.arrays)
+    assert p.total - base.total == sum(x.size * x.dtype.itemsize for x in pool.arrays)
