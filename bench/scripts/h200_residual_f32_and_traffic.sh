@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 50: the 61-layer decode after the layer calls, against a lab variant carrying the residual stream between
-# layers in float32 (.variant: the tree with model/decoder.py changed so; the old unrolled program got that from XLA's
+# layers in float32 (.variant: the tree with bench/labs/residual_f32_across_layer_calls.patch applied; the old unrolled program got that from XLA's
 # excess precision, the layer calls round it to bfloat16 at every layer's end), after / variant / after / variant in
 # the device loop, both programs dumped and compared after optimisation (bench.labs.hlo_compare). Issue 54: the
 # shared-system-prompt TTFT with the prefix cache on and off, and concurrency 16 beside 4096-token prompts.
