@@ -139,3 +139,15 @@ def test_metrics_report_the_prefix_cache(cached):
                  f"jaxspec_prefix_cache_hit_tokens_total {2 * PAGE_TOKENS}", "jaxspec_prefix_cache_pages 4",
                  "jaxspec_prefix_cache_pages_in_use 3", "jaxspec_prefix_cache_evictions_total 0"):
         assert line in text.splitlines(), line
+
+
+def test_without_a_draft_a_hit_answers_as_a_miss():
+    """Plain decoding (K = 0): the pool holds the target's caches alone."""
+    cfg, w = sharded_pair()
+    kw = dict(num_steps=0, max_batch=2, max_context=MAX_CONTEXT, cycles_per_step=2, prefill_chunk=CHUNK)
+    plain = SlotEngine(cfg, w, **kw)
+    cached = SlotEngine(cfg, w, prefix_cache_tokens=4 * PAGE_TOKENS, **kw)
+    assert len(cached.pages.arrays) == 2 * cfg.target.num_hidden_layers
+    want = [_answer(plain, p, GREEDY) for p in PROMPTS[:2]]
+    assert [_answer(cached, p, GREEDY) for p in PROMPTS[:2]] == want
+    assert cached.prefix.stats()["hits"] == 1
