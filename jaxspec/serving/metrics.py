@@ -9,6 +9,9 @@ import time
 from jaxspec.serving.assistant_output import MALFORMED_KINDS
 
 TOKENS_PER_S_WINDOW_S = 10.0  # tokens per second is measured over this trailing window
+# slot-cycles with not one draft accepted before the server says speculation does not pay: with none accepted each
+# cycle yields the one token a plain step yields, and drafting and verifying cost more than that step
+NEVER_ACCEPTED_MIN_SLOT_CYCLES = 64
 
 
 def _number(value) -> str:
@@ -68,6 +71,17 @@ class Metrics:
             recent = [n for t, n in self._recent if t >= now - TOKENS_PER_S_WINDOW_S]
         return sum(recent) / TOKENS_PER_S_WINDOW_S
 
+    def speculation_not_paying(self) -> str | None:
+        """One line for the user when the drafter has not had one draft accepted in many slot-cycles; None
+        otherwise (acceptance alone, without the cost of a cycle in plain steps, decides nothing else)."""
+        with self._lock:
+            if self.accepted_drafts or self.slot_cycles < NEVER_ACCEPTED_MIN_SLOT_CYCLES:
+                return None
+            n = self.slot_cycles
+        return (f"speculation does not pay: no draft was accepted in {n} slot-cycles (mean acceptance length 1.00), "
+                "so each cycle yields the one token a plain step yields at the cost of drafting and verifying; the "
+                "drafter does not match this target: serve with --speculative-num-steps 0")
+
     def mean_acceptance_length(self) -> float:
         """Tokens per slot-cycle (accepted drafts + the target's own token); NaN before any cycle."""
         with self._lock:
@@ -91,6 +105,12 @@ class Metrics:
                 ("jaxspec_mean_acceptance_length", "gauge", "Tokens per slot-cycle since start (accepted drafts + 1)",
                  [({}, mal)]),
                 ("jaxspec_cycles_total", "counter", "Device cycles run", [({}, self.cycles)]),
+                ("jaxspec_slot_cycles_total", "counter", "Live slots summed over the cycles run",
+                 [({}, self.slot_cycles)]),
+                ("jaxspec_drafts_accepted_total", "counter", "Draft tokens accepted", [({}, self.accepted_drafts)]),
+                ("jaxspec_speculation_not_paying", "gauge", "1 once no draft was accepted in "
+                 f"{NEVER_ACCEPTED_MIN_SLOT_CYCLES} or more slot-cycles (the server logs why)",
+                 [({}, int(not self.accepted_drafts and self.slot_cycles >= NEVER_ACCEPTED_MIN_SLOT_CYCLES))]),
                 ("jaxspec_tokens_per_second", "gauge",
                  f"Tokens generated per second over the last {TOKENS_PER_S_WINDOW_S:g} s", [({}, tps)]),
             ]

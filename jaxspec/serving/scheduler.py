@@ -74,6 +74,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopping = False
         self._deadline = float("inf")  # when stopping: in-flight requests still running then are ended
+        self._said_not_paying = False  # the log's line that speculation does not pay, said once
         self._thread = threading.Thread(target=self._run, name="jaxspec-engine", daemon=True)
 
     # --- called from the server's threads ------------------------------------------------------------
@@ -229,6 +230,11 @@ class Scheduler:
                 last = new[-1] if new else None
                 request.deliver(Finished(self._reason(last)))
         self.metrics.step(emitted, result.cycles, result.accepted, result.slot_cycles)
+        if not self._said_not_paying and result.k > 0:
+            line = self.metrics.speculation_not_paying()
+            if line:
+                log.warning(line)
+                self._said_not_paying = True
 
     def _reason(self, last_token) -> str:
         return "stop" if last_token in self.eos_ids else "length"

@@ -1,0 +1,78 @@
+"""The server says when speculation does not pay: once no draft has been accepted in many slot-cycles, /metrics
+shows it and the log has one line saying why, once; any accepted draft keeps it quiet (acceptance alone, without a
+cycle's cost in plain steps, decides nothing else)."""
+
+import logging
+import threading
+
+import numpy as np
+
+from jaxspec.sampling import SamplingParams
+from jaxspec.serving.metrics import NEVER_ACCEPTED_MIN_SLOT_CYCLES, Metrics
+from jaxspec.serving.prefix_index import PrefixIndex
+from jaxspec.serving.scheduler import Finished, Request, Scheduler
+from jaxspec.serving.slot_engine import StepResult
+
+
+def _value(metrics: Metrics, name: str) -> float:
+    return next(float(line.split()[1]) for line in metrics.render().splitlines() if line.startswith(name + " "))
+
+
+def test_metrics_say_it_after_enough_slot_cycles_with_nothing_accepted():
+    m = Metrics(4)
+    m.step(8, 4, 0, NEVER_ACCEPTED_MIN_SLOT_CYCLES - 1)
+    assert m.speculation_not_paying() is None and _value(m, "jaxspec_speculation_not_paying") == 0
+    m.step(2, 1, 0, 1)
+    line = m.speculation_not_paying()
+    assert line and f"no draft was accepted in {NEVER_ACCEPTED_MIN_SLOT_CYCLES} slot-cycles" in line
+    assert _value(m, "jaxspec_speculation_not_paying") == 1
+    assert _value(m, "jaxspec_slot_cycles_total") == NEVER_ACCEPTED_MIN_SLOT_CYCLES
+    m.step(3, 1, 1, 1)  # one accepted draft: nothing proven
+    assert m.speculation_not_paying() is None and _value(m, "jaxspec_drafts_accepted_total") == 1
+
+
+class _NeverAccepting:
+    """A speculating engine whose drafts are never accepted: one token per slot-cycle."""
+
+    def __init__(self, k: int):
+        self.k, self.max_batch = k, 2
+        self.cfg = type("C", (), {"eos_ids": ()})()
+        self.prefix = PrefixIndex(0, 64)
+        self.left: dict[int, int] = {}
+
+    def admits_in_chunks(self, tokens):
+        return False
+
+    def prefill(self, slot, tokens, max_new, sampling, seed):
+        self.left[slot] = max_new - 1
+        return 1, False
+
+    def step(self, cancel, any_sampled):
+        tokens = [[2] * 4 if self.left.get(s, 0) > 0 else [] for s in range(self.max_batch)]
+        for s in list(self.left):
+            self.left[s] -= 4
+        done = np.array([self.left.get(s, 0) <= 0 for s in range(self.max_batch)])
+        live = sum(1 for t in tokens if t)
+        return StepResult(tokens, done, accepted=0, slot_cycles=4 * live, cycles=4, k=self.k)
+
+    def reset(self):
+        pass
+
+
+def _serve(k: int, caplog) -> list[str]:
+    scheduler = Scheduler(_NeverAccepting(k), Metrics(2), max_queue=4)
+    ended = threading.Event()
+    scheduler.submit(Request([5, 6], 200, SamplingParams(), 0, lambda e: isinstance(e, Finished) and ended.set()))
+    with caplog.at_level(logging.WARNING, logger="jaxspec.serve"):
+        scheduler.start()
+        assert ended.wait(30)
+        scheduler.stop(5)
+    return [r.getMessage() for r in caplog.records if "speculation does not pay" in r.getMessage()]
+
+
+def test_the_server_logs_it_once(caplog):
+    assert len(_serve(4, caplog)) == 1
+
+
+def test_without_speculation_nothing_is_said(caplog):
+    assert _serve(0, caplog) == []
