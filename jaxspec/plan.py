@@ -239,7 +239,7 @@ def abstract_mesh(shape: tuple[int, int]) -> AbstractMesh:
 
 def make_plan(config: str, devices: int, device_memory: int, context: int, batch: int, *, mesh_shape=None,
               draft: str | None = "default", experts: str | None = None, num_steps: int = DEFAULT_NUM_STEPS,
-              prefix_cache_tokens: int = 0) -> Plan:
+              prefix_cache_tokens: int = 0, cache_pages: int | None = None) -> Plan:
     cfg = known_config(config)
     if experts is None:
         experts = cfg.quant.method if cfg.quant else "bf16"
@@ -255,6 +255,8 @@ def make_plan(config: str, devices: int, device_memory: int, context: int, batch
     draft_w = {} if dcfg is None else bytes_by_category(abstract_draft(dcfg), mesh, DRAFT_RULES)
     capacity = round_capacity(context)  # what the engine allocates for a context this long
     target_cache, draft_cache = abstract_caches(cfg, dcfg, batch, capacity)
+    if cache_pages is not None:  # the server's paged target cache: one pool for every slot
+        target_cache = abstract_caches(cfg, None, 1, cache_pages * PAGE_TOKENS)[0]
     kv = {
         "target latent (MLA, 512/token/layer)": bytes_per_device(target_cache.latent, mesh, CACHE_RULES),
         "target rope key (64/token/layer)": bytes_per_device(target_cache.k_rope, mesh, CACHE_RULES),
@@ -371,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     p.add_argument("--prefix-cache-tokens", type=int, default=0,
                    help="the server's prefix cache (python -m jaxspec.serve: --max-context's worth unless told)")
+    p.add_argument("--cache-pages", type=int, default=None,
+                   help="the server's paged target cache (python -m jaxspec.serve --cache-pages): pages of 64 "
+                        "positions for all sequences together, in place of batch x context")
     p.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS,
                    help="draft tokens per cycle K (the default K of python -m jaxspec.generate)")
     return p
@@ -381,7 +386,7 @@ def main(argv=None) -> int:
     try:
         plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
                          draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps,
-                         prefix_cache_tokens=a.prefix_cache_tokens)
+                         prefix_cache_tokens=a.prefix_cache_tokens, cache_pages=a.cache_pages)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

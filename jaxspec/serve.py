@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot beyond which 429 is returned")
     p.add_argument("--max-context", type=int, default=None,
                    help="prompt + generated tokens per request (default: the model's, capped at 4096); every slot "
-                        "holds a cache this long")
+                        "holds a cache this long unless --cache-pages pages it")
     p.add_argument("--cycles-per-step", type=int, default=4,
                    help="cycles the device runs between host interactions (admission, token delivery)")
     p.add_argument("--speculative-num-steps", type=int, default=None,
@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="prompt tokens the prefix cache holds, in pages of 64: a prompt that starts as an earlier one "
                         "did prefills only the rest (default: --max-context's worth; 0 = off)")
+    p.add_argument("--cache-pages", type=int, default=None,
+                   help="page the target's cache: this many pages of 64 positions shared by the slots, a request "
+                        "taking pages for its prompt + max_tokens while it runs (and waiting while they are short); "
+                        "default: unpaged, every slot holding --max-context")
     p.add_argument("--warmup-buckets", type=str, default="16,32,64",
                    help="prompt buckets whose prefill is compiled before serving (comma-separated; others compile "
                         "on first use)")
@@ -75,6 +79,8 @@ def _check(a) -> tuple[int, list[int]]:
         raise UsageError(f"--port must be in 1..65535, got {a.port}")
     if a.max_context is not None and a.max_context < 2:
         raise UsageError(f"--max-context must be >= 2, got {a.max_context}")
+    if a.cache_pages is not None and a.cache_pages < 1:
+        raise UsageError(f"--cache-pages must be >= 1, got {a.cache_pages}")
     if a.prefix_cache_tokens is not None and a.prefix_cache_tokens < 0:
         raise UsageError(f"--prefix-cache-tokens must be >= 0, got {a.prefix_cache_tokens}")
     if not (a.shutdown_timeout >= 0 and math.isfinite(a.shutdown_timeout)):
@@ -144,10 +150,15 @@ def build_service(a, k: int, buckets: list[int], log=print):
     if max_context > cfg.max_position_embeddings:
         raise UsageError(f"--max-context {max_context} exceeds the model's {cfg.max_position_embeddings} positions")
     prefix_tokens = max_context if a.prefix_cache_tokens is None else a.prefix_cache_tokens
-    kw = {"prefill_chunk": a.prefill_chunk, "prefix_cache_tokens": prefix_tokens}
-    engine = SlotEngine(SpecConfig(cfg, dcfg, eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
-                        num_steps=k, max_batch=a.max_batch, max_context=max_context,
-                        cycles_per_step=a.cycles_per_step, mesh=mesh, **kw)
+    kw = {"prefill_chunk": a.prefill_chunk, "prefix_cache_tokens": prefix_tokens, "cache_pages": a.cache_pages}
+    try:
+        engine = SlotEngine(SpecConfig(cfg, dcfg, eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
+                            num_steps=k, max_batch=a.max_batch, max_context=max_context,
+                            cycles_per_step=a.cycles_per_step, mesh=mesh, **kw)
+    except ValueError as e:
+        if "cache_pages" not in str(e):
+            raise
+        raise UsageError(f"--cache-pages {a.cache_pages}: {e}") from None
     del tw  # the engine runs its own layout of these weights (jaxspec.sharded.weights_to_run); free the loaded one
     log(f"compiling (slots {a.max_batch}, context {max_context}, K {k}, prompt buckets {buckets}, prefix cache "
         f"{engine.prefix.num_pages} pages of {engine.prefix.page_size})")

@@ -17,7 +17,7 @@ from flax import struct
 from model.config import TextConfig
 from model.kernels.dispatch import mla_kernel_applies
 from model.kernels.mla_decode import mla_decode_attention
-from model.kv_cache import visible_slots, write_slots
+from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
 from model.norms import rms_norm
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
@@ -142,15 +142,28 @@ ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompres
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
-        norm_eps: float = LORA_NORM_EPS):
-    """One MLA layer: write the T new tokens into the cache, attend, project out.
+        norm_eps: float = LORA_NORM_EPS, pages_BM=None):
+    """One MLA layer: write the T new tokens into the cache, attend, project out. With `pages_BM` (a paged cache,
+    model.kv_cache) the caches are page pools [N, P, C|R]: the tokens are written to their pages and attention reads
+    each sequence's pages as its contiguous cache.
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
     q_a_BTX, kv_BTX = input_projections(x_BTH, w)
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps)
+    if pages_BM is not None:
+        latent_pool = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)
+        k_rope_pool = write_pages(k_rope_BSR, k_rope_BTR, positions_BT, pages_BM)
+        out_BTH, _, _ = mla_attend(q_nope, q_rope, read_pages(latent_pool, pages_BM), read_pages(k_rope_pool, pages_BM),
+                                   positions_BT, w, cfg, path, x_BTH)
+        return out_BTH, latent_pool, k_rope_pool
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
+    return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH)
+
+
+def mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig, path, x_BTH):
+    """Attention over the written caches and the output projection: (out [B, T, H], latent, rope key)."""
     if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
     out_BTND = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)

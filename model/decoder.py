@@ -57,12 +57,13 @@ class ForwardOutput(NamedTuple):
     expert_ids: tuple[jax.Array, ...] = ()  # per MoE layer [B*T, K]: the experts each token ran
 
 
-def decoder_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope, expert_ids_TK=None, *,
-                  cfg: TextConfig, attention: str):
+def decoder_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope, expert_ids_TK=None, pages_BM=None,
+                  *, cfg: TextConfig, attention: str):
     """One layer: (residual stream out [B, T, H], latent cache, rope-key cache, the experts each token ran [B*T, K]
-    or None in a dense layer)."""
+    or None in a dense layer). `pages_BM`: the block table of a paged cache (model.kv_cache)."""
     attn_BTH, latent, k_rope = mla(
-        rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention
+        rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention,
+        pages_BM=pages_BM,
     )
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
@@ -105,7 +106,7 @@ def forward(
         if expert_ids is not None and isinstance(lw.mlp, MoEWeights):
             forced_TK = expert_ids[len(chosen)]
         x_BTH, latent, k_rope, ids_TK = layer_call(
-            x_BTH, lw, cos, sin, positions_BT, cache.latent[i], cache.k_rope[i], forced_TK, cfg=cfg,
+            x_BTH, lw, cos, sin, positions_BT, cache.latent[i], cache.k_rope[i], forced_TK, cache.pages_BM, cfg=cfg,
             attention=attention,
         )
         latents.append(latent)
@@ -120,5 +121,5 @@ def forward(
         head_in = jnp.take_along_axis(final_BTH, logits_at[:, None, None].astype(jnp.int32), axis=1)
     logits = jnp.einsum("bth,vh->btv", head_in, w.lm_head.astype(head_in.dtype), preferred_element_type=jnp.float32)
     aux_BTA = jnp.concatenate(aux, axis=-1) if aux else jnp.zeros((*x_BTH.shape[:2], 0), x_BTH.dtype)
-    new_cache = LatentCache(latent=tuple(latents), k_rope=tuple(k_ropes), lengths=cache.lengths)
+    new_cache = LatentCache(latent=tuple(latents), k_rope=tuple(k_ropes), lengths=cache.lengths, pages_BM=cache.pages_BM)
     return ForwardOutput(logits, aux_BTA, new_cache, final_BTH, tuple(chosen))

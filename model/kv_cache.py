@@ -1,5 +1,11 @@
 """The target's MLA latent cache: per layer, normalized latent [B, S, C] and roped shared key [B, S, R].
 
+Paged (`pages_BM` set, the server's slots): per layer a pool of pages [N, P, C] / [N, P, R] shared by every
+sequence, and a block table [B, M] naming the pool page that holds positions m*P..(m+1)*P of sequence b (N where
+none is: writes there are dropped, reads see zeros that the causal mask hides). A sequence's pages are read into
+the contiguous [B, M*P, C] view attention takes, so every attention path runs unchanged over the same capacity; only
+the pages a sequence holds cost memory.
+
 Slot s holds absolute position s. A forward writes its T new tokens at their positions and attends to
 slots <= the query's position, so slots past a sequence's length (padding, rejected drafts) are never
 read before they are overwritten.
@@ -19,14 +25,17 @@ class LatentCache:
     latent: tuple[jax.Array, ...]  # per layer [B, S, kv_lora_rank]
     k_rope: tuple[jax.Array, ...]  # per layer [B, S, qk_rope_head_dim]
     lengths: jax.Array  # [B] int32: committed tokens per sequence
+    pages_BM: jax.Array | None = None  # [B, M] int32 block table when paged (latent / k_rope are then pools)
 
     @property
     def capacity(self) -> int:
+        if self.pages_BM is not None:
+            return self.pages_BM.shape[1] * self.latent[0].shape[1]
         return self.latent[0].shape[1]
 
     @property
     def batch(self) -> int:
-        return self.latent[0].shape[0]
+        return self.latent[0].shape[0] if self.pages_BM is None else self.pages_BM.shape[0]
 
 
 CAPACITY_MULTIPLE = 64  # the attention kernels step through the cache in blocks of up to 64 slots
@@ -43,14 +52,40 @@ def round_capacity(slots: int) -> int:
     return -(-slots // multiple) * multiple
 
 
-def init_latent_cache(cfg: TextConfig, batch: int, capacity: int, dtype=jnp.bfloat16) -> LatentCache:
-    zeros = lambda d: jnp.zeros((batch, capacity, d), dtype)  # noqa: E731
+def _per_layer(cfg: TextConfig, lead: tuple[int, int], dtype) -> dict:
+    """Every layer's latent and rope-key arrays of shape lead + (C | R,), zeros."""
+    zeros = lambda d: jnp.zeros((*lead, d), dtype)  # noqa: E731
     n = cfg.num_hidden_layers
-    return LatentCache(
-        latent=tuple(zeros(cfg.kv_lora_rank) for _ in range(n)),
-        k_rope=tuple(zeros(cfg.qk_rope_head_dim) for _ in range(n)),
-        lengths=jnp.zeros((batch,), jnp.int32),
-    )
+    return dict(latent=tuple(zeros(cfg.kv_lora_rank) for _ in range(n)),
+                k_rope=tuple(zeros(cfg.qk_rope_head_dim) for _ in range(n)))
+
+
+def init_latent_cache(cfg: TextConfig, batch: int, capacity: int, dtype=jnp.bfloat16) -> LatentCache:
+    return LatentCache(**_per_layer(cfg, (batch, capacity), dtype), lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def init_paged_latent_cache(cfg: TextConfig, batch: int, capacity: int, num_pages: int, page_tokens: int,
+                            dtype=jnp.bfloat16) -> LatentCache:
+    """`batch` sequences of up to `capacity` positions (a multiple of `page_tokens`) over a pool of `num_pages`
+    pages per layer; no sequence holds a page yet."""
+    return LatentCache(**_per_layer(cfg, (num_pages, page_tokens), dtype), lengths=jnp.zeros((batch,), jnp.int32),
+                       pages_BM=jnp.full((batch, capacity // page_tokens), num_pages, jnp.int32))
+
+
+def write_pages(pool_NPX: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array, pages_BM: jax.Array) -> jax.Array:
+    """Store token t of sequence b at position positions[b, t] of its pages (dropped where it holds none, or past
+    its table)."""
+    page_tokens = pool_NPX.shape[1]
+    page_BT = jnp.take_along_axis(pages_BM, positions_BT // page_tokens, axis=1, mode="fill",
+                                  fill_value=pool_NPX.shape[0])
+    return pool_NPX.at[page_BT, positions_BT % page_tokens].set(new_BTX.astype(pool_NPX.dtype), mode="drop")
+
+
+def read_pages(pool_NPX: jax.Array, pages_BM: jax.Array) -> jax.Array:
+    """Each sequence's pages as its contiguous cache [B, M*P, X] (zeros where it holds none)."""
+    pages_BMPX = jnp.take(pool_NPX, pages_BM, axis=0, mode="fill", fill_value=0)
+    b, m, p = pages_BMPX.shape[:3]
+    return pages_BMPX.reshape(b, m * p, *pool_NPX.shape[2:])
 
 
 def write_slots(cache: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array, slot_axis: int = 1) -> jax.Array:

@@ -50,6 +50,12 @@ class ForcedEngine:
     def max_new_tokens(self, prompt_len: int) -> int:
         return self.max_context - prompt_len - 1
 
+    def has_room(self, prompt_len, max_new) -> bool:
+        return True
+
+    def free_slots(self, slots) -> None:
+        pass
+
     def admits_in_chunks(self, tokens) -> bool:
         return False  # every prompt "prefills" at once: its answer is recorded
 

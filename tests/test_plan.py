@@ -87,3 +87,13 @@ def test_the_servers_prefix_cache_is_counted_as_its_pool_holds_it():
     pool = jax.eval_shape(lambda: init_prefix_pages(target, draft, 1000 // PAGE_TOKENS))
     assert p.kv[f"prefix cache (15 pages of {PAGE_TOKENS})"] == sum(x.size * x.dtype.itemsize for x in pool.arrays)
     assert p.total - base.total == sum(x.size * x.dtype.itemsize for x in pool.arrays)
+
+
+def test_a_paged_cache_is_counted_as_its_pool():
+    """--cache-pages: the target's cache is one pool of that many pages, whatever the batch and context."""
+    from jaxspec.serving.prefix_pages import PAGE_TOKENS
+
+    p = plan.make_plan("kimi-k2.5", devices=8, device_memory=141 * plan.GB, context=8192, batch=16, cache_pages=256)
+    cfg = plan.known_config("kimi-k2.5")
+    assert p.kv["target latent (MLA, 512/token/layer)"] == cfg.num_hidden_layers * 256 * PAGE_TOKENS * 512 * 2
+    assert p.kv["target rope key (64/token/layer)"] == cfg.num_hidden_layers * 256 * PAGE_TOKENS * 64 * 2

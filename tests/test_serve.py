@@ -1,5 +1,6 @@
 """`python -m jaxspec.serve` against the real `openai` client on loopback: the embedded pair in float32, one server
-(in a thread of this process) shared by every test; the last test shuts it down the way SIGTERM does.
+(in a thread of this process, its target cache paged) shared by every test; the last test shuts it down the way
+SIGTERM does.
 
 Greedy outputs are compared with `Engine.generate` on each prompt alone (one budget, so one compile; a smaller
 max_tokens gives a prefix of it)."""
@@ -43,7 +44,8 @@ def server(tmp_path_factory):
     template.write_text(CHAT_TEMPLATE)
     args = build_parser().parse_args([
         "--dtype", "float32", "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE), "--max-context",
-        str(CONTEXT), "--speculative-num-steps", str(K), "--warmup-buckets", "16", "--chat-template", str(template)])
+        str(CONTEXT), "--speculative-num-steps", str(K), "--warmup-buckets", "16", "--chat-template", str(template),
+        "--cache-pages", str(MAX_BATCH * CONTEXT // 64)])  # paged: every test runs on the paged cache
     service = build_service(args, *_check(args), log=lambda msg: None)
     background = BackgroundServer(service).start()
     yield dict(service=service, background=background, base=background.base_url)
@@ -356,6 +358,9 @@ def test_metrics_report_the_work(server):
     assert _metric(server, "jaxspec_cycles_total") > 0
     assert 1.0 <= _metric(server, "jaxspec_mean_acceptance_length") <= K + 1
     assert _metric(server, "jaxspec_queue_length") == 0
+    # every request, finished, cancelled or disconnected, gave its cache pages back
+    assert _metric(server, "jaxspec_cache_pages") == MAX_BATCH * CONTEXT // 64
+    assert _metric(server, "jaxspec_cache_pages_in_use") == 0
 
 
 def test_a_repeated_prompt_is_served_from_the_prefix_cache(server):

@@ -43,6 +43,12 @@ class _NeverAccepting:
     def admits_in_chunks(self, tokens):
         return False
 
+    def has_room(self, prompt_len, max_new):
+        return True
+
+    def free_slots(self, slots):
+        pass
+
     def prefill(self, slot, tokens, max_new, sampling, seed):
         self.left[slot] = max_new - 1
         return 1, False

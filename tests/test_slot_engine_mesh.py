@@ -57,8 +57,8 @@ def test_warm_up_compiles_every_program_and_a_mesh_answers_as_one_device(pair):
 
 
 def test_the_prefix_cache_on_a_mesh_answers_as_one_device(pair):
-    """A prompt prefilled whole (a miss, its page saved) and again from its cached page (a hit) on a 2 x 4 mesh
-    answers as on one device."""
+    """A prompt prefilled whole (a miss, its page saved) and again from its cached page (a hit) on a 2 x 4 mesh,
+    the slots' cache paged, answers as on one device unpaged."""
     cfg, w = pair
     kw = dict(num_steps=NUM_STEPS, max_batch=8, max_context=192, cycles_per_step=2, prefill_chunk=32,
               prefix_cache_tokens=128)
@@ -75,8 +75,9 @@ def test_the_prefix_cache_on_a_mesh_answers_as_one_device(pair):
         return out
 
     want = answer(SlotEngine(cfg, w, **kw))
-    sharded = SlotEngine(cfg, w, mesh=make_mesh((2, 4)), **kw)
+    sharded = SlotEngine(cfg, w, mesh=make_mesh((2, 4)), cache_pages=6, **kw)  # and its target cache paged
     assert answer(sharded) == want
     assert sharded.cached_prefix_tokens(prompt) == 64
+    sharded.free_slots([0])
     assert answer(sharded) == want
     assert sharded.prefix.stats()["hits"] == 1

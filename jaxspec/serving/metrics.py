@@ -33,6 +33,7 @@ class Metrics:
         self.slot_cycles = 0
         self._recent = collections.deque()  # (time, tokens) of recent steps
         self._prefix: dict[str, int] = {}  # the prefix cache's counts (PrefixIndex.stats)
+        self._cache_pages: tuple[int, int] | None = None  # a paged cache's (pages in use, pages)
 
     def request_done(self, outcome: str) -> None:
         with self._lock:
@@ -60,6 +61,10 @@ class Metrics:
     def occupancy(self, queued: int, active: int) -> None:
         with self._lock:
             self.queue_length, self.active_slots = queued, active
+
+    def cache_pages(self, in_use: int, total: int) -> None:
+        with self._lock:
+            self._cache_pages = (in_use, total)
 
     def prefix_cache(self, stats: dict[str, int]) -> None:
         with self._lock:
@@ -114,6 +119,10 @@ class Metrics:
                 ("jaxspec_tokens_per_second", "gauge",
                  f"Tokens generated per second over the last {TOKENS_PER_S_WINDOW_S:g} s", [({}, tps)]),
             ]
+            if self._cache_pages is not None:
+                rows += [("jaxspec_cache_pages_in_use", "gauge", "Pages of the paged cache held by requests",
+                          [({}, self._cache_pages[0])]),
+                         ("jaxspec_cache_pages", "gauge", "Pages of the paged cache", [({}, self._cache_pages[1])])]
             p = self._prefix
             rows += [
                 ("jaxspec_prefix_cache_hits_total", "counter", "Prompts that started with cached prefix pages",

@@ -140,6 +140,7 @@ class Scheduler:
         freed = [slot for slot, r in self._active.items() if r.cancelled]
         for slot in freed:
             del self._active[slot]
+        self.engine.free_slots(freed)
         return freed
 
     def _admit(self) -> None:
@@ -153,13 +154,16 @@ class Scheduler:
                 if self.engine.admits_in_chunks(request.tokens) and self._admitting is not None:
                     self._waiting.appendleft(request)  # one long prompt at a time, in arrival order
                     return
+                if not request.cancelled and not self.engine.has_room(len(request.tokens), request.max_new):
+                    self._waiting.appendleft(request)  # in arrival order, once ended requests give pages back
+                    return
             if request.cancelled:
                 continue
             slot = free[0]
             if self.engine.admits_in_chunks(request.tokens):
                 try:
                     self._admitting = (slot, request, self.engine.begin_admission(request.tokens, request.sampling,
-                                                                                  request.seed))
+                                                                                  request.seed, request.max_new))
                 except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
                     self._prefill_failed(request, e)
                     continue
@@ -206,6 +210,7 @@ class Scheduler:
         request.deliver(Tokens([first]))
         if done:
             request.deliver(Finished(self._reason(first)))
+            self.engine.free_slots([slot])
             return False
         self._active[slot] = request
         return True
@@ -219,7 +224,7 @@ class Scheduler:
             self._end_all(f"generation failed: {e.__class__.__name__}: {e}")
             self.engine.reset()
             return
-        emitted = 0
+        emitted, ended = 0, []
         for slot, request in list(self._active.items()):
             new = result.tokens[slot]
             emitted += len(new)
@@ -227,8 +232,10 @@ class Scheduler:
                 request.deliver(Tokens(new))
             if result.done[slot]:
                 del self._active[slot]
+                ended.append(slot)
                 last = new[-1] if new else None
                 request.deliver(Finished(self._reason(last)))
+        self.engine.free_slots(ended)
         self.metrics.step(emitted, result.cycles, result.accepted, result.slot_cycles)
         if not self._said_not_paying and result.k > 0:
             line = self.metrics.speculation_not_paying()
@@ -242,6 +249,10 @@ class Scheduler:
     def _end_all(self, message: str) -> None:
         with self._wake:
             ended = list(self._active.values()) + list(self._waiting)
+            try:
+                self.engine.free_slots(list(self._active))
+            except Exception:  # noqa: BLE001 - after a failed step the state may be gone; the engine is reset then
+                log.exception("freeing the slots' cache pages failed")
             if self._admitting is not None:
                 ended.append(self._admitting[1])
                 self.engine.release_admission(self._admitting[2])
@@ -255,3 +266,5 @@ class Scheduler:
     def _report_occupancy(self) -> None:
         self.metrics.occupancy(len(self._waiting), len(self._active))
         self.metrics.prefix_cache(self.engine.prefix.stats())
+        if getattr(self.engine, "cache_pages", None) is not None:
+            self.metrics.cache_pages(self.engine.cache_pages - self.engine.cache_pages_free, self.engine.cache_pages)

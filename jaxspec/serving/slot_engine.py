@@ -27,7 +27,7 @@ from jaxspec.sampling import SamplingParams
 from jaxspec.serving.prefix_index import PrefixIndex
 from jaxspec.serving.prefix_pages import PAGE_TOKENS, init_prefix_pages, restore_pages, save_pages
 from jaxspec.serving.slot_cycle import run_cycles
-from jaxspec.serving.slots import init_slots, insert_prefilled
+from jaxspec.serving.slots import init_slots, insert_prefilled, release_pages
 from jaxspec.sharded import compile_program, compile_programs, output_shapes, weights_to_run
 from model.kv_cache import round_capacity
 
@@ -63,6 +63,7 @@ class Admission:
     carry: tuple | None
     start: int = 0  # the next chunk's first position
     cached_pages: list[int] = dataclasses.field(default_factory=list)  # prefix pages restored, held until it ends
+    slot_pages: list[int] = dataclasses.field(default_factory=list)  # the slot's cache pages, taken when it began
 
     @property
     def prefilled(self) -> bool:
@@ -85,7 +86,7 @@ def _save_state_pages(pool, one, page_ids_M):
 class SlotEngine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int, max_batch: int, max_context: int,
                  cycles_per_step: int = 4, prefill_chunk: int = DEFAULT_CHUNK, mesh=None, choose_k=None,
-                 prefix_cache_tokens: int = 0):
+                 prefix_cache_tokens: int = 0, cache_pages: int | None = None):
         if num_steps > 0 and (cfg.draft is None or weights.draft is None):
             raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
         if max_context > cfg.target.max_position_embeddings:
@@ -98,6 +99,10 @@ class SlotEngine:
         self.capacity = round_capacity(max_context)
         self.choose_k = choose_k or fixed_k(num_steps)
         self.dtype = self.weights.target.dtype
+        if cache_pages is not None and cache_pages < self.capacity // PAGE_TOKENS:
+            raise ValueError(f"cache_pages {cache_pages} cannot hold one request of max_context {max_context} "
+                             f"({self.capacity // PAGE_TOKENS} pages of {PAGE_TOKENS})")
+        self.cache_pages = cache_pages
         self.reset()
         self._programs: dict[tuple, object] = {}
         self.compile_s = 0.0
@@ -119,7 +124,51 @@ class SlotEngine:
     def reset(self) -> None:
         """Every slot idle (after a failed step: its donated state may be gone)."""
         self.state = init_slots(self.cfg, self.weights, self.max_batch, self.capacity, self.dtype,
-                                with_draft=self.k > 0)
+                                with_draft=self.k > 0, cache_pages=self.cache_pages, page_tokens=PAGE_TOKENS)
+        self._free_pages = list(range(self.cache_pages or 0))
+        self._slot_pages: dict[int, list[int]] = {}
+
+    # --- the paged cache -----------------------------------------------------------------------------
+    def pages_for(self, prompt_len: int, max_new: int | None) -> int:
+        """Cache pages a request takes for its whole budget (prompt, tokens asked, the verify window); 0 when the
+        cache is not paged. A request's pages are taken when it is admitted and given back when it ends, so a
+        sequence never runs out of room mid-cycle."""
+        if self.cache_pages is None:
+            return 0
+        budget = self.capacity if max_new is None else min(self.capacity, prompt_len + max_new + self.k + 1)
+        return -(-budget // PAGE_TOKENS)
+
+    def has_room(self, prompt_len: int, max_new: int | None) -> bool:
+        """Whether the cache has the pages a request needs now (it waits in the queue otherwise)."""
+        return self.pages_for(prompt_len, max_new) <= len(self._free_pages)
+
+    @property
+    def cache_pages_free(self) -> int:
+        return len(self._free_pages)
+
+    def _take_pages(self, prompt_len: int, max_new: int | None) -> list[int]:
+        n = self.pages_for(prompt_len, max_new)
+        if n > len(self._free_pages):
+            raise RuntimeError(f"the cache has {len(self._free_pages)} free pages, a request of {prompt_len} tokens "
+                               f"asking {max_new} needs {n}")
+        taken, self._free_pages = self._free_pages[:n], self._free_pages[n:]
+        return taken
+
+    def free_slots(self, slots) -> None:
+        """The slots' requests ended (finished, cancelled, failed): their pages go back to the pool, their table rows
+        cleared first (an idle slot is still computed and writes where its row points)."""
+        held = [s for s in slots if s in self._slot_pages]
+        if not held:
+            return
+        mask = np.zeros((self.max_batch,), bool)
+        mask[held] = True
+        release = self._programs.get(("release",)) or self._program(*self._release_spec())
+        self.state = release(self.state, jnp.asarray(mask))
+        for s in held:
+            self._free_pages += self._slot_pages.pop(s)
+
+    def _release_spec(self) -> tuple:
+        return ("release",), release_pages, (self.state, jnp.zeros((self.max_batch,), bool)), (0,)
 
     def max_new_tokens(self, prompt_len: int) -> int:
         """The most tokens a prompt of `prompt_len` may ask for: the verify window (K + 1) must fit too."""
@@ -148,6 +197,8 @@ class SlotEngine:
         if self.pages is not None:
             specs += [self._save_spec(one), self._restore_spec(output_shapes(self._carry_spec()[1], (self.weights,),
                                                                              self.mesh))]
+        if self.cache_pages is not None:
+            specs.append(self._release_spec())
         todo = [spec for spec in specs if spec[0] not in self._programs]
         t0 = time.perf_counter()
         programs = compile_programs([(fn, args, donate) for _, fn, args, donate in todo], self.mesh)
@@ -187,6 +238,8 @@ class SlotEngine:
     def _insert_spec(self, one) -> tuple:
         fn = functools.partial(insert_prefilled, eos_ids=self.cfg.eos_ids)
         scalars = (jnp.int32(0), jnp.int32(1), jnp.bool_(True), jnp.float32(1), jnp.int32(0), jnp.float32(1))
+        if self.cache_pages is not None:
+            scalars += (jnp.zeros((self.capacity // PAGE_TOKENS,), jnp.int32),)
         return ("insert",), fn, (self.state, one, *scalars), (0,)
 
     def _insert_program(self, one):
@@ -260,26 +313,48 @@ class SlotEngine:
         if a.cached_pages:
             self.prefix.release(a.cached_pages)
             a.cached_pages = []
+        self._free_pages += a.slot_pages
+        a.slot_pages = []
 
     # --- running -------------------------------------------------------------------------------------
     def prefill(self, slot: int, tokens: list[int], max_new: int, sampling: SamplingParams, seed: int) -> tuple[int, bool]:
         """Prefill `tokens` into `slot` now; returns (first token, done already). A prompt with cached pages is
         restored from them and prefilled from where they end, a chunk at a time; any other in one program."""
         if self.cached_prefix_tokens(tokens):
-            a = self.begin_admission(tokens, sampling, seed)
-            while not a.prefilled:
-                self.admit_chunk(a)
+            a = self.begin_admission(tokens, sampling, seed, max_new)
+            try:
+                while not a.prefilled:
+                    self.admit_chunk(a)
+            except Exception:
+                self.release_admission(a)
+                raise
             return self.finish_admission(slot, a, max_new)
-        if self.pages is not None:
-            self.prefix.acquire(tokens)  # nothing cached: counted as a miss
-        _, one = self._prefill_args(np.asarray(tokens, np.int32), sampling, seed)
-        self._save_prefix(tokens, [], one)
-        return self._insert(slot, one, max_new, sampling)
+        pages = self._take_pages(len(tokens), max_new)
+        try:
+            if self.pages is not None:
+                self.prefix.acquire(tokens)  # nothing cached: counted as a miss
+            _, one = self._prefill_args(np.asarray(tokens, np.int32), sampling, seed)
+            self._save_prefix(tokens, [], one)
+        except Exception:
+            self._free_pages += pages
+            raise
+        return self._insert(slot, one, max_new, sampling, pages)
 
-    def _insert(self, slot: int, one, max_new: int, sampling: SamplingParams) -> tuple[int, bool]:
+    def _insert(self, slot: int, one, max_new: int, sampling: SamplingParams, pages: list[int]) -> tuple[int, bool]:
         insert = self._insert_program(one)
-        self.state = insert(self.state, one, jnp.int32(slot), jnp.int32(max_new), jnp.bool_(sampling.greedy),
-                            jnp.float32(sampling.temperature), jnp.int32(sampling.top_k), jnp.float32(sampling.top_p))
+        args = [self.state, one, jnp.int32(slot), jnp.int32(max_new), jnp.bool_(sampling.greedy),
+                jnp.float32(sampling.temperature), jnp.int32(sampling.top_k), jnp.float32(sampling.top_p)]
+        if self.cache_pages is not None:
+            ids = np.full((self.capacity // PAGE_TOKENS,), self.cache_pages, np.int32)
+            ids[: len(pages)] = pages
+            args.append(jnp.asarray(ids))
+        try:
+            self.state = insert(*args)
+        except Exception:
+            self._free_pages += pages
+            raise
+        if self.cache_pages is not None:
+            self._slot_pages[slot] = pages
         first, done = jax.device_get((one.pending[0], self.state.done[slot]))
         return int(first), bool(done)
 
@@ -289,10 +364,13 @@ class SlotEngine:
         than a chunk."""
         return len(tokens) - self.cached_prefix_tokens(tokens) > self.prefill_chunk
 
-    def begin_admission(self, tokens: list[int], sampling: SamplingParams, seed: int) -> Admission:
+    def begin_admission(self, tokens: list[int], sampling: SamplingParams, seed: int,
+                        max_new: int | None = None) -> Admission:
         """A prompt to prefill a chunk at a time (`admit_chunk`, then `finish_admission`), from the end of its
-        cached pages (restored now, and held until the admission ends)."""
+        cached pages (restored now, and held until the admission ends). A paged cache's pages for the request's
+        budget (`max_new` tokens; the whole context when None) are taken now, so its insert cannot run short."""
         size = self.prefill_chunk
+        slot_pages = self._take_pages(len(tokens), max_new)
         cached = self.prefix.acquire(list(tokens)) if self.pages is not None else []
         start = len(cached) * PAGE_TOKENS
         padded = np.zeros((1, start + -(-(len(tokens) - start) // size) * size), np.int32)
@@ -305,9 +383,10 @@ class SlotEngine:
                 carry = restore(self.pages, carry, self._page_ids(dict(enumerate(cached))), jnp.int32(start))
         except Exception:
             self.prefix.release(cached)
+            self._free_pages += slot_pages
             raise
         return Admission(padded, np.asarray(next_tokens(padded)), len(tokens), sampling, state_key, first_key, carry,
-                         start, cached)
+                         start, cached, slot_pages)
 
     def admit_chunk(self, a: Admission) -> None:
         """Prefill the next chunk of `a`'s prompt."""
@@ -323,14 +402,18 @@ class SlotEngine:
         """Insert `a` (every chunk prefilled) into `slot`; returns (first token, done already)."""
         if not a.prefilled:
             raise ValueError(f"admission of {a.length} tokens finished at position {a.start}")
+        pages, a.slot_pages = a.slot_pages, []  # the insert owns them now
         try:
             finish = self._programs.get(("admission_finish",)) or self._program(*self._finish_spec(a.carry))
             one = finish(a.carry, jnp.asarray([a.length], jnp.int32), a.state_key)
             a.carry = None
             self._save_prefix(a.tokens[0, : a.length].tolist(), a.cached_pages, one)
+        except Exception:
+            self._free_pages += pages
+            raise
         finally:
             self.release_admission(a)
-        return self._insert(slot, one, max_new, a.sampling)
+        return self._insert(slot, one, max_new, a.sampling, pages)
 
     def step(self, cancel: np.ndarray, any_sampled: bool) -> StepResult:
         """A few cycles over every slot (after ending the slots in `cancel`); the tokens each slot emitted."""

@@ -14,7 +14,7 @@ from flax import struct
 
 from jaxspec.models import SpecConfig
 from model.eagle3 import DraftCache, init_draft_cache
-from model.kv_cache import LatentCache, init_latent_cache
+from model.kv_cache import LatentCache, init_latent_cache, init_paged_latent_cache
 
 
 @struct.dataclass
@@ -41,8 +41,10 @@ class SlotState:
         return self.temperature, self.top_k, self.top_p
 
 
-def init_slots(cfg: SpecConfig, weights, batch: int, capacity: int, dtype, with_draft: bool) -> SlotState:
-    """`batch` idle slots with caches of `capacity` positions."""
+def init_slots(cfg: SpecConfig, weights, batch: int, capacity: int, dtype, with_draft: bool,
+               cache_pages: int | None = None, page_tokens: int = 0) -> SlotState:
+    """`batch` idle slots with caches of `capacity` positions; with `cache_pages`, the target's cache is a pool of
+    that many pages of `page_tokens` shared by the slots (model.kv_cache), none held yet."""
     key_data = jax.random.key_data(jax.random.split(jax.random.key(0), batch))
     if with_draft:
         head = weights.target.lm_head if weights.draft.lm_head is None else weights.draft.lm_head
@@ -53,7 +55,8 @@ def init_slots(cfg: SpecConfig, weights, batch: int, capacity: int, dtype, with_
     else:
         draft_cache, draft_logits, draft_hidden = None, jnp.zeros((batch, 0), jnp.float32), jnp.zeros((batch, 0), dtype)
     return SlotState(
-        target_cache=init_latent_cache(cfg.target, batch, capacity, dtype),
+        target_cache=(init_latent_cache(cfg.target, batch, capacity, dtype) if cache_pages is None else
+                      init_paged_latent_cache(cfg.target, batch, capacity, cache_pages, page_tokens, dtype)),
         draft_cache=draft_cache,
         pending=jnp.zeros((batch,), jnp.int32),
         draft_logits=draft_logits,
@@ -69,20 +72,35 @@ def init_slots(cfg: SpecConfig, weights, batch: int, capacity: int, dtype, with_
     )
 
 
-def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, top_k, top_p, *,
+def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, top_k, top_p, pages_M=None, *,
                      eos_ids: tuple[int, ...]) -> SlotState:
     """Slot `slot` takes over the batch-1 prefill state `one` (jaxspec.state.SpecState or BaselineState, with
-    caches of the slots' capacity) and the request's budget and sampling values (all traced scalars)."""
+    caches of the slots' capacity) and the request's budget and sampling values (all traced scalars). A paged
+    target cache takes the slot's pages `pages_M` [M] (the pool's size where it holds none) as its table row, and
+    the prefilled positions into them."""
     def put(all_X, one_X):
         return jax.lax.dynamic_update_slice_in_dim(all_X, one_X.astype(all_X.dtype), slot, axis=0)
+
+    def put_pages(pool_NPX, one_1SX):
+        n, p = pool_NPX.shape[:2]
+        pages_MPX = one_1SX[0].reshape(-1, p, *one_1SX.shape[2:]).astype(pool_NPX.dtype)
+        return pool_NPX.at[pages_M].set(pages_MPX, mode="drop")
 
     first = one.pending[0]
     done = max_new <= 1
     if eos_ids:
         done = done | jnp.isin(first, jnp.asarray(eos_ids))
     row = lambda x: jnp.reshape(x, (1,))  # noqa: E731
+    cache = slots.target_cache
+    if cache.pages_BM is None:
+        target_cache = jax.tree.map(put, cache, one.target_cache)
+    else:
+        target_cache = cache.replace(
+            latent=tuple(map(put_pages, cache.latent, one.target_cache.latent)),
+            k_rope=tuple(map(put_pages, cache.k_rope, one.target_cache.k_rope)),
+            lengths=put(cache.lengths, one.target_cache.lengths), pages_BM=put(cache.pages_BM, pages_M[None]))
     replaced = dict(
-        target_cache=jax.tree.map(put, slots.target_cache, one.target_cache),
+        target_cache=target_cache,
         pending=put(slots.pending, one.pending),
         done=put(slots.done, row(done)),
         generated=put(slots.generated, row(jnp.int32(1))),
@@ -98,3 +116,11 @@ def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, 
                         draft_logits=put(slots.draft_logits, one.draft_logits),
                         draft_hidden=put(slots.draft_hidden, one.draft_hidden))
     return slots.replace(**replaced)
+
+
+def release_pages(slots: SlotState, release_B) -> SlotState:
+    """The slots in `release_B` [B] bool hold no pages any more (their table rows name none), so the pages they
+    held can be given to others: an idle slot is still computed and writes where its row points."""
+    cache = slots.target_cache
+    none = jnp.full_like(cache.pages_BM, cache.latent[0].shape[0])
+    return slots.replace(target_cache=cache.replace(pages_BM=jnp.where(release_B[:, None], none, cache.pages_BM)))
