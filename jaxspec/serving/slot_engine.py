@@ -105,6 +105,7 @@ class SlotEngine:
         self.cache_pages = cache_pages
         self.reset()
         self._programs: dict[tuple, object] = {}
+        self._carry_shapes_cache = None
         self.compile_s = 0.0
         self._last: StepResult | None = None
         if prefix_cache_tokens < 0:
@@ -118,7 +119,7 @@ class SlotEngine:
         self.prefix = PrefixIndex(self._prefix_pages, PAGE_TOKENS)
         self.pages = None
         if self._prefix_pages:
-            carry = output_shapes(self._carry_spec()[1], (self.weights,), self.mesh)
+            carry = self._carry_shapes()
             self.pages = init_prefix_pages(carry[0], carry[1], self._prefix_pages)
 
     def reset(self) -> None:
@@ -195,8 +196,7 @@ class SlotEngine:
         if self.max_context > self.prefill_chunk or self.pages is not None:
             specs += self._admission_specs()
         if self.pages is not None:
-            specs += [self._save_spec(one), self._restore_spec(output_shapes(self._carry_spec()[1], (self.weights,),
-                                                                             self.mesh))]
+            specs += [self._save_spec(one), self._restore_spec(self._carry_shapes())]
         if self.cache_pages is not None:
             specs.append(self._release_spec())
         todo = [spec for spec in specs if spec[0] not in self._programs]
@@ -263,10 +263,17 @@ class SlotEngine:
             fn = functools.partial(baseline_state, cfg=self.cfg, max_new_tokens=2)
         return ("admission_finish",), fn, (carry, jnp.ones((1,), jnp.int32), jax.random.key(0)), (0,)
 
+    def _carry_shapes(self):
+        """The shapes of an admission's empty caches (`prefill_carry`), traced once: they are fixed for the engine's
+        life."""
+        if self._carry_shapes_cache is None:
+            self._carry_shapes_cache = output_shapes(self._carry_spec()[1], (self.weights,), self.mesh)
+        return self._carry_shapes_cache
+
     def _admission_specs(self) -> list[tuple]:
         """The programs of a prompt admitted a chunk at a time: its empty caches, a chunk (greedy and sampled), the
         state it hands the insert."""
-        carry = output_shapes(self._carry_spec()[1], (self.weights,), self.mesh)
+        carry = self._carry_shapes()
         return [self._carry_spec(), self._chunk_spec(True, carry), self._chunk_spec(False, carry),
                 self._finish_spec(carry)]
 
@@ -283,10 +290,10 @@ class SlotEngine:
         """How many of the prompt's leading tokens the prefix cache holds now (their prefill would be skipped)."""
         return self.prefix.peek(tokens) * PAGE_TOKENS
 
-    def _page_ids(self, pages: dict[int, int]) -> jax.Array:
-        """{page of the prompt: pool page} as the programs take it: one id per page of the caches, the pool's
-        size (nothing) where none is given."""
-        ids = np.full((self.capacity // PAGE_TOKENS,), self._prefix_pages, np.int32)
+    def _page_ids(self, pages: dict[int, int], pool_size: int) -> jax.Array:
+        """{page of a sequence: pool page} as the programs take it: one id per page of the capacity, the pool's
+        size (no page) where none is given."""
+        ids = np.full((self.capacity // PAGE_TOKENS,), pool_size, np.int32)
         for m, page in pages.items():
             ids[m] = page
         return jnp.asarray(ids)
@@ -302,7 +309,7 @@ class SlotEngine:
         key = ("prefix_save",)
         save = self._programs.get(key) or self._program(*self._save_spec(one))
         try:
-            self.pages = save(self.pages, one, self._page_ids(dict(new)))
+            self.pages = save(self.pages, one, self._page_ids(dict(new), self._prefix_pages))
         except Exception:
             self.clear_prefix_cache()  # the pool was given to the program that failed
             raise
@@ -345,9 +352,7 @@ class SlotEngine:
         args = [self.state, one, jnp.int32(slot), jnp.int32(max_new), jnp.bool_(sampling.greedy),
                 jnp.float32(sampling.temperature), jnp.int32(sampling.top_k), jnp.float32(sampling.top_p)]
         if self.cache_pages is not None:
-            ids = np.full((self.capacity // PAGE_TOKENS,), self.cache_pages, np.int32)
-            ids[: len(pages)] = pages
-            args.append(jnp.asarray(ids))
+            args.append(self._page_ids(dict(enumerate(pages)), self.cache_pages))
         try:
             self.state = insert(*args)
         except Exception:
@@ -380,7 +385,7 @@ class SlotEngine:
             carry = self._program(*self._carry_spec())(self.weights)
             if cached:
                 restore = self._programs.get(("prefix_restore",)) or self._program(*self._restore_spec(carry))
-                carry = restore(self.pages, carry, self._page_ids(dict(enumerate(cached))), jnp.int32(start))
+                carry = restore(self.pages, carry, self._page_ids(dict(enumerate(cached)), self._prefix_pages), jnp.int32(start))
         except Exception:
             self.prefix.release(cached)
             self._free_pages += slot_pages
