@@ -56,6 +56,9 @@ class ForcedEngine:
     def free_slots(self, slots) -> None:
         pass
 
+    def slots_to_preempt(self) -> list[int]:
+        return []  # no paged cache
+
     def admits_in_chunks(self, tokens) -> bool:
         return False  # every prompt "prefills" at once: its answer is recorded
 

@@ -1,7 +1,9 @@
 """The paged latent cache (model.kv_cache, `pages_BM`): sequences whose positions live in pages of a shared pool,
 read back as each sequence's contiguous cache, answer exactly as contiguous caches do; the server's slots on a
-paged cache (`SlotEngine(cache_pages=...)`) answer as unpaged ones, take pages for a request's budget when it is
-admitted and give them back when it ends, and a request waits in the queue while the pool is short."""
+paged cache (`SlotEngine(cache_pages=...)`) answer as unpaged ones, take pages for a prompt and its first device
+loop when it is admitted and more as it grows, give them back when it ends, a request waits in the queue while the
+pool is short, and a running one is preempted and resumed (answering as if it never was) when its neighbours'
+growth leaves no room."""
 
 import threading
 
@@ -81,6 +83,63 @@ def test_slots_on_a_paged_cache_answer_as_unpaged_ones_and_give_pages_back(pair)
     assert paged.cache_pages_free == 3
     with pytest.raises(ValueError, match="cannot hold one request"):
         SlotEngine(cfg, w, cache_pages=2, **kw)
+
+
+def test_a_sequence_takes_pages_as_it_grows_across_a_page_boundary(pair):
+    cfg, w = pair
+    kw = dict(num_steps=NUM_STEPS, max_batch=2, max_context=192, cycles_per_step=2, prefill_chunk=32)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(1, 60, size=50)]
+    want = _answer(SlotEngine(cfg, w, **kw), 0, prompt, max_new=40)
+    paged = SlotEngine(cfg, w, cache_pages=3, **kw)
+    window = 2 * (NUM_STEPS + 1)  # a device loop's cycles x the verify window
+    assert paged.pages_for(50, 40) == 1 and paged.pages_for(50, None) == 1  # the prompt and its first loop only
+    first, done = paged.prefill(0, prompt, 40, SamplingParams(), seed=1)
+    out, held = [first], []
+    while not done and len(out) < 40:
+        tokens = len(prompt) + len(out)
+        result = paged.step(np.zeros((2,), bool), any_sampled=False)  # takes what this loop may write first
+        held.append(3 - paged.cache_pages_free)
+        assert held[-1] == -(-min(50 + 40 + NUM_STEPS + 1, tokens + window) // P)  # what it holds, no more
+        out += result.tokens[0]
+        done = bool(result.done[0])
+    assert out[:40] == want
+    assert held[0] == 1 and held[-1] == 2  # the second page was taken mid-answer
+    assert paged.cache_tokens_held == len(prompt) + len(out)
+    paged.free_slots([0])
+    assert paged.cache_pages_free == 3 and paged.cache_tokens_held == 0
+
+
+def test_a_request_preempted_for_pages_resumes_and_answers_as_if_it_never_was(pair):
+    from jaxspec.serving.metrics import Metrics
+    from jaxspec.serving.scheduler import Failed, Finished, Request, Scheduler, Tokens
+
+    cfg, w = pair
+    kw = dict(num_steps=NUM_STEPS, max_batch=2, max_context=192, cycles_per_step=2, prefill_chunk=32)
+    prompts = [[int(t) for t in np.random.default_rng(s).integers(1, 60, size=50)] for s in (5, 6)]
+    want = [_answer(SlotEngine(cfg, w, **kw), 0, p, max_new=60) for p in prompts]
+    engine = SlotEngine(cfg, w, cache_pages=3, **kw)  # both start in one page each; both cannot hold two
+    got, ended = {0: [], 1: []}, threading.Barrier(3)
+
+    def deliver(i):
+        def on(event):
+            if isinstance(event, Tokens):
+                got[i].extend(event.ids)
+            elif isinstance(event, (Finished, Failed)):
+                got[i].append(event)
+                threading.Thread(target=ended.wait, daemon=True).start()
+        return on
+
+    scheduler = Scheduler(engine, Metrics(2), max_queue=4)
+    for i, p in enumerate(prompts):
+        scheduler.submit(Request(p, 60, SamplingParams(), 1, deliver(i)))
+    scheduler.start()
+    ended.wait(120)
+    scheduler.stop(10)
+    assert [got[0][-1], got[1][-1]] == [Finished("length")] * 2
+    assert [got[0][:-1], got[1][:-1]] == want
+    assert scheduler.metrics.preemptions >= 1
+    assert engine.cache_pages_free == 3
+    assert "jaxspec_preemptions_total" in scheduler.metrics.render()
 
 
 def test_a_request_waits_while_the_pool_is_short_and_runs_once_pages_come_back(pair):

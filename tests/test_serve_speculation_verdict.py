@@ -49,6 +49,9 @@ class _NeverAccepting:
     def free_slots(self, slots):
         pass
 
+    def slots_to_preempt(self):
+        return []
+
     def prefill(self, slot, tokens, max_new, sampling, seed):
         self.left[slot] = max_new - 1
         return 1, False

@@ -33,7 +33,8 @@ class Metrics:
         self.slot_cycles = 0
         self._recent = collections.deque()  # (time, tokens) of recent steps
         self._prefix: dict[str, int] = {}  # the prefix cache's counts (PrefixIndex.stats)
-        self._cache_pages: tuple[int, int] | None = None  # a paged cache's (pages in use, pages)
+        self._cache_pages: tuple[int, int, int] | None = None  # a paged cache's (pages in use, pages, tokens held)
+        self.preemptions = 0
 
     def request_done(self, outcome: str) -> None:
         with self._lock:
@@ -62,9 +63,13 @@ class Metrics:
         with self._lock:
             self.queue_length, self.active_slots = queued, active
 
-    def cache_pages(self, in_use: int, total: int) -> None:
+    def cache_pages(self, in_use: int, total: int, tokens_held: int) -> None:
         with self._lock:
-            self._cache_pages = (in_use, total)
+            self._cache_pages = (in_use, total, tokens_held)
+
+    def preempted(self, requests: int) -> None:
+        with self._lock:
+            self.preemptions += requests
 
     def prefix_cache(self, stats: dict[str, int]) -> None:
         with self._lock:
@@ -122,7 +127,11 @@ class Metrics:
             if self._cache_pages is not None:
                 rows += [("jaxspec_cache_pages_in_use", "gauge", "Pages of the paged cache held by requests",
                           [({}, self._cache_pages[0])]),
-                         ("jaxspec_cache_pages", "gauge", "Pages of the paged cache", [({}, self._cache_pages[1])])]
+                         ("jaxspec_cache_pages", "gauge", "Pages of the paged cache", [({}, self._cache_pages[1])]),
+                         ("jaxspec_cache_tokens_held", "gauge", "Tokens the running requests' sequences hold",
+                          [({}, self._cache_pages[2])]),
+                         ("jaxspec_preemptions_total", "counter", "Requests preempted for pages (each resumed later)",
+                          [({}, self.preemptions)])]
             p = self._prefix
             rows += [
                 ("jaxspec_prefix_cache_hits_total", "counter", "Prompts that started with cached prefix pages",

@@ -62,6 +62,22 @@ class Request:
     id: int = dataclasses.field(default_factory=itertools.count().__next__)
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.monotonic)
+    generated: list[int] = dataclasses.field(default_factory=list)  # tokens delivered so far
+
+    # A preempted request resumes as a new prompt: its own and the tokens it emitted, asking what is left.
+    @property
+    def context(self) -> list[int]:
+        return self.tokens + self.generated
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - len(self.generated)
+
+    @property
+    def admission_seed(self) -> int:
+        """The seed of this admission: a resumed request draws afresh rather than replay its first draws at later
+        positions."""
+        return self.seed if not self.generated else hash((self.seed, len(self.generated))) % 2**31
 
 
 class Scheduler:
@@ -124,8 +140,9 @@ class Scheduler:
             self._report_occupancy()
             if not self._active:
                 continue
+            preempted = self._preempt()
             cancel = np.zeros(self.engine.max_batch, bool)
-            cancel[[s for s in freed if s not in self._active]] = True
+            cancel[[s for s in freed + preempted if s not in self._active]] = True
             self._step(cancel)
             self._report_occupancy()
         self._end_all("the server shut down before the request finished")
@@ -151,26 +168,27 @@ class Scheduler:
                 if not self._waiting:
                     return
                 request = self._waiting.popleft()
-                if self.engine.admits_in_chunks(request.tokens) and self._admitting is not None:
+                if self.engine.admits_in_chunks(request.context) and self._admitting is not None:
                     self._waiting.appendleft(request)  # one long prompt at a time, in arrival order
                     return
-                if not request.cancelled and not self.engine.has_room(len(request.tokens), request.max_new):
+                if not request.cancelled and not self.engine.has_room(len(request.context), request.remaining):
                     self._waiting.appendleft(request)  # in arrival order, once ended requests give pages back
                     return
             if request.cancelled:
                 continue
             slot = free[0]
-            if self.engine.admits_in_chunks(request.tokens):
+            if self.engine.admits_in_chunks(request.context):
                 try:
-                    self._admitting = (slot, request, self.engine.begin_admission(request.tokens, request.sampling,
-                                                                                  request.seed, request.max_new))
+                    self._admitting = (slot, request, self.engine.begin_admission(
+                        request.context, request.sampling, request.admission_seed, request.remaining))
                 except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
                     self._prefill_failed(request, e)
                     continue
                 free.pop(0)
                 continue
             try:
-                first, done = self.engine.prefill(slot, request.tokens, request.max_new, request.sampling, request.seed)
+                first, done = self.engine.prefill(slot, request.context, request.remaining, request.sampling,
+                                                  request.admission_seed)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
                 self._prefill_failed(request, e)
                 continue
@@ -191,7 +209,7 @@ class Scheduler:
             if not admission.prefilled:
                 return
             self._admitting = None
-            first, done = self.engine.finish_admission(slot, admission, request.max_new)
+            first, done = self.engine.finish_admission(slot, admission, request.remaining)
         except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
             self._admitting = None
             self.engine.release_admission(admission)
@@ -199,14 +217,31 @@ class Scheduler:
             return
         self._started(slot, request, first, done)
 
+    def _preempt(self) -> list[int]:
+        """Make room in a paged cache for the running requests' next device loop: the most recently admitted give
+        their pages back and wait at the head of the queue to resume (their clients see only a pause). Returns
+        their slots, to be ended in the next step."""
+        victims = self.engine.slots_to_preempt()
+        if not victims:
+            return []
+        self.engine.free_slots(victims)
+        with self._wake:
+            for slot in sorted(victims, key=lambda s: self._active[s].submitted, reverse=True):
+                self._waiting.appendleft(self._active.pop(slot))
+        self.metrics.preempted(len(victims))
+        log.info("preempted %d request(s): the cache's pages are short for the running ones", len(victims))
+        return victims
+
     def _prefill_failed(self, request: Request, e: Exception) -> None:
         log.exception("prefill failed")
         request.deliver(Failed(f"prefill failed: {e.__class__.__name__}: {e}"))
 
     def _started(self, slot: int, request: Request, first: int, done: bool) -> bool:
-        """Hand a prefilled request its first token; whether it now runs in `slot`."""
-        self.metrics.prompt(len(request.tokens))
+        """Hand a prefilled request its first token (a resumed one: its next); whether it now runs in `slot`."""
+        if not request.generated:
+            self.metrics.prompt(len(request.tokens))
         self.metrics.step(1, 0, 0, 0)
+        request.generated.append(first)
         request.deliver(Tokens([first]))
         if done:
             request.deliver(Finished(self._reason(first)))
@@ -229,6 +264,7 @@ class Scheduler:
             new = result.tokens[slot]
             emitted += len(new)
             if new:
+                request.generated.extend(new)
                 request.deliver(Tokens(new))
             if result.done[slot]:
                 del self._active[slot]
@@ -267,4 +303,5 @@ class Scheduler:
         self.metrics.occupancy(len(self._waiting), len(self._active))
         self.metrics.prefix_cache(self.engine.prefix.stats())
         if getattr(self.engine, "cache_pages", None) is not None:
-            self.metrics.cache_pages(self.engine.cache_pages - self.engine.cache_pages_free, self.engine.cache_pages)
+            self.metrics.cache_pages(self.engine.cache_pages - self.engine.cache_pages_free, self.engine.cache_pages,
+                                     self.engine.cache_tokens_held)

@@ -127,25 +127,90 @@ class SlotEngine:
         self.state = init_slots(self.cfg, self.weights, self.max_batch, self.capacity, self.dtype,
                                 with_draft=self.k > 0, cache_pages=self.cache_pages, page_tokens=PAGE_TOKENS)
         self._free_pages = list(range(self.cache_pages or 0))
-        self._slot_pages: dict[int, list[int]] = {}
+        self._slot_pages: dict[int, list[int]] = {}  # paged cache: the pool pages each running slot holds
+        self._slot_tokens: dict[int, int] = {}  # ... the tokens its sequence holds (prompt and emitted)
+        self._slot_budget: dict[int, int] = {}  # ... the most positions it can ever write
+        self._slot_admitted: dict[int, int] = {}  # ... its admission's order (preemption takes the latest first)
+        self._admissions = 0
 
     # --- the paged cache -----------------------------------------------------------------------------
+    # A request takes pages for its prompt and its first device loop when admitted, then before every device loop
+    # each running request takes what that loop may write (`grow_pages`); when the pool cannot give every running
+    # request its next loop's pages, the most recently admitted ones are preempted (`slots_to_preempt`): their
+    # pages go back and the scheduler re-queues them to resume from their prompt and the tokens they emitted.
+    def _budget(self, prompt_len: int, max_new: int | None) -> int:
+        """The most positions a request can ever write: prompt, tokens asked, the verify window."""
+        return self.capacity if max_new is None else min(self.capacity, prompt_len + max_new + self.k + 1)
+
+    def _loop_positions(self) -> int:
+        """Positions one device loop may write past a sequence's tokens: each cycle writes its K + 1 verify tokens
+        from the last committed position and commits at most K + 1."""
+        return self.cycles_per_step * (self.k + 1)
+
     def pages_for(self, prompt_len: int, max_new: int | None) -> int:
-        """Cache pages a request takes for its whole budget (prompt, tokens asked, the verify window); 0 when the
-        cache is not paged. A request's pages are taken when it is admitted and given back when it ends, so a
-        sequence never runs out of room mid-cycle."""
+        """Cache pages a request takes when admitted (its prompt and what its first device loop may write, within
+        its budget); 0 when the cache is not paged."""
         if self.cache_pages is None:
             return 0
-        budget = self.capacity if max_new is None else min(self.capacity, prompt_len + max_new + self.k + 1)
-        return -(-budget // PAGE_TOKENS)
+        return -(-min(self._budget(prompt_len, max_new), prompt_len + 1 + self._loop_positions()) // PAGE_TOKENS)
+
+    def _pages_needed(self, slot: int) -> int:
+        """Pages slot's sequence must hold before the next device loop."""
+        tokens, budget = self._slot_tokens[slot], self._slot_budget[slot]
+        return -(-min(budget, tokens + self._loop_positions()) // PAGE_TOKENS)
+
+    def _growth(self) -> dict[int, int]:
+        """{slot: pages it must take before the next device loop} for the slots that must take any."""
+        more = {s: self._pages_needed(s) - len(pages) for s, pages in self._slot_pages.items()}
+        return {s: n for s, n in more.items() if n > 0}
 
     def has_room(self, prompt_len: int, max_new: int | None) -> bool:
-        """Whether the cache has the pages a request needs now (it waits in the queue otherwise)."""
-        return self.pages_for(prompt_len, max_new) <= len(self._free_pages)
+        """Whether the cache has the pages a request takes when admitted, besides what the running requests take
+        for the next device loop (it waits in the queue otherwise, rather than push a running one out)."""
+        if self.cache_pages is None:
+            return True
+        return self.pages_for(prompt_len, max_new) + sum(self._growth().values()) <= len(self._free_pages)
+
+    def slots_to_preempt(self) -> list[int]:
+        """The running slots to preempt, most recently admitted first, so that every other one's pages cover its
+        next device loop; [] when the pool has room for all. A slot alone always fits (the pool holds at least one
+        whole context)."""
+        growth, free = self._growth(), len(self._free_pages)
+        victims = []
+        for s in sorted(self._slot_pages, key=self._slot_admitted.get, reverse=True):
+            if sum(growth.values()) <= free or len(victims) == len(self._slot_pages) - 1:
+                break
+            victims.append(s)
+            growth.pop(s, None)
+            free += len(self._slot_pages[s])
+        return victims
+
+    def grow_pages(self) -> None:
+        """Give every running slot the pages its next device loop may write (`slots_to_preempt` made room)."""
+        growth = self._growth()
+        if not growth:
+            return
+        if sum(growth.values()) > len(self._free_pages):
+            raise RuntimeError(f"the cache has {len(self._free_pages)} free pages, the running requests' next device "
+                               f"loop needs {sum(growth.values())}")
+        for s, n in growth.items():
+            self._slot_pages[s] += self._free_pages[:n]
+            self._free_pages = self._free_pages[n:]
+        table_BM = np.full(self.state.target_cache.pages_BM.shape, self.cache_pages, np.int32)
+        for s, pages in self._slot_pages.items():
+            table_BM[s, : len(pages)] = pages
+        old = self.state.target_cache.pages_BM
+        self.state = self.state.replace(target_cache=self.state.target_cache.replace(
+            pages_BM=jax.device_put(table_BM, old.sharding)))
 
     @property
     def cache_pages_free(self) -> int:
         return len(self._free_pages)
+
+    @property
+    def cache_tokens_held(self) -> int:
+        """Tokens the running slots' sequences hold (prompt and emitted) in a paged cache."""
+        return sum(self._slot_tokens.values())
 
     def _take_pages(self, prompt_len: int, max_new: int | None) -> list[int]:
         n = self.pages_for(prompt_len, max_new)
@@ -156,8 +221,8 @@ class SlotEngine:
         return taken
 
     def free_slots(self, slots) -> None:
-        """The slots' requests ended (finished, cancelled, failed): their pages go back to the pool, their table rows
-        cleared first (an idle slot is still computed and writes where its row points)."""
+        """The slots' requests ended (finished, cancelled, failed, preempted): their pages go back to the pool, their
+        table rows cleared first (an idle slot is still computed and writes where its row points)."""
         held = [s for s in slots if s in self._slot_pages]
         if not held:
             return
@@ -167,6 +232,7 @@ class SlotEngine:
         self.state = release(self.state, jnp.asarray(mask))
         for s in held:
             self._free_pages += self._slot_pages.pop(s)
+            del self._slot_tokens[s], self._slot_budget[s], self._slot_admitted[s]
 
     def _release_spec(self) -> tuple:
         return ("release",), release_pages, (self.state, jnp.zeros((self.max_batch,), bool)), (0,)
@@ -345,9 +411,10 @@ class SlotEngine:
         except Exception:
             self._free_pages += pages
             raise
-        return self._insert(slot, one, max_new, sampling, pages)
+        return self._insert(slot, one, len(tokens), max_new, sampling, pages)
 
-    def _insert(self, slot: int, one, max_new: int, sampling: SamplingParams, pages: list[int]) -> tuple[int, bool]:
+    def _insert(self, slot: int, one, prompt_len: int, max_new: int, sampling: SamplingParams,
+                pages: list[int]) -> tuple[int, bool]:
         insert = self._insert_program(one)
         args = [self.state, one, jnp.int32(slot), jnp.int32(max_new), jnp.bool_(sampling.greedy),
                 jnp.float32(sampling.temperature), jnp.int32(sampling.top_k), jnp.float32(sampling.top_p)]
@@ -360,6 +427,9 @@ class SlotEngine:
             raise
         if self.cache_pages is not None:
             self._slot_pages[slot] = pages
+            self._slot_tokens[slot] = prompt_len + 1
+            self._slot_budget[slot] = self._budget(prompt_len, max_new)
+            self._slot_admitted[slot], self._admissions = self._admissions, self._admissions + 1
         first, done = jax.device_get((one.pending[0], self.state.done[slot]))
         return int(first), bool(done)
 
@@ -372,8 +442,8 @@ class SlotEngine:
     def begin_admission(self, tokens: list[int], sampling: SamplingParams, seed: int,
                         max_new: int | None = None) -> Admission:
         """A prompt to prefill a chunk at a time (`admit_chunk`, then `finish_admission`), from the end of its
-        cached pages (restored now, and held until the admission ends). A paged cache's pages for the request's
-        budget (`max_new` tokens; the whole context when None) are taken now, so its insert cannot run short."""
+        cached pages (restored now, and held until the admission ends). A paged cache's pages for the prompt and
+        its first device loop (`pages_for`) are taken now, so its insert cannot run short."""
         size = self.prefill_chunk
         slot_pages = self._take_pages(len(tokens), max_new)
         cached = self.prefix.acquire(list(tokens)) if self.pages is not None else []
@@ -418,14 +488,18 @@ class SlotEngine:
             raise
         finally:
             self.release_admission(a)
-        return self._insert(slot, one, max_new, a.sampling, pages)
+        return self._insert(slot, one, a.length, max_new, a.sampling, pages)
 
     def step(self, cancel: np.ndarray, any_sampled: bool) -> StepResult:
         """A few cycles over every slot (after ending the slots in `cancel`); the tokens each slot emitted."""
         k = self.choose_k(self._last)
+        if self.cache_pages is not None:
+            self.grow_pages()
         loop = self._loop(k, any_sampled, jnp.asarray(cancel))
         self.state, out = loop(self.weights, self.state, jnp.asarray(cancel))
         buf, counts, done, accepted, slot_cycles, cycles = jax.device_get(out)
         tokens = [buf[i, : counts[i]].tolist() for i in range(self.max_batch)]
+        for slot in self._slot_tokens:
+            self._slot_tokens[slot] += len(tokens[slot])
         self._last = StepResult(tokens, np.asarray(done), int(accepted), int(slot_cycles), int(cycles), k)
         return self._last
