@@ -22,7 +22,7 @@ from flax import struct
 
 from model.attention_mla import MLAWeights, mla
 from model.config import ConfigError, Kernels, TextConfig, YarnRope, check_field_types, parse_rope_scaling
-from model.kv_cache import visible_slots, write_slots
+from model.kv_cache import read_head_major_pages, visible_slots, write_head_major_pages, write_slots
 from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
 from model.quant import linear
@@ -223,23 +223,28 @@ class DraftCache:
     # put a transpose of the whole cache in and out of every dispatch (at long contexts and large batches, more
     # time than the cycle's own work). A device loop pays them once per loop; synchronised and streamed cycles
     # paid them every cycle.
+    # Paged (`init_paged_draft_cache`, the server's slots): pools [N, Nkv, P, D] read through the target cache's
+    # block table (model.kv_cache), passed to the draft forward as `pages_BM`.
     k: jax.Array  # [B, Nkv, S, D]
     v: jax.Array  # [B, Nkv, S, D]
 
     @property
     def capacity(self) -> int:
+        """Positions of a contiguous cache (a paged one's are its block table's)."""
         return self.k.shape[2]
 
 
 @struct.dataclass
 class DraftLatentCache:
-    """An MLA draft's cache: like one target layer's, the normalized latent and the roped shared key per slot."""
+    """An MLA draft's cache: like one target layer's, the normalized latent and the roped shared key per slot.
+    Paged (`init_paged_draft_cache`): pools [N, P, C] / [N, P, R] read through the target cache's block table."""
 
     latent: jax.Array  # [B, S, C]
     k_rope: jax.Array  # [B, S, R]
 
     @property
     def capacity(self) -> int:
+        """Positions of a contiguous cache (a paged one's are its block table's)."""
         return self.latent.shape[1]
 
 
@@ -248,6 +253,18 @@ def init_draft_cache(cfg: DraftConfig, batch: int, capacity: int, dtype=jnp.bflo
         return DraftLatentCache(jnp.zeros((batch, capacity, cfg.kv_lora_rank), dtype),
                                 jnp.zeros((batch, capacity, cfg.qk_rope_head_dim), dtype))
     shape = (batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
+    return DraftCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def init_paged_draft_cache(cfg: DraftConfig, num_pages: int, page_tokens: int,
+                           dtype=jnp.bfloat16) -> DraftCache | DraftLatentCache:
+    """The draft's cache as pools of `num_pages` pages of `page_tokens` positions, each page holding the same
+    positions of the same sequence as the target cache's page of that id: the target cache's block table
+    (model.kv_cache) serves both, so a sequence's pages are taken and given back once for the two models."""
+    if cfg.attention == "mla":
+        return DraftLatentCache(jnp.zeros((num_pages, page_tokens, cfg.kv_lora_rank), dtype),
+                                jnp.zeros((num_pages, page_tokens, cfg.qk_rope_head_dim), dtype))
+    shape = (num_pages, cfg.num_key_value_heads, page_tokens, cfg.head_dim)
     return DraftCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
@@ -263,31 +280,39 @@ def draft_to_target_ids(w: DraftWeights, draft_ids: jax.Array) -> jax.Array:
     return draft_ids + w.d2t[draft_ids]
 
 
-def _llama_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: DraftCache):
+def _llama_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: DraftCache, pages_BM=None):
+    """Llama attention over the draft's own K/V cache; with `pages_BM` the cache is paged (pools [N, Nkv, P, D]):
+    the new keys and values go to their pages and each sequence's pages are read as its contiguous cache."""
     b, t, _ = x_BT2H.shape
     n, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     cos, sin = cos_sin(positions_BT, inv_frequencies(d, cfg.rope_theta, None))
     q_BTND = apply_neox(linear(x_BT2H, w.q_proj).reshape(b, t, n, d), cos, sin)
     k_BTND = apply_neox(linear(x_BT2H, w.k_proj).reshape(b, t, nkv, d), cos, sin)
     v_BTND = linear(x_BT2H, w.v_proj).reshape(b, t, nkv, d)
-    k_cache = write_slots(cache.k, k_BTND, positions_BT, slot_axis=2)
-    v_cache = write_slots(cache.v, v_BTND, positions_BT, slot_axis=2)
+    if pages_BM is None:
+        k_cache = k_BKSD = write_slots(cache.k, k_BTND, positions_BT, slot_axis=2)
+        v_cache = v_BKSD = write_slots(cache.v, v_BTND, positions_BT, slot_axis=2)
+    else:
+        k_cache = write_head_major_pages(cache.k, k_BTND, positions_BT, pages_BM)
+        v_cache = write_head_major_pages(cache.v, v_BTND, positions_BT, pages_BM)
+        k_BKSD, v_BKSD = read_head_major_pages(k_cache, pages_BM), read_head_major_pages(v_cache, pages_BM)
     q_BTNJD = q_BTND.reshape(b, t, nkv, n // nkv, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q_BTNJD, k_cache.astype(q_BTND.dtype), preferred_element_type=jnp.float32)
-    mask = visible_slots(positions_BT, k_cache.shape[2])[:, None, None]
+    scores = jnp.einsum("btkgd,bksd->bkgts", q_BTNJD, k_BKSD.astype(q_BTND.dtype), preferred_element_type=jnp.float32)
+    mask = visible_slots(positions_BT, k_BKSD.shape[2])[:, None, None]
     probs = jax.nn.softmax(jnp.where(mask, scores * d**-0.5, -jnp.inf), axis=-1).astype(q_BTND.dtype)
-    out_BTNJD = jnp.einsum("bkgts,bksd->btkgd", probs, v_cache.astype(q_BTND.dtype))
+    out_BTNJD = jnp.einsum("bkgts,bksd->btkgd", probs, v_BKSD.astype(q_BTND.dtype))
     return linear(out_BTNJD.reshape(b, t, n * d), w.o_proj), DraftCache(k_cache, v_cache)
 
 
-def _mla_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: DraftLatentCache):
+def _mla_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cache: DraftLatentCache, pages_BM=None):
     """The target's MLA (absorbed, over the draft's own latent cache) with the draft's YaRN rope and its LoRA norms
-    at rms_norm_eps, as vLLM's and TorchSpec's MLA drafts build them."""
+    at rms_norm_eps, as vLLM's and TorchSpec's MLA drafts build them; with `pages_BM` over pools, as the target's
+    paged cache."""
     acfg = cfg.mla_config
     inv_freq, multiplier = target_rope_tables(acfg)
     cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
     out_BTH, latent, k_rope = mla(x_BT2H, w.mla, acfg, cos, sin, positions_BT, cache.latent, cache.k_rope,
-                                  norm_eps=cfg.rms_norm_eps)
+                                  norm_eps=cfg.rms_norm_eps, pages_BM=pages_BM)
     return out_BTH, DraftLatentCache(latent, k_rope)
 
 
@@ -308,8 +333,10 @@ def draft_forward(
     h_BTX: jax.Array,
     positions_BT: jax.Array,
     cache: DraftCache | DraftLatentCache,
+    pages_BM: jax.Array | None = None,
 ) -> DraftOutput:
-    """Draft positions: token x[t+1] paired with h at t (aux states [A*Ht] or the draft's own output [H])."""
+    """Draft positions: token x[t+1] paired with h at t (aux states [A*Ht] or the draft's own output [H]).
+    `pages_BM`: the block table of a paged cache (`init_paged_draft_cache`; the target cache's table)."""
     embed = target_embed if w.embed is None else w.embed
     e_BTH = embed[tokens_BT]
     dt = e_BTH.dtype
@@ -318,7 +345,7 @@ def draft_forward(
     residual = normed_h if cfg.norm_before_residual else h_BTH
     x = jnp.concatenate([rms_norm(e_BTH, w.input_norm, cfg.rms_norm_eps), normed_h], axis=-1)
     attend = _mla_attention if cfg.attention == "mla" else _llama_attention
-    attn, cache = attend(x, w, cfg, positions_BT, cache)
+    attn, cache = attend(x, w, cfg, positions_BT, cache, pages_BM)
     residual = residual + attn
     out_BTH = residual + swiglu(rms_norm(residual, w.post_attention_norm, cfg.rms_norm_eps), w.mlp)
     head = target_lm_head if w.lm_head is None else w.lm_head

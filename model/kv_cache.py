@@ -88,6 +88,27 @@ def read_pages(pool_NPX: jax.Array, pages_BM: jax.Array) -> jax.Array:
     return pages_BMPX.reshape(b, m * p, *pool_NPX.shape[2:])
 
 
+def write_head_major_pages(pool_NKPD: jax.Array, new_BTKD: jax.Array, positions_BT: jax.Array,
+                           pages_BM: jax.Array) -> jax.Array:
+    """`write_pages` for a head-major pool [N, Nkv, P, D] (the Llama draft's paged K or V): token t of sequence b,
+    [Nkv, D], at position positions[b, t] of its pages (dropped where it holds none, or past its table)."""
+    page_tokens = pool_NKPD.shape[2]
+    page_BT = jnp.take_along_axis(pages_BM, positions_BT // page_tokens, axis=1, mode="fill",
+                                  fill_value=pool_NKPD.shape[0])
+    # the head axis between the two advanced indices: they still lead the indexed shape, [B, T, Nkv, D]
+    return pool_NKPD.at[page_BT, :, positions_BT % page_tokens].set(new_BTKD.astype(pool_NKPD.dtype), mode="drop")
+
+
+def read_head_major_pages(pool_NKPD: jax.Array, pages_BM: jax.Array) -> jax.Array:
+    """Each sequence's pages of a head-major pool as its contiguous head-major cache [B, Nkv, M*P, D] (zeros where
+    it holds none). One gather lands the pages head-major, so no transpose of the cache follows it."""
+    n, nkv, p, d = pool_NKPD.shape
+    heads_K = jnp.arange(nkv)
+    pages_BKMPD = pool_NKPD.at[pages_BM[:, None, :], heads_K[None, :, None]].get(mode="fill", fill_value=0)
+    b, _, m = pages_BKMPD.shape[:3]
+    return pages_BKMPD.reshape(b, nkv, m * p, d)
+
+
 def write_slots(cache: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array, slot_axis: int = 1) -> jax.Array:
     """Store token t of sequence b at slot positions[b, t] of `cache` ([B, S, X..] or, with `slot_axis` = 2, the
     draft's head-major [B, Nkv, S, D]); `new_BTX` is [B, T, X..] either way (slots past the capacity are dropped)."""
