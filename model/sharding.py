@@ -42,7 +42,11 @@ TARGET_RULES: tuple[tuple[str, tuple], ...] = (
 # The EAGLE-3 draft is small next to the target: every device holds all of it.
 DRAFT_RULES: tuple[tuple[str, tuple], ...] = ()
 
-# Caches alone (a LatentCache / DraftCache) or inside the engine's state (`target_cache.latent.3`, ...).
+# Caches alone (a LatentCache / DraftCache) or inside the engine's state (`target_cache.latent.3`, ...). A paged
+# cache's pools (the target's [N, P, C|R] per layer, the draft's [N, Nkv, P, D] or [N, P, C|R]) match the same
+# rules: the page axis stands where the batch axis stood and rides "data" as it would, for the target's pools and
+# the draft's alike, so a page id means the same shard in both; the one block table (`target_cache.pages_BM`,
+# which the draft reads too) matches none and is replicated.
 CACHE_RULES: tuple[tuple[str, tuple], ...] = (
     (r"(^|\.)(latent|k_rope)\.\d+$", ("batch", None, None)),  # target MLA latent cache [B, S, C|R]
     (r"(^|draft_cache\.)(k|v)$", ("batch", None, None, None)),  # draft KV cache [B, Nkv, S, D]

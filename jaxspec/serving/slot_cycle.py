@@ -6,6 +6,8 @@ argmax draft and greedy acceptance, sampled slots draw from their own processed 
 speculative sampling, each with its own key. A greedy slot therefore emits exactly what `Engine.generate` gives
 its prompt alone, whatever its neighbours do. `sampled` is static: a loop with no sampled slot compiles to
 the greedy path only (no sort over the vocabulary). K = 0 is plain decoding (a server without a drafter).
+
+A paged target cache's block table is the draft's too (jaxspec.serving.slots): the draft runs over its pages.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _draft_chain(keys_BM, w: SpecWeights, cfg: SpecConfig, state: SlotState, k: 
     h_BH, cache = state.draft_hidden, state.draft_cache
     for j in range(1, k):
         out = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, tok_B[:, None], h_BH[:, None],
-                            (lengths_B + j - 1)[:, None], cache)
+                            (lengths_B + j - 1)[:, None], cache, state.target_cache.pages_BM)
         cache, h_BH = out.cache, out.hidden[:, 0]
         tok_B, q_BV = _propose(keys_BM[:, j], w, cfg, out.logits[:, 0], state, sampled)
         drafts.append(tok_B)
@@ -92,7 +94,7 @@ def slot_cycle(w: SpecWeights, state: SlotState, *, cfg: SpecConfig, k: int, sam
         accepted_B = jnp.where(state.greedy, accepted_B, acc_s)
         emitted_BK1 = jnp.where(state.greedy[:, None], emitted_BK1, emit_s)
     ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, emitted_BK1, verify.aux_hidden,
-                        positions_BK1, draft_cache)
+                        positions_BK1, draft_cache, state.target_cache.pages_BM)
     pick = accepted_B[:, None, None]
     next_logits = jnp.take_along_axis(ext.logits, pick, axis=1)[:, 0]
     next_hidden = jnp.take_along_axis(ext.hidden, pick, axis=1)[:, 0]

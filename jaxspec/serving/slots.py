@@ -13,14 +13,15 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.models import SpecConfig
-from model.eagle3 import DraftCache, init_draft_cache
+from model.eagle3 import DraftCache, DraftLatentCache, init_draft_cache, init_paged_draft_cache
 from model.kv_cache import LatentCache, init_latent_cache, init_paged_latent_cache
 
 
 @struct.dataclass
 class SlotState:
     target_cache: LatentCache  # lengths [B]: tokens committed per slot
-    draft_cache: DraftCache | None  # None when the server does not speculate
+    # None when the server does not speculate; pools when the target cache is paged, read through its block table
+    draft_cache: DraftCache | DraftLatentCache | None
     pending: jax.Array  # [B] int32: the last emitted token, not yet run through the target
     draft_logits: jax.Array  # [B, Vd] float32 ([B, 0] without a draft)
     draft_hidden: jax.Array  # [B, H] ([B, 0] without a draft)
@@ -44,12 +45,14 @@ class SlotState:
 def init_slots(cfg: SpecConfig, weights, batch: int, capacity: int, dtype, with_draft: bool,
                cache_pages: int | None = None, page_tokens: int = 0) -> SlotState:
     """`batch` idle slots with caches of `capacity` positions; with `cache_pages`, the target's cache is a pool of
-    that many pages of `page_tokens` shared by the slots (model.kv_cache), none held yet."""
+    that many pages of `page_tokens` shared by the slots (model.kv_cache), none held yet, and so is the draft's:
+    its pages are read through the target cache's block table, so a slot's page ids name its pages in both."""
     key_data = jax.random.key_data(jax.random.split(jax.random.key(0), batch))
     if with_draft:
         head = weights.target.lm_head if weights.draft.lm_head is None else weights.draft.lm_head
         embed = weights.target.embed if weights.draft.embed is None else weights.draft.embed
-        draft_cache = init_draft_cache(cfg.draft, batch, capacity, dtype)
+        draft_cache = (init_draft_cache(cfg.draft, batch, capacity, dtype) if cache_pages is None else
+                       init_paged_draft_cache(cfg.draft, cache_pages, page_tokens, dtype))
         draft_logits = jnp.zeros((batch, head.shape[0]), jnp.float32)
         draft_hidden = jnp.zeros((batch, cfg.draft.hidden_size), embed.dtype)
     else:
@@ -76,15 +79,18 @@ def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, 
                      eos_ids: tuple[int, ...]) -> SlotState:
     """Slot `slot` takes over the batch-1 prefill state `one` (jaxspec.state.SpecState or BaselineState, with
     caches of the slots' capacity) and the request's budget and sampling values (all traced scalars). A paged
-    target cache takes the slot's pages `pages_M` [M] (the pool's size where it holds none) as its table row, and
-    the prefilled positions into them."""
+    cache takes the slot's pages `pages_M` [M] (the pool's size where it holds none) as its table row, and the
+    prefilled positions of the target's and the draft's caches into them."""
     def put(all_X, one_X):
         return jax.lax.dynamic_update_slice_in_dim(all_X, one_X.astype(all_X.dtype), slot, axis=0)
 
-    def put_pages(pool_NPX, one_1SX):
-        n, p = pool_NPX.shape[:2]
-        pages_MPX = one_1SX[0].reshape(-1, p, *one_1SX.shape[2:]).astype(pool_NPX.dtype)
-        return pool_NPX.at[pages_M].set(pages_MPX, mode="drop")
+    def put_pages(pool_NX, one_1X, position_axis=1):
+        """The batch-1 cache's page m into pool page pages_M[m]. `position_axis`: where both hold positions (1 in
+        [1, S, X] and [N, P, X]; 2 in the draft's head-major [1, Nkv, S, D] and [N, Nkv, P, D])."""
+        one_X, a = one_1X[0], position_axis - 1
+        # positions -> (page, position in the page), the page leading as in the pool
+        split = one_X.reshape(*one_X.shape[:a], -1, pool_NX.shape[position_axis], *one_X.shape[a + 1:])
+        return pool_NX.at[pages_M].set(jnp.moveaxis(split, a, 0).astype(pool_NX.dtype), mode="drop")
 
     first = one.pending[0]
     done = max_new <= 1
@@ -111,8 +117,16 @@ def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, 
         top_p=put(slots.top_p, row(top_p)),
         key_data=put(slots.key_data, jax.random.key_data(one.key)[None]),
     )
-    if slots.draft_cache is not None:
-        replaced.update(draft_cache=jax.tree.map(put, slots.draft_cache, one.draft_cache),
+    draft = slots.draft_cache
+    if draft is not None:
+        if cache.pages_BM is None:
+            draft_cache = jax.tree.map(put, draft, one.draft_cache)
+        elif isinstance(draft, DraftCache):
+            draft_cache = DraftCache(put_pages(draft.k, one.draft_cache.k, 2), put_pages(draft.v, one.draft_cache.v, 2))
+        else:
+            draft_cache = DraftLatentCache(put_pages(draft.latent, one.draft_cache.latent),
+                                           put_pages(draft.k_rope, one.draft_cache.k_rope))
+        replaced.update(draft_cache=draft_cache,
                         draft_logits=put(slots.draft_logits, one.draft_logits),
                         draft_hidden=put(slots.draft_hidden, one.draft_hidden))
     return slots.replace(**replaced)
@@ -120,7 +134,8 @@ def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, 
 
 def release_pages(slots: SlotState, release_B) -> SlotState:
     """The slots in `release_B` [B] bool hold no pages any more (their table rows name none), so the pages they
-    held can be given to others: an idle slot is still computed and writes where its row points."""
+    held can be given to others: an idle slot is still computed and writes where its row points. The draft's
+    paged cache reads the same table, so clearing it releases the slot's draft pages too."""
     cache = slots.target_cache
     none = jnp.full_like(cache.pages_BM, cache.latent[0].shape[0])
     return slots.replace(target_cache=cache.replace(pages_BM=jnp.where(release_B[:, None], none, cache.pages_BM)))
