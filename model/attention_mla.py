@@ -5,6 +5,10 @@ output, so attention reads only the cached normalized latent [C] and roped key [
 `decompressed` expands K and V per head (HF's formulation) and exists as the test reference.
 `absorbed_kernel` is `absorbed` with the attention after the query absorption in two Pallas kernels
 (model/kernels/mla_decode.py); it runs on GPU for decode and verify.
+
+A paged cache (model.kv_cache, a block table over page pools) is read by the kernels through its table. Every
+other path reads each sequence's pages gathered into a contiguous cache first (`read_pages`): a copy of every
+layer's whole capacity per step, which the kernels' path does not make.
 """
 
 from __future__ import annotations
@@ -128,13 +132,15 @@ def attend_decompressed(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w:
     return jnp.einsum("bnts,bsnv->btnv", probs_BNTS, v_BSND)
 
 
-def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig):
+def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig,
+                           pages_BM=None):
     """`attend_absorbed` with the attention after the query absorption in two Pallas kernels (flash decoding over
-    the visible slots, then the combine of its splits)."""
+    the visible slots, then the combine of its splits). With `pages_BM` the caches are page pools [N, P, C|R] that
+    the kernels read through the block table."""
     dt = q_nope.dtype
     q_lat_BTNC = jnp.einsum("btnd,ncd->btnc", q_nope, w.w_uk.astype(dt))
     return mla_decode_attention(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv,
-                                cfg.softmax_scale, interpret=jax.default_backend() != "gpu")
+                                cfg.softmax_scale, interpret=jax.default_backend() != "gpu", pages_BM=pages_BM)
 
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,
@@ -144,19 +150,27 @@ ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompres
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
         norm_eps: float = LORA_NORM_EPS, pages_BM=None):
     """One MLA layer: write the T new tokens into the cache, attend, project out. With `pages_BM` (a paged cache,
-    model.kv_cache) the caches are page pools [N, P, C|R]: the tokens are written to their pages and attention reads
-    each sequence's pages as its contiguous cache.
+    model.kv_cache) the caches are page pools [N, P, C|R] and the tokens are written to their pages; where the
+    absorbed path takes the decode kernels (`mla_kernel_applies`), they read the pages through the table, and
+    elsewhere attention reads each sequence's pages gathered into its contiguous cache (`read_pages`).
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
     q_a_BTX, kv_BTX = input_projections(x_BTH, w)
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps)
     if pages_BM is not None:
-        latent_pool = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)
-        k_rope_pool = write_pages(k_rope_BSR, k_rope_BTR, positions_BT, pages_BM)
-        out_BTH, _, _ = mla_attend(q_nope, q_rope, read_pages(latent_pool, pages_BM), read_pages(k_rope_pool, pages_BM),
-                                   positions_BT, w, cfg, path, x_BTH)
-        return out_BTH, latent_pool, k_rope_pool
+        latent_pool_NPC = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)
+        k_rope_pool_NPR = write_pages(k_rope_BSR, k_rope_BTR, positions_BT, pages_BM)
+        b, t = x_BTH.shape[:2]
+        page_tokens = latent_pool_NPC.shape[1]
+        if path == "absorbed" and mla_kernel_applies(cfg.kernels, b, t, pages_BM.shape[1] * page_tokens, cfg,
+                                                     page_tokens=page_tokens):
+            out_BTND = attend_absorbed_kernel(q_nope, q_rope, latent_pool_NPC, k_rope_pool_NPR, positions_BT, w, cfg,
+                                              pages_BM=pages_BM)
+            return project_out(out_BTND, w, x_BTH), latent_pool_NPC, k_rope_pool_NPR
+        out_BTH, _, _ = mla_attend(q_nope, q_rope, read_pages(latent_pool_NPC, pages_BM),
+                                   read_pages(k_rope_pool_NPR, pages_BM), positions_BT, w, cfg, path, x_BTH)
+        return out_BTH, latent_pool_NPC, k_rope_pool_NPR
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
     return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH)
@@ -167,4 +181,9 @@ def mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeigh
     if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
     out_BTND = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
-    return jnp.einsum("btnv,hnv->bth", out_BTND, w.o_proj.astype(x_BTH.dtype)), latent_BSC, k_rope_BSR
+    return project_out(out_BTND, w, x_BTH), latent_BSC, k_rope_BSR
+
+
+def project_out(out_BTNV, w: MLAWeights, x_BTH):
+    """The heads' attention outputs through o_proj -> [B, T, H] in the layer input's dtype."""
+    return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype))

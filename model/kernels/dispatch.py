@@ -20,7 +20,7 @@ import jax
 
 from model.config import Kernels, TextConfig
 from model.kernels import moe_grouped, moe_wgmma
-from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, config_for
+from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, check_pages, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
 from model.kv_cache import LONG_CAPACITY
@@ -112,11 +112,12 @@ def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK
 
 # --- MLA attention ---------------------------------------------------------------------------------------------
 def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int, cfg: TextConfig,
-                       backend: str | None = None) -> bool:
+                       backend: str | None = None, page_tokens: int | None = None) -> bool:
     """The MLA decode kernels (mla_decode.py) for this absorbed attention step? "auto": on one GPU, batch x tokens
     <= MLA_KERNEL_MAX_QUERY_TOKENS over caches of up to LONG_CAPACITY slots, and decode at batch >=
     LONG_CACHE_MIN_BATCH over longer caches; "on": any batch and capacity up to MLA_KERNEL_MAX_TOKENS tokens,
-    on one GPU."""
+    on one GPU. `page_tokens`: the cache is paged (`capacity` = table width x page size) and the kernels read its
+    pages, which their blocks must tile."""
     if kernels.mla == "off" or (backend or jax.default_backend()) != "gpu":
         return False
     if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
@@ -126,8 +127,10 @@ def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int,
                                   or (capacity > LONG_CAPACITY and not long_cache_decode)):
         return False
     try:
-        check_config(config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads, batch), capacity,
-                     cfg.kv_lora_rank)
+        tiles = config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads, batch)
+        check_config(tiles, capacity, cfg.kv_lora_rank)
+        if page_tokens is not None:
+            check_pages(tiles, page_tokens)
     except ValueError:
         return False
     return True

@@ -17,6 +17,11 @@ every slot of the cache's capacity, not only the visible ones.
 2. `mla_combine`: grid (batch, block of rows, block of C): combines the splits and normalises, one launch
    instead of XLA's several; XLA's GEMM then projects the context out through w_uv [N, V, C].
 
+A paged cache (model.kv_cache: per layer a pool of pages [N, P, C|R] and a block table [B, M]) is read in place:
+kernel 1 finds each block of `block_s` slots in the pool page its sequence's table names (`block_s` divides P, so
+a block never straddles two pages). Gathering the pages into a contiguous cache first would copy every layer's
+whole capacity each step, far more than the visible slots the kernel reads.
+
 Kernel 1 reads each cache block once per block of rows and walks its share block by block, which pays at short
 caches and few query rows but not over long caches or many rows, where XLA's batched GEMMs win: the dispatch
 (model/kernels/dispatch.py, `mla_kernel_applies`) bounds where the kernels run (docs/performance.md has the
@@ -33,7 +38,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from model.kernels.triton_ops import div
+from model.kernels.triton_ops import div, rem
 from model.kv_cache import LONG_CAPACITY
 
 _NEG = -1e30  # finite "minus infinity": a fully masked block must not produce inf - inf
@@ -87,8 +92,14 @@ def config_for(capacity: int, latent_dim: int, rows: int = 1, batch: int = 1) ->
                                block_c=_pow2_divisor(latent_dim, base.block_c))
 
 
-def _partial_kernel(pos_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref, *, heads, tokens, block_q,
-                    block_s, splits, scale):
+def _partial_kernel(*refs, heads, tokens, block_q, block_s, splits, scale, page_tokens):
+    """One program of `mla_partial`. `page_tokens` None: the cache refs are [B, S, C|R]; otherwise they are page pools
+    [N, P, C|R] and a block table [B, M] comes after the positions (a static choice: the contiguous cache's program
+    holds nothing of the paged one)."""
+    if page_tokens is None:
+        pos_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref = refs
+    else:
+        pos_ref, pages_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref = refs
     b, qb, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     row0 = qb * block_q
     rows = pl.ds(row0, block_q)
@@ -105,8 +116,19 @@ def _partial_kernel(pos_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref
     def step(i, carry):
         acc_QC, m_Q, l_Q = carry
         s0 = i * block_s
-        lat_SC = lat_ref[b, pl.ds(s0, block_s), :]  # the keys and the values
-        kr_SR = kr_ref[b, pl.ds(s0, block_s), :]
+        if page_tokens is None:
+            lat_SC = lat_ref[b, pl.ds(s0, block_s), :]  # the keys and the values
+            kr_SR = kr_ref[b, pl.ds(s0, block_s), :]
+        else:  # block_s divides the page: the block lies in one page
+            # A table entry N (no page held) and a position past the table would load out of bounds: both are
+            # clamped, to the table's last column and the pool's last page, whose values are finite. A live
+            # sequence holds the pages of every position it can see, so it never reaches such a block; an idle
+            # slot (its table row cleared) does, and its output is discarded.
+            column = jnp.minimum(div(s0, page_tokens), pages_ref.shape[1] - 1)
+            page = jnp.minimum(pages_ref[b, column], lat_ref.shape[0] - 1)
+            in_page = pl.ds(rem(s0, page_tokens), block_s)
+            lat_SC = lat_ref[page, in_page, :]  # the keys and the values
+            kr_SR = kr_ref[page, in_page, :]
         s_QS = jnp.dot(q_QC, lat_SC.T, preferred_element_type=jnp.float32)
         s_QS += jnp.dot(qr_QR, kr_SR.T, preferred_element_type=jnp.float32)
         visible_QS = (s0 + jnp.arange(block_s, dtype=jnp.int32))[None, :] <= pos_Q[:, None]
@@ -126,12 +148,25 @@ def _partial_kernel(pos_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref
     l_ref[b, sp, rows] = l_Q
 
 
+def check_pages(cfg: MLAKernelConfig, page_tokens: int) -> None:
+    """A paged cache's blocks of `block_s` slots must each lie in one page."""
+    if page_tokens % cfg.block_s:
+        raise ValueError(f"block_s {cfg.block_s} does not divide the cache's pages of {page_tokens} positions")
+
+
 def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale: float, *,
-                cfg: MLAKernelConfig, interpret: bool = False):
+                cfg: MLAKernelConfig, interpret: bool = False, pages_BM=None):
     """Kernel 1 -> unnormalised partial contexts o [B, X, R, C] (float32), running max m and sum l [B, X, R] per
-    split X and row R = t * N + n (rows padded to a multiple of block_q)."""
+    split X and row R = t * N + n (rows padded to a multiple of block_q).
+
+    With `pages_BM` (a paged cache, model.kv_cache: [B, M] block table) `latent_BSC` / `k_rope_BSR` are the page
+    pools [N, P, C] / [N, P, R] and each block of slots is read from its sequence's page where it lies: no
+    contiguous copy of the cache is made."""
     if not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a Python number (it is baked into the kernel), got {type(scale).__name__}")
+    page_tokens = None if pages_BM is None else latent_BSC.shape[1]
+    if page_tokens is not None:
+        check_pages(cfg, page_tokens)
     b, t, n, c = q_lat_BTNC.shape
     r = k_rope_BSR.shape[-1]
     rows = t * n
@@ -143,7 +178,8 @@ def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, s
         pad = ((0, 0), (0, rows_p - rows), (0, 0))
         q_BQC, qr_BQR = jnp.pad(q_BQC, pad), jnp.pad(qr_BQR, pad)
     kernel = functools.partial(_partial_kernel, heads=n, tokens=t, block_q=cfg.block_q, block_s=cfg.block_s,
-                               splits=cfg.splits, scale=scale)
+                               splits=cfg.splits, scale=scale, page_tokens=page_tokens)
+    table = () if pages_BM is None else (pages_BM.astype(jnp.int32),)
     return pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((b, cfg.splits, rows_p, c), jnp.float32),
@@ -153,7 +189,7 @@ def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, s
         compiler_params=pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="mla_partial",
-    )(positions_BT.astype(jnp.int32), q_BQC, qr_BQR, latent_BSC.astype(dt), k_rope_BSR.astype(dt))
+    )(positions_BT.astype(jnp.int32), *table, q_BQC, qr_BQR, latent_BSC.astype(dt), k_rope_BSR.astype(dt))
 
 
 def _combine_kernel(o_ref, m_ref, l_ref, ctx_ref, *, block_r, block_c, splits):
@@ -195,13 +231,17 @@ def combine_splits(o_BZQC, m_BZQ, l_BZQ) -> jax.Array:
 
 
 def mla_decode_attention(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, w_uv_NDC, scale: float, *,
-                         cfg: MLAKernelConfig | None = None, interpret: bool = False) -> jax.Array:
-    """softmax(q_lat . latent + q_rope . k_rope) . latent . w_uv^T over the visible slots -> [B, T, N, V]."""
+                         cfg: MLAKernelConfig | None = None, interpret: bool = False, pages_BM=None) -> jax.Array:
+    """softmax(q_lat . latent + q_rope . k_rope) . latent . w_uv^T over the visible slots -> [B, T, N, V].
+
+    With `pages_BM` [B, M] the caches are page pools [N, P, C] / [N, P, R] (model.kv_cache) of capacity M * P per
+    sequence, read through the table (`mla_partial`); `cfg.block_s` must divide P."""
     b, t, n, c = q_lat_BTNC.shape
-    cfg = cfg or config_for(latent_BSC.shape[1], c, t * n, b)
-    check_config(cfg, latent_BSC.shape[1], c)
+    capacity = latent_BSC.shape[1] if pages_BM is None else pages_BM.shape[1] * latent_BSC.shape[1]
+    cfg = cfg or config_for(capacity, c, t * n, b)
+    check_config(cfg, capacity, c)
     dt = q_lat_BTNC.dtype
     o, m, l = mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, scale, cfg=cfg,
-                          interpret=interpret)
+                          interpret=interpret, pages_BM=pages_BM)
     ctx_BTNC = mla_combine(o, m, l, dt, cfg=cfg, interpret=interpret)[:, : t * n].reshape(b, t, n, c)
     return jnp.einsum("btnc,nvc->btnv", ctx_BTNC, w_uv_NDC.astype(dt))
