@@ -30,9 +30,9 @@ from jaxspec.serving.prefix_pages import PAGE_TOKENS
 from model.config import TextConfig
 from model.configs import KNOWN, known_config
 from model.configs.drafts import KNOWN_DRAFTS, known_draft_config
-from model.eagle3 import DraftConfig, init_draft_cache
+from model.eagle3 import DraftConfig, init_draft_cache, init_paged_draft_cache
 from model.init import init_draft_weights, init_kimi_weights
-from model.kv_cache import init_latent_cache, round_capacity
+from model.kv_cache import init_latent_cache, init_paged_latent_cache, round_capacity
 from model.quant import Fp8Weight
 from model.sharding import (CACHE_RULES, DRAFT_RULES, MESH_AXES, TARGET_RULES, LOGICAL_TO_MESH, path_str,
                             shard_shape, specs_for)
@@ -78,7 +78,15 @@ def abstract_draft(dcfg: DraftConfig, dtype=jnp.bfloat16):
     return jax.eval_shape(lambda k: init_draft_weights(dcfg, k, dtype, d2t=d2t), jax.random.key(0))
 
 
-def abstract_caches(cfg: TextConfig, dcfg: DraftConfig | None, batch: int, capacity: int, dtype=jnp.bfloat16):
+def abstract_caches(cfg: TextConfig, dcfg: DraftConfig | None, batch: int, capacity: int, dtype=jnp.bfloat16,
+                    cache_pages: int | None = None):
+    """The target's and the draft's caches (shapes only); with `cache_pages`, the server's paged caches: one pool
+    of that many pages each, shared by the `batch` sequences (jaxspec.serving.slots.init_slots)."""
+    if cache_pages is not None:
+        target = jax.eval_shape(lambda: init_paged_latent_cache(cfg, batch, capacity, cache_pages, PAGE_TOKENS, dtype))
+        draft = None if dcfg is None else jax.eval_shape(
+            lambda: init_paged_draft_cache(dcfg, cache_pages, PAGE_TOKENS, dtype))
+        return target, draft
     target = jax.eval_shape(lambda: init_latent_cache(cfg, batch, capacity, dtype))
     draft = None if dcfg is None else jax.eval_shape(lambda: init_draft_cache(dcfg, batch, capacity, dtype))
     return target, draft
@@ -159,12 +167,13 @@ def _size(mesh, logical: str, dim: int) -> int:
 
 # --- working memory ---------------------------------------------------------------------------------------
 def cycle_working_bytes(cfg: TextConfig, dcfg: DraftConfig | None, mesh, batch: int, capacity: int, k: int,
-                        act_bytes: int = 2) -> dict[str, int]:
+                        act_bytes: int = 2, paged: bool = False) -> dict[str, int]:
     """Largest transient buffers of one speculative cycle (verify width T = K+1), per device.
 
     Routed experts use the plain-XLA gather path, which materializes one dequantized expert per (token,
     choice) pair on every device (the Pallas kernel on GPU does not); attention keeps f32 scores and
-    probabilities over the whole cache."""
+    probabilities over the whole cache. A paged draft cache (`paged`) is gathered into each sequence's contiguous
+    cache for its attention, every draft step."""
     t = k + 1
     b_local = batch // _size(mesh, "batch", batch)
     heads = cfg.num_attention_heads // _size(mesh, "heads", cfg.num_attention_heads)
@@ -177,6 +186,10 @@ def cycle_working_bytes(cfg: TextConfig, dcfg: DraftConfig | None, mesh, batch: 
     }
     if dcfg is not None:
         out["draft attention scores"] = b_local * dcfg.num_attention_heads * t * capacity * (4 + act_bytes)
+        if paged:
+            per_position = (dcfg.kv_lora_rank + dcfg.qk_rope_head_dim if dcfg.attention == "mla" else
+                            2 * dcfg.num_key_value_heads * dcfg.head_dim)
+            out["draft cache pages read contiguous"] = b_local * capacity * per_position * act_bytes
     return out
 
 
@@ -254,9 +267,8 @@ def make_plan(config: str, devices: int, device_memory: int, context: int, batch
     target = bytes_by_category(abstract_target(cfg, experts), mesh, TARGET_RULES)
     draft_w = {} if dcfg is None else bytes_by_category(abstract_draft(dcfg), mesh, DRAFT_RULES)
     capacity = round_capacity(context)  # what the engine allocates for a context this long
-    target_cache, draft_cache = abstract_caches(cfg, dcfg, batch, capacity)
-    if cache_pages is not None:  # the server's paged target cache: one pool for every slot
-        target_cache = abstract_caches(cfg, None, 1, cache_pages * PAGE_TOKENS)[0]
+    # the server's paged caches (--cache-pages): one pool for every slot, the target's and the draft's alike
+    target_cache, draft_cache = abstract_caches(cfg, dcfg, batch, capacity, cache_pages=cache_pages)
     kv = {
         "target latent (MLA, 512/token/layer)": bytes_per_device(target_cache.latent, mesh, CACHE_RULES),
         "target rope key (64/token/layer)": bytes_per_device(target_cache.k_rope, mesh, CACHE_RULES),
@@ -268,7 +280,7 @@ def make_plan(config: str, devices: int, device_memory: int, context: int, batch
         pool_target, pool_draft = abstract_caches(cfg, dcfg, 1, pages * PAGE_TOKENS)
         kv[f"prefix cache ({pages} pages of {PAGE_TOKENS})"] = bytes_per_device(
             (pool_target.latent, pool_target.k_rope, pool_draft), mesh, ())
-    working = cycle_working_bytes(cfg, dcfg, mesh, batch, capacity, num_steps)
+    working = cycle_working_bytes(cfg, dcfg, mesh, batch, capacity, num_steps, paged=cache_pages is not None)
 
     fixed = sum(target.values()) + sum(draft_w.values()) + sum(kv.values())
     experts_local = cfg.n_routed_experts // _size(mesh, "experts", cfg.n_routed_experts) if cfg.n_routed_experts else 0
@@ -374,8 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-tokens", type=int, default=0,
                    help="the server's prefix cache (python -m jaxspec.serve: --max-context's worth unless told)")
     p.add_argument("--cache-pages", type=int, default=None,
-                   help="the server's paged target cache (python -m jaxspec.serve --cache-pages): pages of 64 "
-                        "positions for all sequences together, in place of batch x context")
+                   help="the server's paged caches (python -m jaxspec.serve --cache-pages): pages of 64 "
+                        "positions for all sequences together, in place of batch x context, for the target's "
+                        "cache and the draft's")
     p.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS,
                    help="draft tokens per cycle K (the default K of python -m jaxspec.generate)")
     return p

@@ -90,10 +90,16 @@ def test_the_servers_prefix_cache_is_counted_as_its_pool_holds_it():
 
 
 def test_a_paged_cache_is_counted_as_its_pool():
-    """--cache-pages: the target's cache is one pool of that many pages, whatever the batch and context."""
+    """--cache-pages: the target's cache and the draft's are each one pool of that many pages, whatever the batch
+    and context; the draft's attention reads its pages gathered into contiguous caches, counted as working memory."""
     from jaxspec.serving.prefix_pages import PAGE_TOKENS
 
     p = plan.make_plan("kimi-k2.5", devices=8, device_memory=141 * plan.GB, context=8192, batch=16, cache_pages=256)
     cfg = plan.known_config("kimi-k2.5")
     assert p.kv["target latent (MLA, 512/token/layer)"] == cfg.num_hidden_layers * 256 * PAGE_TOKENS * 512 * 2
     assert p.kv["target rope key (64/token/layer)"] == cfg.num_hidden_layers * 256 * PAGE_TOKENS * 64 * 2
+    dcfg = plan.known_draft_config(p.draft)
+    assert p.kv["draft KV cache"] == 2 * 256 * PAGE_TOKENS * dcfg.num_key_value_heads * dcfg.head_dim * 2
+    # ... but each draft step gathers every sequence's pages into its contiguous K and V (batch x context)
+    view = p.working["draft cache pages read contiguous"]
+    assert view == 16 * 8192 * 2 * dcfg.num_key_value_heads * dcfg.head_dim * 2
