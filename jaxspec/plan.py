@@ -269,9 +269,9 @@ def make_plan(config: str, devices: int, device_memory: int, context: int, batch
     capacity = round_capacity(context)  # what the engine allocates for a context this long
     # the server's paged caches (--cache-pages): one pool for every slot, the target's and the draft's alike
     target_cache, draft_cache = abstract_caches(cfg, dcfg, batch, capacity, cache_pages=cache_pages)
-    kv = {
-        "target latent (MLA, 512/token/layer)": bytes_per_device(target_cache.latent, mesh, CACHE_RULES),
-        "target rope key (64/token/layer)": bytes_per_device(target_cache.k_rope, mesh, CACHE_RULES),
+    kv = {  # each under its field's name, which the rules match (`latent.3`), as in the engine's state
+        "target latent (MLA, 512/token/layer)": bytes_per_device({"latent": target_cache.latent}, mesh, CACHE_RULES),
+        "target rope key (64/token/layer)": bytes_per_device({"k_rope": target_cache.k_rope}, mesh, CACHE_RULES),
     }
     if draft_cache is not None:
         kv["draft KV cache"] = bytes_per_device(draft_cache, mesh, CACHE_RULES)

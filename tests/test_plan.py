@@ -89,6 +89,15 @@ def test_the_servers_prefix_cache_is_counted_as_its_pool_holds_it():
     assert p.total - base.total == sum(x.size * x.dtype.itemsize for x in pool.arrays)
 
 
+def test_the_target_cache_is_split_over_data_as_the_engine_splits_it():
+    cfg = plan.known_config("kimi-k2.5")
+    for shape, split in (((1, 8), 1), ((2, 4), 2)):
+        p = plan.make_plan("kimi-k2.5", devices=8, device_memory=141 * plan.GB, context=8192, batch=16,
+                           mesh_shape=shape)
+        assert p.kv["target latent (MLA, 512/token/layer)"] == cfg.num_hidden_layers * 16 * 8192 * 512 * 2 // split
+        assert p.kv["target rope key (64/token/layer)"] == cfg.num_hidden_layers * 16 * 8192 * 64 * 2 // split
+
+
 def test_a_paged_cache_is_counted_as_its_pool():
     """--cache-pages: the target's cache and the draft's are each one pool of that many pages, whatever the batch
     and context; the draft's attention reads its pages gathered into contiguous caches, counted as working memory."""
