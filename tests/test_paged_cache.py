@@ -142,6 +142,36 @@ def test_a_request_preempted_for_pages_resumes_and_answers_as_if_it_never_was(pa
     assert "jaxspec_preemptions_total" in scheduler.metrics.render()
 
 
+def test_a_prompt_being_admitted_gives_way_to_a_running_request_that_grows(pair):
+    from jaxspec.serving.metrics import Metrics
+    from jaxspec.serving.scheduler import Failed, Finished, Request, Scheduler, Tokens
+
+    cfg, w = pair
+    kw = dict(num_steps=NUM_STEPS, max_batch=2, max_context=256, cycles_per_step=2, prefill_chunk=64)
+    running = [int(t) for t in np.random.default_rng(7).integers(1, 60, size=56)]  # one page, prefilled at once
+    long = [int(t) for t in np.random.default_rng(8).integers(1, 60, size=180)]  # three pages, three chunks
+    want = [_answer(SlotEngine(cfg, w, **kw), 0, running, max_new=60), _answer(SlotEngine(cfg, w, **kw), 0, long)]
+    engine = SlotEngine(cfg, w, cache_pages=4, **kw)
+    got, ended = {0: [], 1: []}, threading.Barrier(3)
+
+    def deliver(i):
+        def on(event):
+            got[i].append(event.ids if isinstance(event, Tokens) else event)
+            if isinstance(event, (Finished, Failed)):
+                threading.Thread(target=ended.wait, daemon=True).start()
+        return on
+
+    scheduler = Scheduler(engine, Metrics(2), max_queue=4)
+    scheduler.submit(Request(running, 60, SamplingParams(), 1, deliver(0)))
+    scheduler.submit(Request(long, 10, SamplingParams(), 1, deliver(1)))
+    scheduler.start()  # the long prompt's three pages leave none for the running request's second page
+    ended.wait(120)
+    scheduler.stop(10)
+    answers = [[t for ids in got[i][:-1] for t in ids] for i in (0, 1)]
+    assert answers == want and [got[0][-1], got[1][-1]] == [Finished("length")] * 2
+    assert scheduler.metrics.preemptions >= 1 and engine.cache_pages_free == 4
+
+
 def test_a_request_waits_while_the_pool_is_short_and_runs_once_pages_come_back(pair):
     from jaxspec.serving.metrics import Metrics
     from jaxspec.serving.scheduler import Failed, Finished, Request, Scheduler, Tokens

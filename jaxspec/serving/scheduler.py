@@ -218,9 +218,16 @@ class Scheduler:
         self._started(slot, request, first, done)
 
     def _preempt(self) -> list[int]:
-        """Make room in a paged cache for the running requests' next device loop: the most recently admitted give
-        their pages back and wait at the head of the queue to resume (their clients see only a pause). Returns
-        their slots, to be ended in the next step."""
+        """Make room in a paged cache for the running requests' next device loop: a prompt being admitted a chunk at a
+        time, then the most recently admitted requests, give their pages back and wait at the head of the queue to
+        resume (their clients see only a pause). Returns the preempted slots, to be ended in the next step."""
+        if self._admitting is not None and self.engine.pages_short():  # the latest comer gives way first
+            _, request, admission = self._admitting
+            self._admitting = None
+            self.engine.release_admission(admission)
+            with self._wake:
+                self._waiting.appendleft(request)
+            self.metrics.preempted(1)
         victims = self.engine.slots_to_preempt()
         if not victims:
             return []

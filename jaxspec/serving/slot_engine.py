@@ -171,6 +171,12 @@ class SlotEngine:
             return True
         return self.pages_for(prompt_len, max_new) + sum(self._growth().values()) <= len(self._free_pages)
 
+    def pages_short(self) -> int:
+        """How many pages the running slots' next device loop lacks (0 when the pool has them)."""
+        if self.cache_pages is None:
+            return 0
+        return max(0, sum(self._growth().values()) - len(self._free_pages))
+
     def slots_to_preempt(self) -> list[int]:
         """The running slots to preempt, most recently admitted first, so that every other one's pages cover its
         next device loop; [] when the pool has room for all. A slot alone always fits (the pool holds at least one
