@@ -15,6 +15,15 @@ system prompt and tool list are), which the server's prefix cache (`--prefix-cac
 given; 0 = off) holds after the first request. `--long-prompts N` runs N more workers beside each level's, each
 sending prompts of `--long-prompt-tokens` new token ids (one token asked) back to back until the level's own workers
 are done, so the level's inter-token latency shows what long admissions cost the running streams.
+`--system-prompt-share F` puts the shared text before that fraction of the requests only (most, not all, as in
+mixed traffic); `--turns N` makes each worker's requests a conversation of N turns, each resending the history
+(the earlier prompts and answers) before a new prompt. Only first turns are compared with `Engine.generate` (a
+later turn's prompt holds the server's own answer).
+
+Memory: `--cache-pages N` runs the server on a paged cache of N pages (`serve --cache-pages`); /metrics is sampled
+during each level for the pages in use and the tokens the running requests hold, so the table shows whether memory
+follows the tokens held; the cache's bytes (`cache_bytes`, the whole allocation) and bytes per position are
+reported per mode. Prefix hits and misses, and preemptions, are counted per level.
 Writes serve-load-<device>-<date>.json and .md to --out.
 """
 
@@ -38,6 +47,7 @@ from bench.report import fmt, write_report  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
 from jaxspec.serve import _check, build_parser, build_service  # noqa: E402
 from jaxspec.serving.background import BackgroundServer  # noqa: E402
+from jaxspec.serving.prefix_pages import PAGE_TOKENS  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):\n", "import numpy as np\n\n", "class Stack:\n    def __init__(self):\n", "# Sort a list of numbers\n",
@@ -68,6 +78,10 @@ def parse_args(argv):
     p.add_argument("--prefill-chunk", type=int, default=None, help="the server's (default: its own)")
     p.add_argument("--long-prompts", type=int, default=0, help="workers sending long prompts during each level")
     p.add_argument("--long-prompt-tokens", type=int, default=4096)
+    p.add_argument("--system-prompt-share", type=float, default=1.0,
+                   help="fraction of the requests that carry the shared system prompt")
+    p.add_argument("--turns", type=int, default=1, help="turns per conversation (each resends the history)")
+    p.add_argument("--cache-pages", type=int, default=None, help="the server's paged cache (default: not paged)")
     a = p.parse_args(argv)
     try:
         a.levels = [int(c) for c in a.concurrency.split(",")]
@@ -78,8 +92,10 @@ def parse_args(argv):
         p.error(f"--concurrency levels must be >= 1, got {a.concurrency}")
     if not a.mode_list or set(a.mode_list) - {"spec", "base"}:
         p.error(f"--modes takes spec and/or base, got {a.modes!r}")
+    if not 0 <= a.system_prompt_share <= 1:
+        p.error(f"--system-prompt-share must be within [0, 1], got {a.system_prompt_share}")
     for flag, v in (("--requests-per-worker", a.requests_per_worker), ("--max-tokens", a.max_tokens),
-                    ("--speculative-num-steps", a.speculative_num_steps)):
+                    ("--speculative-num-steps", a.speculative_num_steps), ("--turns", a.turns)):
         if v < 1:
             p.error(f"{flag} must be >= 1, got {v}")
     for flag, v in (("--system-prompt-tokens", a.system_prompt_tokens), ("--long-prompts", a.long_prompts)):
@@ -140,10 +156,16 @@ async def _long_prompts(client, model, length: int, vocab: int, seed: int, stop:
             sent.append(False)
 
 
+def _with_preamble(index: int, share: float) -> bool:
+    """Whether request `index` carries the shared system prompt: `share` of the requests, spread evenly."""
+    return int((index + 1) * share) > int(index * share)
+
+
 async def run_level(base_url, model, concurrency, per_worker, max_tokens, prompts=PROMPTS, offset=0,
-                    long_prompts=0, long_tokens=0, vocab=0):
+                    long_prompts=0, long_tokens=0, vocab=0, preamble="", share=1.0, turns=1):
     """Every result (prompt, (text, tokens, TTFT, ITL) or the exception) and the level's wall time; with
-    `long_prompts`, also how many long prompts were answered and failed beside it."""
+    `long_prompts`, also how many long prompts were answered and failed beside it. A worker's `per_worker`
+    requests are conversations of `turns` turns; request i of the level carries `preamble` as `share` says."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
@@ -153,11 +175,17 @@ async def run_level(base_url, model, concurrency, per_worker, max_tokens, prompt
 
     async def worker(w):
         for r in range(per_worker):
-            prompt = prompts[(offset + w * per_worker + r) % len(prompts)]
-            try:
-                results.append((prompt, await _one(client, model, prompt, max_tokens)))
-            except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal to the benchmark
-                results.append((prompt, e))
+            i = offset + w * per_worker + r
+            history = preamble if _with_preamble(i, share) else ""
+            for turn in range(turns):
+                prompt = history + prompts[(i + turn) % len(prompts)]
+                try:
+                    out = await _one(client, model, prompt, max_tokens)
+                except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal to the benchmark
+                    results.append((prompt, e))
+                    break
+                results.append((prompt, out))
+                history = prompt + out[0] + "\n"
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
@@ -180,19 +208,58 @@ def summarize(concurrency, results, wall, solo: dict | None) -> dict:
         "ttft_ms": percentiles([r[2] for _, r in ok]),
         "itl_ms": percentiles([r[3] for _, r in ok if r[3] is not None]),
     }
-    if solo is not None:
-        row["equal_to_solo"] = sum(r[0] == solo[p] for p, r in ok)
+    if solo is not None:  # prompts whose solo answer is known (a conversation's later turns are not)
+        checked = [(p, r) for p, r in ok if p in solo]
+        row["equal_to_solo"] = sum(r[0] == solo[p] for p, r in checked)
+        row["checked"] = len(checked)
     return row
 
 
-def _metric(base_url, name) -> float:
+def _metrics(base_url) -> dict[str, float]:
     import httpx
 
     text = httpx.get(base_url.replace("/v1", "/metrics")).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split(" ")[1])
-    return float("nan")
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+            if line and not line.startswith("#") and "{" not in line}
+
+
+def _metric(base_url, name) -> float:
+    return _metrics(base_url).get(name, float("nan"))
+
+
+class CacheSampler:
+    """Samples /metrics' paged-cache gauges every `period_s` in a thread while a level runs: the peak of pages in
+    use, and at each sample the positions the pages held per token the running requests held."""
+
+    def __init__(self, base_url: str, period_s: float = 0.25):
+        import threading
+
+        self.base_url, self.period_s, self.samples = base_url, period_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(self.period_s):
+            m = _metrics(self.base_url)
+            if "jaxspec_cache_pages_in_use" in m:
+                self.samples.append((m["jaxspec_cache_pages_in_use"], m["jaxspec_cache_tokens_held"],
+                                     m.get("jaxspec_active_slots", float("nan"))))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, page_tokens: int) -> dict:
+        if not self.samples:
+            return {}
+        peak = max(self.samples)
+        held = [(p * page_tokens) / t for p, t, _ in self.samples if t > 0]
+        return {"pages_in_use_peak": peak[0], "tokens_held_at_peak": peak[1], "slots_at_peak": peak[2],
+                "positions_per_token_held": {str(q): float(np.percentile(held, q)) for q in PERCENTILES} if held else {}}
 
 
 def solo_texts(service, k, max_tokens, prompts) -> dict:
@@ -215,28 +282,39 @@ def run_mode(a, mode, log) -> dict:
     argv += ["--draft", a.draft] if a.draft else []
     argv += ["--prefix-cache-tokens", str(a.prefix_cache_tokens)] if a.prefix_cache_tokens is not None else []
     argv += ["--prefill-chunk", str(a.prefill_chunk)] if a.prefill_chunk else []
+    argv += ["--cache-pages", str(a.cache_pages)] if a.cache_pages else []
     sa = build_parser().parse_args(argv)
     service = build_service(sa, *_check(sa), log=log)
     preamble = system_text(a.system_prompt_tokens, service.encode)
     prompts = [preamble + p for p in PROMPTS]
-    solo = None if a.no_check else solo_texts(service, k, a.max_tokens, prompts)
+    first_turns = prompts + (PROMPTS if a.system_prompt_share < 1 else [])
+    solo = None if a.no_check else solo_texts(service, k, a.max_tokens, first_turns)
     vocab = service.engine.cfg.target.vocab_size
     rows = []
     with BackgroundServer(service) as server:
-        asyncio.run(run_level(server.base_url, service.model_name, len(prompts), 1, a.max_tokens, prompts))  # warm-up
+        asyncio.run(run_level(server.base_url, service.model_name, len(PROMPTS), 1, a.max_tokens, PROMPTS,
+                              preamble=preamble, share=a.system_prompt_share, turns=a.turns))  # warm-up
         if a.long_prompts:  # the long prompts' programs too
             asyncio.run(run_level(server.base_url, service.model_name, 1, 1, 2, prompts, 0, 1, a.long_prompt_tokens,
                                   vocab))
         for c in a.levels:
             cycles0, tokens0 = _metric(server.base_url, "jaxspec_cycles_total"), \
                 _metric(server.base_url, "jaxspec_generation_tokens_total")
-            hits0 = _metric(server.base_url, "jaxspec_prefix_cache_hit_tokens_total")
-            out = asyncio.run(run_level(server.base_url, service.model_name, c, a.requests_per_worker,
-                                        a.max_tokens, prompts, offset=c, long_prompts=a.long_prompts,
-                                        long_tokens=a.long_prompt_tokens, vocab=vocab))
+            before = _metrics(server.base_url)
+            with CacheSampler(server.base_url) as sampler:
+                out = asyncio.run(run_level(server.base_url, service.model_name, c, a.requests_per_worker,
+                                            a.max_tokens, PROMPTS, offset=c, long_prompts=a.long_prompts,
+                                            long_tokens=a.long_prompt_tokens, vocab=vocab, preamble=preamble,
+                                            share=a.system_prompt_share, turns=a.turns))
             results, wall = out[:2]
             row = summarize(c, results, wall, solo)
-            row["prefix_hit_tokens"] = _metric(server.base_url, "jaxspec_prefix_cache_hit_tokens_total") - hits0
+            after = _metrics(server.base_url)
+            delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)  # noqa: E731
+            row["prefix_hit_tokens"] = delta("jaxspec_prefix_cache_hit_tokens_total")
+            hits, misses = delta("jaxspec_prefix_cache_hits_total"), delta("jaxspec_prefix_cache_misses_total")
+            row["prefix_hit_rate"] = hits / (hits + misses) if hits + misses else None
+            row["preemptions"] = delta("jaxspec_preemptions_total")
+            row.update(sampler.summary(PAGE_TOKENS))
             if a.long_prompts:
                 row["long_prompts_answered"], row["long_prompts_failed"] = out[2]
             cycles = _metric(server.base_url, "jaxspec_cycles_total") - cycles0
@@ -248,9 +326,14 @@ def run_mode(a, mode, log) -> dict:
                 f"{fmt(row['tokens_per_s'], 1)} tok/s, TTFT p50 {fmt(row['ttft_ms']['50'], 1)} ms")
             rows.append(row)
         mal = _metric(server.base_url, "jaxspec_mean_acceptance_length")
+    state = service.engine.state
+    caches = [state.target_cache.latent, state.target_cache.k_rope, state.draft_cache]
+    cache_bytes = sum(x.nbytes for x in jax.tree.leaves(caches))
+    positions = (a.cache_pages * PAGE_TOKENS if a.cache_pages else service.engine.max_batch * service.engine.capacity)
     return {"mode": mode, "k": k, "mean_acceptance_length": None if k == 0 else mal, "rows": rows,
             "compile_s": service.engine.compile_s, "prefix_cache_pages": service.engine.prefix.num_pages,
-            "prompt_tokens": [len(service.encode(p)) for p in prompts]}
+            "prompt_tokens": [len(service.encode(p)) for p in prompts], "cache_pages": a.cache_pages,
+            "cache_bytes": cache_bytes, "cache_positions": positions, "bytes_per_position": cache_bytes / positions}
 
 
 def markdown(result: dict) -> str:
@@ -262,18 +345,31 @@ def markdown(result: dict) -> str:
              f"Shared system prompt: {result.get('system_prompt_tokens', 0)} tokens; prefix cache pages: "
              + ", ".join(f"{m['mode']} {m.get('prefix_cache_pages', '-')}" for m in result["modes"])
              + f"; long prompts beside each level: {result.get('long_prompts', 0)} workers of "
-             f"{result.get('long_prompt_tokens', 0)} tokens.", "",
-             "| mode | K | concurrency | sent | completed | failed | equal to solo | tok/s | tokens/cycle (all slots) | "
-             "TTFT p50 | p90 | p99 | ITL p50 | p90 | p99 | prompt tokens restored | long prompts answered |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{result.get('long_prompt_tokens', 0)} tokens; system prompt on {result.get('system_prompt_share', 1):g} "
+             f"of the requests; {result.get('turns', 1)} turn(s) per conversation; paged cache: "
+             f"{result.get('cache_pages') or 'off'} pages.", "",
+             "| mode | K | concurrency | sent | completed | failed | equal to solo (of checked) | tok/s | "
+             "tokens/cycle (all slots) | TTFT p50 | p90 | p99 | ITL p50 | p90 | p99 | prompt tokens restored | "
+             "prefix hit rate | long prompts answered | pages in use, peak | tokens held then | cache positions per "
+             "token held, p50 / p99 | preemptions |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in result["modes"]:
         for r in m["rows"]:
             t, i = r["ttft_ms"], r["itl_ms"]
+            h = r.get("positions_per_token_held") or {}
+            held = f"{fmt(h['50'], 2)} / {fmt(h['99'], 2)}" if h else "-"
+            checked = f" of {r['checked']}" if "checked" in r else ""
             lines.append(
                 f"| {m['mode']} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | {r['failed']} | "
-                f"{r.get('equal_to_solo', '-')} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['tokens_per_cycle'], 2)} | "
+                f"{r.get('equal_to_solo', '-')}{checked} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['tokens_per_cycle'], 2)} | "
                 f"{fmt(t['50'], 1)} | {fmt(t['90'], 1)} | {fmt(t['99'], 1)} | {fmt(i['50'], 2)} | {fmt(i['90'], 2)} | "
-                f"{fmt(i['99'], 2)} | {fmt(r.get('prefix_hit_tokens'), 0)} | {r.get('long_prompts_answered', '-')} |")
+                f"{fmt(i['99'], 2)} | {fmt(r.get('prefix_hit_tokens'), 0)} | {fmt(r.get('prefix_hit_rate'), 2)} | "
+                f"{r.get('long_prompts_answered', '-')} | {fmt(r.get('pages_in_use_peak'), 0)} | "
+                f"{fmt(r.get('tokens_held_at_peak'), 0)} | {held} | {fmt(r.get('preemptions'), 0)} |")
+    memory = [f"{m['mode']}: {m['cache_bytes'] / 2**20:.1f} MiB for {m['cache_positions']} positions "
+              f"({m['bytes_per_position']:.0f} B each)" for m in result["modes"] if "cache_bytes" in m]
+    if memory:
+        lines += ["", "Cache allocated (target latent and rope key, draft cache): " + "; ".join(memory) + "."]
     accept = [f"{m['mode']} K={m['k']}: {fmt(m['mean_acceptance_length'], 2)}" for m in result["modes"] if m["k"]]
     if accept:
         lines += ["", "Mean acceptance length over the whole run (tokens per slot-cycle): " + "; ".join(accept) + "."]
@@ -296,6 +392,7 @@ def main(argv=None) -> int:
         "max_context": a.max_context, "modes": modes, "system_prompt_tokens": a.system_prompt_tokens,
         "prefix_cache_tokens": a.prefix_cache_tokens, "long_prompts": a.long_prompts,
         "long_prompt_tokens": a.long_prompt_tokens if a.long_prompts else 0,
+        "system_prompt_share": a.system_prompt_share, "turns": a.turns, "cache_pages": a.cache_pages,
     }
     a.out.mkdir(parents=True, exist_ok=True)
     stem = f"serve-load-{device.platform}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}"

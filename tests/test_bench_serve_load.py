@@ -3,11 +3,12 @@ against the real server)."""
 
 import pytest
 
-from bench.serve_load import markdown, parse_args, percentiles, summarize
+from bench.serve_load import CacheSampler, _with_preamble, markdown, parse_args, percentiles, summarize
 
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0,4"], ["--concurrency", "a"], ["--modes", "fast"],
-                                  ["--max-tokens", "0"], ["--speculative-num-steps", "0"]])
+                                  ["--max-tokens", "0"], ["--speculative-num-steps", "0"],
+                                  ["--turns", "0"], ["--system-prompt-share", "1.5"]])
 def test_bad_flags_exit_2(argv, tmp_path):
     with pytest.raises(SystemExit) as e:
         parse_args(["--out", str(tmp_path), *argv])
@@ -27,5 +28,15 @@ def test_summary_counts_failures_and_compares_with_solo():
     table = markdown({"device": "cpu", "jax": "x", "date": "d", "model": "m", "dtype": "float32", "max_tokens": 4,
                       "requests_per_worker": 1, "cycles_per_step": 4, "max_context": 128,
                       "modes": [{"mode": "spec", "k": 3, "mean_acceptance_length": 2.5, "rows": [row]}]})
-    assert "| spec | 3 | 4 | 4 | 3 | 1 | 2 | 4.5 | 3.00 | 20.0 |" in table
+    assert "| spec | 3 | 4 | 4 | 3 | 1 | 2 of 3 | 4.5 | 3.00 | 20.0 |" in table
     assert "spec K=3: 2.50" in table
+
+
+def test_the_system_prompt_goes_on_its_share_of_requests_and_the_sampler_reads_positions_per_token():
+    assert [sum(_with_preamble(i, share) for i in range(100)) for share in (0, 0.25, 0.75, 1)] == [0, 25, 75, 100]
+    assert [_with_preamble(i, 0.5) for i in range(4)] == [False, True, False, True]  # spread, not bunched
+    sampler = CacheSampler("http://unused/v1")
+    sampler.samples = [(2, 100, 1), (5, 200, 3), (3, 150, 2)]
+    got = sampler.summary(64)
+    assert (got["pages_in_use_peak"], got["tokens_held_at_peak"], got["slots_at_peak"]) == (5, 200, 3)
+    assert got["positions_per_token_held"]["50"] == pytest.approx(1.28)  # 3 x 64 / 150
