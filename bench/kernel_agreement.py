@@ -6,7 +6,10 @@ random latent cache, per batch, context and T, one step's logits under:
 - `plain`: XLA everywhere (`Kernels(moe="off", mla="off", router="off")`), the reference;
 - `engine`: the engine's dispatch (every kernel where it applies);
 - `router`, `experts`, `attention`: one kernel family on, the rest plain, to say which one a difference comes from;
-- `experts_grouped`: the routed experts under `Kernels(moe="grouped")` (moe_grouped for verify), the rest plain.
+- `experts_grouped`: the routed experts under `Kernels(moe="grouped")` (moe_grouped for verify), the rest plain;
+- `attention_paged`: `attention` over the same cache laid out as the server's paged cache (model.kv_cache: pool
+  pages in scrambled order, one block table), which the attention kernels read through the table where they apply
+  and the plain path gathers (bench.paged_attention's layout).
 Each against `plain`: the logits' relative error (all rows, and the worst row), argmax agreement, and how many
 (layer, token) expert choices differ. Random weights give near-ties between the 8th and 9th expert: two paths
 whose router logits differ in the last bits pick different experts there, and that token's logits then move by
@@ -32,11 +35,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.paged_attention import page_pool, scrambled_pages  # noqa: E402
 from bench.report import fmt, write_report  # noqa: E402
 from bench.step import bench_config, draw_weights, random_cache, step_inputs  # noqa: E402
 from model.decoder import forward, fuse_attention_inputs  # noqa: E402
 from model.config import Kernels  # noqa: E402
-from model.kv_cache import round_capacity  # noqa: E402
+from model.kv_cache import LatentCache, round_capacity  # noqa: E402
 
 # which kernel families a variant turns on
 VARIANTS = {
@@ -46,8 +50,10 @@ VARIANTS = {
     "experts": ("experts",),
     "attention": ("attention",),
     "experts_grouped": ("experts_grouped",),
+    "attention_paged": ("attention",),
 }
 CHECKED = tuple(v for v in VARIANTS if v != "plain")  # each compared with "plain"
+PAGED = ("attention_paged",)  # variants run over the cache in pages
 
 
 def kernel_families(on: tuple[str, ...]) -> Kernels:
@@ -55,6 +61,15 @@ def kernel_families(on: tuple[str, ...]) -> Kernels:
     "grouped" under experts_grouped), the others the plain XLA path ("off")."""
     moe = "grouped" if "experts_grouped" in on else "auto" if "experts" in on else "off"
     return Kernels(router="auto" if "router" in on else "off", moe=moe, mla="auto" if "attention" in on else "off")
+
+
+def paged_copy(cache: LatentCache, held_positions: int, seed: int) -> LatentCache:
+    """`cache` as a paged cache: each sequence's pages of its first `held_positions` positions in a pool per layer,
+    in scrambled order, under one block table (bench.paged_attention's layout; the rest of the table holds none)."""
+    pages_BM, held = scrambled_pages(cache.batch, cache.capacity, held_positions, seed)
+    pools = lambda caches: tuple(page_pool(x, pages_BM, held) for x in caches)  # noqa: E731
+    return LatentCache(latent=pools(cache.latent), k_rope=pools(cache.k_rope), lengths=cache.lengths,
+                       pages_BM=pages_BM)
 
 
 def step_logits(w, cfg, tokens_BT, positions_BT, cache, on: tuple[str, ...]):
@@ -140,19 +155,21 @@ def main(argv=None) -> dict:
             for c in args.contexts:
                 key = jax.random.PRNGKey(1000 * b + c)
                 cache = random_cache(cfg, b, round_capacity(c + 16), c, key)
+                paged = paged_copy(cache, c + 16, seed=1000 * b + c) if set(args.variants) & set(PAGED) else None
                 for t in args.tokens:
                     tokens_BT, positions_BT = step_inputs(cfg, b, t, c, jax.random.fold_in(key, t))
                     ref = step_logits(w, cfg, tokens_BT, positions_BT, cache, VARIANTS["plain"])
                     for v in args.variants:
+                        on = paged if v in PAGED else cache
                         row = dict(experts=experts, batch=b, context=c, tokens=t, variant=v,
-                                   **compare(*step_logits(w, cfg, tokens_BT, positions_BT, cache, VARIANTS[v]), *ref))
+                                   **compare(*step_logits(w, cfg, tokens_BT, positions_BT, on, VARIANTS[v]), *ref))
                         res["rows"].append(row)
                         save()
                         log(f"{experts} B={b} ctx={c} T={t} {v:15s}: rel_err {row['rel_err']:.2e}, worst row "
                             f"{row['max_row_rel_err']:.2e}, argmax {row['argmax_agree']:.3f}, choices differing "
                             f"{row['choices_differ']}/{row['choices']}, rows rerouted {row['rows_rerouted']}/{row['rows']}"
                             f", worst row routed alike {row['same_route_max_rel_err']}")
-                del cache
+                del cache, paged
         del w
     log(f"wrote {save()} and .md")
     return res

@@ -27,11 +27,13 @@ def test_compare_splits_rows_by_route_causally():
 
 
 def test_cli_on_cpu_agrees_exactly(tmp_path):
-    # off the GPU no kernel applies: every variant is the plain path, so the logits agree bit for bit
+    # off the GPU no kernel applies: every variant is the plain path, so the logits agree bit for bit; the paged
+    # cache's gathered pages hold the contiguous cache's visible slots
     res = main(["--tiny", "--experts", "int4", "--batches", "2", "--contexts", "32", "--tokens", "2",
-                "--variants", "engine", "--out", str(tmp_path)])
-    [row] = res["rows"]
+                "--variants", "engine", "attention_paged", "--out", str(tmp_path)])
+    row, paged = res["rows"]
     assert row["rel_err"] == 0.0 and row["rows"] == 4 and row["choices"] == 3 * 4
+    assert paged["variant"] == "attention_paged" and paged["rel_err"] == 0.0 and paged["choices_differ"] == 0
     saved = json.loads(next(tmp_path.glob("kernel-agreement-*.json")).read_text())
     assert saved["rows"][0]["variant"] == "engine"
     assert "| int4 | 2 | 32 | 2 | engine |" in next(tmp_path.glob("kernel-agreement-*.md")).read_text()
