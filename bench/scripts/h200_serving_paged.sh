@@ -16,4 +16,5 @@ traffic=(--modes spec --max-tokens 64 --requests-per-worker 1 --turns 2 --system
 load() { timeout "$1" python -m bench.serve_load "${traffic[@]}" ${@:3} --out "$OUT/$2" 2>&1 \
   | grep -E "^\| spec|serve_load\] spec|^Cache|Error|error" | tail -12; }
 [ "${PAGED:-1}" = 1 ] && load "${PAGED_S:-330}" paged --cache-pages 10240
-[ "${UNPAGED:-1}" = 1 ] && load "${UNPAGED_S:-250}" unpaged --no-check
+[ "${UNPAGED:-1}" = 1 ] && LEVELS=${UNPAGED_LEVELS:-${LEVELS:-1,16,64,256}} && traffic[-1]=$LEVELS \
+  && load "${UNPAGED_S:-250}" unpaged --no-check
