@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cycles the device runs between host interactions (admission, token delivery)")
     p.add_argument("--speculative-num-steps", type=int, default=None,
                    help="draft tokens per cycle (0 = no speculation; default 4 with a drafter)")
+    p.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=False,
+                   help="choose K per device loop, 0..--speculative-num-steps, from the measured acceptance and loop "
+                        "times (jaxspec/serving/adaptive_k.py); off: every loop drafts --speculative-num-steps")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help="tokens verified per cycle incl. the root (chain: num-steps + 1)")
@@ -55,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens the prefix cache holds, in pages of 64: a prompt that starts as an earlier one "
                         "did prefills only the rest (default: --max-context's worth; 0 = off)")
     p.add_argument("--cache-pages", type=int, default=None,
-                   help="page the target's cache: this many pages of 64 positions shared by the slots, a request "
-                        "taking pages for its prompt + max_tokens while it runs (and waiting while they are short); "
+                   help="page the caches: this many pages of 64 positions shared by the slots, a request taking "
+                        "pages as its sequence grows (waiting, or preempted and resumed, while they are short); "
                         "default: unpaged, every slot holding --max-context")
     p.add_argument("--warmup-buckets", type=str, default="16,32,64",
                    help="prompt buckets whose prefill is compiled before serving (comma-separated; others compile "
@@ -101,6 +104,8 @@ def _check(a) -> tuple[int, list[int]]:
     if a.speculative_num_draft_tokens is not None and a.speculative_num_draft_tokens != k + 1:
         raise UsageError(f"--speculative-num-draft-tokens {a.speculative_num_draft_tokens} must equal "
                          f"--speculative-num-steps + 1 = {k + 1} for chain drafting (topk 1)")
+    if a.speculative_adaptive and k < 1:
+        raise UsageError("--speculative-adaptive needs --speculative-num-steps >= 1 (the largest K it may choose)")
     chat_template_kwargs(a)  # refused before anything loads
     return k, buckets
 
@@ -112,6 +117,7 @@ def build_service(a, k: int, buckets: list[int], log=print):
 
     from convert.checkpoint import load_draft, load_target, read_metadata
     from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits
+    from jaxspec.serving.adaptive_k import BatchAdaptiveK
     from jaxspec.serving.app import Service
     from jaxspec.serving.metrics import Metrics
     from jaxspec.serving.scheduler import Scheduler
@@ -154,7 +160,8 @@ def build_service(a, k: int, buckets: list[int], log=print):
     try:
         engine = SlotEngine(SpecConfig(cfg, dcfg, eos_ids(model_dir, cfg, tokenizer)), SpecWeights(tw, dw),
                             num_steps=k, max_batch=a.max_batch, max_context=max_context,
-                            cycles_per_step=a.cycles_per_step, mesh=mesh, **kw)
+                            cycles_per_step=a.cycles_per_step, mesh=mesh,
+                            choose_k=BatchAdaptiveK(k) if a.speculative_adaptive else None, **kw)
     except ValueError as e:
         if "cache_pages" not in str(e):
             raise

@@ -5,7 +5,8 @@ The cycle is the engine's speculative cycle (jaxspec.spec_step) with per-slot sa
 argmax draft and greedy acceptance, sampled slots draw from their own processed distributions and use lossless
 speculative sampling, each with its own key. A greedy slot therefore emits exactly what `Engine.generate` gives
 its prompt alone, whatever its neighbours do. `sampled` is static: a loop with no sampled slot compiles to
-the greedy path only (no sort over the vocabulary). K = 0 is plain decoding (a server without a drafter).
+the greedy path only (no sort over the vocabulary). K = 0 is plain decoding (a server without a drafter, or one whose K is chosen per device loop: its plain
+steps extend the draft by the token they emit, so a later speculative loop finds the draft current).
 
 A paged target cache's block table is the draft's too (jaxspec.serving.slots): the draft runs over its pages.
 """
@@ -81,7 +82,14 @@ def slot_cycle(w: SpecWeights, state: SlotState, *, cfg: SpecConfig, k: int, sam
         if sampled:
             tok_B = jnp.where(state.greedy, tok_B, _sample_rows(keys_BN[:, 0], _probs(logits_BV, state)))
         accepted_B = jnp.zeros_like(tok_B)
-        return _commit(state, cfg, next_key_B, accepted_B, tok_B[:, None], out.cache, None, None, None)
+        if state.draft_cache is None:
+            return _commit(state, cfg, next_key_B, accepted_B, tok_B[:, None], out.cache, None, None, None)
+        # a speculating server's plain step (K chosen per loop) keeps the draft current: its entry at this position
+        # (the token emitted, paired with the target's features there), as a cycle's extend writes it
+        ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, tok_B[:, None], out.aux_hidden,
+                            lengths_B[:, None], state.draft_cache, state.target_cache.pages_BM)
+        return _commit(state, cfg, next_key_B, accepted_B, tok_B[:, None], out.cache, ext.cache, ext.logits[:, 0],
+                       ext.hidden[:, 0])
 
     drafts_BM, q_BMV, draft_cache = _draft_chain(keys_BN[:, :k], w, cfg, state, k, sampled)
     verify_BK1 = jnp.concatenate([state.pending[:, None], drafts_BM], axis=1)
@@ -138,26 +146,38 @@ def _commit(state: SlotState, cfg: SpecConfig, next_key_B, accepted_B, emitted_B
 def run_cycles(w: SpecWeights, state: SlotState, cancel_B, *, cfg: SpecConfig, k: int, sampled: bool, cycles: int):
     """Up to `cycles` cycles on the device (fewer once every slot is done), after ending the slots in `cancel_B`.
 
-    Returns (state, tokens [B, cycles * (K+1)], counts [B], done [B], accepted drafts summed over live slot-cycles,
-    live slot-cycles, cycles run): slot b's new tokens are tokens[b, :counts[b]]."""
+    Returns (state, (tokens [B, cycles * (K+1)], counts [B], done [B], accepted drafts summed over live slot-cycles,
+    live slot-cycles, cycles run, accepted_K1 [K+1]: live slot-cycles by drafts accepted, probe [2])): slot b's new
+    tokens are tokens[b, :counts[b]]. `probe` (plain steps of a speculating server): of the live greedy slot-steps
+    (trials), how many emitted the draft's own first guess (hits) -- what a first draft position would have
+    accepted, observed for free while K = 0."""
     state = state.replace(done=state.done | cancel_B)
     b = state.batch
     width = cycles * (k + 1)
     rows_B1 = jnp.arange(b)[:, None]
+    probing = k == 0 and state.draft_cache is not None
 
     def body(carry):
-        i, st, buf_BW, n_B, acc, live_cycles = carry
+        i, st, buf_BW, n_B, acc, live_cycles, accepted_K1, probe_2 = carry
+        if probing:
+            guess_B = draft_to_target_ids(w.draft, jnp.argmax(st.draft_logits, axis=-1).astype(jnp.int32))
         st, emitted_BK1, count_B, accepted_B, live_B = slot_cycle(w, st, cfg=cfg, k=k, sampled=sampled)
         idx_K1 = jnp.arange(k + 1)[None]
         cols = jnp.where(idx_K1 < count_B[:, None], n_B[:, None] + idx_K1, width)
         buf_BW = buf_BW.at[rows_B1, cols].set(emitted_BK1, mode="drop")
         acc = acc + jnp.sum(jnp.where(live_B, accepted_B, 0))
-        return i + 1, st, buf_BW, n_B + count_B, acc, live_cycles + jnp.sum(live_B.astype(jnp.int32))
+        accepted_K1 = accepted_K1 + jnp.sum((accepted_B[:, None] == jnp.arange(k + 1)[None]) & live_B[:, None], 0)
+        if probing:
+            tried_B = live_B & st.greedy
+            probe_2 = probe_2 + jnp.stack([jnp.sum(tried_B & (emitted_BK1[:, 0] == guess_B)), jnp.sum(tried_B)])
+        return (i + 1, st, buf_BW, n_B + count_B, acc, live_cycles + jnp.sum(live_B.astype(jnp.int32)), accepted_K1,
+                probe_2)
 
     def cond(carry):
         return (carry[0] < cycles) & ~jnp.all(carry[1].done)
 
     zero = jnp.int32(0)
-    carry = (zero, state, jnp.zeros((b, width), jnp.int32), jnp.zeros((b,), jnp.int32), zero, zero)
-    ran, state, buf_BW, n_B, acc, live_cycles = jax.lax.while_loop(cond, body, carry)
-    return state, (buf_BW, n_B, state.done, acc, live_cycles, ran)
+    carry = (zero, state, jnp.zeros((b, width), jnp.int32), jnp.zeros((b,), jnp.int32), zero, zero,
+             jnp.zeros((k + 1,), jnp.int32), jnp.zeros((2,), jnp.int32))
+    ran, state, buf_BW, n_B, acc, live_cycles, accepted_K1, probe_2 = jax.lax.while_loop(cond, body, carry)
+    return state, (buf_BW, n_B, state.done, acc, live_cycles, ran, accepted_K1, probe_2)

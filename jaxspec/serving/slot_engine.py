@@ -40,13 +40,17 @@ class StepResult:
     slot_cycles: int  # live slot-cycles (a slot's share of a cycle)
     cycles: int  # cycles the device ran
     k: int
+    accepted_by_count: tuple[int, ...] = ()  # [K+1]: live slot-cycles that accepted 0..K drafts
+    probe: tuple[int, int] = (0, 0)  # plain steps of a speculating server: (draft's first guess emitted, tried)
+    seconds: float = 0.0  # the loop's wall time, launch to its results on the host
 
 
 def fixed_k(k: int):
     """The draft length policy of a server with fixed speculation: always `k`. An adaptive policy takes the same
-    place (`SlotEngine(choose_k=...)`): it sees the last step's result (None before the first) and returns the K
-    of the next device loop, 1 <= K <= num_steps where the server speculates (the context check reserves
-    num_steps + 1 verify positions; K = 0 there would skip the draft's extend and leave its cache behind)."""
+    place (`SlotEngine(choose_k=...)`, jaxspec.serving.adaptive_k): it sees the last step's result (None before the
+    first) and returns the K of the next device loop, 0 <= K <= num_steps (the context check reserves num_steps + 1
+    verify positions; a plain loop of a speculating server extends the draft by the tokens it emits). Its `ks`
+    attribute, where it has one, names the K whose loops `warm_up` compiles."""
     return lambda last: k
 
 
@@ -260,7 +264,8 @@ class SlotEngine:
         """Compile the loops (greedy-only and mixed), the prefill programs for `buckets` and the insert before
         serving, side by side (`jaxspec.sharded.compile_programs`)."""
         cancel = jnp.zeros((self.max_batch,), bool)
-        specs = [self._loop_spec(self.k, sampled, cancel) for sampled in (False, True)]
+        ks = getattr(self.choose_k, "ks", (self.k,))  # an adaptive policy's every K
+        specs = [self._loop_spec(k, sampled, cancel) for k in ks for sampled in (False, True)]
         specs += [self._prefill_spec(bucket, greedy) for greedy in (True, False) for bucket in buckets]
         _, prefill_fn, prefill_args, _ = self._prefill_spec(prompt_bucket(1), True)
         one = output_shapes(prefill_fn, prefill_args, self.mesh)  # what any prefill hands the insert
@@ -502,10 +507,13 @@ class SlotEngine:
         if self.cache_pages is not None:
             self.grow_pages()
         loop = self._loop(k, any_sampled, jnp.asarray(cancel))
+        t0 = time.perf_counter()
         self.state, out = loop(self.weights, self.state, jnp.asarray(cancel))
-        buf, counts, done, accepted, slot_cycles, cycles = jax.device_get(out)
+        buf, counts, done, accepted, slot_cycles, cycles, accepted_K1, probe = jax.device_get(out)
+        seconds = time.perf_counter() - t0
         tokens = [buf[i, : counts[i]].tolist() for i in range(self.max_batch)]
         for slot in self._slot_tokens:
             self._slot_tokens[slot] += len(tokens[slot])
-        self._last = StepResult(tokens, np.asarray(done), int(accepted), int(slot_cycles), int(cycles), k)
+        self._last = StepResult(tokens, np.asarray(done), int(accepted), int(slot_cycles), int(cycles), k,
+                                tuple(int(n) for n in accepted_K1), (int(probe[0]), int(probe[1])), seconds)
         return self._last

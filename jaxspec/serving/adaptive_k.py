@@ -1,0 +1,118 @@
+"""The server's adaptive draft length: one K per device loop for the whole batch (one compiled loop per K), chosen on
+the host between loops from what the loops measured.
+
+The model is generate's (jaxspec.adaptive): with c_j the conditional acceptance rate of draft position j, a cycle of
+K drafts yields E[tokens | K] = 1 + sum_{j<=K} prod_{i<=j} c_i per live slot, and the batch's rate at K is
+E[tokens | K] / t(K, live) with t the time of one cycle at K over `live` slots. Unlike generate's on-device rule,
+the server measures t itself: each loop's wall time (launch to its tokens on the host, so the host's share of a
+loop counts too) per cycle, kept per K and per occupancy (live slots in powers of two), as the median of the last
+few loops. So the choice rests on this device's real times, whatever the backend, the model or the batch.
+
+Estimates. Each loop's acceptance counts (`StepResult.accepted_by_count`: live slot-cycles that accepted n drafts)
+observe positions 1..min(n+1, K); a plain loop of a speculating server observes position 1 for free (the probe:
+whether a greedy slot emitted the draft's own first guess). Counts decay by `decay` per loop so the rates follow
+the traffic. c_j is shrunk towards c_{j-1} (c_1 towards `prior`) with the weight of PRIOR_WEIGHT observations.
+
+Times not yet measured at an occupancy are scaled from the nearest occupancy where both that K and the current one
+were measured; a K never measured anywhere is tried once (exploration), and every `explore_every` loops the
+neighbour K that the rule does not choose is tried again, so a time measured under other traffic is refreshed.
+A change of K needs the best K's rate `hysteresis` above the current one's.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+PRIOR_WEIGHT = 4.0
+COST_WINDOW = 5  # loops whose median is a K's time at an occupancy
+
+
+def occupancy_bucket(live: float) -> int:
+    """Live slots rounded up to a power of two (the times of a loop are kept per bucket)."""
+    return 1 << max(0, int(np.ceil(np.log2(max(live, 1.0)))))
+
+
+class BatchAdaptiveK:
+    """`SlotEngine(choose_k=BatchAdaptiveK(num_steps))`: called with the last loop's StepResult (None before the
+    first), returns the next loop's K in `ks` (0..num_steps). `ks` tells the engine which loops to compile."""
+
+    def __init__(self, num_steps: int, *, prior: float = 0.5, decay: float = 0.9, explore_every: int = 16,
+                 hysteresis: float = 0.03):
+        if num_steps < 1:
+            raise ValueError(f"adaptive speculation needs num_steps >= 1, got {num_steps}")
+        self.ks = tuple(range(num_steps + 1))
+        self.prior, self.decay, self.explore_every, self.hysteresis = prior, decay, explore_every, hysteresis
+        self.hits, self.trials = np.zeros(num_steps + 1), np.zeros(num_steps + 1)  # index j: draft position j
+        self.times: dict[tuple[int, int], collections.deque] = {}  # (bucket, K) -> seconds per cycle, last loops
+        self.k, self.loops, self.live = num_steps, 0, 1.0
+        self.choices = collections.Counter()  # K -> loops run with it
+
+    # --- what the loops measured ----------------------------------------------------------------------------
+    def observe(self, last) -> None:
+        if last.cycles <= 0:
+            return
+        self.live = last.slot_cycles / last.cycles
+        if self.live > 0:
+            key = (occupancy_bucket(self.live), last.k)
+            self.times.setdefault(key, collections.deque(maxlen=COST_WINDOW)).append(last.seconds / last.cycles)
+        self.hits *= self.decay
+        self.trials *= self.decay
+        counts = np.asarray(last.accepted_by_count, float)
+        for j in range(1, last.k + 1):  # accepted n: positions 1..n accepted, n + 1 rejected
+            self.trials[j] += counts[j - 1:].sum()
+            self.hits[j] += counts[j:].sum()
+        if last.k == 0 and last.probe[1]:
+            self.hits[1] += last.probe[0]
+            self.trials[1] += last.probe[1]
+
+    def acceptance(self) -> np.ndarray:
+        """c_j for j = 1..num_steps (index 0 unused)."""
+        c = np.zeros_like(self.hits)
+        below = self.prior
+        for j in range(1, len(c)):
+            c[j] = below = (self.hits[j] + PRIOR_WEIGHT * below) / (self.trials[j] + PRIOR_WEIGHT)
+        return c
+
+    def expected_tokens(self) -> np.ndarray:
+        """E[tokens | K] per live slot-cycle for K in ks."""
+        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()[1:]))])
+
+    def cycle_time(self, k: int, bucket: int) -> float | None:
+        """Seconds of one cycle at K over `bucket` live slots: measured, or scaled from the nearest bucket where K
+        and the current K were both measured; None when K was never measured."""
+        own = self.times.get((bucket, k))
+        if own:
+            return float(np.median(own))
+        here = self.times.get((bucket, self.k))
+        others = sorted((abs(np.log2(b) - np.log2(bucket)), b) for b, kk in self.times if kk == k)
+        for _, b in others:
+            there = self.times.get((b, self.k))
+            if here and there:
+                return float(np.median(self.times[(b, k)]) * np.median(here) / np.median(there))
+        return float(np.median(self.times[(others[0][1], k)])) if others else None
+
+    # --- the choice -------------------------------------------------------------------------------------------
+    def choose(self) -> int:
+        bucket = occupancy_bucket(self.live)
+        times = {k: self.cycle_time(k, bucket) for k in self.ks}
+        untried = [k for k in self.ks if times[k] is None]
+        self.loops += 1
+        if untried:  # what a K costs on this device is learnt by running it once
+            return untried[0] if self.loops > 1 else self.k
+        rate = self.expected_tokens() / np.array([times[k] for k in self.ks])
+        best = int(np.argmax(rate))
+        if rate[best] > rate[self.k] * (1 + self.hysteresis):
+            self.k = best
+        if self.loops % self.explore_every == 0:  # refresh a neighbour's time and, when it drafts, its positions
+            neighbours = [k for k in (self.k - 1, self.k + 1) if k in self.ks]
+            return max(neighbours, key=lambda k: rate[k])
+        return self.k
+
+    def __call__(self, last) -> int:
+        if last is not None:
+            self.observe(last)
+        k = self.choose()
+        self.choices[k] += 1
+        return k
