@@ -64,7 +64,8 @@ def parse_args(argv):
     p.add_argument("--draft", default=None)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--speculative-num-steps", type=int, default=4, help="K of the speculative mode")
-    p.add_argument("--modes", default="spec,base", help="spec (K draft tokens), base (K = 0), or both")
+    p.add_argument("--modes", default="spec,base",
+                   help="spec (K draft tokens), base (K = 0), adaptive (K chosen per loop up to K), comma-separated")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
     p.add_argument("--requests-per-worker", type=int, default=2, help="requests each worker sends per level")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -90,8 +91,8 @@ def parse_args(argv):
     a.mode_list = [m for m in a.modes.split(",") if m]
     if not a.levels or min(a.levels) < 1:
         p.error(f"--concurrency levels must be >= 1, got {a.concurrency}")
-    if not a.mode_list or set(a.mode_list) - {"spec", "base"}:
-        p.error(f"--modes takes spec and/or base, got {a.modes!r}")
+    if not a.mode_list or set(a.mode_list) - {"spec", "base", "adaptive"}:
+        p.error(f"--modes takes spec, base and/or adaptive, got {a.modes!r}")
     if not 0 <= a.system_prompt_share <= 1:
         p.error(f"--system-prompt-share must be within [0, 1], got {a.system_prompt_share}")
     for flag, v in (("--requests-per-worker", a.requests_per_worker), ("--max-tokens", a.max_tokens),
@@ -274,10 +275,11 @@ def solo_texts(service, k, max_tokens, prompts) -> dict:
 
 
 def run_mode(a, mode, log) -> dict:
-    k = a.speculative_num_steps if mode == "spec" else 0
+    k = 0 if mode == "base" else a.speculative_num_steps
     argv = ["--dtype", a.dtype, "--max-batch", str(a.max_batch or max(a.levels)), "--max-context",
             str(a.max_context), "--speculative-num-steps", str(k), "--cycles-per-step", str(a.cycles_per_step),
             "--max-queue", str(max(a.levels) * 2), "--warmup-buckets", "16,32"]
+    argv += ["--speculative-adaptive"] if mode == "adaptive" else []
     argv += ["--model", a.model] if a.model else []
     argv += ["--draft", a.draft] if a.draft else []
     argv += ["--prefix-cache-tokens", str(a.prefix_cache_tokens)] if a.prefix_cache_tokens is not None else []
@@ -330,7 +332,9 @@ def run_mode(a, mode, log) -> dict:
     caches = [state.target_cache.latent, state.target_cache.k_rope, state.draft_cache]
     cache_bytes = sum(x.nbytes for x in jax.tree.leaves(caches))
     positions = (a.cache_pages * PAGE_TOKENS if a.cache_pages else service.engine.max_batch * service.engine.capacity)
+    choices = getattr(service.engine.choose_k, "choices", None)  # adaptive: loops run at each K
     return {"mode": mode, "k": k, "mean_acceptance_length": None if k == 0 else mal, "rows": rows,
+            "k_choices": None if choices is None else {str(kk): n for kk, n in sorted(choices.items())},
             "compile_s": service.engine.compile_s, "prefix_cache_pages": service.engine.prefix.num_pages,
             "prompt_tokens": [len(service.encode(p)) for p in prompts], "cache_pages": a.cache_pages,
             "cache_bytes": cache_bytes, "cache_positions": positions, "bytes_per_position": cache_bytes / positions}
@@ -373,6 +377,10 @@ def markdown(result: dict) -> str:
     accept = [f"{m['mode']} K={m['k']}: {fmt(m['mean_acceptance_length'], 2)}" for m in result["modes"] if m["k"]]
     if accept:
         lines += ["", "Mean acceptance length over the whole run (tokens per slot-cycle): " + "; ".join(accept) + "."]
+    chosen = [f"{m['mode']}: " + ", ".join(f"K={kk} {n}" for kk, n in m["k_choices"].items())
+              for m in result["modes"] if m.get("k_choices")]
+    if chosen:
+        lines += ["", "Device loops run at each K (adaptive, warm-up included): " + "; ".join(chosen) + "."]
     return "\n".join(lines) + "\n"
 
 
