@@ -14,8 +14,9 @@ whether a greedy slot emitted the draft's own first guess). Counts decay by `dec
 the traffic. c_j is shrunk towards c_{j-1} (c_1 towards `prior`) with the weight of PRIOR_WEIGHT observations.
 
 Times not yet measured at an occupancy are scaled from the nearest occupancy where both that K and the current one
-were measured; a K never measured anywhere is tried once (exploration), and every `explore_every` loops the
-neighbour K that the rule does not choose is tried again, so a time measured under other traffic is refreshed.
+were measured; a K never measured anywhere is tried (exploration; a program's first run is not counted: it carries
+one-time costs), and every `explore_every` loops the K whose time at this occupancy was measured longest ago is
+tried again, so a time measured under other traffic, or once in a noisy moment, is refreshed.
 A change of K needs the best K's rate `hysteresis` above the current one's.
 """
 
@@ -38,7 +39,7 @@ class BatchAdaptiveK:
     """`SlotEngine(choose_k=BatchAdaptiveK(num_steps))`: called with the last loop's StepResult (None before the
     first), returns the next loop's K in `ks` (0..num_steps). `ks` tells the engine which loops to compile."""
 
-    def __init__(self, num_steps: int, *, prior: float = 0.5, decay: float = 0.9, explore_every: int = 16,
+    def __init__(self, num_steps: int, *, prior: float = 0.5, decay: float = 0.9, explore_every: int = 8,
                  hysteresis: float = 0.03):
         if num_steps < 1:
             raise ValueError(f"adaptive speculation needs num_steps >= 1, got {num_steps}")
@@ -48,15 +49,19 @@ class BatchAdaptiveK:
         self.times: dict[tuple[int, int], collections.deque] = {}  # (bucket, K) -> seconds per cycle, last loops
         self.k, self.loops, self.live = num_steps, 0, 1.0
         self.choices = collections.Counter()  # K -> loops run with it
+        self._runs = collections.Counter()  # K -> loops observed
+        self._measured_at: dict[tuple[int, int], int] = {}  # (bucket, K) -> the loop that last measured it
 
     # --- what the loops measured ----------------------------------------------------------------------------
     def observe(self, last) -> None:
         if last.cycles <= 0:
             return
         self.live = last.slot_cycles / last.cycles
-        if self.live > 0:
+        self._runs[last.k] += 1
+        if self.live > 0 and self._runs[last.k] > 1:  # a program's first run carries one-time costs
             key = (occupancy_bucket(self.live), last.k)
             self.times.setdefault(key, collections.deque(maxlen=COST_WINDOW)).append(last.seconds / last.cycles)
+            self._measured_at[key] = self.loops
         self.hits *= self.decay
         self.trials *= self.decay
         counts = np.asarray(last.accepted_by_count, float)
@@ -105,9 +110,9 @@ class BatchAdaptiveK:
         best = int(np.argmax(rate))
         if rate[best] > rate[self.k] * (1 + self.hysteresis):
             self.k = best
-        if self.loops % self.explore_every == 0:  # refresh a neighbour's time and, when it drafts, its positions
-            neighbours = [k for k in (self.k - 1, self.k + 1) if k in self.ks]
-            return max(neighbours, key=lambda k: rate[k])
+        if self.loops % self.explore_every == 0:  # refresh the time measured longest ago here (and its positions)
+            others = [k for k in self.ks if k != self.k]
+            return min(others, key=lambda k: self._measured_at.get((bucket, k), -1))
         return self.k
 
     def __call__(self, last) -> int:
