@@ -260,7 +260,8 @@ class CacheSampler:
         peak = max(self.samples)
         held = [(p * page_tokens) / t for p, t, _ in self.samples if t > 0]
         return {"pages_in_use_peak": peak[0], "tokens_held_at_peak": peak[1], "slots_at_peak": peak[2],
-                "positions_per_token_held": {str(q): float(np.percentile(held, q)) for q in PERCENTILES} if held else {}}
+                "positions_per_token_held":
+                    {str(q): float(np.percentile(held, q)) for q in PERCENTILES} if held else {}}
 
 
 def solo_texts(service, k, max_tokens, prompts) -> dict:
@@ -365,7 +366,8 @@ def markdown(result: dict) -> str:
             checked = f" of {r['checked']}" if "checked" in r else ""
             lines.append(
                 f"| {m['mode']} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | {r['failed']} | "
-                f"{r.get('equal_to_solo', '-')}{checked} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['tokens_per_cycle'], 2)} | "
+                f"{r.get('equal_to_solo', '-')}{checked} | {fmt(r['tokens_per_s'], 1)} | "
+                f"{fmt(r['tokens_per_cycle'], 2)} | "
                 f"{fmt(t['50'], 1)} | {fmt(t['90'], 1)} | {fmt(t['99'], 1)} | {fmt(i['50'], 2)} | {fmt(i['90'], 2)} | "
                 f"{fmt(i['99'], 2)} | {fmt(r.get('prefix_hit_tokens'), 0)} | {fmt(r.get('prefix_hit_rate'), 2)} | "
                 f"{r.get('long_prompts_answered', '-')} | {fmt(r.get('pages_in_use_peak'), 0)} | "

@@ -18,3 +18,4 @@ load() { timeout "$1" python -m bench.serve_load "${traffic[@]}" ${@:3} --out "$
 [ "${PAGED:-1}" = 1 ] && load "${PAGED_S:-330}" paged --cache-pages 10240
 [ "${UNPAGED:-1}" = 1 ] && LEVELS=${UNPAGED_LEVELS:-${LEVELS:-1,16,64,256}} && traffic[-1]=$LEVELS \
   && load "${UNPAGED_S:-250}" unpaged --no-check
+exit 0

@@ -5,8 +5,9 @@ The cycle is the engine's speculative cycle (jaxspec.spec_step) with per-slot sa
 argmax draft and greedy acceptance, sampled slots draw from their own processed distributions and use lossless
 speculative sampling, each with its own key. A greedy slot therefore emits exactly what `Engine.generate` gives
 its prompt alone, whatever its neighbours do. `sampled` is static: a loop with no sampled slot compiles to
-the greedy path only (no sort over the vocabulary). K = 0 is plain decoding (a server without a drafter, or one whose K is chosen per device loop: its plain
-steps extend the draft by the token they emit, so a later speculative loop finds the draft current).
+the greedy path only (no sort over the vocabulary). K = 0 is plain decoding (a server without a drafter, or one
+whose K is chosen per device loop: its plain steps extend the draft by the token they emit, so a later speculative
+loop finds the draft current).
 
 A paged target cache's block table is the draft's too (jaxspec.serving.slots): the draft runs over its pages.
 """
