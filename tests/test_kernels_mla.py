@@ -158,6 +158,13 @@ def test_kernel_dispatch_rule():
     assert mla_kernel_applies(on, 8, 4, 1088, cfg, backend="gpu")
     assert not mla_kernel_applies(on, 1, 32, 1088, cfg, backend="gpu")  # never for prefill
     assert not mla_kernel_applies(off, 1, 1, 1088, cfg, backend="gpu")
+    # a paged cache's other path gathers its whole capacity first: from 2048 slots the kernels take every batch
+    assert mla_kernel_applies(auto, 64, 4, 4096, cfg, backend="gpu", page_tokens=64)
+    assert mla_kernel_applies(auto, 16, 1, 2048, cfg, backend="gpu", page_tokens=64)
+    assert not mla_kernel_applies(auto, 64, 4, 4096, cfg, backend="gpu")  # unpaged: XLA
+    assert not mla_kernel_applies(auto, 64, 4, 1024, cfg, backend="gpu", page_tokens=64)  # short: gather + XLA
+    assert not mla_kernel_applies(auto, 16, 4, 8192, cfg, backend="gpu", page_tokens=64)  # not measured beyond 4096
+    assert not mla_kernel_applies(auto, 64, 32, 4096, cfg, backend="gpu", page_tokens=64)  # never for prefill
 
 
 def test_kernel_config_is_validated():

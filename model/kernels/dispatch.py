@@ -41,6 +41,10 @@ SEVEN_SPLITS_MAX_TOKENS = 8
 # never beyond MLA_KERNEL_MAX_TOKENS tokens even when forced (prefill never takes them).
 MLA_KERNEL_MAX_QUERY_TOKENS = 8
 MLA_KERNEL_MAX_TOKENS = 16
+# A paged cache's other path gathers every sequence's pages (the whole capacity) per layer and step before XLA's
+# attention; over caches longer than this the kernels reading through the table beat it at every batch measured,
+# decode and verify (bench.paged_attention at K2.5's dims; docs/performance.md).
+PAGED_KERNEL_MIN_CAPACITY = 2048
 
 
 def on_hopper() -> bool:
@@ -117,14 +121,16 @@ def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int,
     <= MLA_KERNEL_MAX_QUERY_TOKENS over caches of up to LONG_CAPACITY slots, and decode at batch >=
     LONG_CACHE_MIN_BATCH over longer caches; "on": any batch and capacity up to MLA_KERNEL_MAX_TOKENS tokens,
     on one GPU. `page_tokens`: the cache is paged (`capacity` = table width x page size) and the kernels read its
-    pages, which their blocks must tile."""
+    pages, which their blocks must tile; "auto" then also takes them at any batch over caches of
+    PAGED_KERNEL_MIN_CAPACITY to LONG_CAPACITY slots."""
     if kernels.mla == "off" or (backend or jax.default_backend()) != "gpu":
         return False
     if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
         return False
     long_cache_decode = tokens == 1 and batch >= LONG_CACHE_MIN_BATCH
-    if kernels.mla == "auto" and (batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS
-                                  or (capacity > LONG_CAPACITY and not long_cache_decode)):
+    paged_pays = page_tokens is not None and PAGED_KERNEL_MIN_CAPACITY <= capacity <= LONG_CAPACITY
+    if kernels.mla == "auto" and not paged_pays and (batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS
+                                                     or (capacity > LONG_CAPACITY and not long_cache_decode)):
         return False
     try:
         tiles = config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads, batch)
