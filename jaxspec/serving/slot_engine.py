@@ -27,7 +27,7 @@ from jaxspec.sampling import SamplingParams
 from jaxspec.serving.prefix_index import PrefixIndex
 from jaxspec.serving.prefix_pages import PAGE_TOKENS, init_prefix_pages, restore_pages, save_pages
 from jaxspec.serving.slot_cycle import run_cycles
-from jaxspec.serving.slots import init_slots, insert_prefilled, release_pages
+from jaxspec.serving.slots import init_slots, insert_prefilled
 from jaxspec.sharded import compile_program, compile_programs, output_shapes, weights_to_run
 from model.kv_cache import round_capacity
 
@@ -206,6 +206,11 @@ class SlotEngine:
         for s, n in growth.items():
             self._slot_pages[s] += self._free_pages[:n]
             self._free_pages = self._free_pages[n:]
+        self._write_table()
+
+    def _write_table(self) -> None:
+        """The block table as the slots hold pages now: a slot's pages in order, the pool's size (none) elsewhere,
+        idle slots included (they are still computed and write where their row points)."""
         table_BM = np.full(self.state.target_cache.pages_BM.shape, self.cache_pages, np.int32)
         for s, pages in self._slot_pages.items():
             table_BM[s, : len(pages)] = pages
@@ -232,20 +237,14 @@ class SlotEngine:
 
     def free_slots(self, slots) -> None:
         """The slots' requests ended (finished, cancelled, failed, preempted): their pages go back to the pool, their
-        table rows cleared first (an idle slot is still computed and writes where its row points)."""
+        table rows cleared (an idle slot is still computed and writes where its row points)."""
         held = [s for s in slots if s in self._slot_pages]
         if not held:
             return
-        mask = np.zeros((self.max_batch,), bool)
-        mask[held] = True
-        release = self._programs.get(("release",)) or self._program(*self._release_spec())
-        self.state = release(self.state, jnp.asarray(mask))
         for s in held:
             self._free_pages += self._slot_pages.pop(s)
             del self._slot_tokens[s], self._slot_budget[s], self._slot_admitted[s]
-
-    def _release_spec(self) -> tuple:
-        return ("release",), release_pages, (self.state, jnp.zeros((self.max_batch,), bool)), (0,)
+        self._write_table()
 
     def max_new_tokens(self, prompt_len: int) -> int:
         """The most tokens a prompt of `prompt_len` may ask for: the verify window (K + 1) must fit too."""
@@ -274,8 +273,6 @@ class SlotEngine:
             specs += self._admission_specs()
         if self.pages is not None:
             specs += [self._save_spec(one), self._restore_spec(self._carry_shapes())]
-        if self.cache_pages is not None:
-            specs.append(self._release_spec())
         todo = [spec for spec in specs if spec[0] not in self._programs]
         t0 = time.perf_counter()
         programs = compile_programs([(fn, args, donate) for _, fn, args, donate in todo], self.mesh)

@@ -130,12 +130,3 @@ def insert_prefilled(slots: SlotState, one, slot, max_new, greedy, temperature, 
                         draft_logits=put(slots.draft_logits, one.draft_logits),
                         draft_hidden=put(slots.draft_hidden, one.draft_hidden))
     return slots.replace(**replaced)
-
-
-def release_pages(slots: SlotState, release_B) -> SlotState:
-    """The slots in `release_B` [B] bool hold no pages any more (their table rows name none), so the pages they
-    held can be given to others: an idle slot is still computed and writes where its row points. The draft's
-    paged cache reads the same table, so clearing it releases the slot's draft pages too."""
-    cache = slots.target_cache
-    none = jnp.full_like(cache.pages_BM, cache.latent[0].shape[0])
-    return slots.replace(target_cache=cache.replace(pages_BM=jnp.where(release_B[:, None], none, cache.pages_BM)))
