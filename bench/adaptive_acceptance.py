@@ -38,9 +38,12 @@ import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
 from bench.report import publish  # noqa: E402
-from bench.step import random_model  # noqa: E402
+from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
+from jaxspec.adaptive_calls import Pool, PerCallPolicy, plain_loop, spec_loop, to_plain  # noqa: E402
+from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, never_leaving  # noqa: E402
 from jaxspec.adaptive_costs import measure  # noqa: E402
+from jaxspec.defaults import ADAPTIVE_KINDS, default_adaptive_kind  # noqa: E402
 from jaxspec.baseline_step import baseline_step  # noqa: E402
 from jaxspec.prefill import baseline_prefill, prompt_bucket, spec_prefill  # noqa: E402
 from jaxspec.spec_step import draft_chain, speculative_cycle  # noqa: E402
@@ -90,6 +93,66 @@ def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity
                                                                                                  donate_argnums=1)
 
 
+def per_call_programs(spec_cfg, steps, policy: PerCallPolicy, max_new: int):
+    """Adaptive by call: one `spec_loop` per K >= 1 (a, continuation and the rule's inputs as arguments) and the
+    plain loop, as `jaxspec.adaptive_calls_run` compiles them for the engine."""
+    greedy_kw = dict(cfg=spec_cfg, greedy=True, max_new_tokens=max_new)
+    _, window = policy.compiled(max(steps))
+
+    def loop(k):
+        def run(w, s, rule, rate, cont):
+            drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
+            return spec_loop(w, s, {}, rule, k=k, window=window, drafter=drafter, **greedy_kw)
+        return jax.jit(run, donate_argnums=1)
+
+    plain = jax.jit(lambda w, s, limit: plain_loop(w, s, {}, limit, **greedy_kw), donate_argnums=1)
+    return {k: loop(k) for k in steps if k > 0}, plain
+
+
+def sweep_per_call(args, log, spec_cfg, sw, sprefill, prompt, cont, decoded) -> dict:
+    """Adaptive by call at each a: a fresh pool for every run (what one `generate` process starts from)."""
+    policy = PerCallPolicy(steps=tuple(args.adaptive_steps))
+    steps = policy.resolve_steps(max(args.adaptive_steps))
+    loops, plain = per_call_programs(spec_cfg, steps, policy, args.max_new_tokens)
+    j_max = max(steps)
+
+    def run_forced(s, branch, cycles):
+        k = steps[branch]
+        if k == 0:
+            out = plain(sw, to_plain(s), np.int32(cycles))
+            return out, int(out.steps)
+        begin = int(s.cycles)
+        out = loops[k](sw, s, never_leaving(cycles), np.float32(0.0), cont)
+        return out, int(out.cycles) - begin
+
+    table = measure(run_forced, sprefill(*prompt), len(steps), first_run=jax.default_backend() != "cpu")
+    log("adaptive (per call) cost table (ms per cycle): " + ", ".join(f"K={k}: {1e3 * c:.3f}" for k, c in
+                                                                       zip(steps, table.costs_s))
+        + f"; one more call {1e3 * table.first_run_s:.3f} ms")
+    rows = {}
+    for a in args.acceptance:
+        made = []
+
+        def run(s):
+            calls = Calls(steps, Pool(j_max, policy.window), np.asarray(table.costs_s, np.float32),
+                          table.first_run_s)
+            made.append(calls)
+            out, *_ = drive(s, lambda k, st, r: loops[k](sw, st, r, np.float32(a), cont),
+                            lambda st: plain(sw, st, np.int32(NO_LIMIT)), calls, policy, args.max_new_tokens)
+            return out
+
+        seconds, out = _timed(lambda: sprefill(*prompt), run, args.repeats)
+        ks = made[-1].k_per_cycle
+        rows[a] = {"tokens_per_s": decoded / seconds, "k_histogram": {str(k): ks.count(k) for k in steps},
+                   "calls": made[-1].calls,
+                   "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
+                                               cont[:, : args.max_new_tokens]))}
+        log(f"adaptive (per call) a={a}: {decoded / seconds:.1f} tok/s, K chosen {rows[a]['k_histogram']} "
+            f"in {rows[a]['calls']} calls")
+    return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, table.costs_s)},
+                first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps))
+
+
 def _timed(start, run, repeats: int):
     """Median wall time of `run(start())` (a decode loop on a fresh prefilled state, the prefill not timed) over
     `repeats` after one warm-up; and the last state it returned."""
@@ -116,7 +179,8 @@ def _acceptance(log_BC, k: int) -> float | None:
 
 
 def sweep(args, log) -> dict:
-    cfg, w = random_model(args.layers, args.tiny)
+    cfg = bench_config(args.layers, args.tiny)
+    w = draw_weights(cfg, args.tiny, moe_layers=args.moe_layers)
     spec_cfg, _, sw = spec_pair(w, cfg, args.tiny)
     jax.block_until_ready(sw.draft)
     policy = AdaptivePolicy(steps=tuple(args.adaptive_steps), probe=False)
@@ -140,12 +204,16 @@ def sweep(args, log) -> dict:
     for k, loop in fixed.items():
         rows[f"K={k}"] = {}
         for a in args.acceptance:
-            seconds, out = _timed(lambda: sprefill(*prompt), lambda s: loop(sw, s, jnp.float32(a), cont), args.repeats)
+            seconds, out = _timed(lambda: sprefill(*prompt), lambda s: loop(sw, s, np.float32(a), cont), args.repeats)
             rows[f"K={k}"][a] = {"tokens_per_s": decoded / seconds, "acceptance": _acceptance(out.accepted_log, k),
                                  "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
                                                              cont[:, : args.max_new_tokens]))}
             log(f"K={k} a={a}: {decoded / seconds:.1f} tok/s, measured acceptance {rows[f'K={k}'][a]['acceptance']}")
 
+    if args.adaptive_kind == "per_call":
+        got = sweep_per_call(args, log, spec_cfg, sw, sprefill, prompt, cont, decoded)
+        rows["adaptive"] = got.pop("rows")
+        return dict(rows=rows, adaptive_kind="per_call", **got)
     aux_width = len(spec_cfg.target.aux_layer_ids) * spec_cfg.target.hidden_size
     start = lambda table: init_adaptive_state(sprefill(*prompt), aux_width, steps, policy, *table)  # noqa: E731
 
@@ -172,7 +240,7 @@ def sweep(args, log) -> dict:
             "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] == cont[:, : args.max_new_tokens])),
         }
         log(f"adaptive a={a}: {decoded / seconds:.1f} tok/s, K chosen {rows['adaptive'][a]['k_histogram']}")
-    return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, costs)},
+    return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, costs)}, adaptive_kind="per_cycle",
                 first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps))
 
 
@@ -193,9 +261,11 @@ def markdown(result: dict) -> str:
     names = list(summary(result)[0]["fixed"]) if result["acceptance"] else []
     lines = [
         f"# Adaptive speculation against acceptance: {result['device']}, jax {result['jax']}, {result['date']}", "",
-        f"Kimi-K2.5 dims, {result['layers']} layers{' (tiny)' if result['tiny'] else ''}, random weights, batch "
+        f"Kimi-K2.5 dims, {result['layers']} layers ({result.get('moe_layers', 'distinct')} MoE layers)"
+        f"{' (tiny)' if result['tiny'] else ''}, random weights, batch "
         f"{result['batch']}, prompt {result['prompt_tokens']} tokens, {result['max_new_tokens']} new tokens, greedy, "
-        f"on-device loop; controllable drafter (bench/adaptive_acceptance.py). Adaptive K set "
+        f"on-device loop; controllable drafter (bench/adaptive_acceptance.py). Adaptive "
+        f"{result.get('adaptive_kind', 'per_cycle')}, K set "
         f"{result['adaptive_steps']}, cost table (ms/cycle, measured here): {result['costs_ms']}. "
         f"Median of {result['repeats']} runs.", "",
         "| a | " + " | ".join(f"{n} tok/s" for n in names) + " | adaptive tok/s | best fixed | adaptive / best | "
@@ -241,16 +311,21 @@ def plot(result: dict, path: Path) -> None:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench.adaptive_acceptance", description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--moe-layers", choices=("distinct", "repeated"), default="distinct",
+                   help="repeated: every MoE layer runs one layer's experts (bench.step.draw_weights; 61 layers fit)")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time beside K = 0")
     p.add_argument("--adaptive-steps", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="the adaptive K set")
+    p.add_argument("--adaptive-kind", choices=ADAPTIVE_KINDS, default=None,
+                   help="per_call or per_cycle adaptive speculation (default: the backend's, as generate runs it)")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(ACCEPTANCE))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True, help="results folder (JSON, markdown, PNG)")
     a = p.parse_args(argv)
+    a.adaptive_kind = a.adaptive_kind or default_adaptive_kind(jax.default_backend())
     if a.layers < 3:
         p.error("--layers must be >= 3 (the draft taps three distinct target layers)")
     if a.batch < 1 or a.prompt_tokens < 1 or a.max_new_tokens < 2 or a.repeats < 1:
@@ -270,7 +345,8 @@ def main(argv=None):
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  layers=args.layers, tiny=args.tiny, batch=args.batch, prompt_tokens=args.prompt_tokens,
+                  layers=args.layers, moe_layers=args.moe_layers, tiny=args.tiny, batch=args.batch,
+                  prompt_tokens=args.prompt_tokens,
                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, acceptance=list(args.acceptance))
     result.update(sweep(args, log))
     result["summary"] = summary(result)

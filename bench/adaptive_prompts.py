@@ -26,6 +26,8 @@ import jax.numpy as jnp  # noqa: E402
 from bench.report import publish  # noqa: E402
 from convert.checkpoint import load_draft, load_target  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
+from jaxspec.adaptive_calls import PerCallPolicy  # noqa: E402
+from jaxspec.defaults import ADAPTIVE_KINDS, default_adaptive_kind  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
 from jaxspec.cli_common import DEFAULT_MODEL_DIR  # noqa: E402
 from jaxspec.models import SpecConfig, SpecWeights, check_draft_fits  # noqa: E402
@@ -74,7 +76,7 @@ def time_engine(engine: Engine, prompt: list[int], max_new: int, repeats: int, s
     if last.adaptive is not None:
         row.update(k_histogram={str(k): n for k, n in last.adaptive.k_histogram.items()},
                    costs_ms={str(k): 1e3 * c for k, c in zip(last.adaptive.steps, last.adaptive.costs_s)},
-                   first_run_ms=1e3 * last.adaptive.first_run_s,
+                   first_run_ms=1e3 * last.adaptive.first_run_s, calls=last.adaptive.calls,
                    expected_tokens_per_s=last.adaptive.expected_tokens_per_s)
     return row
 
@@ -93,7 +95,8 @@ def markdown(result: dict) -> str:
     names = [n for n in result["prompts"][0]["runs"] if n != "baseline"] if result["prompts"] else []
     lines = [
         f"# Adaptive speculation on the embedded pair: {result['device']}, jax {result['jax']}, {result['date']}", "",
-        f"jaxspec/default_model ({result['dtype']}), greedy, {result['max_new_tokens']} new tokens, one prompt at a "
+        f"jaxspec/default_model ({result['dtype']}), adaptive {result.get('adaptive_kind', 'per_cycle')}, greedy, "
+        f"{result['max_new_tokens']} new tokens, one prompt at a "
         f"time in the on-device loop; median of {result['repeats']} runs. Cells: speed-up over plain decoding "
         "(its tok/s in the first column).", "",
         "| prompt | kind | plain tok/s | " + " | ".join(names) + " | best fixed | adaptive / best | adaptive K "
@@ -114,6 +117,9 @@ def parse_args(argv):
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4], help="fixed K to time")
     p.add_argument("--adaptive-max", type=int, default=4,
                    help="largest K adaptive may choose (the policy's default set up to it)")
+    p.add_argument("--adaptive-kind", choices=ADAPTIVE_KINDS, default=None,
+                   help="per_call (fixed-K programs, K chosen between calls) or per_cycle (one program choosing K "
+                        "every cycle); default: the backend's, as generate runs it")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     p.add_argument("--repeats", type=int, default=3)
@@ -137,19 +143,22 @@ def main(argv=None):
     cfg, w, tok = load_pair(jnp.dtype(args.dtype))
     engines = {"baseline": Engine(cfg, w, num_steps=max(args.k))}
     engines.update({f"K={k}": Engine(cfg, w, num_steps=k) for k in sorted(set(args.k))})
-    engines["adaptive"] = Engine(cfg, w, num_steps=args.adaptive_max, adaptive=AdaptivePolicy())
+    kind = args.adaptive_kind or default_adaptive_kind(jax.default_backend())
+    policy = PerCallPolicy() if kind == "per_call" else AdaptivePolicy()
+    engines["adaptive"] = Engine(cfg, w, num_steps=args.adaptive_max, adaptive=policy)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=[])
-    for kind, text in PROMPTS[: args.prompts]:
+                  adaptive_kind=kind, dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                  prompts=[])
+    for prompt_kind, text in PROMPTS[: args.prompts]:
         prompt = encode(tok, text)
         runs = {name: time_engine(eng, prompt, args.max_new_tokens, args.repeats, name != "baseline")
                 for name, eng in engines.items()}
         lossless = all(r["tokens"] == runs["baseline"]["tokens"] for r in runs.values()) if args.dtype == "float32" \
             else None
-        row = dict(prompt=text, kind=kind, prompt_tokens=len(prompt), runs=runs, same_tokens_as_plain=lossless)
+        row = dict(prompt=text, kind=prompt_kind, prompt_tokens=len(prompt), runs=runs, same_tokens_as_plain=lossless)
         row["summary"] = summarise(row)
         result["prompts"].append(row)
-        log(f"{kind} {text[:24]!r}: plain {runs['baseline']['tokens_per_s']:.1f} tok/s; "
+        log(f"{prompt_kind} {text[:24]!r}: plain {runs['baseline']['tokens_per_s']:.1f} tok/s; "
             + ", ".join(f"{n} {s:.2f}x" for n, s in row["summary"]["speedup"].items() if n != "baseline")
             + f"; adaptive K {runs['adaptive'].get('k_histogram')}")
     rows = [r["summary"] for r in result["prompts"]]

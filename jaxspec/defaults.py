@@ -17,15 +17,17 @@ def default_dtype(backend: str) -> str:
     return DTYPE_BY_BACKEND.get(backend, DEFAULT_ACCELERATOR_DTYPE)
 
 
-# Adaptive speculation (the draft length chosen per cycle, K = 0 included) per backend, when the user asks for
-# neither it nor a fixed K. On a CPU a cycle is compute-bound, so a verify of K + 1 tokens costs about as many plain
-# steps and every fixed K ran slower than plain decoding on the embedded model; the adaptive program costs about
-# what plain decoding costs there and falls back to plain steps, at the price of compiling every branch and
-# timing them at start-up. On GPUs the adaptive program's own launch cost is larger than what its choices saved
-# on the models measured, so fixed K stays the default (docs/performance.md, "Adaptive speculation").
-ADAPTIVE_BY_BACKEND = {"cpu": True}
+# Adaptive speculation (the draft length chosen as it runs, K = 0 included) is the default on every backend; each
+# backend takes the kind that costs least there. On a CPU a cycle is compute-bound, so a verify of K + 1 tokens costs
+# about as many plain steps: the per-cycle program (jaxspec.adaptive) falls back to plain steps and back, and costs
+# what plain decoding costs. On GPUs that program's switch makes every cycle dearer than the fixed-K program's
+# (docs/performance.md, "Adaptive speculation"), so K changes between calls of fixed-K programs instead
+# (jaxspec.adaptive_calls), where a change pays for the extra call.
+ADAPTIVE_KIND_BY_BACKEND = {"cpu": "per_cycle"}
+DEFAULT_ADAPTIVE_KIND = "per_call"
+ADAPTIVE_KINDS = ("per_call", "per_cycle")
 
 
-def default_adaptive(backend: str) -> bool:
-    """Whether `generate` speculates adaptively on `backend` unless told (--[no-]speculative-adaptive)."""
-    return ADAPTIVE_BY_BACKEND.get(backend, False)
+def default_adaptive_kind(backend: str) -> str:
+    """How adaptive speculation chooses K on `backend`: "per_call" or "per_cycle"."""
+    return ADAPTIVE_KIND_BY_BACKEND.get(backend, DEFAULT_ADAPTIVE_KIND)

@@ -19,74 +19,21 @@ import numpy as np
 from jaxspec import adaptive_costs
 from jaxspec.adaptive import (AdaptivePolicy, AdaptiveState, acceptance_rates, adaptive_cycle, adaptive_loop,
                               forced_schedule, init_adaptive_state)
+from jaxspec import adaptive_calls_run
+from jaxspec.adaptive_calls import PerCallPolicy
 from jaxspec.baseline_step import baseline_step
+from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt_bucket, spec_prefill,
                              valid_chunk)
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_programs, output_shapes, weights_to_run
 from jaxspec.spec_step import speculative_cycle
-from jaxspec.stats import AcceptanceStats
 from model.kv_cache import round_capacity
 
 
 class PromptTooLong(ValueError):
     pass
-
-
-@dataclasses.dataclass
-class AdaptiveReport:
-    """What adaptive speculation chose and what it expected (jaxspec.adaptive)."""
-    steps: tuple[int, ...]  # the compiled K set
-    costs_s: tuple[float, ...]  # t(K) per cycle for each K of the set
-    cost_source: str  # "measured", "cached" or "given"
-    measure_s: float  # wall time spent measuring the costs (0 when cached or given)
-    k_per_cycle: list[int]  # the K each cycle ran
-    expected_tokens: float  # the model's E[tokens] summed over the cycles run
-    expected_s: float  # t(K) summed over the cycles run
-    first_run_s: float = 0.0  # the price of a branch's first run in a call (jaxspec.adaptive_costs.Measured)
-    # per sequence, c_j for j = 1..max(steps) as the rule estimated them after the last cycle (its discounted counts
-    # of drafted cycles and of the free observations of c_1 that plain stretches' catch-ups make, shrunk towards the
-    # prior): what its last choices were made on
-    acceptance_estimate: list[list[float]] = dataclasses.field(default_factory=list)
-
-    @property
-    def k_histogram(self) -> dict[int, int]:
-        return {k: self.k_per_cycle.count(k) for k in self.steps}
-
-    @property
-    def expected_tokens_per_s(self) -> float:
-        return self.expected_tokens / self.expected_s if self.expected_s > 0 else float("nan")
-
-
-@dataclasses.dataclass
-class GenerationResult:
-    tokens: list[list[int]]  # generated tokens per sequence (EOS included when hit)
-    accepted: list[list[int]]  # drafts accepted per cycle, per sequence (empty for the baseline)
-    prompt_tokens: list[int]
-    prefill_s: float
-    decode_s: float
-    compile_s: float
-    cycles: int  # speculative cycles or baseline steps run after prefill
-    adaptive: AdaptiveReport | None = None  # with an adaptive engine: the K chosen per cycle, expected vs achieved
-
-    @property
-    def stats(self) -> AcceptanceStats:
-        """Acceptance over the cycles that drafted (an adaptive engine's K = 0 cycles accept nothing by design)."""
-        if self.adaptive is None:
-            return AcceptanceStats.from_lists(self.accepted)
-        ks = self.adaptive.k_per_cycle
-        return AcceptanceStats.from_lists([[a for a, k in zip(row, ks) if k > 0] for row in self.accepted])
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        # tokens emitted after prefill (the first token comes out of the prefill)
-        n = sum(max(len(t) - 1, 0) for t in self.tokens)
-        return n / self.decode_s if self.decode_s > 0 else float("nan")
 
 
 def _pad_prompts(prompts: list[list[int]], bucket: int, pad_id: int):
@@ -118,10 +65,12 @@ _PROGRAMS: dict[tuple, Callable] = {}
 
 class Engine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int = 3, max_context: int | None = None,
-                 drafter=None, mesh=None, prefill_chunk: int = DEFAULT_CHUNK, adaptive: AdaptivePolicy | None = None):
+                 drafter=None, mesh=None, prefill_chunk: int = DEFAULT_CHUNK,
+                 adaptive: AdaptivePolicy | PerCallPolicy | None = None):
         """`mesh` (model.sharding.make_mesh): shard weights by the partition rules and run every program on it.
         `prefill_chunk`: prompt positions per prefill step (a power of two >= 16); longer prompts run in chunks.
-        `adaptive`: choose K per cycle among a compiled set up to `num_steps` (jaxspec.adaptive)."""
+        `adaptive`: choose K among a compiled set up to `num_steps`, per cycle inside one program
+        (AdaptivePolicy, jaxspec.adaptive) or per call of fixed-K programs (PerCallPolicy, jaxspec.adaptive_calls)."""
         if num_steps > 0 and (cfg.draft is None or weights.draft is None):
             raise ValueError("speculative decoding (num_steps > 0) needs a draft model")
         if adaptive is not None:
@@ -183,6 +132,8 @@ class Engine:
                  seed: int = 0, speculative: bool | None = None) -> GenerationResult:
         """Run prefill, then every cycle inside one jitted `lax.while_loop` (no host round trip per cycle)."""
         speculative = self.k > 0 if speculative is None else speculative
+        if speculative and isinstance(self.adaptive, PerCallPolicy):
+            return adaptive_calls_run.generate(self, prompts, max_new_tokens, sampling, seed)
         sp = sampling.validate().as_arrays()
         adaptive = speculative and self.adaptive is not None
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
@@ -227,6 +178,9 @@ class Engine:
         runs one cycle per round trip (what bench/stream.py compares). `decode_s` is the decode phase's wall
         time, less the time the consumer held the generator between yields."""
         speculative = self.k > 0 if speculative is None else speculative
+        if speculative and isinstance(self.adaptive, PerCallPolicy):
+            yield from adaptive_calls_run.stream(self, prompts, max_new_tokens, sampling, seed, pipelined)
+            return
         sp = sampling.validate().as_arrays()
         adaptive = speculative and self.adaptive is not None
         step = _with_progress(self._step_fn(speculative, sampling.greedy, max_new_tokens))
@@ -276,7 +230,7 @@ class Engine:
 
     # --- pieces -------------------------------------------------------------------------------------
     def _step_fn(self, speculative: bool, greedy: bool, max_new_tokens: int):
-        if speculative and self.adaptive is not None:
+        if speculative and isinstance(self.adaptive, AdaptivePolicy):
             return functools.partial(adaptive_cycle, **self._adaptive_kw(greedy, max_new_tokens))
         if speculative:
             return functools.partial(speculative_cycle, cfg=self.cfg, k=self.k, greedy=greedy,

@@ -19,7 +19,7 @@ from pathlib import Path
 from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
                                  parse_mesh, run_with_exit_codes, with_moe_kernel)
-from jaxspec.defaults import DEFAULT_NUM_STEPS, default_adaptive, default_dtype
+from jaxspec.defaults import DEFAULT_NUM_STEPS, default_adaptive_kind, default_dtype
 from jaxspec.generate_display import ChatDisplay, echo_prompt, format_speedup
 from jaxspec.speculation_verdict import speculation_verdict
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
@@ -87,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"draft tokens per cycle (0 = no speculation; default {DEFAULT_NUM_STEPS})")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
     p.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=None,
-                   help="choose K on the device among {0, 1, 2, 3, 4, 6, 8} up to --speculative-num-steps (0 = "
-                        "plain decoding) by expected tokens per second (default: on a CPU, where every fixed K runs "
-                        "slower than plain decoding; off on GPUs: fixed K)")
+                   help="choose K up to --speculative-num-steps (0 = plain decoding) by expected tokens per second "
+                        "from the measured acceptance and cycle costs (default: on; on GPUs between calls of "
+                        "fixed-K programs, on a CPU per cycle among {0, 1, 2, 3, 4, 6, 8}); "
+                        "--no-speculative-adaptive: a fixed K")
     p.add_argument("--speculative-adaptive-costs", type=str, default=None, metavar="JSON",
                    help='ms per cycle for each K of the adaptive set, inline (\'{"0": 9.5, "1": 11, "2": 12, '
                         '"3": 13, "4": 14.5}\') or a JSON file (default: measured on the device at start-up)')
@@ -245,6 +246,7 @@ def run(argv: list[str] | None = None) -> int:
 
     from convert.checkpoint import load_draft, load_target, read_metadata
     from jaxspec.adaptive import AdaptivePolicy
+    from jaxspec.adaptive_calls import PerCallPolicy
     from jaxspec.adaptive_costs import CostTableError, parse_costs
     from jaxspec.compile_cache import enable as enable_compile_cache
     from jaxspec.engine import Engine
@@ -256,15 +258,14 @@ def run(argv: list[str] | None = None) -> int:
     from jaxspec.tokenizer import StreamDecoder, load_tokenizer
 
     enable_compile_cache()  # before anything compiles: JAX settles its cache at the first compilation
-    adaptive = a.speculative_adaptive
-    if adaptive is None:  # given costs ask for it; otherwise the backend's default, where there is a K to choose
-        adaptive = a.speculative_adaptive_costs is not None or (k > 0 and default_adaptive(jax.default_backend()))
+    adaptive = k > 0 and a.speculative_adaptive is not False  # the default wherever there is a K to choose
     policy = None
     if adaptive:
-        policy = AdaptivePolicy()
+        Policy = PerCallPolicy if default_adaptive_kind(jax.default_backend()) == "per_call" else AdaptivePolicy
+        policy = Policy()
         if a.speculative_adaptive_costs is not None:
             try:
-                policy = AdaptivePolicy(costs=parse_costs(a.speculative_adaptive_costs, policy.resolve_steps(k)))
+                policy = Policy(costs=parse_costs(a.speculative_adaptive_costs, policy.resolve_steps(k)))
             except CostTableError as e:
                 raise UsageError(str(e)) from None
     model_dir = a.model or DEFAULT_MODEL_DIR / "target"

@@ -29,7 +29,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI imports this module before JAX (and numpy), to answer --help and flag errors quickly
-    from jaxspec.engine import AdaptiveReport, GenerationResult
+    from jaxspec.generation_result import AdaptiveReport, GenerationResult
 
 # cycles with nothing accepted before "no draft was accepted" is said without a measured baseline: a few say little
 # about a drafter, and cost little

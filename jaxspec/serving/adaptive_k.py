@@ -14,9 +14,12 @@ whether a greedy slot emitted the draft's own first guess). Counts decay by `dec
 the traffic. c_j is shrunk towards c_{j-1} (c_1 towards `prior`) with the weight of PRIOR_WEIGHT observations.
 
 Times not yet measured at an occupancy are scaled from the nearest occupancy where both that K and the current one
-were measured; a K never measured anywhere is tried (exploration; a program's first run is not counted: it carries
-one-time costs), and every `explore_every` loops the K whose time at this occupancy was measured longest ago is
-tried again, so a time measured under other traffic, or once in a noisy moment, is refreshed.
+were measured, or else fitted as a line in K through the Ks measured here (a cycle's time grows about linearly with
+its drafts). The first Ks tried are the neighbours of the starting K (a program's first run is not counted: it
+carries one-time costs); a K the fit puts ahead is run, and so measured, when the rule chooses it. Every
+`explore_every` loops a neighbour of the K in use (the one measured longest ago) is run again, so a time measured
+under other traffic, or once in a noisy moment, is refreshed; an exploration that leaves the choice as it was
+doubles the gap to the next one, up to EXPLORE_BACKOFF times `explore_every`.
 A change of K needs the best K's rate `hysteresis` above the current one's.
 """
 
@@ -28,6 +31,7 @@ import numpy as np
 
 PRIOR_WEIGHT = 4.0
 COST_WINDOW = 5  # loops whose median is a K's time at an occupancy
+EXPLORE_BACKOFF = 8
 
 
 def occupancy_bucket(live: float) -> int:
@@ -48,6 +52,7 @@ class BatchAdaptiveK:
         self.hits, self.trials = np.zeros(num_steps + 1), np.zeros(num_steps + 1)  # index j: draft position j
         self.times: dict[tuple[int, int], collections.deque] = {}  # (bucket, K) -> seconds per cycle, last loops
         self.k, self.loops, self.live = num_steps, 0, 1.0
+        self.explore_gap, self.explore_next, self._explored_from = explore_every, explore_every, None
         self.choices = collections.Counter()  # K -> loops run with it
         self._runs = collections.Counter()  # K -> loops observed
         self._measured_at: dict[tuple[int, int], int] = {}  # (bucket, K) -> the loop that last measured it
@@ -85,8 +90,9 @@ class BatchAdaptiveK:
         return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()[1:]))])
 
     def cycle_time(self, k: int, bucket: int) -> float | None:
-        """Seconds of one cycle at K over `bucket` live slots: measured, or scaled from the nearest bucket where K
-        and the current K were both measured; None when K was never measured."""
+        """Seconds of one cycle at K over `bucket` live slots: measured, scaled from the nearest bucket where K and
+        the current K were both measured, or fitted in K through this bucket's measured Ks; None when none
+        applies."""
         own = self.times.get((bucket, k))
         if own:
             return float(np.median(own))
@@ -96,23 +102,34 @@ class BatchAdaptiveK:
             there = self.times.get((b, self.k))
             if here and there:
                 return float(np.median(self.times[(b, k)]) * np.median(here) / np.median(there))
+        measured = {kk: float(np.median(v)) for (b, kk), v in self.times.items() if b == bucket and v}
+        if len(measured) >= 2:
+            slope, intercept = np.polyfit(list(measured), list(measured.values()), 1)
+            return max(float(intercept + slope * k), min(measured.values()) * 0.5)
         return float(np.median(self.times[(others[0][1], k)])) if others else None
 
     # --- the choice -------------------------------------------------------------------------------------------
     def choose(self) -> int:
         bucket = occupancy_bucket(self.live)
         times = {k: self.cycle_time(k, bucket) for k in self.ks}
-        untried = [k for k in self.ks if times[k] is None]
         self.loops += 1
-        if untried:  # what a K costs on this device is learnt by running it once
+        untried = sorted((k for k in self.ks if times[k] is None), key=lambda k: abs(k - self.k))
+        if untried:  # what a K costs on this device is learnt by running it (the nearest first)
             return untried[0] if self.loops > 1 else self.k
         rate = self.expected_tokens() / np.array([times[k] for k in self.ks])
         best = int(np.argmax(rate))
+        if self._explored_from is not None:  # the loop after an exploration: did it change the choice?
+            confirmed = best == self._explored_from
+            self.explore_gap = min(2 * self.explore_gap, EXPLORE_BACKOFF * self.explore_every) if confirmed \
+                else self.explore_every
+            self._explored_from = None
         if rate[best] > rate[self.k] * (1 + self.hysteresis):
             self.k = best
-        if self.loops % self.explore_every == 0:  # refresh the time measured longest ago here (and its positions)
-            others = [k for k in self.ks if k != self.k]
-            return min(others, key=lambda k: self._measured_at.get((bucket, k), -1))
+        if self.loops >= self.explore_next:  # refresh a neighbour's time here (and its positions)
+            self.explore_next = self.loops + self.explore_gap
+            self._explored_from = self.k
+            near = [k for k in (self.k - 1, self.k + 1) if k in self.ks]
+            return min(near, key=lambda k: self._measured_at.get((bucket, k), -1))
         return self.k
 
     def __call__(self, last) -> int:

@@ -1,0 +1,233 @@
+"""Adaptive speculation by call: each call of the on-device loop runs one fixed-K program, and K changes only between
+calls, where the time it saves over the tokens still wanted is larger than what a change costs.
+
+Why not per cycle. The per-cycle program (jaxspec.adaptive) holds every K behind a switch in one loop. On a GPU that
+program's cycle costs more than the fixed-K program's at the same K, and every further branch a call runs costs the
+host a command-buffer update (docs/performance.md, "Adaptive speculation"). Here a cycle IS the fixed-K program's
+cycle: what the choice adds to it is the loop predicate's arithmetic over the acceptance log. A change of K costs
+one more call, which the measured cost table prices (its intercept: what a call costs beyond its cycles).
+
+The rule (on the host, between calls). With c_j the conditional acceptance of draft position j, a cycle of K
+drafts yields E[tokens | K] = 1 + sum_{j<=K} prod_{i<=j} c_i and costs t(K) (t(0): a plain decode step, E = 1). The
+loop needs about max_b R_b / E_b[K] more cycles for the tokens R_b its live rows still want, so it finishes in
+
+    T(K) = t(K) * max_b R_b / E_b[K]
+
+and the host takes the fastest K, leaving the current one only where T(K') + switch < (1 - margin) T(K), `switch`
+the measured price of one more call. Its estimate of c_j for a row counts the last call's last `window` cycles (a
+cycle that accepted a of K observes positions 1..min(a + 1, K), accepted up to a), plus what earlier calls and
+generations observed (`Pool`: counts per position over the batch, halved at each new generation and capped at
+`window` observations so a new prompt's own cycles soon dominate), shrunk towards c_{j-1} (c_1 towards `prior`)
+with the weight of PRIOR_WEIGHT observations, so a depth not yet observed expects what the shallower positions
+accept.
+
+The leaving test (in the loop, every cycle after the call's first `min_cycles`). The loop's predicate runs every
+cycle, so it reads one figure: the mean drafts accepted a cycle over the call's last `window` cycles, against a band
+the host computed before the call (`stay_band`: the flat acceptances for which the host's own estimate and choice
+keep K). Where the host, weighing every position, keeps the K a call left anyway, the next call of that K waits
+twice as many cycles before its first test, so a band that is too narrow costs a few calls, not one every
+`min_cycles`.
+
+Plain decoding is for the rest of the generation: a plain step does not run the draft, so the draft's cache would
+miss the positions it skipped. The state is converted (`to_plain`) and the plain loop runs to the end. That is how a
+drafter that never matches is switched off within `min_cycles` cycles of the first call.
+
+Losslessness does not depend on K: every cycle is the fixed-K cycle or a plain step, from fresh randomness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxspec.baseline_step import baseline_step
+from jaxspec.models import SpecConfig, SpecWeights
+from jaxspec.spec_step import speculative_cycle
+from jaxspec.state import BaselineState, SpecState
+
+PRIOR_WEIGHT = 2.0  # observations a position's prior (its shallower neighbour, or `prior` for c_1) counts for
+POOL_DECAY = 0.5  # weight the pooled counts keep at each new generation
+BAND_GRID = 101  # flat acceptances the stay band is evaluated at
+
+
+@dataclasses.dataclass(frozen=True)
+class PerCallPolicy:
+    steps: tuple[int, ...] | None = None  # the K set, 0 (plain decoding) included; None: 0..K
+    prior: float = 0.7  # c_1 before any observation: about what EAGLE-3 drafters accept at the first position
+    # cycles a call runs at its K before the rule may leave it; doubled for the next call of the same K each time the
+    # host, weighing every position, keeps the K the call's test left (its flat-acceptance band is an approximation)
+    min_cycles: int = 8
+    window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
+    margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
+    costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
+    switch_s: float | None = None  # the price of one more call; None: the measured table's (0 with given costs)
+
+    def resolve_steps(self, k_max: int) -> tuple[int, ...]:
+        steps = tuple(sorted(set(self.steps if self.steps is not None else range(k_max + 1))))
+        if k_max < 1 or any(s < 0 or s > k_max for s in steps) or max(steps) < 1:
+            raise ValueError(f"adaptive steps {list(steps)} must lie in 0..{k_max} and include a K >= 1")
+        return steps
+
+    def validate(self, k_max: int) -> "PerCallPolicy":
+        steps = self.resolve_steps(k_max)
+        if not 0.0 <= self.prior <= 1.0:
+            raise ValueError(f"adaptive prior must be in [0, 1], got {self.prior}")
+        if self.min_cycles < 1 or self.window < 1:
+            raise ValueError("adaptive min_cycles and window must be >= 1")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"adaptive margin must be in [0, 1), got {self.margin}")
+        if self.costs is not None:
+            given = dict(self.costs)
+            if sorted(given) != list(steps):
+                raise ValueError(f"adaptive costs name K = {sorted(given)}, the K set is {list(steps)}")
+            if not all(0.0 < float(v) < float("inf") for v in given.values()):
+                raise ValueError("adaptive costs must be positive finite times")
+        if self.switch_s is not None and not 0.0 <= self.switch_s < float("inf"):
+            raise ValueError(f"adaptive switch_s must be a finite time >= 0, got {self.switch_s}")
+        return self
+
+    def compiled(self, k_max: int) -> tuple:
+        """What the loop programs bake in (the band, the minimum and the call's limit are arguments)."""
+        return (self.resolve_steps(k_max), self.window)
+
+
+@struct.dataclass
+class RuleInputs:
+    """What a call's leaving test reads besides the state (arguments, so one program serves any band)."""
+    low: jax.Array  # [] float32: the band of mean drafts accepted a cycle within which K stays the host's choice
+    high: jax.Array  # [] float32
+    min_cycles: jax.Array  # [] int32: cycles the call runs before it may leave
+    limit: jax.Array  # [] int32: cycles this call may run at most
+
+
+# --- the rule (numpy on the host, jax.numpy in the loop predicate) -------------------------------------------
+def window_counts(log_BC, first, last, k: int, j_max: int, window: int):
+    """(hits_BJ, trials_BJ): position counts over cycles [max(first, last - window), last) of the acceptance log
+    (-1 where a row ran no cycle), all of them at K = k."""
+    lo = max(int(first), int(last) - window, 0)
+    a_BWJ = np.asarray(log_BC)[:, lo:int(last), None]
+    j_J = np.arange(1, j_max + 1)
+    seen_BWJ = (a_BWJ >= 0) & (a_BWJ >= j_J - 1) & (j_J <= k)
+    hits_BJ = np.sum(seen_BWJ & (a_BWJ >= j_J), axis=1).astype(np.float32)
+    return hits_BJ, np.sum(seen_BWJ, axis=1).astype(np.float32)
+
+
+def acceptance_BJ(hits_BJ, trials_BJ, pool_hits_J, pool_trials_J, prior):
+    """c_j per row: its counts plus the pool's, shrunk towards c_{j-1} (c_1 towards `prior`)."""
+    rates, below = [], np.zeros(hits_BJ.shape[:1], np.float32) + prior
+    for j in range(hits_BJ.shape[1]):
+        below = (hits_BJ[:, j] + pool_hits_J[j] + PRIOR_WEIGHT * below) / (
+            trials_BJ[:, j] + pool_trials_J[j] + PRIOR_WEIGHT)
+        rates.append(below)
+    return np.stack(rates, axis=1)
+
+
+def expected_tokens_BN(c_BJ, steps: tuple[int, ...]):
+    """E[tokens | K] per row for each K of `steps`."""
+    reach_BJ = np.cumsum(np.cumprod(c_BJ, axis=1), axis=1)
+    return np.stack([1.0 + (reach_BJ[:, k - 1] if k > 0 else 0.0 * reach_BJ[:, 0]) for k in steps], axis=1)
+
+
+def finish_times_N(c_BJ, remaining_B, live_B, cost_N, steps: tuple[int, ...]):
+    """T(K) for each K of `steps`: t(K) times the cycles the slowest live row needs for the tokens it still wants."""
+    e_BN = expected_tokens_BN(c_BJ, steps)
+    cycles_BN = np.where(live_B[:, None], remaining_B[:, None].astype(np.float32) / e_BN, 0.0)
+    return np.max(cycles_BN, axis=0) * cost_N
+
+
+def better_k(times_N, current: int, switch_s, margin: float):
+    """(index of the fastest K, whether leaving `current` for it pays its switch)."""
+    best = int(np.argmin(times_N))
+    return best, bool(best != current and times_N[best] + switch_s < (1.0 - margin) * times_N[current])
+
+
+def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switch_s: float, margin: float,
+              pool_hits_J, pool_trials_J, prior: float, observed: int):
+    """(low, high): the mean drafts accepted a cycle at K within which the host keeps K, for windows of `observed`
+    cycles at a flat acceptance c (a cycle of K then accepts sum_{j<=K} c^j on average, and position j is observed
+    c^(j-1) times a cycle and accepted c^j times): each c's expected window goes through the host's own estimate
+    (`acceptance_BJ`, with the pool and the prior) and choice (`better_k`), so the loop leaves where the host would
+    choose another K. (-inf, inf) where no c leaves K, or where no c keeps it (the host chose K on counts the flat
+    model does not reach)."""
+    j_max = max(steps)
+    c_G = np.linspace(0.0, 1.0, BAND_GRID)
+    j_J = np.arange(1, j_max + 1)
+    drafted_J = (j_J <= k).astype(np.float64)
+    trials_GJ = observed * c_G[:, None] ** (j_J - 1)[None] * drafted_J
+    hits_GJ = observed * c_G[:, None] ** j_J[None] * drafted_J
+    est_GJ = acceptance_BJ(hits_GJ, trials_GJ, pool_hits_J, pool_trials_J, prior)
+    e_GN = expected_tokens_BN(est_GJ, steps)
+    slowest = float(np.max(np.where(live_B, remaining_B, 0)))
+    times_GN = slowest / e_GN * np.asarray(cost_N, np.float64)[None]
+    current = steps.index(k)
+    best_G = np.argmin(times_GN, axis=1)
+    leave_G = (best_G != current) & (times_GN[np.arange(len(c_G)), best_G] + switch_s
+                                     < (1.0 - margin) * times_GN[:, current])
+    if leave_G.all() or not leave_G.any():
+        return -np.inf, np.inf
+    mean_accepted_G = np.cumsum(c_G[:, None] ** j_J[None], axis=1)[:, k - 1]
+    return float(mean_accepted_G[~leave_G].min()), float(mean_accepted_G[~leave_G].max())
+
+
+# --- the programs ---------------------------------------------------------------------------------------------
+def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule: RuleInputs, *, cfg: SpecConfig, k: int,
+              window: int, greedy: bool, max_new_tokens: int, drafter=None) -> SpecState:
+    """Fixed-K cycles until the batch is done, `rule.limit` cycles ran, or (after `rule.min_cycles`) the mean drafts
+    accepted a cycle over the call's last `window` cycles leaves [rule.low, rule.high] (`stay_band`).
+
+    The test is one masked reduction over the acceptance log and a comparison: on a GPU the loop's predicate runs
+    every cycle, and the full rule's few dozen small operations there cost more per cycle than a small model's
+    cycle takes (docs/performance.md, "Adaptive speculation by call")."""
+    start = state.cycles
+
+    def keep_going(s):
+        ran = s.cycles - start
+        idx_C = jnp.arange(s.accepted_log.shape[1])
+        seen_BC = (idx_C >= jnp.maximum(start, s.cycles - window))[None] & (s.accepted_log >= 0)
+        mean = jnp.sum(jnp.where(seen_BC, s.accepted_log, 0)) / jnp.maximum(jnp.sum(seen_BC), 1)
+        inside = (mean >= rule.low) & (mean <= rule.high)
+        return jnp.any(~s.done) & (ran < rule.limit) & ((ran < rule.min_cycles) | inside)
+
+    def cycle(s):
+        return speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
+                                 drafter=drafter)
+
+    return jax.lax.while_loop(keep_going, cycle, state)
+
+
+def plain_loop(w: SpecWeights, state: BaselineState, sp: dict, limit, *, cfg: SpecConfig, greedy: bool,
+               max_new_tokens: int) -> BaselineState:
+    """Plain decode steps until the batch is done or `limit` steps ran."""
+    start = state.steps
+    step = lambda s: baseline_step(w, s, sp, cfg=cfg, greedy=greedy, max_new_tokens=max_new_tokens)  # noqa: E731
+    return jax.lax.while_loop(lambda s: jnp.any(~s.done) & (s.steps - start < limit), step, state)
+
+
+def to_plain(state: SpecState) -> BaselineState:
+    """The speculative state as plain decoding's: the same committed cache, pending token and outputs."""
+    return BaselineState(target_cache=state.target_cache, pending=state.pending, done=state.done,
+                         generated=state.generated, out_tokens=state.out_tokens, steps=jnp.zeros((), jnp.int32),
+                         key=state.key)
+
+
+# --- what the host keeps between calls ------------------------------------------------------------------------
+class Pool:
+    """Position counts over the batch from earlier calls and generations (the prior of the next choice)."""
+
+    def __init__(self, j_max: int, cap: float):
+        self.hits, self.trials, self.cap = np.zeros(j_max, np.float32), np.zeros(j_max, np.float32), cap
+
+    def new_generation(self) -> None:
+        self.hits *= POOL_DECAY
+        self.trials *= POOL_DECAY
+
+    def add(self, hits_BJ, trials_BJ) -> None:
+        self.hits += np.asarray(hits_BJ).sum(0)
+        self.trials += np.asarray(trials_BJ).sum(0)
+        over = np.maximum(self.trials / self.cap, 1.0)  # at most `cap` observations a position
+        self.hits /= over
+        self.trials /= over

@@ -1,0 +1,313 @@
+"""The host side of adaptive speculation by call (jaxspec.adaptive_calls): compile one loop per K, price them, run
+call after call, and report what ran. `Engine.generate` and `Engine.stream` hand over to `generate` and `stream`
+here when the engine's policy is a PerCallPolicy."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec import adaptive_costs
+from jaxspec.adaptive_calls import (Pool, RuleInputs, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
+                                    plain_loop, spec_loop, stay_band, to_plain, window_counts)
+from jaxspec.baseline_step import baseline_step
+from jaxspec.generation_result import AdaptiveReport, GenerationResult
+from jaxspec.sampling import SamplingParams
+from jaxspec.sharded import output_shapes
+from jaxspec.spec_step import speculative_cycle
+
+NO_LIMIT = np.iinfo(np.int32).max
+
+
+@dataclasses.dataclass
+class Calls:
+    """What a generation's calls ran and observed (host side)."""
+    steps: tuple[int, ...]
+    pool: Pool
+    costs: np.ndarray
+    switch_s: float
+    k_per_cycle: list = dataclasses.field(default_factory=list)
+    calls: int = 0  # device calls the decode made
+    expected_tokens: float = 0.0
+    expected_s: float = 0.0
+
+    def choose(self, hits_BJ, trials_BJ, remaining_B, live_B, prior, margin, current):
+        """(the K to run next, the rows' acceptance estimate): the fastest K, or `current` where leaving it does
+        not pay (None: no K runs yet, the fastest is taken)."""
+        c_BJ = acceptance_BJ(hits_BJ, trials_BJ, self.pool.hits, self.pool.trials, np.float32(prior))
+        times = finish_times_N(c_BJ, remaining_B, live_B, self.costs, self.steps)
+        if current is None:
+            return self.steps[int(np.argmin(times))], c_BJ
+        best, leave = better_k(times, self.steps.index(current), self.switch_s, margin)
+        return (self.steps[int(best)] if leave else current), c_BJ
+
+    def plain(self, steps: int, tokens_B) -> None:
+        """Plain decoding ran `steps` steps that emitted `tokens_B` a row."""
+        self.k_per_cycle += [0] * steps
+        self.expected_tokens += float(np.sum(tokens_B))
+        self.expected_s += steps * float(self.costs[self.steps.index(0)])
+
+    def ran(self, k: int, cycles: int, c_BJ, live_B) -> None:
+        self.k_per_cycle += [k] * cycles
+        e = expected_tokens_BN(c_BJ, self.steps)[:, self.steps.index(k)]
+        self.expected_tokens += cycles * float(np.sum(np.where(live_B, e, 0.0)))
+        self.expected_s += cycles * float(self.costs[self.steps.index(k)])
+
+
+def _pool(engine, greedy: bool, j_max: int, window: int) -> Pool:
+    """The engine's position counts for greedy or sampled generation (acceptance differs between them)."""
+    pools = engine.__dict__.setdefault("_per_call_pools", {})
+    if greedy not in pools:
+        pools[greedy] = Pool(j_max, float(window))
+    return pools[greedy]
+
+
+def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int, limit: int) -> RuleInputs:
+    """The leaving test's inputs for a call of at most `limit` cycles at K (`stay_band` for windows of the call's
+    first test), as host scalars (the call moves them with its other arguments; a device array each would cost a
+    transfer each)."""
+    low, high = stay_band(k, remaining_B, live_B, run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits,
+                          run.pool.trials, policy.prior, min(min_cycles, policy.window))
+    return RuleInputs(low=np.float32(low), high=np.float32(high), min_cycles=np.int32(min_cycles),
+                      limit=np.int32(limit))
+
+
+def never_leaving(limit: int) -> RuleInputs:
+    """A call that runs its K for `limit` cycles (or to the end)."""
+    return RuleInputs(low=np.float32(-np.inf), high=np.float32(np.inf), min_cycles=np.int32(0),
+                      limit=np.int32(limit))
+
+
+def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
+    """{K: program} for every K of the set, compiled side by side: device loops (`spec_loop`, `plain_loop`) or,
+    streamed, single cycles that also return their progress. Returns (programs, compile seconds)."""
+    policy = engine.adaptive
+    steps, window = policy.compiled(engine.k)
+    plain_state = output_shapes(to_plain, (state,), engine.mesh)
+    w = engine.weights
+    baked = (greedy, max_new_tokens, policy.compiled(engine.k))
+    specs = []
+    for k in steps:
+        if k == 0 and streamed:
+            step = functools.partial(baseline_step, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
+            specs.append(("calls_cycle_plain", _with_progress(step), {}, (w, plain_state, sp), (1,), baked))
+        elif k == 0:
+            fn = functools.partial(plain_loop, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
+            specs.append(("calls_loop_plain", fn, {}, (w, plain_state, sp, jnp.int32(0)), (1,), baked))
+        elif streamed:
+            step = functools.partial(speculative_cycle, cfg=engine.cfg, k=k, greedy=greedy,
+                                     max_new_tokens=max_new_tokens, drafter=engine.drafter)
+            specs.append((f"calls_cycle_{k}", _with_progress(step), {}, (w, state, sp), (1,), baked))
+        else:
+            fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
+                                   max_new_tokens=max_new_tokens, drafter=engine.drafter)
+            specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
+    built = engine._compile_together(specs)
+    return {k: program for k, (program, _) in zip(steps, built)}, sum(c for _, c in built)
+
+
+def _with_progress(step):
+    def cycle(w, state, sp):
+        state = step(w, state, sp)
+        return state, jax.tree.map(jnp.copy, (state.generated, state.out_tokens, state.done))
+
+    return cycle
+
+
+def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
+    """(t(K) per cycle of each K, the price of one more call, where they came from, seconds spent measuring). The
+    device loops are timed for `generate`; streamed, the single-cycle programs called back to back, as streaming
+    calls them (their host round trip is what a streamed cycle costs)."""
+    policy = engine.adaptive
+    steps = policy.resolve_steps(engine.k)
+    if policy.costs is not None:
+        switch = policy.switch_s if policy.switch_s is not None else 0.0
+        return np.array([c for _, c in policy.costs], np.float32), switch, "given", 0.0
+    lat = state.target_cache.latent[0]
+    drafter = None if engine.drafter is None else getattr(engine.drafter, "__qualname__", repr(type(engine.drafter)))
+    key = adaptive_costs.cost_key("per_call_stream" if streamed else "per_call", engine.cfg, drafter,
+                                  engine.mesh and engine.mesh.devices.shape, lat.shape, str(lat.dtype), greedy,
+                                  policy.compiled(engine.k))
+    table, source, measure_s = adaptive_costs.cached(key), "cached", 0.0
+    if table is None:
+        def run_forced(copy, branch, n):
+            k, program = steps[branch], programs[steps[branch]]
+            s = to_plain(copy) if k == 0 else copy
+            count = (lambda x: int(x.steps)) if k == 0 else (lambda x: int(x.cycles))
+            start = count(s)
+            if streamed:
+                for _ in range(n):
+                    s, _ = program(engine.weights, s, sp)
+            elif k == 0:
+                s = program(engine.weights, s, sp, np.int32(n))
+            else:
+                s = program(engine.weights, s, sp, never_leaving(n))
+            return s, count(s) - start
+
+        t0 = time.perf_counter()
+        table = adaptive_costs.measure(run_forced, state, len(steps))
+        measure_s = time.perf_counter() - t0
+        if table is None:  # nothing left to generate: any table serves
+            return np.ones(len(steps), np.float32), 0.0, "none", measure_s
+        source = "measured"
+        adaptive_costs.remember(key, table, steps)
+    switch = policy.switch_s if policy.switch_s is not None else table.first_run_s
+    return np.array(table.costs_s, np.float32), switch, source, measure_s
+
+
+def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, streamed: bool):
+    policy = engine.adaptive
+    steps, window = policy.compiled(engine.k)
+    sp = sampling.validate().as_arrays()
+    state, prefill_s, compile_s, lengths = engine._prefill(prompts, max_new_tokens, sampling, seed, True)
+    programs, c = _programs(engine, state, sp, sampling.greedy, max_new_tokens, streamed)
+    costs, switch, source, measure_s = _cost_table(engine, state, sp, programs, sampling.greedy, streamed)
+    pool = _pool(engine, sampling.greedy, max(steps), window)
+    pool.new_generation()
+    run = Calls(steps, pool, costs, switch)
+    return state, sp, prefill_s, compile_s + c, lengths, programs, run, (source, measure_s)
+
+
+def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int) -> GenerationResult:
+    """Prefill, then calls of one fixed-K loop each until the batch is done (plain decoding last, where chosen)."""
+    policy = engine.adaptive
+    state, sp, prefill_s, compile_s, lengths, loops, run, (source, measure_s) = _start(
+        engine, prompts, max_new_tokens, sampling, seed, streamed=False)
+    t0 = time.perf_counter()
+    state, spec_log, plain_from, c_BJ = drive(
+        state, lambda k, s, rule: loops[k](engine.weights, s, sp, rule),
+        lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens)
+    jax.block_until_ready(state.generated)
+    decode_s = time.perf_counter() - t0
+    return _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run, source, measure_s,
+                   c_BJ)
+
+
+def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int):
+    """The calls of one generation from its prefilled state: `call_k(k, state, rule) -> state` runs the K loop
+    (`spec_loop`), `call_plain(plain state) -> state` plain decoding to the end. Returns (the final state, the
+    speculative cycles' acceptance log where it ended in plain steps else None, the tokens each row had at the
+    switch to plain steps or None, the rows' last acceptance estimate)."""
+    window, margin, j_max = policy.window, policy.margin, max(run.steps)
+    zeros = np.zeros((state.pending.shape[0], j_max), np.float32)
+    generated, done = jax.device_get((state.generated, state.done))
+    k, c_BJ = run.choose(zeros, zeros, max_new_tokens - generated, ~done, policy.prior, margin, None)
+    cycles, min_cycles = int(jax.device_get(state.cycles)), policy.min_cycles
+    while not done.all():
+        run.calls += 1
+        if k == 0:
+            out = call_plain(to_plain(state))
+            final = np.asarray(jax.device_get(out.generated))
+            run.plain(int(out.steps), final - generated)
+            return out, state.accepted_log, generated, c_BJ
+        start, live_B = cycles, ~done
+        rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
+        state = call_k(k, state, rule)
+        cycles, generated, done, log = jax.device_get((state.cycles, state.generated, state.done, state.accepted_log))
+        cycles = int(cycles)
+        run.ran(k, cycles - start, c_BJ, live_B)
+        # the call's leaving test read its last `window` cycles; the host weighs them per position with the pool
+        # as it was, and the pool then takes the whole call
+        hits, trials = window_counts(log, start, cycles, k, j_max, window)
+        k_next, c_BJ = run.choose(hits, trials, max_new_tokens - generated, ~done, policy.prior, margin, k)
+        run.pool.add(*window_counts(log, start, cycles, k, j_max, NO_LIMIT))
+        min_cycles = min(2 * min_cycles, NO_LIMIT) if k_next == k else policy.min_cycles
+        k = k_next
+    return state, None, None, c_BJ
+
+
+def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
+           pipelined: bool = True) -> Iterator[list[list[int]] | GenerationResult]:
+    """`Engine.stream` by call: one cycle a call as fixed K streams, the rule run on the host between them from
+    the tokens each cycle emitted (a live row that emitted n tokens accepted n - 1 drafts)."""
+    policy = engine.adaptive
+    steps, window = policy.compiled(engine.k)
+    min_cycles, margin = policy.min_cycles, policy.margin
+    state, sp, prefill_s, compile_s, lengths, cycles_by_k, run, (source, measure_s) = _start(
+        engine, prompts, max_new_tokens, sampling, seed, streamed=True)
+    j_max, b = max(steps), len(prompts)
+    zeros = np.zeros((b, j_max), np.float32)
+    progress = jax.device_get((state.generated, state.out_tokens, state.done))
+    k, c_BJ = run.choose(zeros, zeros, max_new_tokens - progress[0], ~progress[2], policy.prior, margin, None)
+    shown = np.zeros(b, np.int64)
+    dispatched: list[int] = []  # K of every call queued (the past-the-end ones change nothing)
+    at_k: list[np.ndarray] = []  # accepted per row of each cycle observed since K last changed (-1: not live)
+    plain_from = spec_log = None
+
+    def dispatch(s):
+        nonlocal plain_from, spec_log
+        if k == 0 and plain_from is None:
+            plain_from, spec_log = np.asarray(jax.device_get(s.generated)), s.accepted_log
+            s = to_plain(s)
+        dispatched.append(k)
+        return cycles_by_k[k](engine.weights, s, sp)
+
+    decode_s, t0 = 0.0, time.perf_counter()
+    in_flight = None
+    if pipelined and not progress[2].all():
+        state, in_flight = dispatch(state)
+    while True:
+        generated, out_tokens, done = progress
+        new = [out_tokens[i, shown[i]: generated[i]].tolist() for i in range(b)]
+        emitted = generated - shown
+        shown[:] = generated
+        if any(new):
+            decode_s += time.perf_counter() - t0
+            yield new
+            t0 = time.perf_counter()
+        if done.all():
+            break
+        if k > 0 and len(dispatched) > (1 if pipelined else 0):  # the cycle read now ran at the K before the last call
+            at_k.append(np.where(emitted > 0, emitted - 1, -1))
+            if len(at_k) >= min_cycles:
+                log = np.stack(at_k[-window:], axis=1)
+                hits, trials = window_counts(log, 0, log.shape[1], k, j_max, window)
+                k_next, c_BJ = run.choose(hits, trials, max_new_tokens - generated, ~done, policy.prior, margin, k)
+                if k_next != k:
+                    run.pool.add(*window_counts(np.stack(at_k, axis=1), 0, len(at_k), k, j_max, NO_LIMIT))
+                    at_k, k = [], k_next
+        state, queued = dispatch(state)
+        if pipelined:
+            progress, in_flight = jax.device_get(in_flight), queued
+        else:
+            progress = jax.device_get(queued)
+    jax.block_until_ready(state)
+    decode_s += time.perf_counter() - t0
+    if at_k and k > 0:
+        run.pool.add(*window_counts(np.stack(at_k, axis=1), 0, len(at_k), k, j_max, NO_LIMIT))
+    spec_cycles = int(state.cycles) if plain_from is None else None
+    ran = [kk for kk in dispatched if kk > 0]
+    if spec_cycles is None:  # the cycles before the switch to plain steps
+        spec_cycles = len(ran)
+    for kk in ran[:spec_cycles]:
+        run.ran(kk, 1, c_BJ, np.ones(b, bool))
+    run.calls = len(dispatched)
+    if plain_from is not None:
+        run.plain(int(state.steps), np.asarray(jax.device_get(state.generated)) - plain_from)
+    yield _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run, source, measure_s, c_BJ)
+
+
+def _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run: Calls, source, measure_s,
+            c_BJ) -> GenerationResult:
+    """`spec_log`: the speculative cycles' acceptance log where the generation ended in plain steps (the final
+    state is then plain decoding's)."""
+    generated, out_tokens = jax.device_get((state.generated, state.out_tokens))
+    tokens = [out_tokens[i, : generated[i]].tolist() for i in range(len(generated))]
+    spec_cycles = sum(1 for k in run.k_per_cycle if k > 0)
+    log = jax.device_get(state.accepted_log if spec_log is None else spec_log)
+    accepted = [[int(a) for a in row[:spec_cycles] if a >= 0] for row in log]
+    plain_steps = 0
+    if plain_from is not None:  # a plain step emits one token a live row and accepts nothing
+        plain_steps = int(state.steps)
+        accepted = [row + [0] * int(generated[i] - plain_from[i]) for i, row in enumerate(accepted)]
+    report = AdaptiveReport(run.steps, tuple(float(c) for c in run.costs), source, measure_s, list(run.k_per_cycle),
+                            run.expected_tokens, run.expected_s, float(run.switch_s),
+                            np.asarray(c_BJ, float).tolist(), run.calls)
+    return GenerationResult(tokens, accepted, [int(x) for x in lengths], prefill_s, decode_s, compile_s,
+                            spec_cycles + plain_steps, report)

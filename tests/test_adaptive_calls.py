@@ -1,0 +1,162 @@
+"""Adaptive speculation by call (jaxspec.adaptive_calls, the GPU default): the host rule and its stay band, greedy
+output equal to plain decoding while K changes between calls, a drafter that never matches switched off, the
+streamed run, and sampled output distributed as plain sampling."""
+
+import collections
+
+import numpy as np
+import pytest
+
+from jaxspec.adaptive_calls import (PerCallPolicy, Pool, acceptance_BJ, better_k, finish_times_N, stay_band,
+                                    window_counts)
+from jaxspec.engine import Engine
+from jaxspec.sampling import SamplingParams
+from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
+from tests.switched_drafter import looped_oracle_drafts
+
+STEPS = (0, 1, 2, 3)
+# costs where speculation pays only with high acceptance: K = 3 wins at c = 1, plain decoding at c = 0.2
+COSTS = ((0, 1.0), (1, 1.6), (2, 1.8), (3, 2.0))
+
+
+# --- the rule ---------------------------------------------------------------------------------------------
+
+def test_window_counts_observe_the_accepted_prefix_and_the_first_rejection():
+    log = np.array([[3, 0, 1, -1], [2, 2, -1, -1]])  # K = 3: row 0 accepted 3, 0, 1 drafts; row 1 2, 2
+    hits, trials = window_counts(log, 0, 4, 3, 4, 32)
+    np.testing.assert_array_equal(hits, [[2, 1, 1, 0], [2, 2, 0, 0]])
+    np.testing.assert_array_equal(trials, [[3, 2, 1, 0], [2, 2, 2, 0]])  # position 4 is never drafted at K = 3
+    hits, trials = window_counts(log, 0, 3, 3, 4, 1)  # the window: the last cycle only
+    np.testing.assert_array_equal(trials, [[1, 1, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(window_counts(log, 1, 3, 3, 4, 32)[1][0], [2, 1, 0, 0])  # from the call's start
+
+
+def test_rule_takes_the_k_that_finishes_first_and_leaves_only_where_it_pays_the_switch():
+    cost = np.array([c for _, c in COSTS])
+    live, remaining = np.array([True]), np.array([100])
+    c = acceptance_BJ(np.zeros((1, 3)), np.zeros((1, 3)), np.zeros(3), np.zeros(3), 1.0)
+    np.testing.assert_allclose(c, 1.0)  # no observation: the prior at every depth
+    assert better_k(finish_times_N(c, remaining, live, cost, STEPS), 0, 0.0, 0.03) == (3, True)
+    low = acceptance_BJ(np.zeros((1, 3)), np.full((1, 3), 50.0), np.zeros(3), np.zeros(3), 1.0)
+    assert better_k(finish_times_N(low, remaining, live, cost, STEPS), 3, 0.0, 0.03) == (0, True)
+    # the same gain is not worth a switch that costs more than it saves, nor with few tokens left
+    t = finish_times_N(low, remaining, live, cost, STEPS)
+    assert better_k(t, 3, float(t[3] - t[0]) + 1.0, 0.03) == (0, False)
+    assert better_k(finish_times_N(low, np.array([100]), live, cost, STEPS), 3, 2.5, 0.03)[1]
+    assert not better_k(finish_times_N(low, np.array([2]), live, cost, STEPS), 3, 2.5, 0.03)[1]
+    # the slowest live row sets the time; a finished row does not count
+    mixed = np.stack([c[0], low[0]])
+    assert better_k(finish_times_N(mixed, np.array([100, 100]), np.array([True, False]), cost, STEPS), 0, 0.0,
+                    0.03) == (3, True)
+    # the pool stands in for positions not observed in the call, and is capped
+    pool = Pool(3, cap=32.0)
+    pool.add(np.full((2, 3), 30.0), np.full((2, 3), 40.0))
+    assert pool.trials.max() == pytest.approx(32.0) and pool.hits[0] == pytest.approx(24.0)
+    pool.new_generation()
+    assert pool.trials[0] == pytest.approx(16.0)
+
+
+def test_stay_band_holds_the_acceptance_where_k_is_best():
+    cost = np.array([c for _, c in COSTS])
+    live, remaining = np.array([True]), np.array([100])
+    none = (np.zeros(3), np.zeros(3), 0.7)  # an empty pool, the prior
+    low, high = stay_band(3, remaining, live, cost, STEPS, 0.0, 0.0, *none, 1000)
+    assert 0.0 < low < high == pytest.approx(3.0)  # full acceptance keeps K = 3; little sends it to plain steps
+    lo1, hi1 = stay_band(1, remaining, live, np.array([1.0, 1.2, 1.6, 2.0]), STEPS, 0.0, 0.0, *none, 1000)
+    assert 0.1 < lo1 < hi1 < 0.9  # where K = 1 is best only in a middle band
+    assert stay_band(1, remaining, live, cost, STEPS, 0.0, 0.0, *none, 1000) == (-np.inf, np.inf)  # never best
+    # a switch dearer than any saving: no acceptance leaves K
+    assert stay_band(3, remaining, live, cost, STEPS, 1e6, 0.0, *none, 1000) == (-np.inf, np.inf)
+    # the band is the host's choice: a few observations weigh against the prior, so it is wider
+    assert stay_band(3, remaining, live, cost, STEPS, 0.0, 0.0, *none, 4)[0] < low
+    with pytest.raises(ValueError, match="costs name"):
+        PerCallPolicy(costs=((0, 1.0), (1, 1.0))).validate(3)
+    with pytest.raises(ValueError, match="margin"):
+        PerCallPolicy(margin=1.0).validate(3)
+
+
+# --- engines ------------------------------------------------------------------------------------------------
+
+def right_then_wrong_drafter(key, w, cfg, state, k, greedy, sp):
+    """The target's continuation until 12 tokens are out, then never."""
+    right = looped_oracle_drafts(w, cfg, state, k)
+    wrong = (right + 1) % cfg.target.vocab_size
+    import jax.numpy as jnp
+    return jnp.where(state.generated[:, None] < 12, right, wrong), None, state.draft_cache
+
+
+@pytest.fixture(scope="module")
+def calls_engine(pair):
+    cfg, w = pair
+    return Engine(cfg, w, num_steps=3, drafter=right_then_wrong_drafter,
+                  adaptive=PerCallPolicy(steps=STEPS, costs=COSTS, prior=1.0, min_cycles=2, window=4))
+
+
+def test_calls_speculate_while_drafts_are_accepted_then_decode_plainly(calls_engine, baseline_tokens):
+    res = calls_engine.generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens  # greedy: the same tokens whatever K ran
+    ks = res.adaptive.k_per_cycle
+    assert ks[0] == 3 and 0 in ks and all(k == 0 for k in ks[ks.index(0):])
+    assert ks.index(0) <= 10  # 3 cycles of right drafts, then off once the window of 4 holds mostly wrong ones
+    assert sum(res.adaptive.k_histogram.values()) == res.cycles == len(ks)
+    for acc, toks in zip(res.accepted, res.tokens):
+        assert len(acc) <= len(ks) and 1 + sum(a + 1 for a in acc) >= len(toks)
+    # the streamed run makes the same choices from the tokens it reads
+    events = list(calls_engine.stream(PROMPTS_3, MAX_NEW))
+    streamed = events[-1]
+    assert [sum((ev[i] for ev in events[:-1]), []) for i in range(3)] == streamed.tokens == baseline_tokens
+    assert streamed.adaptive.k_per_cycle[0] == 3 and streamed.adaptive.k_per_cycle[-1] == 0
+
+
+def test_a_drafter_that_never_matches_is_switched_off_and_said(pair, baseline_tokens):
+    from jaxspec.speculation_verdict import speculation_verdict
+
+    def wrong(key, w, cfg, state, k, greedy, sp):
+        return (looped_oracle_drafts(w, cfg, state, k) + 1) % cfg.target.vocab_size, None, state.draft_cache
+
+    cfg, w = pair
+    eng = Engine(cfg, w, num_steps=3, drafter=wrong,
+                 adaptive=PerCallPolicy(steps=STEPS, costs=COSTS, prior=0.9, min_cycles=3))
+    res = eng.generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens
+    ks = res.adaptive.k_per_cycle
+    assert ks[0] > 0 and ks.count(0) >= MAX_NEW - 4  # three drafting cycles, then plain to the end
+    verdict = speculation_verdict(res, 3)
+    assert verdict.paid is False and verdict.reason.startswith("speculation off for")
+    # the engine remembers: its next generation starts plain
+    assert set(eng.generate(PROMPTS_3, MAX_NEW).adaptive.k_per_cycle) == {0}
+
+
+def two_sample_chi_square(a: collections.Counter, b: collections.Counter, min_count: int = 5) -> tuple[float, int]:
+    """(statistic, degrees of freedom) of two equal-size samples' counts, rare values pooled into one bin."""
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= min_count]
+    rest = (sum(a.values()) - sum(a[k] for k in common), sum(b.values()) - sum(b[k] for k in common))
+    bins = [(a[k], b[k]) for k in common] + ([rest] if sum(rest) else [])
+    return sum((x - y) ** 2 / (x + y) for x, y in bins), len(bins) - 1
+
+
+def test_sampled_output_is_distributed_as_plain_sampling_while_k_changes(pair):
+    """Two-sample chi-square of the second and the third sampled token of one prompt over many seeds: the EAGLE-3
+    draft is rejected, so the second token comes from a speculative cycle and the third from a plain step after the
+    switch; each must be distributed as plain sampling's (at p = 0.001; the same test tells temperature 0.6 apart)."""
+    from scipy.stats import chi2
+
+    cfg, w = pair
+    prompt, n = [[5, 6, 7]], 200
+    eng = Engine(cfg, w, num_steps=3, adaptive=PerCallPolicy(steps=STEPS, costs=COSTS, prior=0.8, min_cycles=1,
+                                                             window=2, margin=0.0))
+    plain = Engine(cfg, w, num_steps=3)
+    got = [collections.Counter(), collections.Counter()]
+    ref = [collections.Counter(), collections.Counter()]
+    runs = collections.Counter()
+    for seed in range(n):
+        res = eng.generate(prompt, 3, SamplingParams(temperature=1.0), seed=seed)
+        runs[tuple(res.adaptive.k_per_cycle)] += 1
+        base = plain.generate(prompt, 3, SamplingParams(temperature=1.0), seed=seed + 10_000, speculative=False)
+        for i in (0, 1):
+            got[i][res.tokens[0][1 + i]] += 1
+            ref[i][base.tokens[0][1 + i]] += 1
+    assert any(ks[0] > 0 and ks[-1] == 0 for ks in runs)  # speculation, then plain steps, in one generation
+    for i in (0, 1):
+        stat, dof = two_sample_chi_square(got[i], ref[i])
+        assert dof >= 2 and stat < chi2.ppf(0.999, dof), (i, stat, dof)
