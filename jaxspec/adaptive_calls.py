@@ -60,7 +60,7 @@ class PerCallPolicy:
     prior: float = 0.7  # c_1 before any observation: about what EAGLE-3 drafters accept at the first position
     # cycles a call runs at its K before the rule may leave it; doubled for the next call of the same K each time the
     # host, weighing every position, keeps the K the call's test left (its flat-acceptance band is an approximation)
-    min_cycles: int = 8
+    min_cycles: int = 4
     window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
     margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device

@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # the CLI imports this module before JAX (and numpy), to answ
 # cycles with nothing accepted before "no draft was accepted" is said without a measured baseline: a few say little
 # about a drafter, and cost little
 NEVER_ACCEPTED_MIN_CYCLES = 8
-ADAPTIVE_HINT = ("--speculative-adaptive chooses K per cycle and falls back to plain steps where speculation does "
-                 "not pay")
+ADAPTIVE_HINT = ("adaptive speculation (the default; drop --no-speculative-adaptive) chooses K and falls back to plain "
+                 "decoding where speculation does not pay")
 
 
 @dataclasses.dataclass(frozen=True)

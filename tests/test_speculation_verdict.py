@@ -178,8 +178,8 @@ def test_fixed_k_verdicts():
     assert slower.reason == (
         "speculation ran slower than plain decoding: speedup 0.40x (0.30-0.50x over 3 rounds) at mean acceptance "
         "length 1.00; a K=4 cycle took 2.50 plain steps (1.250 ms per cycle against 0.500 ms per plain step, medians "
-        "of the rounds): --speculative-adaptive chooses K per cycle and falls back to plain steps where speculation "
-        "does not pay")
+        "of the rounds): adaptive speculation (the default; drop --no-speculative-adaptive) chooses K and falls back to "
+        "plain decoding where speculation does not pay")
     assert slower.figures["cycle_cost_in_plain_steps"] == pytest.approx(2.5)
     faster = fixed_verdict(4, [[3] * 20], 20, baseline(1.6))
     assert faster.paid is True and faster.reason is None and faster.figures["mean_acceptance_length"] == 4.0

@@ -5,7 +5,13 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
 - `fixed`: the fixed-K engine (K = --k), one call of its device loop;
 - `calls_one_k`: adaptive by call with the set {K} alone, so its loop never leaves (one call, the leaving test still
   evaluated every cycle): the per-call program and host against the fixed loop;
-- `calls`: adaptive by call with the default set 0..K (what `generate` runs on a GPU).
+- `calls`: adaptive by call with the default set 0..K (what `generate` runs on a GPU);
+- `loop_fixed` and `loop_leaving`: the two device loops alone on copies of one prefilled state (no host work around
+  them): the fixed-K loop as the engine jits it, and `jaxspec.adaptive_calls.spec_loop` never leaving (its test
+  still evaluated every cycle), so their difference is the leaving test's own cost;
+- `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
+  per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
+  is what separates these from `fixed` and `calls_one_k`.
 Per variant: the median and spread of decode ms over --rounds after a warm-up, cycles and calls. Writes
 adaptive-calls-ab-<device>-<date>.json and .md to --out.
 """
@@ -18,13 +24,59 @@ import statistics
 import sys
 from pathlib import Path
 
+import functools
+import time
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
 from bench.report import publish
-from jaxspec.adaptive_calls import PerCallPolicy
+from jaxspec.adaptive_calls import PerCallPolicy, spec_loop
+from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
+from jaxspec.sampling import SamplingParams
+from jaxspec.spec_step import speculative_cycle
+
+
+def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k: int) -> dict:
+    """The fixed engine's compiled loop and the per-call engine's K loop, as `Engine.generate` compiled them."""
+    greedy = SamplingParams()
+    sp = greedy.validate().as_arrays()
+    step = engine._step_fn(True, True, max_new)
+    loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
+    fixed = engine._compile("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))[0]
+    calls = _programs(calls_engine, state, sp, True, max_new, False)[0][k]
+    return {"program_fixed": lambda s: fixed(engine.weights, s, sp),
+            "program_calls": lambda s: calls(calls_engine.weights, s, sp, never_leaving(NO_LIMIT))}
+
+
+def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: int, rounds: int) -> dict:
+    """ms of the fixed-K loop and of spec_loop never leaving, each on a fresh copy of one prefilled state."""
+    greedy = SamplingParams()
+    state = engine._prefill([prompt], max_new, greedy, 0, True)[0]
+    kw = dict(cfg=engine.cfg, k=k, greedy=True, max_new_tokens=max_new)
+    cycle = functools.partial(speculative_cycle, **kw)
+    fixed = jax.jit(lambda w, s: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s),
+                    donate_argnums=1)
+    leaving = jax.jit(lambda w, s, r: spec_loop(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    runs = {"loop_fixed": lambda s: fixed(engine.weights, s),
+            "loop_leaving": lambda s: leaving(engine.weights, s, never_leaving(NO_LIMIT))}
+    runs.update(engine_programs(engine, calls_engine, state, max_new, k))
+    times = {name: [] for name in runs}
+    for r in range(rounds + 1):
+        for name, run in (runs.items() if r % 2 == 0 else reversed(runs.items())):
+            copy = jax.tree.map(jnp.copy, state)
+            jax.block_until_ready(copy)
+            t0 = time.perf_counter()
+            out = run(copy)
+            jax.block_until_ready(out.generated)
+            if r:  # the first round compiles and warms up
+                times[name].append(1e3 * (time.perf_counter() - t0))
+    cycles = int(np.asarray(out.cycles))
+    return {name: dict(decode_ms=statistics.median(ts), min_ms=min(ts), max_ms=max(ts), cycles=cycles, calls=1,
+                       k_histogram={str(k): cycles}) for name, ts in times.items()}
 
 
 def main(argv=None):
@@ -60,6 +112,11 @@ def main(argv=None):
                           {str(k): n for k, n in res.adaptive.k_histogram.items()})
         log(f"{name}: {rows[name]['decode_ms']:.3f} ms ({min(ts):.3f}-{max(ts):.3f}), {res.cycles} cycles, "
             f"calls {rows[name]['calls']}, K {rows[name]['k_histogram']}")
+    rows.update(loops_alone(engines["fixed"], engines["calls_one_k"], prompt, args.max_new_tokens, args.k,
+                            args.rounds))
+    for name in ("loop_fixed", "loop_leaving", "program_fixed", "program_calls"):
+        r = rows[name]
+        log(f"{name}: {r['decode_ms']:.3f} ms ({r['min_ms']:.3f}-{r['max_ms']:.3f}), {r['cycles']} cycles")
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"), k=args.k,
