@@ -42,7 +42,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
@@ -95,13 +94,16 @@ class PerCallPolicy:
         return (self.resolve_steps(k_max), self.window)
 
 
-@struct.dataclass
-class RuleInputs:
-    """What a call's leaving test reads besides the state (arguments, so one program serves any band)."""
-    low: jax.Array  # [] float32: the band of mean drafts accepted a cycle within which K stays the host's choice
-    high: jax.Array  # [] float32
-    min_cycles: jax.Array  # [] int32: cycles the call runs before it may leave
-    limit: jax.Array  # [] int32: cycles this call may run at most
+# What a call's leaving test reads besides the state, one float32 array [RULE_FIELDS] (one transfer a call; an
+# argument, so one program serves any band): the band of mean drafts accepted a cycle within which K stays the
+# host's choice (low, high), the cycles the call runs before it may leave, the cycles it may run at most.
+RULE_LOW, RULE_HIGH, RULE_MIN_CYCLES, RULE_LIMIT = range(4)
+RULE_FIELDS = 4
+
+
+def rule_array(low: float, high: float, min_cycles: int, limit: int) -> np.ndarray:
+    """The leaving test's inputs (a limit beyond float32's exact integers only ever compares as larger)."""
+    return np.array([low, high, min_cycles, limit], np.float32)
 
 
 # --- the rule (numpy on the host, jax.numpy in the loop predicate) -------------------------------------------
@@ -174,10 +176,10 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
 
 
 # --- the programs ---------------------------------------------------------------------------------------------
-def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule: RuleInputs, *, cfg: SpecConfig, k: int,
+def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecConfig, k: int,
               window: int, greedy: bool, max_new_tokens: int, drafter=None) -> SpecState:
-    """Fixed-K cycles until the batch is done, `rule.limit` cycles ran, or (after `rule.min_cycles`) the mean drafts
-    accepted a cycle over the call's last `window` cycles leaves [rule.low, rule.high] (`stay_band`).
+    """Fixed-K cycles until the batch is done, the rule's limit of cycles ran, or (after its minimum) the mean drafts
+    accepted a cycle over the call's last `window` cycles leaves the rule's band (`rule_array`, `stay_band`).
 
     The test is one masked reduction over the acceptance log and a comparison: on a GPU the loop's predicate runs
     every cycle, and the full rule's few dozen small operations there cost more per cycle than a small model's
@@ -189,8 +191,9 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule: RuleInputs, *, c
         idx_C = jnp.arange(s.accepted_log.shape[1])
         seen_BC = (idx_C >= jnp.maximum(start, s.cycles - window))[None] & (s.accepted_log >= 0)
         mean = jnp.sum(jnp.where(seen_BC, s.accepted_log, 0)) / jnp.maximum(jnp.sum(seen_BC), 1)
-        inside = (mean >= rule.low) & (mean <= rule.high)
-        return jnp.any(~s.done) & (ran < rule.limit) & ((ran < rule.min_cycles) | inside)
+        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
+        ran_f = ran.astype(jnp.float32)
+        return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
 
     def cycle(s):
         return speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,

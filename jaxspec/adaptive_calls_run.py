@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (Pool, RuleInputs, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
-                                    plain_loop, spec_loop, stay_band, to_plain, window_counts)
+from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
+                                    plain_loop, rule_array, spec_loop, stay_band, to_plain, window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -34,6 +34,7 @@ class Calls:
     switch_s: float
     k_per_cycle: list = dataclasses.field(default_factory=list)
     calls: int = 0  # device calls the decode made
+    unsettled: tuple | None = None  # the last call's (log, first cycle, last cycle, K), not yet in the pool
     expected_tokens: float = 0.0
     expected_s: float = 0.0
 
@@ -46,6 +47,19 @@ class Calls:
             return self.steps[int(np.argmin(times))], c_BJ
         best, leave = better_k(times, self.steps.index(current), self.switch_s, margin)
         return (self.steps[int(best)] if leave else current), c_BJ
+
+    def settle(self, policy, c_BJ):
+        """The last call's counts into the pool, after the generation's timing; returns the rows' acceptance
+        estimate at the end (its window with the pool as the call found it), else `c_BJ`."""
+        if self.unsettled is None:
+            return c_BJ
+        log, start, cycles, k = self.unsettled
+        self.unsettled = None
+        log = np.asarray(jax.device_get(log))
+        hits, trials = window_counts(log, start, cycles, k, max(self.steps), policy.window)
+        c_BJ = acceptance_BJ(hits, trials, self.pool.hits, self.pool.trials, np.float32(policy.prior))
+        self.pool.add(*window_counts(log, start, cycles, k, max(self.steps), NO_LIMIT))
+        return c_BJ
 
     def plain(self, steps: int, tokens_B) -> None:
         """Plain decoding ran `steps` steps that emitted `tokens_B` a row."""
@@ -68,20 +82,17 @@ def _pool(engine, greedy: bool, j_max: int, window: int) -> Pool:
     return pools[greedy]
 
 
-def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int, limit: int) -> RuleInputs:
+def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int, limit: int) -> np.ndarray:
     """The leaving test's inputs for a call of at most `limit` cycles at K (`stay_band` for windows of the call's
-    first test), as host scalars (the call moves them with its other arguments; a device array each would cost a
-    transfer each)."""
+    first test), one array (`rule_array`)."""
     low, high = stay_band(k, remaining_B, live_B, run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits,
                           run.pool.trials, policy.prior, min(min_cycles, policy.window))
-    return RuleInputs(low=np.float32(low), high=np.float32(high), min_cycles=np.int32(min_cycles),
-                      limit=np.int32(limit))
+    return rule_array(low, high, min_cycles, limit)
 
 
-def never_leaving(limit: int) -> RuleInputs:
+def never_leaving(limit: int) -> np.ndarray:
     """A call that runs its K for `limit` cycles (or to the end)."""
-    return RuleInputs(low=np.float32(-np.inf), high=np.float32(np.inf), min_cycles=np.int32(0),
-                      limit=np.int32(limit))
+    return rule_array(-np.inf, np.inf, 0, limit)
 
 
 def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
@@ -185,6 +196,7 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
         lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens)
     jax.block_until_ready(state.generated)
     decode_s = time.perf_counter() - t0
+    c_BJ = run.settle(policy, c_BJ)
     return _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run, source, measure_s,
                    c_BJ)
 
@@ -195,13 +207,17 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int):
     speculative cycles' acceptance log where it ended in plain steps else None, the tokens each row had at the
     switch to plain steps or None, the rows' last acceptance estimate)."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
-    zeros = np.zeros((state.pending.shape[0], j_max), np.float32)
-    generated, done = jax.device_get((state.generated, state.done))
+    b = state.pending.shape[0]
+    zeros = np.zeros((b, j_max), np.float32)
+    # a prefilled state: one token out a row, no cycle run (a row its first token finished is found done after the
+    # first call, which runs nothing for it); not read back, so the first call follows the prefill without a wait
+    generated, done, cycles = np.ones(b, np.int64), np.zeros(b, bool), 0
     k, c_BJ = run.choose(zeros, zeros, max_new_tokens - generated, ~done, policy.prior, margin, None)
-    cycles, min_cycles = int(jax.device_get(state.cycles)), policy.min_cycles
+    min_cycles = policy.min_cycles
     while not done.all():
         run.calls += 1
         if k == 0:
+            generated = np.asarray(jax.device_get(state.generated))  # before the plain loop takes the state
             out = call_plain(to_plain(state))
             final = np.asarray(jax.device_get(out.generated))
             run.plain(int(out.steps), final - generated)
@@ -209,9 +225,13 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int):
         start, live_B = cycles, ~done
         rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
         state = call_k(k, state, rule)
-        cycles, generated, done, log = jax.device_get((state.cycles, state.generated, state.done, state.accepted_log))
+        cycles, done = jax.device_get((state.cycles, state.done))
         cycles = int(cycles)
         run.ran(k, cycles - start, c_BJ, live_B)
+        if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
+            run.unsettled = (state.accepted_log, start, cycles, k)
+            break
+        generated, log = jax.device_get((state.generated, state.accepted_log))
         # the call's leaving test read its last `window` cycles; the host weighs them per position with the pool
         # as it was, and the pool then takes the whole call
         hits, trials = window_counts(log, start, cycles, k, j_max, window)
