@@ -16,10 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import adaptive_costs
+from jaxspec import adaptive_calls_run, adaptive_costs
 from jaxspec.adaptive import (AdaptivePolicy, AdaptiveState, acceptance_rates, adaptive_cycle, adaptive_loop,
                               forced_schedule, init_adaptive_state)
-from jaxspec import adaptive_calls_run
 from jaxspec.adaptive_calls import PerCallPolicy
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
