@@ -94,11 +94,10 @@ class PerCallPolicy:
         return (self.resolve_steps(k_max), self.window)
 
 
-# What a call's leaving test reads besides the state, one float32 array [RULE_FIELDS] (one transfer a call; an
-# argument, so one program serves any band): the band of mean drafts accepted a cycle within which K stays the
-# host's choice (low, high), the cycles the call runs before it may leave, the cycles it may run at most.
+# What a call's leaving test reads besides the state, one float32 array of four (one transfer a call; an argument,
+# so one program serves any band): the band of mean drafts accepted a cycle within which K stays the host's choice
+# (low, high), the cycles the call runs before it may leave, the cycles it may run at most.
 RULE_LOW, RULE_HIGH, RULE_MIN_CYCLES, RULE_LIMIT = range(4)
-RULE_FIELDS = 4
 
 
 def rule_array(low: float, high: float, min_cycles: int, limit: int) -> np.ndarray:
@@ -106,7 +105,7 @@ def rule_array(low: float, high: float, min_cycles: int, limit: int) -> np.ndarr
     return np.array([low, high, min_cycles, limit], np.float32)
 
 
-# --- the rule (numpy on the host, jax.numpy in the loop predicate) -------------------------------------------
+# --- the rule (on the host) ----------------------------------------------------------------------------------
 def window_counts(log_BC, first, last, k: int, j_max: int, window: int):
     """(hits_BJ, trials_BJ): position counts over cycles [max(first, last - window), last) of the acceptance log
     (-1 where a row ran no cycle), all of them at K = k."""
