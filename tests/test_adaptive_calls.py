@@ -163,3 +163,19 @@ def test_sampled_output_is_distributed_as_plain_sampling_while_k_changes(pair):
     for i in (0, 1):
         stat, dof = two_sample_chi_square(got[i], ref[i])
         assert dof >= 2 and stat < chi2.ppf(0.999, dof), (i, stat, dof)
+
+
+def test_calls_on_a_mesh_answer_as_one_device():
+    """The by-call loops and their rule array compiled over a 2 x 4 mesh of simulated devices: the same greedy tokens
+    as plain decoding on one device, device loop and streamed."""
+    from model.sharding import make_mesh
+    from tests.sharded_pair import sharded_pair
+
+    cfg, w = sharded_pair()
+    prompts = [[5, 6, 7, 8], [1, 2, 3]]
+    one = Engine(cfg, w, num_steps=3).generate(prompts, 12, speculative=False).tokens
+    eng = Engine(cfg, w, num_steps=3, mesh=make_mesh((2, 4)),
+                 adaptive=PerCallPolicy(steps=STEPS, costs=COSTS, prior=0.9, min_cycles=2))
+    res = eng.generate(prompts, 12)
+    assert res.tokens == one and res.adaptive.k_per_cycle[0] == 3
+    assert list(eng.stream(prompts, 12))[-1].tokens == one
