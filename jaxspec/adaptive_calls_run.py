@@ -21,6 +21,7 @@ from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import output_shapes
 from jaxspec.spec_step import speculative_cycle
+from jaxspec.state import with_progress
 
 NO_LIMIT = np.iinfo(np.int32).max
 
@@ -76,10 +77,9 @@ class Calls:
 
 def _pool(engine, greedy: bool, j_max: int, window: int) -> Pool:
     """The engine's position counts for greedy or sampled generation (acceptance differs between them)."""
-    pools = engine.__dict__.setdefault("_per_call_pools", {})
-    if greedy not in pools:
-        pools[greedy] = Pool(j_max, float(window))
-    return pools[greedy]
+    if greedy not in engine.acceptance_pools:
+        engine.acceptance_pools[greedy] = Pool(j_max, float(window))
+    return engine.acceptance_pools[greedy]
 
 
 def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int, limit: int) -> np.ndarray:
@@ -107,28 +107,20 @@ def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bo
     for k in steps:
         if k == 0 and streamed:
             step = functools.partial(baseline_step, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
-            specs.append(("calls_cycle_plain", _with_progress(step), {}, (w, plain_state, sp), (1,), baked))
+            specs.append(("calls_cycle_plain", with_progress(step), {}, (w, plain_state, sp), (1,), baked))
         elif k == 0:
             fn = functools.partial(plain_loop, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
             specs.append(("calls_loop_plain", fn, {}, (w, plain_state, sp, jnp.int32(0)), (1,), baked))
         elif streamed:
             step = functools.partial(speculative_cycle, cfg=engine.cfg, k=k, greedy=greedy,
                                      max_new_tokens=max_new_tokens, drafter=engine.drafter)
-            specs.append((f"calls_cycle_{k}", _with_progress(step), {}, (w, state, sp), (1,), baked))
+            specs.append((f"calls_cycle_{k}", with_progress(step), {}, (w, state, sp), (1,), baked))
         else:
             fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
                                    max_new_tokens=max_new_tokens, drafter=engine.drafter)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
     built = engine._compile_together(specs)
     return {k: program for k, (program, _) in zip(steps, built)}, sum(c for _, c in built)
-
-
-def _with_progress(step):
-    def cycle(w, state, sp):
-        state = step(w, state, sp)
-        return state, jax.tree.map(jnp.copy, (state.generated, state.out_tokens, state.done))
-
-    return cycle
 
 
 def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
@@ -140,11 +132,7 @@ def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
     if policy.costs is not None:
         switch = policy.switch_s if policy.switch_s is not None else 0.0
         return np.array([c for _, c in policy.costs], np.float32), switch, "given", 0.0
-    lat = state.target_cache.latent[0]
-    drafter = None if engine.drafter is None else getattr(engine.drafter, "__qualname__", repr(type(engine.drafter)))
-    key = adaptive_costs.cost_key("per_call_stream" if streamed else "per_call", engine.cfg, drafter,
-                                  engine.mesh and engine.mesh.devices.shape, lat.shape, str(lat.dtype), greedy,
-                                  policy.compiled(engine.k))
+    key = engine.cost_key(state, greedy, "per_call_stream" if streamed else "per_call")
     table, source, measure_s = adaptive_costs.cached(key), "cached", 0.0
     if table is None:
         def run_forced(copy, branch, n):

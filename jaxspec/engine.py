@@ -28,6 +28,8 @@ from jaxspec.prefill import (DEFAULT_CHUNK, MIN_BUCKET, baseline_prefill, prompt
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_programs, output_shapes, weights_to_run
 from jaxspec.spec_step import speculative_cycle
+from jaxspec.state import progress as state_progress
+from jaxspec.state import with_progress
 from model.kv_cache import round_capacity
 
 
@@ -40,21 +42,6 @@ def _pad_prompts(prompts: list[list[int]], bucket: int, pad_id: int):
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = p
     return tokens, np.array([len(p) for p in prompts], np.int32)
-
-
-def _progress(state) -> tuple:
-    """What streaming reads after a cycle: tokens emitted so far, the token buffer, which rows finished."""
-    return state.generated, state.out_tokens, state.done
-
-
-def _with_progress(step):
-    """`step` that also returns its progress as separate arrays: the state is donated to the next cycle, queued
-    before the host reads these."""
-    def cycle(w, state, sp):
-        state = step(w, state, sp)
-        return state, jax.tree.map(jnp.copy, _progress(state))
-
-    return cycle
 
 
 # Compiled programs shared by every Engine: the key holds everything a program bakes in (configs, K, the
@@ -85,6 +72,8 @@ class Engine:
         self.max_context = max_context or cfg.target.max_position_embeddings
         self.drafter = drafter  # None: the EAGLE-3 draft chain
         self.compile_count = 0  # programs this engine had to compile (not found in _PROGRAMS)
+        # adaptive by call: acceptance counts per draft position pooled over generations, greedy and sampled apart
+        self.acceptance_pools: dict = {}
 
     # --- compilation ---------------------------------------------------------------------------------
     def _compile(self, name: str, fn, static: dict, args: tuple, donate: tuple = (), baked: tuple = ()):
@@ -182,7 +171,7 @@ class Engine:
             return
         sp = sampling.validate().as_arrays()
         adaptive = speculative and self.adaptive is not None
-        step = _with_progress(self._step_fn(speculative, sampling.greedy, max_new_tokens))
+        step = with_progress(self._step_fn(speculative, sampling.greedy, max_new_tokens))
         cycle_spec = lambda name, state, policy: (name, step, {}, (self.weights, state, sp), (1,),  # noqa: E731
                                                   (sampling.greedy, max_new_tokens, policy))
         state, prefill_s, compile_s, lengths, *ready = self._prefill(
@@ -204,7 +193,7 @@ class Engine:
 
             state, report = self._adaptive_measure(state, report, key, run_forced)
         shown = np.zeros(len(prompts), np.int64)
-        progress = jax.device_get(_progress(state))  # the prefill's first tokens
+        progress = jax.device_get(state_progress(state))  # the prefill's first tokens
         decode_s, t0 = 0.0, time.perf_counter()
         if pipelined and not progress[2].all():
             state, in_flight = compiled(self.weights, state, sp)
@@ -259,10 +248,7 @@ class Engine:
         if policy.costs is not None:  # a given table prices no first run
             table, source = adaptive_costs.Measured(tuple(c for _, c in policy.costs)), "given"
         else:
-            lat = spec_state.target_cache.latent[0]
-            drafter = None if self.drafter is None else getattr(self.drafter, "__qualname__", repr(type(self.drafter)))
-            key = adaptive_costs.cost_key(self.cfg, drafter, self.mesh and self.mesh.devices.shape, lat.shape,
-                                          str(lat.dtype), greedy, policy.compiled(self.k))
+            key = self.cost_key(spec_state, greedy)
             table, source = adaptive_costs.cached(key), "cached"
         costs = table.costs_s if table is not None else (1.0,) * len(steps)
         first_run = table.first_run_s if table is not None else 0.0
@@ -270,6 +256,14 @@ class Engine:
         report = AdaptiveReport(steps, tuple(float(c) for c in costs) if table is not None else (), source, 0.0, [],
                                 0.0, 0.0, float(first_run))
         return state, report, (key if table is None else None)
+
+    def cost_key(self, spec_state, greedy: bool, *tag) -> str:
+        """The key a cost table is kept under for this engine's programs at `spec_state`'s cache shape (`tag`
+        names a kind of table other than the per-cycle program's)."""
+        lat = spec_state.target_cache.latent[0]
+        drafter = None if self.drafter is None else getattr(self.drafter, "__qualname__", repr(type(self.drafter)))
+        return adaptive_costs.cost_key(*tag, self.cfg, drafter, self.mesh and self.mesh.devices.shape, lat.shape,
+                                       str(lat.dtype), greedy, self.adaptive.compiled(self.k))
 
     def _adaptive_measure(self, state, report: AdaptiveReport, key: str, run_forced):
         """Time each K with `run_forced(state copy, branch, cycles) -> (state, cycles run)`; the state with the

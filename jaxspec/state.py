@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from model.eagle3 import DraftCache, DraftLatentCache
@@ -33,3 +34,18 @@ class BaselineState:
     out_tokens: jax.Array  # [B, N]
     steps: jax.Array  # [] int32
     key: jax.Array
+
+
+def progress(state) -> tuple:
+    """What streaming reads after a cycle: tokens emitted so far, the token buffer, which rows finished."""
+    return state.generated, state.out_tokens, state.done
+
+
+def with_progress(step):
+    """`step` that also returns its progress as separate arrays: the state is donated to the next cycle, queued
+    before the host reads these."""
+    def cycle(w, state, sp):
+        state = step(w, state, sp)
+        return state, jax.tree.map(jnp.copy, progress(state))
+
+    return cycle
