@@ -50,6 +50,7 @@ from jaxspec.spec_step import draft_chain, speculative_cycle  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
 ACCEPTANCE = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95)
+CHAIN_SCALE = 64.0  # the embedding rows' rms under --target chained
 INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -62,6 +63,30 @@ def controlled_drafter(key, w, cfg, state, k, greedy, sp, *, rate, continuation_
     wrong_BM = jnp.where(drafts_BM == truth_BM, (drafts_BM + 1) % cfg.target.vocab_size, drafts_BM)
     hit_BM = jax.random.uniform(jax.random.fold_in(key, 1), (b, k)) < rate
     return jnp.where(hit_BM, truth_BM, wrong_BM), q, cache
+
+
+def chained_target(w, scale: float = CHAIN_SCALE):
+    """The target `w` whose greedy next token is f(this token) at any depth and any rounding: f(t) = (7919 t + 17)
+    mod V (a permutation: 7919 is a prime that divides no vocabulary size here). Each embedding row becomes its own
+    direction at rms `scale`, and the lm_head row of f(t) that direction: the residual stream stays on the current
+    token's direction, which the layers' own outputs (rms ~1 after their norms) barely move, so the logit of f(t)
+    leads by a wide margin. Every layer still reads and computes what it did (the same shapes and kernels).
+
+    Why: at depth a random target's argmax margins are small, plain decoding and a verify of K + 1 tokens round
+    differently in bf16 and the continuation the controllable drafter copies stops being the target's."""
+    v = w.embed.shape[0]
+    emb = w.embed.astype(jnp.float32)
+    unit = emb / jnp.sqrt(jnp.mean(emb * emb, axis=1, keepdims=True) + 1e-12)
+    after = (7919 * jnp.arange(v, dtype=jnp.int32) + 17) % v  # < 2^31 for V below 271,000
+    inverse = jnp.argsort(after)  # lm_head row f(t) = the direction of t
+    dtype = w.embed.dtype
+    return w.replace(embed=(scale * unit).astype(dtype), lm_head=(unit[inverse] / np.sqrt(unit.shape[1])).astype(dtype),
+                     final_norm=jnp.ones_like(w.final_norm))
+
+
+def chain_next(tokens, v: int):
+    """f of `chained_target`, on the host."""
+    return (7919 * np.asarray(tokens, np.int64) + 17) % v
 
 
 def _until_done(step, state):
@@ -181,6 +206,8 @@ def _acceptance(log_BC, k: int) -> float | None:
 def sweep(args, log) -> dict:
     cfg = bench_config(args.layers, args.tiny)
     w = draw_weights(cfg, args.tiny, moe_layers=args.moe_layers)
+    if args.target == "chained":
+        w = jax.block_until_ready(chained_target(w))
     spec_cfg, _, sw = spec_pair(w, cfg, args.tiny)
     jax.block_until_ready(sw.draft)
     policy = AdaptivePolicy(steps=tuple(args.adaptive_steps), probe=False)
@@ -200,6 +227,14 @@ def sweep(args, log) -> dict:
     seconds, plain = _timed(lambda: base_prefill(*prompt), lambda s: base_loop(sw, s), args.repeats)
     cont = plain.out_tokens
     rows = {"K=0": {"tokens_per_s": decoded / seconds, "acceptance": None}}
+    if args.target == "chained":  # the share of plain decoding's tokens that follow f (1.0: the chain holds)
+        expect, last = [], tokens[:, args.prompt_tokens - 1]
+        for _ in range(args.max_new_tokens):
+            last = chain_next(last, cfg.vocab_size)
+            expect.append(last)
+        got = np.asarray(cont)[:, : args.max_new_tokens]
+        rows["K=0"]["chain_holds"] = float(np.mean(got == np.stack(expect, axis=1)))
+        log(f"chained target: {rows['K=0']['chain_holds']:.3f} of plain decoding's tokens follow the chain")
     log(f"K=0 (plain decoding): {decoded / seconds:.1f} tok/s")
     for k, loop in fixed.items():
         rows[f"K={k}"] = {}
@@ -267,7 +302,9 @@ def markdown(result: dict) -> str:
         f"on-device loop; controllable drafter (bench/adaptive_acceptance.py). Adaptive "
         f"{result.get('adaptive_kind', 'per_cycle')}, K set "
         f"{result['adaptive_steps']}, cost table (ms/cycle, measured here): {result['costs_ms']}. "
-        f"Median of {result['repeats']} runs.", "",
+        f"Median of {result['repeats']} runs. Target: {result.get('target', 'random')}"
+        + (f" ({result['rows']['K=0']['chain_holds']:.3f} of plain decoding's tokens follow its chain)"
+           if 'chain_holds' in result['rows']['K=0'] else "") + ".", "",
         "| a | " + " | ".join(f"{n} tok/s" for n in names) + " | adaptive tok/s | best fixed | adaptive / best | "
         "adaptive K histogram |",
         "|---" * (len(names) + 5) + "|",
@@ -314,6 +351,9 @@ def parse_args(argv):
     p.add_argument("--moe-layers", choices=("distinct", "repeated"), default="distinct",
                    help="repeated: every MoE layer runs one layer's experts (bench.step.draw_weights; 61 layers fit)")
     p.add_argument("--tiny", action="store_true", help="small dims (CPU smoke run)")
+    p.add_argument("--target", choices=("random", "chained"), default="random",
+                   help="chained: a target whose greedy continuation cannot drift between plain decoding and a "
+                        "verify at any depth (`chained_target`); random: the drawn weights as they are")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=192)
@@ -345,7 +385,7 @@ def main(argv=None):
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  layers=args.layers, moe_layers=args.moe_layers, tiny=args.tiny, batch=args.batch,
+                  layers=args.layers, moe_layers=args.moe_layers, target=args.target, tiny=args.tiny, batch=args.batch,
                   prompt_tokens=args.prompt_tokens,
                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, acceptance=list(args.acceptance))
     result.update(sweep(args, log))

@@ -180,25 +180,38 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
     """Fixed-K cycles until the batch is done, the rule's limit of cycles ran, or (after its minimum) the mean drafts
     accepted a cycle over the call's last `window` cycles leaves the rule's band (`rule_array`, `stay_band`).
 
-    The test is one masked reduction over the acceptance log and a comparison: on a GPU the loop's predicate runs
-    every cycle, and the full rule's few dozen small operations there cost more per cycle than a small model's
-    cycle takes (docs/performance.md, "Adaptive speculation by call")."""
+    The window's sum and count ride in the loop's carry, updated by the cycle's own column and the one leaving the
+    window, and the body computes the loop's go flag: on a GPU the predicate runs as its own kernel every cycle, and
+    a reduction over the whole log there (or the full rule, a few dozen small operations) costs a measurable share
+    of a small model's cycle (docs/performance.md, "Adaptive speculation by call")."""
     start = state.cycles
+    n_log = state.accepted_log.shape[1]
 
-    def keep_going(s):
-        ran = s.cycles - start
-        idx_C = jnp.arange(s.accepted_log.shape[1])
-        seen_BC = (idx_C >= jnp.maximum(start, s.cycles - window))[None] & (s.accepted_log >= 0)
-        mean = jnp.sum(jnp.where(seen_BC, s.accepted_log, 0)) / jnp.maximum(jnp.sum(seen_BC), 1)
+    def column(log_BC, c):
+        """Sum and count of the cycles logged in column c, zero where c is before this call or off the log."""
+        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
+        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
+        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
+
+    def go(s, total, seen):
+        ran_f = (s.cycles - start).astype(jnp.float32)
+        mean = total / jnp.maximum(seen, 1.0)
         inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
-        ran_f = ran.astype(jnp.float32)
         return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
 
-    def cycle(s):
-        return speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
-                                 drafter=drafter)
+    def cycle(carry):
+        s, total, seen, _ = carry
+        c = s.cycles
+        s = speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
+                              drafter=drafter)
+        new_total, new_seen = column(s.accepted_log, c)
+        old_total, old_seen = column(s.accepted_log, c - window)
+        total, seen = total + new_total - old_total, seen + new_seen - old_seen
+        return s, total, seen, go(s, total, seen)
 
-    return jax.lax.while_loop(keep_going, cycle, state)
+    zero = jnp.zeros((), jnp.float32)
+    carry = (state, zero, zero, go(state, zero, zero))
+    return jax.lax.while_loop(lambda carry: carry[3], cycle, carry)[0]
 
 
 def plain_loop(w: SpecWeights, state: BaselineState, sp: dict, limit, *, cfg: SpecConfig, greedy: bool,

@@ -127,61 +127,109 @@ def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
     """(t(K) per cycle of each K, the price of one more call, where they came from, seconds spent measuring). The
     device loops are timed for `generate`; streamed, the single-cycle programs called back to back, as streaming
     calls them (their host round trip is what a streamed cycle costs)."""
+    known = _known_costs(engine, state, greedy, streamed)
+    if known is not None:
+        return known
     policy = engine.adaptive
     steps = policy.resolve_steps(engine.k)
+    key = engine.cost_key(state, greedy, "per_call_stream" if streamed else "per_call")
+
+    def run_forced(copy, branch, n):
+        k, program = steps[branch], programs[steps[branch]]
+        s = to_plain(copy) if k == 0 else copy
+        count = (lambda x: int(x.steps)) if k == 0 else (lambda x: int(x.cycles))
+        start = count(s)
+        if streamed:
+            for _ in range(n):
+                s, _ = program(engine.weights, s, sp)
+        elif k == 0:
+            s = program(engine.weights, s, sp, np.int32(n))
+        else:
+            s = program(engine.weights, s, sp, never_leaving(n))
+        return s, count(s) - start
+
+    t0 = time.perf_counter()
+    table = adaptive_costs.measure(run_forced, state, len(steps))
+    measure_s = time.perf_counter() - t0
+    if table is None:  # nothing left to generate: any table serves
+        return np.ones(len(steps), np.float32), 0.0, "none", measure_s
+    adaptive_costs.remember(key, table, steps)
+    return _table_costs(policy, table, "measured", measure_s)
+
+
+def _known_costs(engine, state, greedy: bool, streamed: bool):
+    """The cost table where it is known without timing anything (given, or measured earlier for this device and
+    shape), else None. `state` may be still computing: only its shapes are read."""
+    policy = engine.adaptive
     if policy.costs is not None:
         switch = policy.switch_s if policy.switch_s is not None else 0.0
         return np.array([c for _, c in policy.costs], np.float32), switch, "given", 0.0
-    key = engine.cost_key(state, greedy, "per_call_stream" if streamed else "per_call")
-    table, source, measure_s = adaptive_costs.cached(key), "cached", 0.0
-    if table is None:
-        def run_forced(copy, branch, n):
-            k, program = steps[branch], programs[steps[branch]]
-            s = to_plain(copy) if k == 0 else copy
-            count = (lambda x: int(x.steps)) if k == 0 else (lambda x: int(x.cycles))
-            start = count(s)
-            if streamed:
-                for _ in range(n):
-                    s, _ = program(engine.weights, s, sp)
-            elif k == 0:
-                s = program(engine.weights, s, sp, np.int32(n))
-            else:
-                s = program(engine.weights, s, sp, never_leaving(n))
-            return s, count(s) - start
+    table = adaptive_costs.cached(engine.cost_key(state, greedy, "per_call_stream" if streamed else "per_call"))
+    return None if table is None else _table_costs(policy, table, "cached", 0.0)
 
-        t0 = time.perf_counter()
-        table = adaptive_costs.measure(run_forced, state, len(steps))
-        measure_s = time.perf_counter() - t0
-        if table is None:  # nothing left to generate: any table serves
-            return np.ones(len(steps), np.float32), 0.0, "none", measure_s
-        source = "measured"
-        adaptive_costs.remember(key, table, steps)
+
+def _table_costs(policy, table, source: str, measure_s: float):
     switch = policy.switch_s if policy.switch_s is not None else table.first_run_s
     return np.array(table.costs_s, np.float32), switch, source, measure_s
 
 
 def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, streamed: bool):
+    """Prefill, the programs, the cost table and this generation's `Calls`. Where the table is known before the
+    prefill ends (`_known_costs`), the host's first choice and the first call's rule are computed while the device
+    prefills: `first` = (K, the rows' acceptance estimate, the rule) or None where `drive` computes them."""
     policy = engine.adaptive
     steps, window = policy.compiled(engine.k)
     sp = sampling.validate().as_arrays()
-    state, prefill_s, compile_s, lengths = engine._prefill(prompts, max_new_tokens, sampling, seed, True)
+    early = {}
+
+    def meanwhile(pending_state):
+        known = _known_costs(engine, pending_state, sampling.greedy, streamed)
+        if known is None:
+            return
+        early["run"] = run = _calls(engine, steps, window, sampling.greedy, *known[:2])
+        early["costs"] = known
+        if not streamed:
+            early["first"] = first_call(run, policy, pending_state.pending.shape[0], max_new_tokens)
+
+    state, prefill_s, compile_s, lengths = engine._prefill(prompts, max_new_tokens, sampling, seed, True,
+                                                           meanwhile=meanwhile)
     programs, c = _programs(engine, state, sp, sampling.greedy, max_new_tokens, streamed)
-    costs, switch, source, measure_s = _cost_table(engine, state, sp, programs, sampling.greedy, streamed)
-    pool = _pool(engine, sampling.greedy, max(steps), window)
+    if "run" in early:
+        run, (_, _, source, measure_s) = early["run"], early["costs"]
+    else:
+        costs, switch, source, measure_s = _cost_table(engine, state, sp, programs, sampling.greedy, streamed)
+        run = _calls(engine, steps, window, sampling.greedy, costs, switch)
+    return (state, sp, prefill_s, compile_s + c, lengths, programs, run, (source, measure_s),
+            early.get("first"))
+
+
+def _calls(engine, steps, window, greedy: bool, costs, switch) -> Calls:
+    """A generation's `Calls`, its pool the engine's (aged by one generation)."""
+    pool = _pool(engine, greedy, max(steps), window)
     pool.new_generation()
-    run = Calls(steps, pool, costs, switch)
-    return state, sp, prefill_s, compile_s + c, lengths, programs, run, (source, measure_s)
+    return Calls(steps, pool, costs, switch)
+
+
+def first_call(run: Calls, policy, b: int, max_new_tokens: int):
+    """(K, the rows' acceptance estimate, the rule) of a generation's first call, from a prefilled state's
+    progress: one token out a row, none done, no cycle run (a row its first token finished is found done after
+    the first call, which runs nothing for it), so the prefill need not be read back."""
+    zeros = np.zeros((b, max(run.steps)), np.float32)
+    remaining, live = np.full(b, max_new_tokens - 1, np.int64), np.ones(b, bool)
+    k, c_BJ = run.choose(zeros, zeros, remaining, live, policy.prior, policy.margin, None)
+    rule = None if k == 0 else rule_inputs(run, k, remaining, live, policy, policy.min_cycles, NO_LIMIT)
+    return k, c_BJ, rule
 
 
 def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int) -> GenerationResult:
     """Prefill, then calls of one fixed-K loop each until the batch is done (plain decoding last, where chosen)."""
     policy = engine.adaptive
-    state, sp, prefill_s, compile_s, lengths, loops, run, (source, measure_s) = _start(
+    state, sp, prefill_s, compile_s, lengths, loops, run, (source, measure_s), first = _start(
         engine, prompts, max_new_tokens, sampling, seed, streamed=False)
     t0 = time.perf_counter()
     state, spec_log, plain_from, c_BJ = drive(
         state, lambda k, s, rule: loops[k](engine.weights, s, sp, rule),
-        lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens)
+        lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens, first)
     jax.block_until_ready(state.generated)
     decode_s = time.perf_counter() - t0
     c_BJ = run.settle(policy, c_BJ)
@@ -189,18 +237,17 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
                    c_BJ)
 
 
-def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int):
+def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, first=None):
     """The calls of one generation from its prefilled state: `call_k(k, state, rule) -> state` runs the K loop
-    (`spec_loop`), `call_plain(plain state) -> state` plain decoding to the end. Returns (the final state, the
-    speculative cycles' acceptance log where it ended in plain steps else None, the tokens each row had at the
-    switch to plain steps or None, the rows' last acceptance estimate)."""
+    (`spec_loop`), `call_plain(plain state) -> state` plain decoding to the end; `first`: the first call's
+    (`first_call`), where computed already. Returns (the final state, the speculative cycles' acceptance log where
+    it ended in plain steps else None, the tokens each row had at the switch to plain steps or None, the rows'
+    last acceptance estimate)."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
     b = state.pending.shape[0]
-    zeros = np.zeros((b, j_max), np.float32)
-    # a prefilled state: one token out a row, no cycle run (a row its first token finished is found done after the
-    # first call, which runs nothing for it); not read back, so the first call follows the prefill without a wait
+    # the prefilled state is not read back, so the first call follows the prefill without a wait (`first_call`)
     generated, done, cycles = np.ones(b, np.int64), np.zeros(b, bool), 0
-    k, c_BJ = run.choose(zeros, zeros, max_new_tokens - generated, ~done, policy.prior, margin, None)
+    k, c_BJ, rule = first if first is not None else first_call(run, policy, b, max_new_tokens)
     min_cycles = policy.min_cycles
     while not done.all():
         run.calls += 1
@@ -211,8 +258,9 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int):
             run.plain(int(out.steps), final - generated)
             return out, state.accepted_log, generated, c_BJ
         start, live_B = cycles, ~done
-        rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
-        state = call_k(k, state, rule)
+        if rule is None:
+            rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
+        state, rule = call_k(k, state, rule), None
         cycles, done = jax.device_get((state.cycles, state.done))
         cycles = int(cycles)
         run.ran(k, cycles - start, c_BJ, live_B)
@@ -237,7 +285,7 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
     policy = engine.adaptive
     steps, window = policy.compiled(engine.k)
     min_cycles, margin = policy.min_cycles, policy.margin
-    state, sp, prefill_s, compile_s, lengths, cycles_by_k, run, (source, measure_s) = _start(
+    state, sp, prefill_s, compile_s, lengths, cycles_by_k, run, (source, measure_s), _ = _start(
         engine, prompts, max_new_tokens, sampling, seed, streamed=True)
     j_max, b = max(steps), len(prompts)
     zeros = np.zeros((b, j_max), np.float32)

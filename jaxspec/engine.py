@@ -283,10 +283,12 @@ class Engine:
         return state.replace(cost_N=jnp.asarray(measured.costs_s, jnp.float32),
                              first_run_s=jnp.float32(measured.first_run_s)), report
 
-    def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative, then=None):
+    def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative, then=None,
+                 meanwhile=None):
         """Compile (or find) and run the prefill: (state, prefill seconds, compile seconds, prompt lengths). `then(state
         shapes)`: the `_compile` spec of the program the run takes next; it is compiled beside the prefill
-        (`_compile_together`) and returned last."""
+        (`_compile_together`) and returned last. `meanwhile(state not yet computed)`: host work run while the
+        device prefills (counted in the prefill's seconds only where it outlasts the device's work)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         bucket, capacity = self._shapes(prompts, max_new_tokens)
@@ -308,6 +310,8 @@ class Engine:
         compiled = built[0][0]
         t0 = time.perf_counter()
         state = compiled(*args)
+        if meanwhile is not None:
+            meanwhile(state)
         jax.block_until_ready(state.generated)
         return (state, time.perf_counter() - t0, sum(c for _, c in built), lengths, *(p for p, _ in built[1:]))
 

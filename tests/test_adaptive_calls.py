@@ -108,6 +108,28 @@ def test_calls_speculate_while_drafts_are_accepted_then_decode_plainly(calls_eng
     assert streamed.adaptive.k_per_cycle[0] == 3 and streamed.adaptive.k_per_cycle[-1] == 0
 
 
+def test_the_loop_leaves_where_the_window_mean_first_leaves_the_band(calls_engine):
+    """The loop's carried window sum against the mean recomputed from its own log: it runs its minimum, then stops
+    after the first cycle whose last `window` cycles' mean is out of the band, and not before."""
+    import jax
+
+    from jaxspec.adaptive_calls import rule_array, spec_loop
+
+    eng, greedy = calls_engine, SamplingParams()
+    state = eng._prefill(PROMPTS_3, MAX_NEW, greedy, 0, True)[0]
+    loop = jax.jit(lambda s, rule: spec_loop(eng.weights, s, {}, rule, cfg=eng.cfg, k=3, window=4, greedy=True,
+                                             max_new_tokens=MAX_NEW, drafter=eng.drafter))
+    out = loop(state, rule_array(1.0, 3.0, 2, 1000))
+    log, cycles = np.asarray(out.accepted_log), int(out.cycles)
+
+    def outside(n):  # after n cycles of this call
+        seen = log[:, max(0, n - 4):n]
+        mean = seen[seen >= 0].mean()
+        return n >= 2 and not 1.0 <= mean <= 3.0
+
+    assert 2 < cycles < 10 and outside(cycles) and not any(outside(n) for n in range(1, cycles))
+
+
 def test_a_drafter_that_never_matches_is_switched_off_and_said(pair, baseline_tokens):
     from jaxspec.speculation_verdict import speculation_verdict
 

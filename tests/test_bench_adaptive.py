@@ -36,14 +36,15 @@ def test_controlled_drafter_proposes_the_truth_at_the_asked_rate(pair):
 def test_acceptance_sweep_cli_writes_table_and_plot(tmp_path):
     result = adaptive_acceptance.main(["--tiny", "--layers", "3", "--k", "1", "--adaptive-steps", "0", "1",
                                        "--acceptance", "0", "1", "--prompt-tokens", "8", "--max-new-tokens", "12",
-                                       "--repeats", "1", "--out", str(tmp_path)])
+                                       "--repeats", "1", "--target", "chained", "--out", str(tmp_path)])
     stems = {p.suffix: p for p in tmp_path.iterdir()}
     assert set(stems) == {".json", ".md", ".png"}
     doc = json.loads(stems[".json"].read_text())
     assert doc["acceptance"] == [0.0, 1.0] and set(doc["rows"]) == {"K=0", "K=1", "adaptive"}
     rows = result["rows"]
-    # a = 1: every draft the truth, so the run leaves the plain continuation only if bf16 verify rounds differently
-    assert rows["K=1"][1.0]["acceptance"] == pytest.approx(1.0) or not rows["K=1"][1.0]["same_tokens"]
+    assert rows["K=0"]["chain_holds"] == 1.0  # the chained target's greedy tokens are f of the last, every one
+    # a = 1: every draft the truth
+    assert rows["K=1"][1.0]["acceptance"] == pytest.approx(1.0) and rows["K=1"][1.0]["same_tokens"]
     assert rows["K=1"][0.0]["acceptance"] == 0.0
     assert all(sum(r["k_histogram"].values()) > 0 for r in rows["adaptive"].values())
     assert "| 1.0 |" in stems[".md"].read_text()
