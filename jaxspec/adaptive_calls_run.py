@@ -95,9 +95,10 @@ def never_leaving(limit: int) -> np.ndarray:
     return rule_array(-np.inf, np.inf, 0, limit)
 
 
-def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
-    """{K: program} for every K of the set, compiled side by side: device loops (`spec_loop`, `plain_loop`) or,
-    streamed, single cycles that also return their progress. Returns (programs, compile seconds)."""
+def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool) -> list[tuple]:
+    """The `Engine._compile` specs of the loops, one per K of the set in order (`state`: the prefilled state or its
+    shapes): device loops (`spec_loop`, `plain_loop`) or, streamed, single cycles that also return their
+    progress."""
     policy = engine.adaptive
     steps, window = policy.compiled(engine.k)
     plain_state = output_shapes(to_plain, (state,), engine.mesh)
@@ -119,7 +120,14 @@ def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bo
             fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
                                    max_new_tokens=max_new_tokens, drafter=engine.drafter)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
-    built = engine._compile_together(specs)
+    return specs
+
+
+def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
+    """{K: program} for every K of the set (`_program_specs`), compiled side by side. Returns (programs, compile
+    seconds)."""
+    steps, _ = engine.adaptive.compiled(engine.k)
+    built = engine._compile_together(_program_specs(engine, state, sp, greedy, max_new_tokens, streamed))
     return {k: program for k, (program, _) in zip(steps, built)}, sum(c for _, c in built)
 
 
@@ -189,18 +197,23 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
         early["run"] = run = _calls(engine, steps, window, sampling.greedy, *known[:2])
         early["costs"] = known
         if not streamed:
-            early["first"] = first_call(run, policy, pending_state.pending.shape[0], max_new_tokens)
+            k, c_BJ, rule = first_call(run, policy, pending_state.pending.shape[0], max_new_tokens)
+            if rule is not None and engine.mesh is None:  # on the device before the call (a mesh program places it)
+                rule = jax.device_put(rule)
+            early["first"] = k, c_BJ, rule
 
-    state, prefill_s, compile_s, lengths = engine._prefill(prompts, max_new_tokens, sampling, seed, True,
-                                                           meanwhile=meanwhile)
-    programs, c = _programs(engine, state, sp, sampling.greedy, max_new_tokens, streamed)
+    # the loops compile beside the prefill, so the first call follows the prefill without a host gap
+    specs = functools.partial(_program_specs, engine, sp=sp, greedy=sampling.greedy, max_new_tokens=max_new_tokens,
+                              streamed=streamed)
+    state, prefill_s, compile_s, lengths, *loops = engine._prefill(prompts, max_new_tokens, sampling, seed, True,
+                                                                   then=specs, meanwhile=meanwhile)
+    programs = dict(zip(steps, loops))
     if "run" in early:
         run, (_, _, source, measure_s) = early["run"], early["costs"]
     else:
         costs, switch, source, measure_s = _cost_table(engine, state, sp, programs, sampling.greedy, streamed)
         run = _calls(engine, steps, window, sampling.greedy, costs, switch)
-    return (state, sp, prefill_s, compile_s + c, lengths, programs, run, (source, measure_s),
-            early.get("first"))
+    return (state, sp, prefill_s, compile_s, lengths, programs, run, (source, measure_s), early.get("first"))
 
 
 def _calls(engine, steps, window, greedy: bool, costs, switch) -> Calls:

@@ -286,8 +286,8 @@ class Engine:
     def _prefill(self, prompts, max_new_tokens, sampling: SamplingParams, seed, speculative, then=None,
                  meanwhile=None):
         """Compile (or find) and run the prefill: (state, prefill seconds, compile seconds, prompt lengths). `then(state
-        shapes)`: the `_compile` spec of the program the run takes next; it is compiled beside the prefill
-        (`_compile_together`) and returned last. `meanwhile(state not yet computed)`: host work run while the
+        shapes)`: the `_compile` spec of the program the run takes next, or a list of them; they are compiled beside
+        the prefill (`_compile_together`) and returned last, in order. `meanwhile(state not yet computed)`: host work run while the
         device prefills (counted in the prefill's seconds only where it outlasts the device's work)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -305,7 +305,8 @@ class Engine:
                                                 max_new_tokens=max_new_tokens, chunk=self.prefill_chunk)
         specs = [("prefill_spec" if speculative else "prefill_base", fn, static, args, (), ())]
         if then is not None:
-            specs.append(then(output_shapes(functools.partial(fn, **static), args, self.mesh)))
+            more = then(output_shapes(functools.partial(fn, **static), args, self.mesh))
+            specs += more if isinstance(more, list) else [more]
         built = self._compile_together(specs)
         compiled = built[0][0]
         t0 = time.perf_counter()

@@ -12,8 +12,11 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
 - `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
   per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
   is what separates these from `fixed` and `calls_one_k`.
-Per variant: the median and spread of decode ms over --rounds after a warm-up, cycles and calls. Writes
-adaptive-calls-ab-<device>-<date>.json and .md to --out.
+Per variant: the median and spread of decode ms over --rounds after a warm-up, cycles and calls. `--trace`: one
+`generate` of `fixed`, `calls_one_k` and `calls` each under jax.profiler (after the rounds): the device's kernels,
+busy and span, and its idle stretches of >= 20 us with the kernels on either side (where a by-call generation's
+time beyond the fixed one's goes: device work or host gaps). Writes adaptive-calls-ab-<device>-<date>.json and .md
+to --out.
 """
 
 from __future__ import annotations
@@ -52,6 +55,27 @@ def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k
             "program_calls": lambda s: calls(calls_engine.weights, s, sp, never_leaving(NO_LIMIT))}
 
 
+def traced_generate(engine: Engine, prompt, max_new: int) -> dict:
+    """One `generate` (already warm) under jax.profiler: its kernels, busy and span, and idle gaps."""
+    from bench.labs.step_profile import _traced, busy_ns, idle_gaps, kernel_events
+
+    got = {}
+
+    def run():
+        got["res"] = engine.generate([prompt], max_new)
+        return got["res"].tokens and jnp.zeros(())
+
+    events, wall_ms = _traced(run, kernel_events)
+    if not events:
+        raise RuntimeError("the trace holds no kernel events")
+    first = min(e["start_ns"] for e in events)
+    last = max(e["start_ns"] + e["duration_ns"] for e in events)
+    gaps = idle_gaps(events)
+    return dict(wall_ms=wall_ms, decode_ms=1e3 * got["res"].decode_s, kernels=len(events),
+                busy_ms=busy_ns(events) / 1e6, span_ms=(last - first) / 1e6, gaps_over_20us=len(gaps),
+                gaps_ms=sum(g["us"] for g in gaps) / 1e3, longest_gaps=sorted(gaps, key=lambda g: -g["us"])[:8])
+
+
 def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: int, rounds: int) -> dict:
     """ms of the fixed-K loop and of spec_loop never leaving, each on a fresh copy of one prefilled state."""
     greedy = SamplingParams()
@@ -86,6 +110,7 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--trace", action="store_true", help="trace one generate of each engine (see above)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
@@ -117,11 +142,20 @@ def main(argv=None):
     for name in ("loop_fixed", "loop_leaving", "program_fixed", "program_calls"):
         r = rows[name]
         log(f"{name}: {r['decode_ms']:.3f} ms ({r['min_ms']:.3f}-{r['max_ms']:.3f}), {r['cycles']} cycles")
+    traces = {}
+    if args.trace:
+        for name in ("fixed", "calls_one_k", "calls"):
+            traces[name] = traced_generate(engines[name], prompt, args.max_new_tokens)
+            t = traces[name]
+            log(f"trace {name}: wall {t['wall_ms']:.3f} ms (decode {t['decode_ms']:.3f}), {t['kernels']} kernels, "
+                f"busy {t['busy_ms']:.3f} ms, span {t['span_ms']:.3f} ms, {t['gaps_over_20us']} gaps >= 20 us "
+                f"({t['gaps_ms']:.3f} ms): " + "; ".join(f"{g['us']:.0f} us before {g['after'][:40]}"
+                                                        for g in t["longest_gaps"][:5]))
     dev = jax.devices()[0]
     now = datetime.datetime.now(datetime.timezone.utc)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"), k=args.k,
                   prompt=PROMPTS[args.prompt][1], max_new_tokens=args.max_new_tokens, rounds=args.rounds,
-                  dtype=args.dtype, rows=rows)
+                  dtype=args.dtype, rows=rows, traces=traces)
 
     def markdown(res):
         lines = [f"# Adaptive by call against fixed K: {res['device']}, {res['date']}", "",
@@ -131,6 +165,15 @@ def main(argv=None):
         for name, r in res["rows"].items():
             lines.append(f"| {name} | {r['decode_ms']:.3f} | {r['min_ms']:.3f}-{r['max_ms']:.3f} | {r['cycles']} | "
                          f"{r['calls']} | {r['k_histogram']} |")
+        if res["traces"]:
+            lines += ["", "One traced generate each (prefill included): ms.", "",
+                      "| engine | wall | decode | kernels | device busy | device span | gaps >= 20 us | longest gaps |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for name, t in res["traces"].items():
+                gaps = "; ".join(f"{g['us']:.0f} us before `{g['after'][:32]}`" for g in t["longest_gaps"][:4])
+                lines.append(f"| {name} | {t['wall_ms']:.3f} | {t['decode_ms']:.3f} | {t['kernels']} | "
+                             f"{t['busy_ms']:.3f} | {t['span_ms']:.3f} | {t['gaps_over_20us']} ({t['gaps_ms']:.3f}) | "
+                             f"{gaps} |")
         return "\n".join(lines) + "\n"
 
     publish(result, Path(args.out), f"adaptive-calls-ab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}", markdown, log)
