@@ -140,9 +140,22 @@ def finish_times_N(c_BJ, remaining_B, live_B, cost_N, steps: tuple[int, ...]):
     return np.max(cycles_BN, axis=0) * cost_N
 
 
-def better_k(times_N, current: int, switch_s, margin: float):
-    """(index of the fastest K, whether leaving `current` for it pays its switch)."""
-    best = int(np.argmin(times_N))
+def fastest_G(times_GN, plain: int | None, margin: float):
+    """Index of the K to run for each row of times: the fastest, or plain decoding (index `plain`) where it is within
+    `margin` of the fastest. A speculative K's time is an estimate from few cycles; plain decoding's is known, and
+    once chosen it runs to the end without another call."""
+    best_G = np.argmin(times_GN, axis=1)
+    if plain is None:
+        return best_G
+    rows = np.arange(times_GN.shape[0])
+    return np.where(times_GN[:, plain] <= (1.0 + margin) * times_GN[rows, best_G], plain, best_G)
+
+
+def better_k(times_N, current: int | None, switch_s, margin: float, plain: int | None = None):
+    """(index of the K to run, whether leaving `current` for it pays its switch): the fastest (`fastest_G`)."""
+    best = int(fastest_G(np.asarray(times_N)[None], plain, margin)[0])
+    if current is None:
+        return best, True
     return best, bool(best != current and times_N[best] + switch_s < (1.0 - margin) * times_N[current])
 
 
@@ -165,7 +178,7 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
     times_GN = slowest / e_GN * np.asarray(cost_N, np.float64)[None]
     current = steps.index(k)
-    best_G = np.argmin(times_GN, axis=1)
+    best_G = fastest_G(times_GN, steps.index(0) if 0 in steps else None, margin)
     leave_G = (best_G != current) & (times_GN[np.arange(len(c_G)), best_G] + switch_s
                                      < (1.0 - margin) * times_GN[:, current])
     if leave_G.all() or not leave_G.any():
