@@ -4,7 +4,7 @@ calls, where the time it saves over the tokens still wanted is larger than what 
 Why not per cycle. The per-cycle program (jaxspec.adaptive) holds every K behind a switch in one loop. On a GPU that
 program's cycle costs more than the fixed-K program's at the same K, and every further branch a call runs costs the
 host a command-buffer update (docs/performance.md, "Adaptive speculation"). Here a cycle IS the fixed-K program's
-cycle: what the choice adds to it is the loop predicate's arithmetic over the acceptance log. A change of K costs
+cycle: what the choice adds to it is the leaving test's few scalar operations a cycle. A change of K costs
 one more call, which the measured cost table prices (its intercept: what a call costs beyond its cycles).
 
 The rule (on the host, between calls). With c_j the conditional acceptance of draft position j, a cycle of K
@@ -13,20 +13,21 @@ loop needs about max_b R_b / E_b[K] more cycles for the tokens R_b its live rows
 
     T(K) = t(K) * max_b R_b / E_b[K]
 
-and the host takes the fastest K, leaving the current one only where T(K') + switch < (1 - margin) T(K), `switch`
-the measured price of one more call. Its estimate of c_j for a row counts the last call's last `window` cycles (a
+and the host takes the fastest K (or plain decoding where T(0) is within `margin` of it: a K's time is estimated,
+plain decoding's known), leaving the current one only where T(K') + switch < (1 - margin) T(K), `switch` the
+measured price of one more call. Its estimate of c_j for a row counts the last call's last `window` cycles (a
 cycle that accepted a of K observes positions 1..min(a + 1, K), accepted up to a), plus what earlier calls and
 generations observed (`Pool`: counts per position over the batch, halved at each new generation and capped at
 `window` observations so a new prompt's own cycles soon dominate), shrunk towards c_{j-1} (c_1 towards `prior`)
 with the weight of PRIOR_WEIGHT observations, so a depth not yet observed expects what the shallower positions
 accept.
 
-The leaving test (in the loop, every cycle after the call's first `min_cycles`). The loop's predicate runs every
-cycle, so it reads one figure: the mean drafts accepted a cycle over the call's last `window` cycles, against a band
-the host computed before the call (`stay_band`: the flat acceptances for which the host's own estimate and choice
-keep K). Where the host, weighing every position, keeps the K a call left anyway, the next call of that K waits
-twice as many cycles before its first test, so a band that is too narrow costs a few calls, not one every
-`min_cycles`.
+The leaving test (in the loop, every cycle after the call's first `min_cycles`). It runs every cycle, so it reads
+one figure, kept in the loop's carry: the mean drafts accepted a cycle over the call's last `window` cycles,
+against a band the host computed before the call (`stay_band`: the flat acceptances for which the host's own
+estimate and choice keep K). Where the host, weighing every position, keeps the K a call left anyway, the next call
+of that K waits twice as many cycles before its first test, so a band that is too narrow costs a few calls, not one
+every `min_cycles`.
 
 Plain decoding is for the rest of the generation: a plain step does not run the draft, so the draft's cache would
 miss the positions it skipped. The state is converted (`to_plain`) and the plain loop runs to the end. That is how a

@@ -287,8 +287,9 @@ class Engine:
                  meanwhile=None):
         """Compile (or find) and run the prefill: (state, prefill seconds, compile seconds, prompt lengths). `then(state
         shapes)`: the `_compile` spec of the program the run takes next, or a list of them; they are compiled beside
-        the prefill (`_compile_together`) and returned last, in order. `meanwhile(state not yet computed)`: host work run while the
-        device prefills (counted in the prefill's seconds only where it outlasts the device's work)."""
+        the prefill (`_compile_together`) and returned last, in order. `meanwhile(state not yet computed)`: host
+        work run while the device prefills (counted in the prefill's seconds only where it outlasts the device's
+        work)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         bucket, capacity = self._shapes(prompts, max_new_tokens)
