@@ -36,21 +36,26 @@ def _compile_events():
     return events
 
 
-def test_one_compilation_per_static_shape(pair):
+def test_one_compilation_per_static_shape(pair, monkeypatch):
+    import jaxspec.engine
+
+    traced = []  # the prefill traced for its output shapes (tens of ms a request where it is not kept)
+    real = jaxspec.engine.output_shapes
+    monkeypatch.setattr(jaxspec.engine, "output_shapes", lambda *a: traced.append(1) or real(*a))
     cfg, w = pair
     eng = Engine(cfg, w, num_steps=3)
     events = _compile_events()
     first = eng.generate([[3, 4, 5, 6, 7]], 60)
     list(eng.stream([[11, 12, 13]], 60))  # streaming: one compiled cycle dispatched per cycle
     assert first.cycles >= 20
-    count, n_events = eng.compile_count, len(events)
+    count, n_events, n_traced = eng.compile_count, len(events), len(traced)
     assert n_events >= count > 0  # the listeners see the compilations (fresh or from the persistent cache)
     # same bucket (16), other tokens and lengths: nothing compiles, neither on device nor while streaming
     second = eng.generate([[9, 8, 7, 6, 5, 4, 3, 2, 1]], 60)
     streamed = list(eng.stream([[14, 15, 16, 17]], 60))
     assert second.cycles >= 20 and streamed[-1].cycles >= 20
     assert eng.compile_count == count
-    assert len(events) == n_events
+    assert len(events) == n_events and len(traced) == n_traced
     # a new engine over the same configs reuses the programs too
     assert Engine(cfg, w, num_steps=3).generate([[1, 2]], 60).tokens and len(events) == n_events
 
