@@ -43,6 +43,25 @@ def test_a_drafter_that_never_matches_is_switched_off_within_a_few_loops():
     assert policy.acceptance()[1] < 0.1
 
 
+def test_plain_steps_are_said_with_the_figures_and_shown_on_metrics():
+    from jaxspec.serving.metrics import Metrics
+
+    policy = BatchAdaptiveK(4, explore_every=16)
+    _run(policy, 12, accept=0.0, cost=lambda k: 1.0 + 0.25 * k)
+    assert policy.k == 0
+    line = policy.verdict()
+    # K = 1: 1.0x tokens for a cycle of 1.25 plain steps, the cheapest of the Ks that do not pay
+    assert line.startswith("speculation off:") and "K, 1," in line and "1.25 plain steps" in line
+    metrics = Metrics(8)
+    metrics.speculation(policy.report())
+    text = metrics.render()
+    assert "jaxspec_speculation_k 0" in text and 'jaxspec_cycle_cost_plain_steps{k="4"} 2.0' in text
+    assert 'jaxspec_draft_acceptance_estimate{position="1"}' in text
+    good = BatchAdaptiveK(4)
+    _run(good, 30, accept=0.9, cost=lambda k: 1.0 + 0.1 * k)
+    assert good.verdict() is None  # speculating: nothing to say
+
+
 def test_a_drafter_that_matches_drafts_deep_and_a_middling_one_where_its_rate_is_best():
     deep = BatchAdaptiveK(4)
     _run(deep, 30, accept=0.9, cost=lambda k: 1.0 + 0.1 * k)

@@ -85,3 +85,36 @@ def test_the_server_logs_it_once(caplog):
 
 def test_without_speculation_nothing_is_said(caplog):
     assert _serve(0, caplog) == []
+
+
+def test_an_adaptive_server_says_when_it_goes_plain_and_shows_its_figures(caplog):
+    from jaxspec.serving.adaptive_k import BatchAdaptiveK
+
+    class _Adaptive(_NeverAccepting):
+        """Its K chosen per step by the server's rule, timed as a cycle of K costing 1 + K / 4 plain steps."""
+
+        def __init__(self):
+            super().__init__(4)
+            self.choose_k, self._last = BatchAdaptiveK(4, explore_every=64), None
+
+        def step(self, cancel, any_sampled):
+            self.k = self.choose_k(self._last)
+            result = super().step(cancel, any_sampled)
+            live = result.slot_cycles // 4
+            by_count = (float(result.slot_cycles),) + (0.0,) * self.k if self.k else (result.slot_cycles,)
+            self._last = StepResult(result.tokens, result.done, 0, result.slot_cycles, 4, self.k, by_count,
+                                    (0, result.slot_cycles if self.k == 0 else 0), 4 * (1 + self.k / 4) * max(live, 1))
+            return self._last
+
+    metrics = Metrics(2)
+    scheduler = Scheduler(_Adaptive(), metrics, max_queue=4)
+    ended = threading.Event()
+    scheduler.submit(Request([5, 6], 400, SamplingParams(), 0, lambda e: isinstance(e, Finished) and ended.set()))
+    with caplog.at_level(logging.WARNING, logger="jaxspec.serve"):
+        scheduler.start()
+        assert ended.wait(30)
+        scheduler.stop(5)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation off:")]
+    assert len(said) == 1 and "plain steps" in said[0]
+    assert _value(metrics, "jaxspec_speculation_k") == 0
+    assert 'jaxspec_speculation_loops_total{k="0"}' in metrics.render()

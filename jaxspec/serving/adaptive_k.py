@@ -132,6 +132,38 @@ class BatchAdaptiveK:
             return min(near, key=lambda k: self._measured_at.get((bucket, k), -1))
         return self.k
 
+    # --- what the user is told -------------------------------------------------------------------------------
+    def report(self) -> dict:
+        """The figures behind the choice, for /metrics: the K of the next loop, loops run per K, the acceptance
+        estimate per draft position, and per K its expected tokens per slot-cycle and the time of its cycle in
+        plain steps at the current occupancy (where both are known)."""
+        bucket = occupancy_bucket(self.live)
+        plain = self.cycle_time(0, bucket)
+        expected = self.expected_tokens()
+        in_steps = {}
+        for k in self.ks:
+            t = self.cycle_time(k, bucket)
+            if t is not None and plain:
+                in_steps[k] = t / plain
+        return dict(k=self.k, loops=dict(self.choices), acceptance=[float(c) for c in self.acceptance()[1:]],
+                    expected_tokens={k: float(expected[k]) for k in self.ks}, cycle_plain_steps=in_steps)
+
+    def verdict(self) -> str | None:
+        """One line when plain steps are the choice because no K pays, with the figures that decided it; None while
+        a K >= 1 is chosen or before the costs are known."""
+        if self.k != 0:
+            return None
+        r = self.report()
+        paying = [(k, r["expected_tokens"][k], r["cycle_plain_steps"][k]) for k in self.ks
+                  if k > 0 and k in r["cycle_plain_steps"]]
+        if not paying:
+            return None
+        k, tokens, steps = min(paying, key=lambda x: x[2] / x[1])
+        return (f"speculation off: the drafts' measured acceptance is {r['acceptance'][0]:.2f} at the first position; "
+                f"the best K, {k}, yields {tokens:.2f} tokens a slot-cycle for a cycle that costs {steps:.2f} plain "
+                f"steps, so plain steps are faster (neighbouring K are tried again every {self.explore_every}-"
+                f"{EXPLORE_BACKOFF * self.explore_every} loops)")
+
     def __call__(self, last) -> int:
         if last is not None:
             self.observe(last)

@@ -35,6 +35,7 @@ class Metrics:
         self._prefix: dict[str, int] = {}  # the prefix cache's counts (PrefixIndex.stats)
         self._cache_pages: tuple[int, int, int] | None = None  # a paged cache's (pages in use, pages, tokens held)
         self.preemptions = 0
+        self._speculation: dict | None = None  # an adaptive server's figures (BatchAdaptiveK.report)
 
     def request_done(self, outcome: str) -> None:
         with self._lock:
@@ -70,6 +71,10 @@ class Metrics:
     def preempted(self, requests: int) -> None:
         with self._lock:
             self.preemptions += requests
+
+    def speculation(self, report: dict) -> None:
+        with self._lock:
+            self._speculation = report
 
     def prefix_cache(self, stats: dict[str, int]) -> None:
         with self._lock:
@@ -132,6 +137,20 @@ class Metrics:
                           [({}, self._cache_pages[2])]),
                          ("jaxspec_preemptions_total", "counter", "Requests preempted for pages (each resumed later)",
                           [({}, self.preemptions)])]
+            a = self._speculation
+            if a is not None:
+                rows += [("jaxspec_speculation_k", "gauge", "Drafts per cycle the adaptive rule chose for the next loop "
+                          "(0: plain steps)", [({}, a["k"])]),
+                         ("jaxspec_speculation_loops_total", "counter", "Device loops run per K",
+                          [({"k": k}, n) for k, n in sorted(a["loops"].items())]),
+                         ("jaxspec_draft_acceptance_estimate", "gauge", "Estimated conditional acceptance of each "
+                          "draft position (recent loops, decayed)",
+                          [({"position": j + 1}, c) for j, c in enumerate(a["acceptance"])]),
+                         ("jaxspec_expected_tokens_per_slot_cycle", "gauge", "Tokens a slot-cycle of K yields at the "
+                          "estimated acceptance", [({"k": k}, e) for k, e in sorted(a["expected_tokens"].items())]),
+                         ("jaxspec_cycle_cost_plain_steps", "gauge", "A cycle of K in plain steps at the current "
+                          "occupancy (measured here)", [({"k": k}, c) for k, c in
+                                                        sorted(a["cycle_plain_steps"].items())])]
             p = self._prefix
             rows += [
                 ("jaxspec_prefix_cache_hits_total", "counter", "Prompts that started with cached prefix pages",

@@ -91,6 +91,7 @@ class Scheduler:
         self._stopping = False
         self._deadline = float("inf")  # when stopping: in-flight requests still running then are ended
         self._said_not_paying = False  # the log's line that speculation does not pay, said once
+        self._said_off = False  # an adaptive server's line that it runs plain steps, said when it goes plain
         self._thread = threading.Thread(target=self._run, name="jaxspec-engine", daemon=True)
 
     # --- called from the server's threads ------------------------------------------------------------
@@ -285,6 +286,13 @@ class Scheduler:
             if line:
                 log.warning(line)
                 self._said_not_paying = True
+        policy = getattr(self.engine, "choose_k", None)
+        if hasattr(policy, "report"):  # an adaptive server: its figures on /metrics, and a line when it goes plain
+            self.metrics.speculation(policy.report())
+            line = policy.verdict()
+            if line and not self._said_off:
+                log.warning(line)
+            self._said_off = line is not None
 
     def _reason(self, last_token) -> str:
         return "stop" if last_token in self.eos_ids else "length"
