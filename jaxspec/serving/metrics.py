@@ -139,8 +139,8 @@ class Metrics:
                           [({}, self.preemptions)])]
             a = self._speculation
             if a is not None:
-                rows += [("jaxspec_speculation_k", "gauge", "Drafts per cycle the adaptive rule chose for the next loop "
-                          "(0: plain steps)", [({}, a["k"])]),
+                rows += [("jaxspec_speculation_k", "gauge", "Drafts per cycle the adaptive rule chose for the next "
+                          "loop (0: plain steps)", [({}, a["k"])]),
                          ("jaxspec_speculation_loops_total", "counter", "Device loops run per K",
                           [({"k": k}, n) for k, n in sorted(a["loops"].items())]),
                          ("jaxspec_draft_acceptance_estimate", "gauge", "Estimated conditional acceptance of each "
