@@ -19,7 +19,6 @@ from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_toke
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
-from jaxspec.sharded import output_shapes
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import with_progress
 
@@ -101,7 +100,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
     progress."""
     policy = engine.adaptive
     steps, window = policy.compiled(engine.k)
-    plain_state = output_shapes(to_plain, (state,), engine.mesh)
+    plain_state = to_plain(state)  # a restructuring: its shapes need no trace
     w = engine.weights
     baked = (greedy, max_new_tokens, policy.compiled(engine.k))
     specs = []

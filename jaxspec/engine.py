@@ -50,6 +50,11 @@ _PROGRAMS: dict[tuple, Callable] = {}
 _OUTPUT_SHAPES: dict[tuple, object] = {}  # what a program of _PROGRAMS returns, as shapes (same keys)
 
 
+def _signature(tree) -> tuple:
+    """A pytree's leaves by shape and dtype."""
+    return tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(tree))
+
+
 class Engine:
     def __init__(self, cfg: SpecConfig, weights: SpecWeights, *, num_steps: int = 3, max_context: int | None = None,
                  drafter=None, mesh=None, prefill_chunk: int = DEFAULT_CHUNK,
@@ -70,6 +75,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.mesh = mesh
         self.cfg, self.weights, self.k = cfg, weights_to_run(weights, mesh), num_steps
+        self._weights_signature = None  # the weights' shapes and dtypes in program keys (`_program_key`)
         self.max_context = max_context or cfg.target.max_position_embeddings
         self.drafter = drafter  # None: the EAGLE-3 draft chain
         self.compile_count = 0  # programs this engine had to compile (not found in _PROGRAMS)
@@ -98,8 +104,14 @@ class Engine:
         return [(_PROGRAMS[key], seconds.pop(key, 0.0)) for key in keys]
 
     def _program_key(self, name: str, static: dict, args: tuple, baked: tuple) -> tuple:
-        # arguments by shape and dtype (arrays or their shapes alike): a program's placement follows from the mesh
-        leaves = tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(args))
+        # arguments by shape and dtype (arrays or their shapes alike): a program's placement follows from the mesh.
+        # The weights' part is taken once: at Kimi's depth they are ~1,500 arrays, and a request looks up several keys
+        if args and args[0] is self.weights:
+            if self._weights_signature is None:
+                self._weights_signature = _signature(self.weights)
+            leaves = (self._weights_signature, _signature(args[1:]))
+        else:
+            leaves = (_signature(args),)
         return (name, self.cfg, self.k, self.drafter, self.mesh, baked, tuple(sorted(static.items())), leaves)
 
     def _shapes(self, prompts, max_new_tokens):
