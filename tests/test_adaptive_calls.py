@@ -134,6 +134,21 @@ def test_the_loop_leaves_where_the_window_mean_first_leaves_the_band(calls_engin
     assert 2 < cycles < 10 and outside(cycles) and not any(outside(n) for n in range(1, cycles))
 
 
+def test_the_gpu_default_measures_its_costs_once_then_decides_during_the_prefill(pair, baseline_tokens):
+    """No costs given, as on a GPU: the first generation times every K's loop, later ones find the table (and make
+    their first choice while the device prefills); greedy output equals plain decoding's either way."""
+    cfg, w = pair
+    eng = Engine(cfg, w, num_steps=3, adaptive=PerCallPolicy(steps=STEPS))
+    first = eng.generate(PROMPTS_3, MAX_NEW)
+    second = eng.generate(PROMPTS_3, MAX_NEW)
+    assert first.tokens == second.tokens == baseline_tokens
+    assert first.adaptive.cost_source == "measured" and first.adaptive.measure_s > 0
+    assert second.adaptive.cost_source == "cached" and second.adaptive.costs_s == first.adaptive.costs_s
+    assert second.adaptive.calls >= 1 and sum(second.adaptive.k_histogram.values()) == second.cycles
+    streamed = list(eng.stream(PROMPTS_3, MAX_NEW))[-1]  # its own table: single cycles called back to back
+    assert streamed.tokens == baseline_tokens and streamed.adaptive.cost_source == "measured"
+
+
 def test_a_drafter_that_never_matches_is_switched_off_and_said(pair, baseline_tokens):
     from jaxspec.speculation_verdict import speculation_verdict
 
