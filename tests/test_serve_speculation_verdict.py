@@ -68,15 +68,20 @@ class _NeverAccepting:
         pass
 
 
-def _serve(k: int, caplog) -> list[str]:
-    scheduler = Scheduler(_NeverAccepting(k), Metrics(2), max_queue=4)
+def _serve_one(engine, metrics: Metrics, max_new: int, caplog) -> list[str]:
+    """One request through the scheduler to its end: the log's warning lines."""
+    scheduler = Scheduler(engine, metrics, max_queue=4)
     ended = threading.Event()
-    scheduler.submit(Request([5, 6], 200, SamplingParams(), 0, lambda e: isinstance(e, Finished) and ended.set()))
+    scheduler.submit(Request([5, 6], max_new, SamplingParams(), 0, lambda e: isinstance(e, Finished) and ended.set()))
     with caplog.at_level(logging.WARNING, logger="jaxspec.serve"):
         scheduler.start()
         assert ended.wait(30)
         scheduler.stop(5)
-    return [r.getMessage() for r in caplog.records if "speculation does not pay" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records]
+
+
+def _serve(k: int, caplog) -> list[str]:
+    return [m for m in _serve_one(_NeverAccepting(k), Metrics(2), 200, caplog) if "speculation does not pay" in m]
 
 
 def test_the_server_logs_it_once(caplog):
@@ -107,14 +112,7 @@ def test_an_adaptive_server_says_when_it_goes_plain_and_shows_its_figures(caplog
             return self._last
 
     metrics = Metrics(2)
-    scheduler = Scheduler(_Adaptive(), metrics, max_queue=4)
-    ended = threading.Event()
-    scheduler.submit(Request([5, 6], 400, SamplingParams(), 0, lambda e: isinstance(e, Finished) and ended.set()))
-    with caplog.at_level(logging.WARNING, logger="jaxspec.serve"):
-        scheduler.start()
-        assert ended.wait(30)
-        scheduler.stop(5)
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation off:")]
+    said = [m for m in _serve_one(_Adaptive(), metrics, 400, caplog) if m.startswith("speculation off:")]
     assert len(said) == 1 and "plain steps" in said[0]
     assert _value(metrics, "jaxspec_speculation_k") == 0
     assert 'jaxspec_speculation_loops_total{k="0"}' in metrics.render()
