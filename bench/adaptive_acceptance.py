@@ -46,6 +46,7 @@ from jaxspec.adaptive_costs import measure  # noqa: E402
 from jaxspec.defaults import ADAPTIVE_KINDS, default_adaptive_kind  # noqa: E402
 from jaxspec.baseline_step import baseline_step  # noqa: E402
 from jaxspec.prefill import baseline_prefill, prompt_bucket, spec_prefill  # noqa: E402
+from jaxspec.sharded import compile_programs  # noqa: E402
 from jaxspec.spec_step import draft_chain, speculative_cycle  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
@@ -134,11 +135,34 @@ def per_call_programs(spec_cfg, steps, policy: PerCallPolicy, max_new: int):
     return {k: loop(k) for k in steps if k > 0}, plain
 
 
-def sweep_per_call(args, log, spec_cfg, sw, sprefill, prompt, cont, decoded) -> dict:
-    """Adaptive by call at each a: a fresh pool for every run (what one `generate` process starts from)."""
+def compiled_side_by_side(prompt, base_prefill, sprefill, base_loop, fixed: dict, per_call):
+    """The sweep's programs compiled ahead of time, XLA compiling them side by side (`compile_programs`: one thread
+    a program; at Kimi's depth each takes tens of seconds, one after another several minutes): the prefills, plain
+    decoding's loop, the fixed-K loops and adaptive by call's (`per_call`: `per_call_programs` or None). The
+    per-cycle adaptive program stays jitted on first use."""
+    base_state, spec_state = jax.eval_shape(base_prefill, *prompt), jax.eval_shape(sprefill, *prompt)
+    sw, rate, cont = prompt[0], jax.ShapeDtypeStruct((), jnp.float32), base_state.out_tokens
+    entries = {"base_prefill": (base_prefill, prompt, ()), "sprefill": (sprefill, prompt, ()),
+               "base_loop": (base_loop, (sw, base_state), (1,))}
+    entries.update({("fixed", k): (loop, (sw, spec_state, rate, cont), (1,)) for k, loop in fixed.items()})
+    if per_call is not None:
+        loops, plain = per_call
+        rule = jax.ShapeDtypeStruct((4,), jnp.float32)
+        entries.update({("calls", k): (loop, (sw, spec_state, rule, rate, cont), (1,)) for k, loop in loops.items()})
+        entries["plain"] = (plain, (sw, jax.eval_shape(to_plain, spec_state), jax.ShapeDtypeStruct((), jnp.int32)),
+                            (1,))
+    built = dict(zip(entries, compile_programs(list(entries.values()))))
+    fixed = {k: built[("fixed", k)] for k in fixed}
+    if per_call is not None:
+        per_call = ({k: built[("calls", k)] for k in per_call[0]}, built["plain"])
+    return built["base_prefill"], built["sprefill"], built["base_loop"], fixed, per_call
+
+
+def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain) -> dict:
+    """Adaptive by call at each a (`loops`, `plain`: `per_call_programs`): a fresh pool for every run (what one
+    `generate` process starts from)."""
     policy = PerCallPolicy(steps=tuple(args.adaptive_steps))
     steps = policy.resolve_steps(max(args.adaptive_steps))
-    loops, plain = per_call_programs(spec_cfg, steps, policy, args.max_new_tokens)
     j_max = max(steps)
 
     def run_forced(s, branch, cycles):
@@ -223,6 +247,15 @@ def sweep(args, log) -> dict:
     tokens[:, : args.prompt_tokens] = rng.integers(3, cfg.vocab_size, (args.batch, args.prompt_tokens))
     prompt = (sw, jnp.asarray(tokens), jnp.full((args.batch,), args.prompt_tokens, jnp.int32), jax.random.key(0), {})
     decoded = args.batch * (args.max_new_tokens - 1)  # tokens after the prefill's first, every run
+    per_call = None
+    if args.adaptive_kind == "per_call":
+        call_policy = PerCallPolicy(steps=tuple(args.adaptive_steps))
+        per_call = per_call_programs(spec_cfg, call_policy.resolve_steps(max(args.adaptive_steps)), call_policy,
+                                     args.max_new_tokens)
+    t0 = time.perf_counter()
+    base_prefill, sprefill, base_loop, fixed, per_call = compiled_side_by_side(
+        prompt, base_prefill, sprefill, base_loop, fixed, per_call)
+    log(f"programs compiled side by side in {time.perf_counter() - t0:.1f} s")
 
     seconds, plain = _timed(lambda: base_prefill(*prompt), lambda s: base_loop(sw, s), args.repeats)
     cont = plain.out_tokens
@@ -246,7 +279,7 @@ def sweep(args, log) -> dict:
             log(f"K={k} a={a}: {decoded / seconds:.1f} tok/s, measured acceptance {rows[f'K={k}'][a]['acceptance']}")
 
     if args.adaptive_kind == "per_call":
-        got = sweep_per_call(args, log, spec_cfg, sw, sprefill, prompt, cont, decoded)
+        got = sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, *per_call)
         rows["adaptive"] = got.pop("rows")
         return dict(rows=rows, adaptive_kind="per_call", **got)
     aux_width = len(spec_cfg.target.aux_layer_ids) * spec_cfg.target.hidden_size
