@@ -3,8 +3,9 @@
 # prefill's shadow (issue 53). STAGE=small (default): the lab's interleaved A/B, the embedded pair's 10 prompts, the
 # 4-layer K2.5-shaped model against acceptance (chained target) and the build time of the by-call programs against
 # the fixed loop at 4 and 61 layers. STAGE=deep: the 61-layer model (repeated MoE arrays, chained target) against
-# acceptance (DEEP_TOKENS, DEEP_ACCEPTANCE; its programs compile side by side). STAGE=trace: the lab's A/B with one traced generate of each engine, the 10 prompts, and the build time
-# at 61 layers alone. Files under $OUT: ab/, adaptive-prompts/, adaptive-acceptance*/, compile-adaptive/, run.log.
+# acceptance (DEEP_TOKENS, DEEP_ACCEPTANCE; its programs compile side by side). STAGE=trace: the lab's A/B with one
+# traced generate of each engine, the 10 prompts, and the build time at 61 layers alone. Files under $OUT: ab/,
+# adaptive-prompts/, adaptive-acceptance*/, compile-adaptive/, run.log.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
