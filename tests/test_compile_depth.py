@@ -86,3 +86,22 @@ def test_the_gpu_program_lowers_each_kernel_once_whatever_the_depth(as_on_a_hopp
         assert calls_2 >= 3  # the kernels are in the program (experts, attention, router)
         assert calls_8 == calls_2, found
         assert size_8 <= 1.1 * size_2, found
+
+
+def test_the_adaptive_build_bench_lowers_what_the_by_call_engine_compiles():
+    """bench.compile_adaptive's programs: the fixed engine's loop and one loop per K of the by-call set, K = 0 the
+    plain loop over the converted state; each lowers at the bench's shapes, and the table reads their ratio."""
+    from bench import compile_adaptive
+    from jaxspec.adaptive_calls import PerCallPolicy
+
+    spec_cfg, sw, state = compile_adaptive.abstract_pair(bench_config(3, tiny=True), tiny=True)
+    steps, window = PerCallPolicy().compiled(2)
+    specs = [compile_adaptive.fixed_loop_spec(spec_cfg, sw, state, 2)]
+    specs += compile_adaptive.per_call_specs(spec_cfg, sw, state, steps, window)
+    assert steps == (0, 1, 2) and len(specs) == 4
+    for fn, args, donate in specs:
+        assert "while" in jax.jit(fn, donate_argnums=donate).lower(*args).as_text()
+    text = compile_adaptive.markdown(dict(device="cpu", jax=jax.__version__, date="today", context=1024, k=2,
+                                          steps=list(steps), cpus=2, errors=[],
+                                          rows=[dict(layers=3, fixed_s=2.0, per_call_s=3.0)]))
+    assert "| 3 | 2.00 | 3.00 | 1.50 | - |" in text
