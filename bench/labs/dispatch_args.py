@@ -1,0 +1,55 @@
+"""`python -m bench.labs.dispatch_args`: what one call of a compiled program costs the host for the weights' arguments
+alone, at a depth: an empty program (x + 1) over the random K2.5-shaped weights of --layers layers (`--tiny` dims
+on a CPU), called as a jitted function and as the engine's ahead-of-time compiled program
+(`jaxspec.sharded.compile_programs`), synchronised; median of --calls calls after 20 warm-up calls. It separates
+the host's argument handling from the rest of a device loop call's fixed price (the cost table's intercept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from bench.step import bench_config, draw_weights
+from jaxspec.sharded import compile_programs
+
+
+def call_us(call, w, calls: int) -> float:
+    x = jnp.zeros((), jnp.int32)
+    for _ in range(20):
+        x = call(w, x)
+    jax.block_until_ready(x)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        x = call(w, x)
+        jax.block_until_ready(x)
+        times.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.labs.dispatch_args", description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=61)
+    p.add_argument("--tiny", action="store_true", help="small dims (a CPU run): the argument count is the same")
+    p.add_argument("--calls", type=int, default=200)
+    args = p.parse_args(argv)
+    w = draw_weights(bench_config(args.layers, args.tiny), args.tiny, moe_layers="repeated")
+
+    def empty(w, x):
+        return x + 1
+
+    jitted = jax.jit(empty, donate_argnums=1)
+    compiled = compile_programs([(empty, (w, jnp.zeros((), jnp.int32)), (1,))])[0]
+    leaves = len(jax.tree_util.tree_leaves(w))
+    print(f"{jax.devices()[0].device_kind}, {args.layers} layers, {leaves} weight arrays: jitted "
+          f"{call_us(jitted, w, args.calls):.0f} us, compiled {call_us(compiled, w, args.calls):.0f} us a call "
+          f"(median of {args.calls})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
