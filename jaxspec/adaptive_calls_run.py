@@ -20,7 +20,7 @@ from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
 from jaxspec.spec_step import speculative_cycle
-from jaxspec.state import with_progress
+from jaxspec.state import new_tokens, with_progress
 
 NO_LIMIT = np.iinfo(np.int32).max
 
@@ -321,10 +321,9 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
     if pipelined and not progress[2].all():
         state, in_flight = dispatch(state)
     while True:
-        generated, out_tokens, done = progress
-        new = [out_tokens[i, shown[i]: generated[i]].tolist() for i in range(b)]
+        generated, _, done = progress
         emitted = generated - shown
-        shown[:] = generated
+        new = new_tokens(progress, shown)
         if any(new):
             decode_s += time.perf_counter() - t0
             yield new

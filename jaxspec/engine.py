@@ -29,7 +29,7 @@ from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_programs, output_shapes, weights_to_run
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import progress as state_progress
-from jaxspec.state import with_progress
+from jaxspec.state import new_tokens, with_progress
 from model.kv_cache import round_capacity
 
 
@@ -211,14 +211,12 @@ class Engine:
         if pipelined and not progress[2].all():
             state, in_flight = compiled(self.weights, state, sp)
         while True:
-            generated, out_tokens, done = progress
-            new = [out_tokens[i, shown[i] : generated[i]].tolist() for i in range(len(prompts))]
-            shown[:] = generated
+            new = new_tokens(progress, shown)
             if any(new):
                 decode_s += time.perf_counter() - t0
                 yield new
                 t0 = time.perf_counter()
-            if done.all():
+            if progress[2].all():
                 break
             state, queued = compiled(self.weights, state, sp)  # pipelined: queued behind the cycle waited for
             if pipelined:

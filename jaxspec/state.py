@@ -41,6 +41,15 @@ def progress(state) -> tuple:
     return state.generated, state.out_tokens, state.done
 
 
+def new_tokens(progress_read, shown) -> list[list[int]]:
+    """Each row's tokens emitted since `shown` (its count per row, advanced in place) from a progress read back on
+    the host."""
+    generated, out_tokens, _ = progress_read
+    new = [out_tokens[i, shown[i]: generated[i]].tolist() for i in range(len(shown))]
+    shown[:] = generated
+    return new
+
+
 def with_progress(step):
     """`step` that also returns its progress as separate arrays: the state is donated to the next cycle, queued
     before the host reads these."""
