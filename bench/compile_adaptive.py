@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import os
 import time
 from pathlib import Path
 
@@ -98,8 +99,6 @@ def main(argv=None):
     if args.k < 1 or min(args.layers) < 3:
         p.error("--k must be >= 1 and --layers >= 3 (the draft taps three distinct target layers)")
     jax.config.update("jax_enable_compilation_cache", False)
-    import os
-
     dev = jax.devices()[0]
     steps, window = PerCallPolicy().compiled(args.k)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=datetime.date.today().isoformat(),
