@@ -60,8 +60,9 @@ def build(args, log):
     spec_cfg, _, sw = spec_pair(w, cfg, args.tiny)
     bucket = prompt_bucket(args.prompt_tokens)
     capacity = round_capacity(max(bucket, args.prompt_tokens + args.max_new_tokens + args.k + 1))
-    base_prefill, sprefill, base_loop, fixed, _ = programs(spec_cfg, [args.k], (0, args.k), AdaptivePolicy(steps=(0, args.k), probe=False),
-                                        args.max_new_tokens, capacity)
+    per_cycle = AdaptivePolicy(steps=(0, args.k), probe=False)  # `programs` builds it too; not run here
+    base_prefill, sprefill, base_loop, fixed, _ = programs(spec_cfg, [args.k], (0, args.k), per_cycle,
+                                                           args.max_new_tokens, capacity)
     loops, _ = per_call_programs(spec_cfg, (0, args.k), PerCallPolicy(steps=(0, args.k)), args.max_new_tokens)
     rng = np.random.default_rng(0)
     tokens = np.zeros((1, bucket), np.int32)
