@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxspec.sampling import SamplingParams
-from jaxspec.serving.adaptive_k import BatchAdaptiveK, occupancy_bucket
+from jaxspec.serving.adaptive_k import BatchAdaptiveK, line_through, occupancy_bucket
 from jaxspec.serving.slot_engine import SlotEngine, StepResult
 from tests.sharded_pair import NUM_STEPS, sharded_pair
 
@@ -95,6 +95,17 @@ def test_times_are_kept_per_occupancy_and_scaled_from_the_nearest_measured_one()
     assert policy.cycle_time(1, 64) == pytest.approx(6.0)
     with pytest.raises(ValueError, match="num_steps >= 1"):
         BatchAdaptiveK(0)
+
+
+def test_a_time_is_the_median_of_its_last_loops_and_unmeasured_ones_follow_the_line_through_the_measured():
+    policy = BatchAdaptiveK(3)
+    for k, seconds in ((1, 99.0), (1, 4.0), (1, 8.0), (1, 5.0), (3, 99.0), (3, 9.0)):  # first runs: not times
+        policy.observe(_loop(k, 4, seconds, 0.5))
+    assert policy.cycle_time(1, 4) == pytest.approx(5.0)  # the median of 4, 8 and 5 seconds a cycle
+    policy.k = 1
+    assert policy.cycle_time(2, 4) == pytest.approx((5.0 + 9.0) / 2)  # halfway along K = 1 .. 3
+    points = {0: 1.0, 1: 2.5, 3: 4.0, 4: 6.5}
+    assert line_through(points) == pytest.approx(tuple(np.polyfit(list(points), list(points.values()), 1)))
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,8 @@ A change of K needs the best K's rate `hysteresis` above the current one's.
 from __future__ import annotations
 
 import collections
+import math
+import statistics
 
 import numpy as np
 
@@ -37,6 +39,14 @@ EXPLORE_BACKOFF = 8
 def occupancy_bucket(live: float) -> int:
     """Live slots rounded up to a power of two (the times of a loop are kept per bucket)."""
     return 1 << max(0, int(np.ceil(np.log2(max(live, 1.0)))))
+
+
+def line_through(points: dict) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through {x: y} (two or more distinct x)."""
+    n, xs, ys = len(points), list(points), list(points.values())
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
 
 
 class BatchAdaptiveK:
@@ -51,6 +61,9 @@ class BatchAdaptiveK:
         self.prior, self.decay, self.explore_every, self.hysteresis = prior, decay, explore_every, hysteresis
         self.hits, self.trials = np.zeros(num_steps + 1), np.zeros(num_steps + 1)  # index j: draft position j
         self.times: dict[tuple[int, int], collections.deque] = {}  # (bucket, K) -> seconds per cycle, last loops
+        # (bucket, K) -> the median of its times, kept as they come: the choice runs between every two device loops
+        # with the device idle, so it reads medians instead of computing them for every K at every loop
+        self.median: dict[tuple[int, int], float] = {}
         self.k, self.loops, self.live = num_steps, 0, 1.0
         self.explore_gap, self.explore_next, self._explored_from = explore_every, explore_every, None
         self.choices = collections.Counter()  # K -> loops run with it
@@ -65,7 +78,9 @@ class BatchAdaptiveK:
         self._runs[last.k] += 1
         if self.live > 0 and self._runs[last.k] > 1:  # a program's first run carries one-time costs
             key = (occupancy_bucket(self.live), last.k)
-            self.times.setdefault(key, collections.deque(maxlen=COST_WINDOW)).append(last.seconds / last.cycles)
+            times = self.times.setdefault(key, collections.deque(maxlen=COST_WINDOW))
+            times.append(last.seconds / last.cycles)
+            self.median[key] = statistics.median(times)
             self._measured_at[key] = self.loops
         self.hits *= self.decay
         self.trials *= self.decay
@@ -93,20 +108,21 @@ class BatchAdaptiveK:
         """Seconds of one cycle at K over `bucket` live slots: measured, scaled from the nearest bucket where K and
         the current K were both measured, or fitted in K through this bucket's measured Ks; None when none
         applies."""
-        own = self.times.get((bucket, k))
-        if own:
-            return float(np.median(own))
-        here = self.times.get((bucket, self.k))
-        others = sorted((abs(np.log2(b) - np.log2(bucket)), b) for b, kk in self.times if kk == k)
+        med = self.median
+        own = med.get((bucket, k))
+        if own is not None:
+            return own
+        here = med.get((bucket, self.k))
+        others = sorted((abs(math.log2(b) - math.log2(bucket)), b) for b, kk in med if kk == k)
         for _, b in others:
-            there = self.times.get((b, self.k))
-            if here and there:
-                return float(np.median(self.times[(b, k)]) * np.median(here) / np.median(there))
-        measured = {kk: float(np.median(v)) for (b, kk), v in self.times.items() if b == bucket and v}
+            there = med.get((b, self.k))
+            if here is not None and there is not None:
+                return med[(b, k)] * here / there
+        measured = {kk: t for (b, kk), t in med.items() if b == bucket}
         if len(measured) >= 2:
-            slope, intercept = np.polyfit(list(measured), list(measured.values()), 1)
-            return max(float(intercept + slope * k), min(measured.values()) * 0.5)
-        return float(np.median(self.times[(others[0][1], k)])) if others else None
+            slope, intercept = line_through(measured)
+            return max(intercept + slope * k, min(measured.values()) * 0.5)
+        return med[(others[0][1], k)] if others else None
 
     # --- the choice -------------------------------------------------------------------------------------------
     def choose(self) -> int:
