@@ -221,7 +221,13 @@ def _metrics(base_url) -> dict[str, float]:
 
     text = httpx.get(base_url.replace("/v1", "/metrics")).text
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-            if line and not line.startswith("#") and "{" not in line}
+            if line and not line.startswith("#")}
+
+
+def _by_k(metrics: dict, name: str) -> dict[str, float]:
+    """{K: value} of a metric labelled by K (`name{k="3"}`), as /metrics gave it."""
+    head = name + '{k="'
+    return {key[len(head):-2]: v for key, v in metrics.items() if key.startswith(head)}
 
 
 def _metric(base_url, name) -> float:
@@ -317,6 +323,11 @@ def run_mode(a, mode, log) -> dict:
             hits, misses = delta("jaxspec_prefix_cache_hits_total"), delta("jaxspec_prefix_cache_misses_total")
             row["prefix_hit_rate"] = hits / (hits + misses) if hits + misses else None
             row["preemptions"] = delta("jaxspec_preemptions_total")
+            loops = _by_k(after, "jaxspec_speculation_loops_total")
+            if loops:  # adaptive K: what this level ran and the figures the rule held at its end
+                ran = {k: n - _by_k(before, "jaxspec_speculation_loops_total").get(k, 0.0) for k, n in loops.items()}
+                row["adaptive"] = dict(loops=ran, cycle_plain_steps=_by_k(after, "jaxspec_cycle_cost_plain_steps"),
+                                       expected_tokens=_by_k(after, "jaxspec_expected_tokens_per_slot_cycle"))
             row.update(sampler.summary(PAGE_TOKENS))
             if a.long_prompts:
                 row["long_prompts_answered"], row["long_prompts_failed"] = out[2]
@@ -383,6 +394,17 @@ def markdown(result: dict) -> str:
               for m in result["modes"] if m.get("k_choices")]
     if chosen:
         lines += ["", "Device loops run at each K (adaptive, warm-up included): " + "; ".join(chosen) + "."]
+    levels = [(m["mode"], r) for m in result["modes"] for r in m["rows"] if r.get("adaptive")]
+    if levels:
+        lines += ["", "Adaptive K per level: the loops it ran at each K, and at the level's end its cycle cost in "
+                  "plain steps and expected tokens a slot-cycle per K (what the rule weighed):", ""]
+        for mode, r in levels:
+            ad = r["adaptive"]
+            lines.append(f"- {mode}, concurrency {r['concurrency']}: loops "
+                         + ", ".join(f"K={k} {n:.0f}" for k, n in sorted(ad["loops"].items()))
+                         + "; cost " + (", ".join(f"K={k} {v:.2f}" for k, v in sorted(ad["cycle_plain_steps"].items()))
+                                        or "not measured yet")
+                         + "; tokens " + ", ".join(f"K={k} {v:.2f}" for k, v in sorted(ad["expected_tokens"].items())))
     return "\n".join(lines) + "\n"
 
 

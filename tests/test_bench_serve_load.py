@@ -3,7 +3,7 @@ against the real server)."""
 
 import pytest
 
-from bench.serve_load import CacheSampler, _with_preamble, markdown, parse_args, percentiles, summarize
+from bench.serve_load import CacheSampler, _by_k, _with_preamble, markdown, parse_args, percentiles, summarize
 
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0,4"], ["--concurrency", "a"], ["--modes", "fast"],
@@ -40,3 +40,10 @@ def test_the_system_prompt_goes_on_its_share_of_requests_and_the_sampler_reads_p
     got = sampler.summary(64)
     assert (got["pages_in_use_peak"], got["tokens_held_at_peak"], got["slots_at_peak"]) == (5, 200, 3)
     assert got["positions_per_token_held"]["50"] == pytest.approx(1.28)  # 3 x 64 / 150
+
+
+def test_metrics_labelled_by_k_are_read_per_k():
+    metrics = {'jaxspec_speculation_loops_total{k="0"}': 2.0, 'jaxspec_speculation_loops_total{k="3"}': 7.0,
+               "jaxspec_speculation_k": 3.0, 'jaxspec_draft_acceptance_estimate{position="1"}': 0.7}
+    assert _by_k(metrics, "jaxspec_speculation_loops_total") == {"0": 2.0, "3": 7.0}
+    assert _by_k(metrics, "jaxspec_cycle_cost_plain_steps") == {}
