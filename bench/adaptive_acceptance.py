@@ -41,7 +41,7 @@ from bench.report import publish  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
 from jaxspec.adaptive_calls import Pool, PerCallPolicy, plain_loop, spec_loop, to_plain  # noqa: E402
-from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, never_leaving  # noqa: E402
+from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, first_call, never_leaving  # noqa: E402
 from jaxspec.adaptive_costs import measure  # noqa: E402
 from jaxspec.defaults import ADAPTIVE_KINDS, default_adaptive_kind  # noqa: E402
 from jaxspec.baseline_step import baseline_step  # noqa: E402
@@ -182,18 +182,24 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
     for a in args.acceptance:
         made = []
 
-        def run(s):
+        def start():
+            """The prefilled state; beside it, the generation's first choice and rule (`Engine.generate` computes
+            them while the device prefills, so they are not the decode's time)."""
             calls = Calls(steps, Pool(j_max, policy.window), np.asarray(table.costs_s, np.float32),
                           table.first_run_s)
-            made.append(calls)
+            made.append((calls, first_call(calls, policy, args.batch, args.max_new_tokens)))
+            return sprefill(*prompt)
+
+        def run(s):
+            calls, first = made[-1]
             out, *_ = drive(s, lambda k, st, r: loops[k](sw, st, r, np.float32(a), cont),
-                            lambda st: plain(sw, st, np.int32(NO_LIMIT)), calls, policy, args.max_new_tokens)
+                            lambda st: plain(sw, st, np.int32(NO_LIMIT)), calls, policy, args.max_new_tokens, first)
             return out
 
-        seconds, out = _timed(lambda: sprefill(*prompt), run, args.repeats)
-        ks = made[-1].k_per_cycle
+        seconds, out = _timed(start, run, args.repeats)
+        ks = made[-1][0].k_per_cycle
         rows[a] = {"tokens_per_s": decoded / seconds, "k_histogram": {str(k): ks.count(k) for k in steps},
-                   "calls": made[-1].calls,
+                   "calls": made[-1][0].calls,
                    "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
                                                cont[:, : args.max_new_tokens]))}
         log(f"adaptive (per call) a={a}: {decoded / seconds:.1f} tok/s, K chosen {rows[a]['k_histogram']} "

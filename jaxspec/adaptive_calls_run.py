@@ -273,13 +273,14 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
         if rule is None:
             rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
         state, rule = call_k(k, state, rule), None
-        cycles, done = jax.device_get((state.cycles, state.done))
+        # one read of everything the host weighs next: each read is a round trip to the device, which waits
+        cycles, done, generated, log = jax.device_get((state.cycles, state.done, state.generated,
+                                                        state.accepted_log))
         cycles = int(cycles)
         run.ran(k, cycles - start, c_BJ, live_B)
         if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
-            run.unsettled = (state.accepted_log, start, cycles, k)
+            run.unsettled = (log, start, cycles, k)
             break
-        generated, log = jax.device_get((state.generated, state.accepted_log))
         # the call's leaving test read its last `window` cycles; the host weighs them per position with the pool
         # as it was, and the pool then takes the whole call
         hits, trials = window_counts(log, start, cycles, k, j_max, window)
