@@ -72,9 +72,10 @@ def markdown(result: dict) -> str:
     for r in result["rows"]:
         verify = "-" if r["verify_ms"] is None else f"{r['verify_ms']:.2f}"
         cycle = "-" if r["cycle_ms"] is None else f"{r['cycle_ms']:.2f}"
-        tok = ["-"] * len(lengths) if r["cycle_tok_s"] is None else [f"{r['cycle_tok_s'][str(a)]:.0f}" for a in lengths]
-        lines.append(f"| {r['routing']} | {r['collective_us']:.0f} | {r['decode_collectives']} | {r['decode_ms']:.2f} | "
-                     f"{r['plain_tok_s']:.0f} | {verify} | {cycle} | " + " | ".join(tok) + " |")
+        tok = (["-"] * len(lengths) if r["cycle_tok_s"] is None
+               else [f"{r['cycle_tok_s'][str(a)]:.0f}" for a in lengths])
+        lines.append(f"| {r['routing']} | {r['collective_us']:.0f} | {r['decode_collectives']} | "
+                     f"{r['decode_ms']:.2f} | {r['plain_tok_s']:.0f} | {verify} | {cycle} | " + " | ".join(tok) + " |")
     return "\n".join(lines) + "\n"
 
 
