@@ -65,8 +65,8 @@ def markdown(result: dict) -> str:
              f"context {result['context']}): one device's measured step plus its collectives one after another at "
              f"the latency assumed (each all-reduce or all-gather of one step; no overlap). Method: "
              "bench/projection_per_device.py.", "",
-             f"| routing | us a collective (assumed) | collectives a decode step | decode ms | plain tok/s | verify T = "
-             f"{k + 1} ms | K = {k} cycle ms | "
+             "| routing | us a collective (assumed) | collectives a decode step | decode ms | plain tok/s | "
+             f"verify T = {k + 1} ms | K = {k} cycle ms | "
              + " | ".join(f"tok/s at {a} a cycle" for a in lengths) + " |",
              "|---" * (6 + len(lengths) + 1) + "|"]
     for r in result["rows"]:
