@@ -463,7 +463,8 @@ def cycle_loop(sw: SpecWeights, spec_cfg: SpecConfig, k: int, batch: int, contex
 
 # --- what a program runs --------------------------------------------------------------------------------------
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) ([a-z][\w\-]*)\((.*)$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _CALLED = re.compile(r"\b(body|condition|true_computation|false_computation|branch_computations|to_apply)="
                      r"(\{[^}]*\}|%?[\w.\-]+)")
 # top-level ops that launch nothing: values, tuples, views, control flow (counted through what it runs)
@@ -471,10 +472,11 @@ FREE_OPS = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "w
             "opt-barrier", "after-all", "add-dependency", "partition-id", "replica-id", "domain"}
 
 
-def kernel_launches(hlo_text: str) -> int:
-    """Kernels an optimised HLO module launches per run of its top level (a loop's body counted once): every op
-    outside fusion bodies and reducers that does work (fusions, custom calls: Pallas / Mosaic kernels and cuBLAS
-    GEMMs, and whatever a backend runs unfused), in the entry computation and the loops, branches and calls it runs."""
+def kernel_census(hlo_text: str) -> Counter:
+    """The kernels an optimised HLO module launches per run of its top level (a loop's body counted once), by kind:
+    every op outside fusion bodies and reducers that does work (fusions, by their name less its number, e.g.
+    `loop_add_fusion`; custom calls, by their target: Pallas / Mosaic kernels and cuBLAS GEMMs; whatever a backend
+    runs unfused, by its op), in the entry computation and the loops, branches and calls it runs."""
     comps, entry, name = {}, None, None
     for line in hlo_text.splitlines():
         m = _COMPUTATION.match(line)
@@ -485,22 +487,28 @@ def kernel_launches(hlo_text: str) -> int:
             continue
         m = _INSTRUCTION.match(line)
         if m and name is not None:
-            comps[name].append((m.group(2), m.group(3)))
-    launches, todo, seen = 0, [entry], set()
+            comps[name].append((m.group(1), m.group(3), m.group(4)))
+    census, todo, seen = Counter(), [entry], set()
     while todo:
         comp = todo.pop()
         if comp is None or comp in seen or comp not in comps:
             continue
         seen.add(comp)
-        for op, rest in comps[comp]:
+        for instr, op, rest in comps[comp]:
             if op not in FREE_OPS:
-                launches += 1
+                target = _TARGET.search(rest) if op == "custom-call" else None
+                census[target.group(1) if target else re.sub(r"[.\d]+$", "", instr) if op == "fusion" else op] += 1
                 continue
             for attr, called in _CALLED.findall(rest):
                 if attr == "to_apply" and op != "call":
                     continue
                 todo += [c.strip().lstrip("%") for c in called.strip("{}").split(",")]
-    return launches
+    return census
+
+
+def kernel_launches(hlo_text: str) -> int:
+    """Kernels an optimised HLO module launches per run of its top level (`kernel_census`, all kinds)."""
+    return sum(kernel_census(hlo_text).values())
 
 
 def busiest_devices(ids_LTK, num_local: int, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -601,6 +609,9 @@ def run_step(entry: dict, routing: str, ids_LTK, args, cfg, num_local: int, log)
                    layer_floor_us=1e3 * floor_ms(parts["total"] - pre_parts["total"], HBM_TBS) / span,
                    collectives_per_layer={k: (n - pre_cut.get(k, 0)) / span for k, n in row["collectives_cut"].items()})
         row["layer_x_floor"] = row["layer_us"] / row["layer_floor_us"]
+        by_kind = {k: (entry["census"].get(k, 0) - pre["census"].get(k, 0)) / span
+                   for k in {*entry["census"], *pre["census"]}}
+        row["kernels_per_layer_by_kind"] = dict(sorted(((k, v) for k, v in by_kind.items() if v), key=lambda x: -x[1]))
     log(f"T={t} {routing:9s}: step {row['step_ms']:.3f} ms (floor {row['floor_ms']:.3f}, x{row['x_floor']:.2f}), "
         f"layer {fmt(row['layer_us'], 1)} us (floor {fmt(row['layer_floor_us'], 1)}), "
         f"{fmt(row['kernels_per_layer'], 1)} kernels a layer, collectives cut {row['collectives_cut']}, busiest "
@@ -659,6 +670,17 @@ def markdown(result: dict) -> str:
     if sites:
         lines += ["", "Collectives cut in one decode step, by where they sit: " + "; ".join(
             f"{n} x {kind} at {where}" for (kind, where), n in Counter(map(tuple, sites)).items()) + "."]
+    census = [r for r in result["rows"] if r.get("kernels_per_layer_by_kind")]
+    if census:
+        lines += ["", "Kernels a layer by kind (the N-layer program's launches less the M-layer one's, / (N - M); "
+                  "fusions by name, custom calls by target):", ""]
+        seen = set()
+        for r in census:
+            if (r["kind"], r["tokens"]) in seen:  # the programs do not depend on the routing
+                continue
+            seen.add((r["kind"], r["tokens"]))
+            lines.append(f"- {r['kind']} T = {r['tokens']}: " + ", ".join(
+                f"{k} {v:g}" for k, v in r["kernels_per_layer_by_kind"].items()))
     for key in ("skipped", "errors"):
         if result.get(key):
             lines += ["", f"{key.capitalize()}:", ""] + [f"- {e[:400]}" for e in result[key]]
@@ -766,7 +788,8 @@ def main(argv=None) -> dict:
     log(f"{len(programs)} programs traced, lowered and compiled in {result['compile_s']:.1f} s")
     probe_ids = {t: np.asarray(c(*p.args)) for (t, p), c in zip(probes.items(), compiled)}  # the router's choices
     for e, c in zip(timed, compiled[len(probes):]):
-        e["kernels"] = kernel_launches(c.as_text())
+        e["census"] = kernel_census(c.as_text())
+        e["kernels"] = sum(e["census"].values())
         e["run"] = Timed(c, e["program"].args, e["program"].donate[0], 1 if "k" not in e else 0, e.get("rewind"))
 
     def routes(t: int, routing: str):

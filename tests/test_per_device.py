@@ -157,6 +157,7 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 }
 """
     assert pd.kernel_launches(hlo) == 3
+    assert pd.kernel_census(hlo) == {"__cublas$gemm": 1, "f": 1, "r": 1}  # fusions by name, custom calls by target
 
 
 def test_tiny_run_writes_its_rows(tmp_path):
@@ -171,5 +172,6 @@ def test_tiny_run_writes_its_rows(tmp_path):
     assert decode["collectives_cut"] == {pd.ALL_REDUCE: 7, pd.ALL_GATHER: 2}
     assert decode["collectives_per_layer"][pd.ALL_REDUCE] == 2  # layers 1..2 over the dense prefix
     assert decode["kernels_per_layer"] > 0 and decode["floor_ms"] > 0 and "layer_us" in decode
+    assert sum(decode["kernels_per_layer_by_kind"].values()) == pytest.approx(decode["kernels_per_layer"])
     assert min(decode["busiest_device_slots"]) >= 1  # the busiest device of 8 takes at least one of 4 choices
     assert (tmp_path / next(tmp_path.glob("per-device-*.json")).name.replace(".json", ".md")).exists()
