@@ -15,7 +15,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -27,9 +26,9 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, nbytes  # noqa: E402
 from bench.moe_layer import _rel_err, time_moe  # noqa: E402
-from bench.report import write_json  # noqa: E402
+from bench.report import run_stamp, write_json  # noqa: E402
 from model.configs import known_config  # noqa: E402
-from model.init import _int4, _Keys  # noqa: E402
+from model.init import _Draw, _int4  # noqa: E402
 from model.kernels.moe_gather import MoEKernelConfig, routed_experts_pallas  # noqa: E402
 from model.moe import ExpertWeights, plain_routed_experts  # noqa: E402
 from model.quant import Int4Weight, dequantize  # noqa: E402
@@ -68,12 +67,12 @@ BF16_BLOCK_K = {"gemv": 256, "mma": 64}
 
 def moe_layer(cfg, key):
     """One MoE layer's routed experts (INT4, bf16 group scales) and router, random, on device."""
-    keys = _Keys(key)
+    draw = _Draw(key)
     e, f, h = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
     g = cfg.quant.group_size
-    experts = ExpertWeights(_int4(keys, (e, f, h), g), _int4(keys, (e, f, h), g), _int4(keys, (e, h, f), g))
-    router = (jax.random.normal(keys(), (e, h), jnp.float32) * h**-0.5)
-    bias = 0.01 * jax.random.normal(keys(), (e,), jnp.float32)
+    experts = ExpertWeights(_int4(draw, (e, f, h), g), _int4(draw, (e, f, h), g), _int4(draw, (e, h, f), g))
+    router = draw.normal((e, h)) * h**-0.5
+    bias = 0.01 * draw.normal((e,))
     return experts, router, bias
 
 
@@ -134,10 +133,8 @@ def main(argv=None):
         run_for_profiler(functools.partial(kernel, cfg=CANDIDATES[name][0]), cfg, router, bias, experts, int(t), name,
                          log)
         return
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  experts="bf16" if args.bf16 else "int4", rows=[])
+    stamp = run_stamp()
+    result = dict(**stamp.fields, experts="bf16" if args.bf16 else "int4", rows=[])
     names = args.only.split(",") if args.only else list(CANDIDATES)
     t_start = time.time()
     for t in args.tokens or sorted({t for n in names for t in CANDIDATES[n][1]}):
@@ -169,7 +166,7 @@ def main(argv=None):
                 log(f"T={t} {name:16s} failed: {row['error'][:300]}")
             result["rows"].append(row)
     fmt = "-bf16" if args.bf16 else ""
-    path = write_json(result, Path(args.out), f"moe-lab{fmt}-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
+    path = write_json(result, Path(args.out), f"moe-lab{fmt}-{stamp.suffix}")
     log(f"wrote {path}")
 
 
