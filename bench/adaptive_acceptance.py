@@ -25,7 +25,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -37,7 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import publish  # noqa: E402
+from bench.report import publish, run_stamp  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
 from jaxspec.adaptive_calls import Pool, PerCallPolicy, plain_loop, spec_loop, to_plain  # noqa: E402
@@ -421,16 +420,15 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+    stamp = run_stamp()
+    result = dict(**stamp.fields,
                   layers=args.layers, moe_layers=args.moe_layers, target=args.target, tiny=args.tiny, batch=args.batch,
                   prompt_tokens=args.prompt_tokens,
                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, acceptance=list(args.acceptance))
     result.update(sweep(args, log))
     result["summary"] = summary(result)
     out = Path(args.out)
-    stem = f"adaptive-acceptance-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"adaptive-acceptance-{stamp.suffix}"
     out.mkdir(parents=True, exist_ok=True)
     plot(result, out / f"{stem}.png")
     publish(result, out, stem, markdown, log, also=" and .png")

@@ -15,7 +15,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -23,7 +22,7 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bench.report import publish  # noqa: E402
+from bench.report import publish, run_stamp  # noqa: E402
 from convert.checkpoint import load_draft, load_target  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
 from jaxspec.adaptive_calls import PerCallPolicy  # noqa: E402
@@ -138,15 +137,14 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = run_stamp()
     cfg, w, tok = load_pair(jnp.dtype(args.dtype))
     engines = {"baseline": Engine(cfg, w, num_steps=max(args.k))}
     engines.update({f"K={k}": Engine(cfg, w, num_steps=k) for k in sorted(set(args.k))})
     kind = args.adaptive_kind or default_adaptive_kind(jax.default_backend())
     policy = PerCallPolicy() if kind == "per_call" else AdaptivePolicy()
     engines["adaptive"] = Engine(cfg, w, num_steps=args.adaptive_max, adaptive=policy)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+    result = dict(**stamp.fields,
                   adaptive_kind=kind, dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                   prompts=[])
     for prompt_kind, text in PROMPTS[: args.prompts]:
@@ -166,7 +164,7 @@ def main(argv=None):
     losing = [r for r in result["prompts"] if r["summary"]["every_fixed_k_loses"]]
     result["adaptive_over_baseline_where_every_k_loses"] = [r["summary"]["adaptive_over_baseline"] for r in losing]
     out = Path(args.out)
-    stem = f"adaptive-prompts-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"adaptive-prompts-{stamp.suffix}"
     publish(result, out, stem, markdown, log)
     return result
 

@@ -26,7 +26,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -36,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.paged_attention import page_pool, scrambled_pages  # noqa: E402
-from bench.report import fmt, write_report  # noqa: E402
+from bench.report import fmt, run_stamp, write_report  # noqa: E402
 from bench.step import bench_config, draw_weights, random_cache, step_inputs  # noqa: E402
 from model.decoder import forward, fuse_attention_inputs  # noqa: E402
 from model.config import Kernels  # noqa: E402
@@ -140,12 +139,10 @@ def markdown(res: dict) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     log = functools.partial(print, flush=True)
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    res = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-               layers=args.layers, rows=[])
+    stamp = run_stamp()
+    res = dict(**stamp.fields, layers=args.layers, rows=[])
     cfg = bench_config(args.layers, args.tiny)
-    stem = f"kernel-agreement-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"kernel-agreement-{stamp.suffix}"
 
     # saved after every row: a run cut short by its time limit keeps what it measured
     save = lambda: write_report(res, Path(args.out), stem, markdown)  # noqa: E731

@@ -17,7 +17,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -25,7 +24,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import publish  # noqa: E402
+from bench.report import publish, run_stamp  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
 from jaxspec.adaptive_calls import PerCallPolicy  # noqa: E402
@@ -105,13 +104,11 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  layers=args.layers, moe_layers=args.moe_layers, tiny=args.tiny, k=args.k,
+    stamp = run_stamp()
+    result = dict(**stamp.fields, layers=args.layers, moe_layers=args.moe_layers, tiny=args.tiny, k=args.k,
                   prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, rounds=args.rounds)
     result.update(run(args, log))
-    publish(result, Path(args.out), f"mismatched-drafter-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}", markdown,
+    publish(result, Path(args.out), f"mismatched-drafter-{stamp.suffix}", markdown,
             log)
     return result
 

@@ -33,7 +33,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import concurrent.futures  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -43,7 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.report import fmt, write_report  # noqa: E402
+from bench.report import fmt, run_stamp, write_report  # noqa: E402
 from bench.step import TINY_DIMS, random_cache  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from jaxspec.serving.prefix_pages import PAGE_TOKENS  # noqa: E402
@@ -221,17 +220,15 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     log = functools.partial(print, flush=True)
     start = time.perf_counter()
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = run_stamp()
     cfg = layer_config(args.tiny)
-    res = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
-               date=now.isoformat(timespec="seconds"), xla_flags=os.environ.get("XLA_FLAGS", ""), tiny=args.tiny,
+    res = dict(**stamp.fields, xla_flags=os.environ.get("XLA_FLAGS", ""), tiny=args.tiny,
                page_tokens=PAGE_TOKENS,
                dims=dict(hidden=cfg.hidden_size, heads=cfg.num_attention_heads, q_lora_rank=cfg.q_lora_rank,
                          kv_lora_rank=cfg.kv_lora_rank, rope=cfg.qk_rope_head_dim, nope=cfg.qk_nope_head_dim,
                          v=cfg.v_head_dim),
                args=vars(args), rows=[], skipped=[])
-    stem = f"paged-attention-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"paged-attention-{stamp.suffix}"
     save = lambda: write_report(res, Path(args.out), stem, markdown)  # noqa: E731
     w = jax.block_until_ready(random_mla_weights(cfg, jax.random.PRNGKey(0)))
     # the references first: contiguous_xla for every row's error, contiguous_kernel for the paged rows' equality

@@ -15,7 +15,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # PyTorch shares the GPU
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import inspect  # noqa: E402
 import sys  # noqa: E402
@@ -27,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.report import fmt, write_json  # noqa: E402
+from bench.report import fmt, run_stamp, write_json  # noqa: E402
 from bench.step import PATH_KERNELS, bench_config, draw_weights, make_step, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
@@ -261,13 +260,13 @@ def main(argv=None) -> dict:
 
     args = parse_args(argv)
     log = functools.partial(print, flush=True)
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    res = dict(device=dev.device_kind, jax=jax.__version__, torch=torch.__version__, transformers=transformers.__version__,
-               date=now.isoformat(timespec="seconds"), layers=args.layers, contexts=args.contexts, rows=[], errors=[])
+    stamp = run_stamp()
+    dev = stamp.device
+    res = dict(**stamp.fields, torch=torch.__version__, transformers=transformers.__version__,
+               layers=args.layers, contexts=args.contexts, rows=[], errors=[])
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"peer-hf-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"peer-hf-{stamp.suffix}"
 
     def save():
         res["markdown"] = markdown(res)

@@ -42,7 +42,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -60,7 +59,7 @@ from jax.sharding import AbstractMesh  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, draft_bytes, floor_ms, step_bytes  # noqa: E402
 from bench.cycle import MAX_NEW_TOKENS, initial_state, spec_pair  # noqa: E402
-from bench.report import fmt, publish  # noqa: E402
+from bench.report import fmt, publish, run_stamp  # noqa: E402
 from bench.step import KERNEL_PATH_MOE, bench_config, random_cache, step_inputs, step_routes  # noqa: E402
 from bench.timing import device_loop_ms  # noqa: E402
 from jaxspec.models import SpecConfig, SpecWeights  # noqa: E402
@@ -763,13 +762,12 @@ def main(argv=None) -> dict:
     m = args.prefix_layers if args.prefix_layers is not None else max(cfg.first_k_dense_replace, args.layers // 2)
     if m and not cfg.first_k_dense_replace <= m < args.layers:
         raise SystemExit(f"--prefix-layers must be 0 or between {cfg.first_k_dense_replace} and {args.layers - 1}")
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
-                  date=now.isoformat(timespec="seconds"), xla_flags=os.environ.get("XLA_FLAGS", ""),
+    stamp = run_stamp()
+    dev = stamp.device
+    result = dict(**stamp.fields, xla_flags=os.environ.get("XLA_FLAGS", ""),
                   args=vars(args), rows=[], skipped=[], errors=[],
                   weight_bytes_per_device=local_weight_bytes(cfg, args.shard_of))
-    stem = f"per-device-{'tiny-' if args.tiny else ''}{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"per-device-{'tiny-' if args.tiny else ''}{stamp.suffix}"
 
     t0 = time.perf_counter()
     w = local_weights(cfg, args.shard_of, args.tiny, args.moe_layers)

@@ -14,7 +14,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # PyTorch shares the GPU
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -24,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from bench.moe_layer import _rel_err as rel_err  # noqa: E402
 from bench.peer_hf import build_hf_model, hf_cache_kwargs, prefill_both  # noqa: E402
-from bench.report import write_json  # noqa: E402
+from bench.report import run_stamp, write_json  # noqa: E402
 from bench.step import PATH_KERNELS, bench_config, draw_weights, make_step  # noqa: E402
 from model.decoder import forward  # noqa: E402
 from model.kv_cache import init_latent_cache, round_capacity  # noqa: E402
@@ -43,8 +42,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if min(args.chunks + [args.batch, args.context]) < 1:
         p.error("--batch, --context and --chunks must be positive")
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = run_stamp()
     cfg = bench_config(args.layers, args.tiny)
     w = draw_weights(cfg, args.tiny, "bf16")
     torch_dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,7 +65,7 @@ def main(argv=None) -> dict:
                      **hf_cache_kwargs(hf, hcache))
         logits[("hf", chunk)] = out.logits.float().cpu().numpy()
     a, b = args.chunks
-    res = dict(device=dev.device_kind, jax=jax.__version__, torch=torch.__version__, date=now.isoformat(timespec="seconds"),
+    res = dict(**stamp.fields, torch=torch.__version__,
                batch=args.batch, context=args.context, chunks=args.chunks, rel_err={
                    f"jaxspec chunk {a} vs chunk {b}": rel_err(logits["jaxspec", a], logits["jaxspec", b]),
                    f"hf chunk {a} vs chunk {b}": rel_err(logits["hf", a], logits["hf", b]),
@@ -75,7 +73,7 @@ def main(argv=None) -> dict:
                    f"jaxspec vs hf, chunk {b}": rel_err(logits["jaxspec", b], logits["hf", b]),
                })
     print(res, flush=True)
-    write_json(res, Path(args.out), f"prefill-consistency-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
+    write_json(res, Path(args.out), f"prefill-consistency-{stamp.suffix}")
     return res
 
 

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+
+
+class RunStamp(NamedTuple):
+    fields: dict  # what a result opens with: device, platform, jax, date (UTC, to the second)
+    suffix: str  # what its files are named by: <platform>-<YYYYmmdd-HHMM>
+    device: object  # the jax device the run measures
+
+
+def run_stamp() -> RunStamp:
+    """The device and the moment a bench's run starts, as its result and its file names carry them."""
+    import jax  # here, not above: a bench sets its XLA environment before jax is first imported
+
+    dev = jax.devices()[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    fields = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
+                  date=now.isoformat(timespec="seconds"))
+    return RunStamp(fields, f"{dev.platform}-{now.strftime('%Y%m%d-%H%M')}", dev)
 
 
 def fmt(x, digits=3) -> str:

@@ -23,7 +23,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory 
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -36,7 +35,7 @@ import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
 from bench.routes import NEIGHBOUR_SHARE, ROUTINGS, regime_routes  # noqa: E402
-from bench.report import write_report  # noqa: E402
+from bench.report import run_stamp, write_report  # noqa: E402
 from bench.timing import copy_bandwidth_tbs, device_loop_ms, median_ms, read_bandwidth_tbs  # noqa: E402
 from model.configs import known_config  # noqa: E402
 from model.decoder import forward, fuse_attention_inputs  # noqa: E402
@@ -370,13 +369,13 @@ def main(argv=None) -> dict:
     t_start = time.time()
     over_budget = lambda: time.time() - t_start > args.budget_s  # noqa: E731
     log = functools.partial(print, flush=True)
-    dev = jax.devices()[0]
+    stamp = run_stamp()
+    dev = stamp.device
     on_gpu = dev.platform == "gpu"
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+    result = dict(**stamp.fields,
                   xla_flags=os.environ.get("XLA_FLAGS", ""), layers=args.layers, tiny=args.tiny, args=vars(args),
                   skipped=[], errors=[])
-    stem = f"step-{'tiny-' if args.tiny else ''}{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"step-{'tiny-' if args.tiny else ''}{stamp.suffix}"
     save = lambda: write_report(result, Path(args.out), stem)  # noqa: E731
 
     # off the GPU (a smoke run) a 10 MB probe: the CPU's unoptimised bf16 pass over 100 MB cost ~10 s of each run

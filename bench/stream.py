@@ -20,7 +20,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -30,7 +29,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import publish  # noqa: E402
+from bench.report import publish, run_stamp  # noqa: E402
 from bench.step import random_model  # noqa: E402
 from jaxspec.engine import Engine  # noqa: E402
 
@@ -101,8 +100,8 @@ def markdown(result: dict) -> str:
 def main(argv=None):
     args = parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = run_stamp()
+    dev = stamp.device
     t0 = time.perf_counter()
     cfg, w = random_model(args.layers, args.tiny)
     spec_cfg, _, sw = spec_pair(w, cfg, args.tiny)
@@ -111,7 +110,7 @@ def main(argv=None):
         f"{time.perf_counter() - t0:.1f} s")
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, cfg.vocab_size, args.prompt_tokens).tolist() for _ in range(args.batch)]
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+    result = dict(**stamp.fields,
                   layers=args.layers, tiny=args.tiny, batch=args.batch, prompt_tokens=args.prompt_tokens,
                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, runs={})
     for k in sorted(set(args.k)):
@@ -125,7 +124,7 @@ def main(argv=None):
         result["runs"]["baseline (no speculation)"] = time_modes(engine, prompts, args.max_new_tokens, False,
                                                                  args.repeats, log)
     out = Path(args.out)
-    stem = f"stream-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"stream-{stamp.suffix}"
     publish(result, out, stem, markdown, log)
     return result
 

@@ -22,7 +22,6 @@ to --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
-from bench.report import publish
+from bench.report import publish, run_stamp
 from jaxspec.adaptive_calls import PerCallPolicy, spec_loop
 from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
@@ -151,9 +150,8 @@ def main(argv=None):
                 f"busy {t['busy_ms']:.3f} ms, span {t['span_ms']:.3f} ms, {t['gaps_over_20us']} gaps >= 20 us "
                 f"({t['gaps_ms']:.3f} ms): " + "; ".join(f"{g['us']:.0f} us before {g['after'][:40]}"
                                                         for g in t["longest_gaps"][:5]))
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"), k=args.k,
+    stamp = run_stamp()
+    result = dict(**stamp.fields, k=args.k,
                   prompt=PROMPTS[args.prompt][1], max_new_tokens=args.max_new_tokens, rounds=args.rounds,
                   dtype=args.dtype, rows=rows, traces=traces)
 
@@ -176,7 +174,7 @@ def main(argv=None):
                              f"{gaps} |")
         return "\n".join(lines) + "\n"
 
-    publish(result, Path(args.out), f"adaptive-calls-ab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}", markdown, log)
+    publish(result, Path(args.out), f"adaptive-calls-ab-{stamp.suffix}", markdown, log)
 
 
 if __name__ == "__main__":

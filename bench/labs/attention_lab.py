@@ -16,7 +16,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -26,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms  # noqa: E402
-from bench.report import write_json  # noqa: E402
+from bench.report import run_stamp, write_json  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.kernels.mla_decode import MLAKernelConfig, mla_decode_attention  # noqa: E402
 from model.kv_cache import round_capacity, visible_slots  # noqa: E402
@@ -75,9 +74,8 @@ def main(argv=None):
     if args.sweep or args.configs:
         chosen = args.configs or sorted(SWEEP)
         configs.update({name: dataclasses.replace(SWEEP[name], **(tiny if args.tiny else {})) for name in chosen})
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+    stamp = run_stamp()
+    result = dict(**stamp.fields,
                   kernel_config=kcfg.__dict__, configs={k: v.__dict__ for k, v in configs.items()}, rows=[])
     scale = 0.1
     for b in args.batches:
@@ -112,7 +110,7 @@ def main(argv=None):
                         row[f"{name}_rel_err"] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
                 print(row, flush=True)
                 result["rows"].append(row)
-    path = write_json(result, Path(args.out), f"attention-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
+    path = write_json(result, Path(args.out), f"attention-lab-{stamp.suffix}")
     print(f"wrote {path}")
 
 

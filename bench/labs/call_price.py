@@ -28,7 +28,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -40,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from bench.adaptive_acceptance import chained_target, per_call_programs, programs  # noqa: E402
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import publish  # noqa: E402
+from bench.report import publish, run_stamp  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
 from jaxspec.adaptive_calls import PerCallPolicy  # noqa: E402
@@ -183,15 +182,13 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = run_stamp()
     start, runs, _ = build(args, log)
     got = measure(start, runs, args.rounds, log)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
-                  layers=args.layers, moe_layers=args.moe_layers, tiny=args.tiny, k=args.k,
+    result = dict(**stamp.fields, layers=args.layers, moe_layers=args.moe_layers, tiny=args.tiny, k=args.k,
                   acceptance=args.acceptance, max_new_tokens=args.max_new_tokens,
                   cycles_per_call=args.cycles_per_call, rounds=args.rounds, raw=got, rows=summary(got))
-    stem = f"call-price-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"call-price-{stamp.suffix}"
     publish(result, Path(args.out), stem, markdown, log)
     return result
 

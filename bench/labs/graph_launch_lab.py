@@ -13,7 +13,6 @@ Writes graph-launch-lab-<platform>-<date>.json to --out. On a CPU only the XLA p
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bench  # noqa: F401  (the engine's XLA flags)
-from bench.report import write_json
+from bench.report import run_stamp, write_json
 from bench.labs.step_profile import traced_events
 from bench.timing import median_ms
 
@@ -92,11 +91,10 @@ def main(argv=None) -> dict:
     if args.every < 1 or min(args.links) < 1:
         raise SystemExit("--every and --links must be >= 1")
     log = functools.partial(print, flush=True)
-    dev = jax.devices()[0]
+    stamp = run_stamp()
+    dev = stamp.device
     kinds = [k for k in args.kinds if k == "xla" or dev.platform == "gpu"]  # Pallas GPU kernels need the GPU
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
-                  date=now.isoformat(timespec="seconds"), every=args.every, rows=[], slopes={})
+    result = dict(**stamp.fields, every=args.every, rows=[], slopes={})
     x = jnp.ones(SHAPE, jnp.float32)
     for kind in kinds:
         for links in args.links:
@@ -114,7 +112,7 @@ def main(argv=None) -> dict:
             fit = {m: float(np.polyfit(k, [r[m] for r in rows], 1)[0]) * 1e3 for m in ("sync_ms", "queued_ms")}
             result["slopes"][kind] = {f"{m[:-3]}_us_per_kernel": v for m, v in fit.items()}
             log(f"{kind}: per kernel {fit['sync_ms']:.2f} us synchronised, {fit['queued_ms']:.2f} us queued")
-    path = write_json(result, Path(args.out), f"graph-launch-lab-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
+    path = write_json(result, Path(args.out), f"graph-launch-lab-{stamp.suffix}")
     log(f"wrote {path}")
     return result
 

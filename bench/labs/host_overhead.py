@@ -20,7 +20,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
-import datetime  # noqa: E402
 import glob  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -28,7 +27,7 @@ from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 
-from bench.report import write_json  # noqa: E402
+from bench.report import run_stamp, write_json  # noqa: E402
 from bench.step import make_step, random_cache, random_model, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.config import Kernels  # noqa: E402
@@ -93,10 +92,9 @@ def trace_steps(run, n: int) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = run_stamp()
     cfg, w = random_model(args.layers, args.tiny)
-    result = dict(device=dev.device_kind, jax=jax.__version__, date=now.isoformat(timespec="seconds"),
+    result = dict(**stamp.fields,
                   layers=args.layers, context=args.context, xla_flags=os.environ.get("XLA_FLAGS", ""), rows=[])
     step_fn = make_step(cfg, Kernels())
     empty = jax.jit(lambda w, tokens_BT, positions_BT, cache: tokens_BT + 1)
@@ -133,7 +131,7 @@ def main(argv=None):
             log(f"  traced step {i}: " + ", ".join(f"{k} {v:.0f}" for k, v in s.items()))
         for e in row["host_events"][:args.top]:
             log(f"  host {e['us_per_step']:9.1f} us/step  {e['calls_per_step']:6.1f} calls  {e['name'][:110]}")
-    path = write_json(result, Path(args.out), f"host-overhead-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}")
+    path = write_json(result, Path(args.out), f"host-overhead-{stamp.suffix}")
     log(f"wrote {path}")
     return result
 

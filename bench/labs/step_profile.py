@@ -18,7 +18,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import glob  # noqa: E402
 import sys  # noqa: E402
@@ -31,7 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes  # noqa: E402
-from bench.report import write_json  # noqa: E402
+from bench.report import run_stamp, write_json  # noqa: E402
 from bench.step import (KERNEL_PATH_MOE, bench_config, draw_weights, make_step, make_step_loop,  # noqa: E402
                         random_cache, step_inputs)
 from bench.routes import ROUTINGS  # noqa: E402
@@ -346,15 +345,13 @@ def main(argv=None) -> dict:
     if not args.tokens and not args.cycle_k and not args.loop_fixed:
         raise SystemExit("nothing to profile: give --tokens or --cycle-k")
     log = functools.partial(print, flush=True)
-    dev = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = run_stamp()
     cfg = bench_config(args.layers, args.tiny)
     w = draw_weights(cfg, args.tiny)
     kernels = Kernels(moe=args.moe_kernel)
     loop = make_step_loop(cfg, kernels, args.routing)
     step = make_step(cfg, kernels, args.routing)
-    result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
-                  date=now.isoformat(timespec="seconds"), layers=args.layers, batch=args.batch, context=args.context,
+    result = dict(**stamp.fields, layers=args.layers, batch=args.batch, context=args.context,
                   steps=args.steps, moe_kernel=args.moe_kernel, routing=args.routing, rows=[])
     for t in args.tokens:
         key = jax.random.PRNGKey(t)
@@ -370,7 +367,7 @@ def main(argv=None) -> dict:
             jax.block_until_ready(run())
         if args.hlo:
             hlo = loop.lower(w, tokens_BT, positions_BT, holder["cache"], jnp.int32(args.steps)).compile().as_text()
-            hlo_path = Path(args.out) / f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}-T{t}.hlo.txt"
+            hlo_path = Path(args.out) / f"step-profile-{stamp.suffix}-T{t}.hlo.txt"
             hlo_path.parent.mkdir(parents=True, exist_ok=True)
             hlo_path.write_text(hlo)
             log(f"wrote {hlo_path}")
@@ -386,7 +383,7 @@ def main(argv=None) -> dict:
         result["rows"] += profile_cycles(w, cfg, args, k, log)
     if args.loop_fixed:
         result["loop_fixed"] = profile_loop_fixed_cost(w, cfg, args, log)
-    stem = f"step-profile-{dev.platform}-{now.strftime('%Y%m%d-%H%M')}"
+    stem = f"step-profile-{stamp.suffix}"
     path = write_json(result, Path(args.out), stem)
     path.with_suffix(".md").write_text(markdown(result, args.top))
     log(f"wrote {path} and .md")
