@@ -164,12 +164,12 @@ class BatchAdaptiveK:
         return dict(k=self.k, loops=dict(self.choices), acceptance=[float(c) for c in self.acceptance()[1:]],
                     expected_tokens={k: float(expected[k]) for k in self.ks}, cycle_plain_steps=in_steps)
 
-    def verdict(self) -> str | None:
-        """One line when plain steps are the choice because no K pays, with the figures that decided it; None while
-        a K >= 1 is chosen or before the costs are known."""
+    def verdict(self, report: dict | None = None) -> str | None:
+        """One line when plain steps are the choice because no K pays, with the figures that decided it (`report`:
+        this loop's `report()`, where taken already); None while a K >= 1 is chosen or before the costs are known."""
         if self.k != 0:
             return None
-        r = self.report()
+        r = report if report is not None else self.report()
         paying = [(k, r["expected_tokens"][k], r["cycle_plain_steps"][k]) for k in self.ks
                   if k > 0 and k in r["cycle_plain_steps"]]
         if not paying:

@@ -288,8 +288,9 @@ class Scheduler:
                 self._said_not_paying = True
         policy = getattr(self.engine, "choose_k", None)
         if hasattr(policy, "report"):  # an adaptive server: its figures on /metrics, and a line when it goes plain
-            self.metrics.speculation(policy.report())
-            line = policy.verdict()
+            report = policy.report()
+            self.metrics.speculation(report)
+            line = policy.verdict(report)
             if line and not self._said_off:
                 log.warning(line)
             self._said_off = line is not None
