@@ -105,7 +105,7 @@ def build(args, log):
     runs = {"fixed": lambda s: (fixed_k(sw, s, a, cont_BS), 1, 0.0), "calls_1": one(call_k),
             "calls_same": calls([call_k]), "calls_queued": queued, "calls_twin": calls([call_k, twin_k]),
             "empty": lambda s: (call_k(sw, s, never_leaving(0), a, cont_BS), 1, 0.0)}
-    return (lambda: prefill(*prompt)), runs, cont_BS
+    return (lambda: prefill(*prompt)), runs
 
 
 def measure(start, runs: dict, rounds: int, log) -> dict:
@@ -183,7 +183,7 @@ def main(argv=None):
     args = parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     stamp = run_stamp()
-    start, runs, _ = build(args, log)
+    start, runs = build(args, log)
     got = measure(start, runs, args.rounds, log)
     result = dict(**stamp.fields, layers=args.layers, moe_layers=args.moe_layers, tiny=args.tiny, k=args.k,
                   acceptance=args.acceptance, max_new_tokens=args.max_new_tokens,
