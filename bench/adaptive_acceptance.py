@@ -25,6 +25,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -160,7 +161,8 @@ def compiled_side_by_side(prompt, base_prefill, sprefill, base_loop, fixed: dict
 def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain) -> dict:
     """Adaptive by call at each a (`loops`, `plain`: `per_call_programs`): a fresh pool for every run (what one
     `generate` process starts from)."""
-    policy = PerCallPolicy(steps=tuple(args.adaptive_steps))
+    policy = PerCallPolicy(steps=tuple(args.adaptive_steps), **({"min_cycles": args.min_cycles[0]}
+                                                                 if args.min_cycles else {}))
     steps = policy.resolve_steps(max(args.adaptive_steps))
     j_max = max(steps)
 
@@ -177,8 +179,10 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
     log("adaptive (per call) cost table (ms per cycle): " + ", ".join(f"K={k}: {1e3 * c:.3f}" for k, c in
                                                                        zip(steps, table.costs_s))
         + f"; one more call {1e3 * table.first_run_s:.3f} ms")
-    rows = {}
-    for a in args.acceptance:
+    rows, variants = {}, {}
+    for a, m in [(a, m) for m in (args.min_cycles or [None]) for a in args.acceptance]:
+        if m is not None and m != policy.min_cycles:  # a variant's rows beside the first's
+            policy = dataclasses.replace(policy, min_cycles=m)
         made = []
 
         def start():
@@ -197,14 +201,18 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
 
         seconds, out = _timed(start, run, args.repeats)
         ks = made[-1][0].k_per_cycle
-        rows[a] = {"tokens_per_s": decoded / seconds, "k_histogram": {str(k): ks.count(k) for k in steps},
-                   "calls": made[-1][0].calls,
-                   "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
-                                               cont[:, : args.max_new_tokens]))}
-        log(f"adaptive (per call) a={a}: {decoded / seconds:.1f} tok/s, K chosen {rows[a]['k_histogram']} "
-            f"in {rows[a]['calls']} calls")
+        got = {"tokens_per_s": decoded / seconds, "k_histogram": {str(k): ks.count(k) for k in steps},
+               "calls": made[-1][0].calls,
+               "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
+                                           cont[:, : args.max_new_tokens]))}
+        first = m is None or m == args.min_cycles[0]
+        (rows if first else variants.setdefault(str(m), {}))[a] = got
+        log(f"adaptive (per call, first test after {policy.min_cycles} cycles) a={a}: {decoded / seconds:.1f} tok/s, "
+            f"K chosen {got['k_histogram']} in {got['calls']} calls")
     return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, table.costs_s)},
-                first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps))
+                first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps),
+                min_cycles=(args.min_cycles or [PerCallPolicy.min_cycles])[0],
+                min_cycles_variants=variants or None)
 
 
 def _timed(start, run, repeats: int):
@@ -326,7 +334,11 @@ def summary(result: dict) -> list[dict]:
         fixed.update({name: r[a]["tokens_per_s"] for name, r in rows.items() if name not in ("K=0", "adaptive")})
         best = max(fixed, key=fixed.get)
         ad = rows["adaptive"][a]["tokens_per_s"]
-        out.append(dict(a=a, fixed=fixed, adaptive=ad, best=best, adaptive_over_best=ad / fixed[best]))
+        out.append(dict(a=a, fixed=fixed, adaptive=ad, best=best, adaptive_over_best=ad / fixed[best],
+                        adaptive_over_plain=ad / fixed["K=0"]))
+        variants = result.get("min_cycles_variants") or {}
+        if variants:  # adaptive with another first test, over the same best
+            out[-1]["by_min_cycles"] = {m: v[a]["tokens_per_s"] / fixed[best] for m, v in variants.items()}
     return out
 
 
@@ -351,6 +363,13 @@ def markdown(result: dict) -> str:
         hist = result["rows"]["adaptive"][row["a"]]["k_histogram"]
         lines.append(f"| {row['a']} | " + " | ".join(f"{row['fixed'][n]:.1f}" for n in names)
                      + f" | {row['adaptive']:.1f} | {row['best']} | {row['adaptive_over_best']:.3f} | {hist} |")
+    variants = result.get("min_cycles_variants") or {}
+    if variants:
+        lines += ["", f"Adaptive over the best fixed K with its first test after {result['min_cycles']} cycles (above) "
+                  "and after other counts (the K histogram in brackets):", ""]
+        for row in summary(result):
+            lines.append(f"- a = {row['a']}: {result['min_cycles']} cycles {row['adaptive_over_best']:.3f}; " + "; ".join(
+                f"{m} cycles {r:.3f} {variants[m][row['a']]['k_histogram']}" for m, r in row["by_min_cycles"].items()))
     lines += ["", "Measured conditional acceptance per fixed K (asked a -> measured):", ""]
     for name, r in result["rows"].items():
         if name not in ("K=0", "adaptive"):
@@ -401,6 +420,9 @@ def parse_args(argv):
                    help="per_call or per_cycle adaptive speculation (default: the backend's, as generate runs it)")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(ACCEPTANCE))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--min-cycles", type=int, nargs="+", default=None,
+                   help="per_call: cycles a call runs before its first test, the first for the table's adaptive "
+                        "column, the others reported beside it (default: the policy's)")
     p.add_argument("--out", required=True, help="results folder (JSON, markdown, PNG)")
     a = p.parse_args(argv)
     a.adaptive_kind = a.adaptive_kind or default_adaptive_kind(jax.default_backend())
@@ -412,6 +434,8 @@ def parse_args(argv):
         p.error("--k: fixed K must be >= 1 (K = 0, plain decoding, always runs)")
     if any(k < 0 for k in a.adaptive_steps) or max(a.adaptive_steps) < 1:
         p.error("--adaptive-steps: K >= 0 with at least one K >= 1")
+    if a.min_cycles is not None and (min(a.min_cycles) < 1 or a.adaptive_kind != "per_call"):
+        p.error("--min-cycles: counts >= 1, for --adaptive-kind per_call")
     if any(not 0.0 <= x <= 1.0 for x in a.acceptance):
         p.error("--acceptance: rates must lie in [0, 1]")
     return a

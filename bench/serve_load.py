@@ -1,8 +1,12 @@
 """`python -m bench.serve_load`: `python -m jaxspec.serve` under load, speculation on and off.
 
-For each mode (speculation with K draft tokens, then K = 0) a server is started in this process on a loopback port
-and driven with the `openai` async client: at each concurrency level, that many workers each send streamed greedy
-completions back to back (prompts from a fixed list, `--max-tokens` each). Per level: requests sent / completed /
+For each mode (speculation with K draft tokens, K = N for `specN`, K = 0, adaptive K) a server is started in this
+process on a loopback port, all of them side by side, and driven with the `openai` async client: at each concurrency
+level, that many workers each send streamed greedy completions back to back (prompts from a fixed list,
+`--max-tokens` each). `--rounds N` runs every level N times on every mode, the modes' order rotated each round, and
+compares each mode's median (adaptive's over the best fixed K's); `--switch-interval-ms` runs each level at each of
+the given GIL switch intervals in turn (the engine thread wins the GIL back from the HTTP threads after a device
+loop within that interval). Per level: requests sent / completed /
 failed, output tokens per second over the level's wall time, time to first token (TTFT: request sent -> first
 text chunk) and inter-token latency (per request: (last chunk - first chunk) / (tokens - 1)) percentiles. Every
 output is compared with `Engine.generate` on its prompt alone (greedy, same K, same dtype): equal in float32;
@@ -36,6 +40,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import datetime  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -65,7 +70,12 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--speculative-num-steps", type=int, default=4, help="K of the speculative mode")
     p.add_argument("--modes", default="spec,base",
-                   help="spec (K draft tokens), base (K = 0), adaptive (K chosen per loop up to K), comma-separated")
+                   help="spec (K draft tokens), specN (N draft tokens), base (K = 0), adaptive (K chosen per loop up "
+                   "to K), comma-separated")
+    p.add_argument("--rounds", type=int, default=1, help="times every level is run on every mode, the modes' order "
+                   "rotated each round (the tables give each mode's median over the rounds and its range)")
+    p.add_argument("--switch-interval-ms", default=None, help="comma-separated Python GIL switch intervals to run "
+                   "each level at in turn (default: the server's own)")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
     p.add_argument("--requests-per-worker", type=int, default=2, help="requests each worker sends per level")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -89,14 +99,23 @@ def parse_args(argv):
     except ValueError:
         p.error(f"--concurrency {a.concurrency!r}: expected comma-separated integers")
     a.mode_list = [m for m in a.modes.split(",") if m]
+    try:
+        a.switch_intervals = [float(x) for x in a.switch_interval_ms.split(",")] if a.switch_interval_ms else None
+    except ValueError:
+        p.error(f"--switch-interval-ms {a.switch_interval_ms!r}: expected comma-separated milliseconds")
+    if a.switch_intervals is not None and min(a.switch_intervals) <= 0:
+        p.error(f"--switch-interval-ms must be > 0, got {a.switch_interval_ms}")
     if not a.levels or min(a.levels) < 1:
         p.error(f"--concurrency levels must be >= 1, got {a.concurrency}")
-    if not a.mode_list or set(a.mode_list) - {"spec", "base", "adaptive"}:
-        p.error(f"--modes takes spec, base and/or adaptive, got {a.modes!r}")
+    known = {"spec", "base", "adaptive"}
+    if not a.mode_list or any(m not in known and not (m[:4] == "spec" and m[4:].isdigit() and int(m[4:]) >= 1)
+                              for m in a.mode_list) or len(set(a.mode_list)) < len(a.mode_list):
+        p.error(f"--modes takes spec, specN (N >= 1), base and/or adaptive, each once, got {a.modes!r}")
     if not 0 <= a.system_prompt_share <= 1:
         p.error(f"--system-prompt-share must be within [0, 1], got {a.system_prompt_share}")
     for flag, v in (("--requests-per-worker", a.requests_per_worker), ("--max-tokens", a.max_tokens),
-                    ("--speculative-num-steps", a.speculative_num_steps), ("--turns", a.turns)):
+                    ("--speculative-num-steps", a.speculative_num_steps), ("--turns", a.turns),
+                    ("--rounds", a.rounds)):
         if v < 1:
             p.error(f"{flag} must be >= 1, got {v}")
     for flag, v in (("--system-prompt-tokens", a.system_prompt_tokens), ("--long-prompts", a.long_prompts)):
@@ -281,75 +300,147 @@ def solo_texts(service, k, max_tokens, prompts) -> dict:
     return out
 
 
-def run_mode(a, mode, log) -> dict:
-    k = 0 if mode == "base" else a.speculative_num_steps
-    argv = ["--dtype", a.dtype, "--max-batch", str(a.max_batch or max(a.levels)), "--max-context",
-            str(a.max_context), "--speculative-num-steps", str(k), "--cycles-per-step", str(a.cycles_per_step),
-            "--max-queue", str(max(a.levels) * 2), "--warmup-buckets", "16,32"]
-    argv += ["--speculative-adaptive"] if mode == "adaptive" else []
-    argv += ["--model", a.model] if a.model else []
-    argv += ["--draft", a.draft] if a.draft else []
-    argv += ["--prefix-cache-tokens", str(a.prefix_cache_tokens)] if a.prefix_cache_tokens is not None else []
-    argv += ["--prefill-chunk", str(a.prefill_chunk)] if a.prefill_chunk else []
-    argv += ["--cache-pages", str(a.cache_pages)] if a.cache_pages else []
-    sa = build_parser().parse_args(argv)
-    service = build_service(sa, *_check(sa), log=log)
-    preamble = system_text(a.system_prompt_tokens, service.encode)
-    prompts = [preamble + p for p in PROMPTS]
-    first_turns = prompts + (PROMPTS if a.system_prompt_share < 1 else [])
-    solo = None if a.no_check else solo_texts(service, k, a.max_tokens, first_turns)
-    vocab = service.engine.cfg.target.vocab_size
-    rows = []
-    with BackgroundServer(service) as server:
-        asyncio.run(run_level(server.base_url, service.model_name, len(PROMPTS), 1, a.max_tokens, PROMPTS,
-                              preamble=preamble, share=a.system_prompt_share, turns=a.turns))  # warm-up
+def mode_k(a, mode: str) -> int:
+    """The K a mode's server runs (`specN`: N; `spec` and `adaptive`: --speculative-num-steps, adaptive's largest;
+    `base`: 0)."""
+    if mode == "base":
+        return 0
+    if mode.startswith("spec") and mode[4:]:
+        return int(mode[4:])
+    return a.speculative_num_steps
+
+
+class Mode:
+    """One mode's server, started in this process, and what its levels measured."""
+
+    def __init__(self, a, mode: str, log):
+        self.name, self.k = mode, mode_k(a, mode)
+        argv = ["--dtype", a.dtype, "--max-batch", str(a.max_batch or max(a.levels)), "--max-context",
+                str(a.max_context), "--speculative-num-steps", str(self.k), "--cycles-per-step",
+                str(a.cycles_per_step), "--max-queue", str(max(a.levels) * 2), "--warmup-buckets", "16,32"]
+        argv += ["--speculative-adaptive"] if mode == "adaptive" else ["--no-speculative-adaptive"]
+        argv += ["--model", a.model] if a.model else []
+        argv += ["--draft", a.draft] if a.draft else []
+        argv += ["--prefix-cache-tokens", str(a.prefix_cache_tokens)] if a.prefix_cache_tokens is not None else []
+        argv += ["--prefill-chunk", str(a.prefill_chunk)] if a.prefill_chunk else []
+        argv += ["--cache-pages", str(a.cache_pages)] if a.cache_pages else []
+        sa = build_parser().parse_args(argv)
+        self.service = service = build_service(sa, *_check(sa), log=log)
+        self.preamble = system_text(a.system_prompt_tokens, service.encode)
+        self.prompts = [self.preamble + p for p in PROMPTS]
+        first_turns = self.prompts + (PROMPTS if a.system_prompt_share < 1 else [])
+        self.solo = None if a.no_check else solo_texts(service, self.k, a.max_tokens, first_turns)
+        self.vocab = service.engine.cfg.target.vocab_size
+        self.rows: list[dict] = []
+        self.server = BackgroundServer(service).start()
+        url = self.server.base_url
+        asyncio.run(run_level(url, service.model_name, len(PROMPTS), 1, a.max_tokens, PROMPTS,
+                              preamble=self.preamble, share=a.system_prompt_share, turns=a.turns))  # warm-up
         if a.long_prompts:  # the long prompts' programs too
-            asyncio.run(run_level(server.base_url, service.model_name, 1, 1, 2, prompts, 0, 1, a.long_prompt_tokens,
-                                  vocab))
-        for c in a.levels:
-            cycles0, tokens0 = _metric(server.base_url, "jaxspec_cycles_total"), \
-                _metric(server.base_url, "jaxspec_generation_tokens_total")
-            before = _metrics(server.base_url)
-            with CacheSampler(server.base_url) as sampler:
-                out = asyncio.run(run_level(server.base_url, service.model_name, c, a.requests_per_worker,
-                                            a.max_tokens, PROMPTS, offset=c, long_prompts=a.long_prompts,
-                                            long_tokens=a.long_prompt_tokens, vocab=vocab, preamble=preamble,
-                                            share=a.system_prompt_share, turns=a.turns))
-            results, wall = out[:2]
-            row = summarize(c, results, wall, solo)
-            after = _metrics(server.base_url)
-            delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)  # noqa: E731
-            row["prefix_hit_tokens"] = delta("jaxspec_prefix_cache_hit_tokens_total")
-            hits, misses = delta("jaxspec_prefix_cache_hits_total"), delta("jaxspec_prefix_cache_misses_total")
-            row["prefix_hit_rate"] = hits / (hits + misses) if hits + misses else None
-            row["preemptions"] = delta("jaxspec_preemptions_total")
-            loops = _by_k(after, "jaxspec_speculation_loops_total")
-            if loops:  # adaptive K: what this level ran and the figures the rule held at its end
-                ran = {k: n - _by_k(before, "jaxspec_speculation_loops_total").get(k, 0.0) for k, n in loops.items()}
-                row["adaptive"] = dict(loops=ran, cycle_plain_steps=_by_k(after, "jaxspec_cycle_cost_plain_steps"),
-                                       expected_tokens=_by_k(after, "jaxspec_expected_tokens_per_slot_cycle"))
-            row.update(sampler.summary(PAGE_TOKENS))
-            if a.long_prompts:
-                row["long_prompts_answered"], row["long_prompts_failed"] = out[2]
-            cycles = _metric(server.base_url, "jaxspec_cycles_total") - cycles0
-            row["cycles"] = cycles
-            # each request's first token comes out of its prefill, not a cycle
-            cycle_tokens = _metric(server.base_url, "jaxspec_generation_tokens_total") - tokens0 - row["completed"]
-            row["tokens_per_cycle"] = cycle_tokens / cycles if cycles else None
-            log(f"{mode} concurrency {c}: {row['completed']}/{row['sent']} completed, "
-                f"{fmt(row['tokens_per_s'], 1)} tok/s, TTFT p50 {fmt(row['ttft_ms']['50'], 1)} ms")
-            rows.append(row)
-        mal = _metric(server.base_url, "jaxspec_mean_acceptance_length")
-    state = service.engine.state
-    caches = [state.target_cache.latent, state.target_cache.k_rope, state.draft_cache]
-    cache_bytes = sum(x.nbytes for x in jax.tree.leaves(caches))
-    positions = (a.cache_pages * PAGE_TOKENS if a.cache_pages else service.engine.max_batch * service.engine.capacity)
-    choices = getattr(service.engine.choose_k, "choices", None)  # adaptive: loops run at each K
-    return {"mode": mode, "k": k, "mean_acceptance_length": None if k == 0 else mal, "rows": rows,
-            "k_choices": None if choices is None else {str(kk): n for kk, n in sorted(choices.items())},
-            "compile_s": service.engine.compile_s, "prefix_cache_pages": service.engine.prefix.num_pages,
-            "prompt_tokens": [len(service.encode(p)) for p in prompts], "cache_pages": a.cache_pages,
-            "cache_bytes": cache_bytes, "cache_positions": positions, "bytes_per_position": cache_bytes / positions}
+            asyncio.run(run_level(url, service.model_name, 1, 1, 2, self.prompts, 0, 1, a.long_prompt_tokens,
+                                  self.vocab))
+
+    def level(self, a, c: int, log, **labels) -> dict:
+        """One level of `c` workers on this mode's server: its row (`labels` added to it)."""
+        url, service = self.server.base_url, self.service
+        before = _metrics(url)
+        with CacheSampler(url) as sampler:
+            out = asyncio.run(run_level(url, service.model_name, c, a.requests_per_worker, a.max_tokens, PROMPTS,
+                                        offset=c, long_prompts=a.long_prompts, long_tokens=a.long_prompt_tokens,
+                                        vocab=self.vocab, preamble=self.preamble, share=a.system_prompt_share,
+                                        turns=a.turns))
+        results, wall = out[:2]
+        row = summarize(c, results, wall, self.solo)
+        row.update(labels)
+        after = _metrics(url)
+        delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)  # noqa: E731
+        row["prefix_hit_tokens"] = delta("jaxspec_prefix_cache_hit_tokens_total")
+        hits, misses = delta("jaxspec_prefix_cache_hits_total"), delta("jaxspec_prefix_cache_misses_total")
+        row["prefix_hit_rate"] = hits / (hits + misses) if hits + misses else None
+        row["preemptions"] = delta("jaxspec_preemptions_total")
+        loops = _by_k(after, "jaxspec_speculation_loops_total")
+        if loops:  # adaptive K: what this level ran and the figures the rule held at its end
+            ran = {k: n - _by_k(before, "jaxspec_speculation_loops_total").get(k, 0.0) for k, n in loops.items()}
+            row["adaptive"] = dict(loops=ran, cycle_plain_steps=_by_k(after, "jaxspec_cycle_cost_plain_steps"),
+                                   expected_tokens=_by_k(after, "jaxspec_expected_tokens_per_slot_cycle"))
+        row.update(sampler.summary(PAGE_TOKENS))
+        if a.long_prompts:
+            row["long_prompts_answered"], row["long_prompts_failed"] = out[2]
+        row["cycles"] = cycles = delta("jaxspec_cycles_total")
+        # each request's first token comes out of its prefill, not a cycle
+        cycle_tokens = delta("jaxspec_generation_tokens_total") - row["completed"]
+        row["tokens_per_cycle"] = cycle_tokens / cycles if cycles else None
+        log(f"{self.name} concurrency {c}{''.join(f', {k} {v}' for k, v in labels.items())}: "
+            f"{row['completed']}/{row['sent']} completed, {fmt(row['tokens_per_s'], 1)} tok/s, "
+            f"TTFT p50 {fmt(row['ttft_ms']['50'], 1)} ms")
+        self.rows.append(row)
+        return row
+
+    def close(self, a) -> dict:
+        """Stops the server; what the mode ran."""
+        service = self.service
+        mal = _metric(self.server.base_url, "jaxspec_mean_acceptance_length")
+        policy = service.engine.choose_k
+        loop_log = [list(x) for x in getattr(policy, "loop_log", ())]  # adaptive: every loop it timed
+        self.server.stop()
+        state = service.engine.state
+        caches = [state.target_cache.latent, state.target_cache.k_rope, state.draft_cache]
+        cache_bytes = sum(x.nbytes for x in jax.tree.leaves(caches))
+        positions = (a.cache_pages * PAGE_TOKENS if a.cache_pages else service.engine.max_batch
+                     * service.engine.capacity)
+        choices = getattr(policy, "choices", None)  # adaptive: loops run at each K
+        return {"mode": self.name, "k": self.k, "mean_acceptance_length": None if self.k == 0 else mal,
+                "rows": self.rows,
+                "k_choices": None if choices is None else {str(kk): n for kk, n in sorted(choices.items())},
+                "loop_log": loop_log or None,
+                "compile_s": service.engine.compile_s, "prefix_cache_pages": service.engine.prefix.num_pages,
+                "prompt_tokens": [len(service.encode(p)) for p in self.prompts], "cache_pages": a.cache_pages,
+                "cache_bytes": cache_bytes, "cache_positions": positions, "bytes_per_position": cache_bytes / positions}
+
+
+def run_modes(a, log) -> list[dict]:
+    """Every mode's server started side by side, then round after round of the levels, the modes' order rotated
+    each round and, at each level, each GIL switch interval of --switch-interval-ms in turn, so a mode's figures
+    and another's are taken under the same conditions."""
+    modes = [Mode(a, m, log) for m in a.mode_list]
+    default_switch = sys.getswitchinterval()
+    try:
+        for r in range(a.rounds):
+            order = modes[r % len(modes):] + modes[: r % len(modes)]
+            for c in a.levels:
+                for ms in a.switch_intervals or [None]:
+                    labels = {"round": r} if a.rounds > 1 else {}
+                    if ms is not None:
+                        sys.setswitchinterval(ms / 1e3)
+                        labels["switch_interval_ms"] = ms
+                    for m in order:
+                        m.level(a, c, log, **labels)
+    finally:
+        sys.setswitchinterval(default_switch)
+    return [m.close(a) for m in modes]
+
+
+def compare(modes: list[dict]) -> list[dict]:
+    """Per level (and switch interval): each mode's median tok/s over the rounds with its range, and adaptive's
+    median over the best fixed mode's (`spec*`; and over plain `base` where every fixed K loses to it)."""
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for m in modes:
+        for r in m["rows"]:
+            key = (r["concurrency"], r.get("switch_interval_ms"))
+            groups.setdefault(key, {}).setdefault(m["mode"], []).append(r["tokens_per_s"] or 0.0)
+    out = []
+    for (c, ms), by_mode in groups.items():
+        med = {name: statistics.median(v) for name, v in by_mode.items()}
+        row = {"concurrency": c, "switch_interval_ms": ms, "rounds": max(len(v) for v in by_mode.values()),
+               "tokens_per_s": med, "range": {name: [min(v), max(v)] for name, v in by_mode.items()}}
+        fixed = {n: v for n, v in med.items() if n.startswith("spec")}
+        if "adaptive" in med and fixed:
+            best = max(fixed, key=fixed.get)
+            row["best_fixed"], row["adaptive_over_best"] = best, med["adaptive"] / fixed[best]
+            if "base" in med and med["base"] > fixed[best]:
+                row["adaptive_over_base"] = med["adaptive"] / med["base"]
+        out.append(row)
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -376,7 +467,7 @@ def markdown(result: dict) -> str:
             held = f"{fmt(h['50'], 2)} / {fmt(h['99'], 2)}" if h else "-"
             checked = f" of {r['checked']}" if "checked" in r else ""
             lines.append(
-                f"| {m['mode']} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | {r['failed']} | "
+                f"| {m['mode']}{_labels(r)} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | {r['failed']} | "
                 f"{r.get('equal_to_solo', '-')}{checked} | {fmt(r['tokens_per_s'], 1)} | "
                 f"{fmt(r['tokens_per_cycle'], 2)} | "
                 f"{fmt(t['50'], 1)} | {fmt(t['90'], 1)} | {fmt(t['99'], 1)} | {fmt(i['50'], 2)} | {fmt(i['90'], 2)} | "
@@ -400,12 +491,33 @@ def markdown(result: dict) -> str:
                   "plain steps and expected tokens a slot-cycle per K (what the rule weighed):", ""]
         for mode, r in levels:
             ad = r["adaptive"]
-            lines.append(f"- {mode}, concurrency {r['concurrency']}: loops "
+            lines.append(f"- {mode}{_labels(r)}, concurrency {r['concurrency']}: loops "
                          + ", ".join(f"K={k} {n:.0f}" for k, n in sorted(ad["loops"].items()))
                          + "; cost " + (", ".join(f"K={k} {v:.2f}" for k, v in sorted(ad["cycle_plain_steps"].items()))
                                         or "not measured yet")
                          + "; tokens " + ", ".join(f"K={k} {v:.2f}" for k, v in sorted(ad["expected_tokens"].items())))
+    comparison = result.get("comparison") or []
+    if any(len(row["tokens_per_s"]) > 1 for row in comparison):
+        lines += ["", f"Per level, each mode's median tok/s over {result.get('rounds', 1)} round(s) [min-max], and "
+                  "adaptive's median over the best fixed K's (over plain decoding's where that beats every fixed K):",
+                  "", "| concurrency | GIL switch interval, ms | tok/s per mode | best fixed | adaptive / best |",
+                  "|---|---|---|---|---|"]
+        for row in comparison:
+            cells = "; ".join(f"{name} {fmt(v, 1)} [{fmt(row['range'][name][0], 0)}-{fmt(row['range'][name][1], 0)}]"
+                              for name, v in row["tokens_per_s"].items())
+            over = fmt(row.get("adaptive_over_best"), 3)
+            if "adaptive_over_base" in row:
+                over += f" (over base {fmt(row['adaptive_over_base'], 3)})"
+            lines.append(f"| {row['concurrency']} | {fmt(row['switch_interval_ms'], 2)} | {cells} | "
+                         f"{row.get('best_fixed', '-')} | {over} |")
     return "\n".join(lines) + "\n"
+
+
+def _labels(row: dict) -> str:
+    """A row's round and switch interval, where the run had more than one."""
+    parts = ([f"round {row['round']}"] if "round" in row else []) + (
+        [f"switch {row['switch_interval_ms']:g} ms"] if "switch_interval_ms" in row else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def main(argv=None) -> int:
@@ -414,7 +526,7 @@ def main(argv=None) -> int:
     def log(msg):
         print(f"[serve_load] {msg}", file=sys.stderr, flush=True)
 
-    modes = [run_mode(a, m, log) for m in a.mode_list]
+    modes = run_modes(a, log)
     device = jax.devices()[0]
     result = {
         "device": f"{device.platform}:{device.device_kind}", "jax": jax.__version__,
@@ -425,6 +537,7 @@ def main(argv=None) -> int:
         "prefix_cache_tokens": a.prefix_cache_tokens, "long_prompts": a.long_prompts,
         "long_prompt_tokens": a.long_prompt_tokens if a.long_prompts else 0,
         "system_prompt_share": a.system_prompt_share, "turns": a.turns, "cache_pages": a.cache_pages,
+        "rounds": a.rounds, "comparison": compare(modes),
     }
     a.out.mkdir(parents=True, exist_ok=True)
     stem = f"serve-load-{device.platform}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}"

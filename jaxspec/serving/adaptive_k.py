@@ -34,6 +34,7 @@ import numpy as np
 PRIOR_WEIGHT = 4.0
 COST_WINDOW = 5  # loops whose median is a K's time at an occupancy
 EXPLORE_BACKOFF = 8
+LOOP_LOG = 4096  # loops whose (K, live, cycles, seconds) are kept
 
 
 def occupancy_bucket(live: float) -> int:
@@ -69,12 +70,15 @@ class BatchAdaptiveK:
         self.choices = collections.Counter()  # K -> loops run with it
         self._runs = collections.Counter()  # K -> loops observed
         self._measured_at: dict[tuple[int, int], int] = {}  # (bucket, K) -> the loop that last measured it
+        # (K, live slots, cycles, seconds) of the latest loops: what the times above were taken from, for a bench
+        self.loop_log: collections.deque = collections.deque(maxlen=LOOP_LOG)
 
     # --- what the loops measured ----------------------------------------------------------------------------
     def observe(self, last) -> None:
         if last.cycles <= 0:
             return
         self.live = last.slot_cycles / last.cycles
+        self.loop_log.append((last.k, round(self.live, 2), last.cycles, round(last.seconds, 6)))
         self._runs[last.k] += 1
         if self.live > 0 and self._runs[last.k] > 1:  # a program's first run carries one-time costs
             key = (occupancy_bucket(self.live), last.k)
