@@ -65,6 +65,8 @@ def test_prompts_cli_compares_plain_fixed_and_adaptive(tmp_path):
     (adaptive_acceptance, ["--layers", "2"], "--layers"),
     (adaptive_acceptance, ["--acceptance", "1.5"], "--acceptance"),
     (adaptive_acceptance, ["--k", "0"], "--k"),
+    (adaptive_acceptance, ["--min-cycles", "0", "--adaptive-kind", "per_call"], "--min-cycles"),
+    (adaptive_acceptance, ["--min-cycles", "2", "--adaptive-kind", "per_cycle"], "--min-cycles"),
     (adaptive_prompts, ["--prompts", "0"], "--prompts"),
     (adaptive_prompts, ["--k", "0"], "--k"),
 ])
@@ -72,3 +74,16 @@ def test_bad_flags_are_refused(module, argv, needle, capsys, tmp_path):
     with pytest.raises(SystemExit):
         module.main(argv + ["--out", str(tmp_path)])
     assert needle in capsys.readouterr().err
+
+
+def test_the_sweep_reports_other_first_tests_beside_the_tables_adaptive():
+    rows = {"K=0": {"tokens_per_s": 100.0}, "K=1": {0.5: {"tokens_per_s": 150.0, "acceptance": 0.5}},
+            "adaptive": {0.5: {"tokens_per_s": 147.0, "k_histogram": {"0": 0, "1": 9}}}}
+    result = dict(acceptance=[0.5], rows=rows, min_cycles=4,
+                  min_cycles_variants={"2": {0.5: {"tokens_per_s": 120.0, "k_histogram": {"0": 9, "1": 0}}}})
+    (row,) = adaptive_acceptance.summary(result)
+    assert row["best"] == "K=1" and row["adaptive_over_best"] == pytest.approx(0.98)
+    assert row["adaptive_over_plain"] == pytest.approx(1.47) and row["by_min_cycles"] == {"2": pytest.approx(0.8)}
+    result.update(device="cpu", jax="x", date="d", layers=3, tiny=True, batch=1, prompt_tokens=8, max_new_tokens=8,
+                  repeats=1, adaptive_steps=[0, 1], costs_ms={})
+    assert "- a = 0.5: 4 cycles 0.980; 2 cycles 0.800 {'0': 9, '1': 0}" in adaptive_acceptance.markdown(result)

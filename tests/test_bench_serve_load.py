@@ -3,12 +3,15 @@ against the real server)."""
 
 import pytest
 
-from bench.serve_load import CacheSampler, _by_k, _with_preamble, markdown, parse_args, percentiles, summarize
+from bench.serve_load import (CacheSampler, _by_k, _with_preamble, compare, markdown, mode_k, parse_args, percentiles,
+                              summarize)
 
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0,4"], ["--concurrency", "a"], ["--modes", "fast"],
                                   ["--max-tokens", "0"], ["--speculative-num-steps", "0"],
-                                  ["--turns", "0"], ["--system-prompt-share", "1.5"]])
+                                  ["--turns", "0"], ["--system-prompt-share", "1.5"], ["--modes", "spec0"],
+                                  ["--modes", "spec3,spec3"], ["--modes", "specx"], ["--rounds", "0"],
+                                  ["--switch-interval-ms", "0.5,x"], ["--switch-interval-ms", "0"]])
 def test_bad_flags_exit_2(argv, tmp_path):
     with pytest.raises(SystemExit) as e:
         parse_args(["--out", str(tmp_path), *argv])
@@ -47,3 +50,29 @@ def test_metrics_labelled_by_k_are_read_per_k():
                "jaxspec_speculation_k": 3.0, 'jaxspec_draft_acceptance_estimate{position="1"}': 0.7}
     assert _by_k(metrics, "jaxspec_speculation_loops_total") == {"0": 2.0, "3": 7.0}
     assert _by_k(metrics, "jaxspec_cycle_cost_plain_steps") == {}
+
+
+def test_modes_name_their_k_and_rounds_compare_medians_with_the_best_fixed_k():
+    a = parse_args(["--out", "unused", "--modes", "spec3,spec,adaptive,base", "--speculative-num-steps", "4",
+                    "--switch-interval-ms", "5,0.5"])
+    assert [mode_k(a, m) for m in a.mode_list] == [3, 4, 4, 0] and a.switch_intervals == [5.0, 0.5]
+
+    def rows(*tps, c=16, ms=None):
+        return [{"concurrency": c, "tokens_per_s": t, **({"switch_interval_ms": ms} if ms else {})} for t in tps]
+
+    modes = [{"mode": "spec3", "rows": rows(100.0, 120.0, 90.0) + rows(10.0, c=1)},
+             {"mode": "spec4", "rows": rows(105.0, 95.0, 104.0) + rows(12.0, c=1)},
+             {"mode": "base", "rows": rows(50.0, 50.0, 50.0) + rows(20.0, c=1)},
+             {"mode": "adaptive", "rows": rows(99.0, 101.0, 98.0) + rows(18.0, c=1)}]
+    by_level = {r["concurrency"]: r for r in compare(modes)}
+    got = by_level[16]
+    assert got["tokens_per_s"] == {"spec3": 100.0, "spec4": 104.0, "base": 50.0, "adaptive": 99.0}
+    assert got["range"]["spec3"] == [90.0, 120.0] and got["rounds"] == 3
+    assert got["best_fixed"] == "spec4" and got["adaptive_over_best"] == pytest.approx(99 / 104)
+    assert "adaptive_over_base" not in got
+    assert by_level[1]["best_fixed"] == "spec4" and by_level[1]["adaptive_over_base"] == pytest.approx(0.9)
+    table = markdown({"device": "cpu", "jax": "x", "date": "d", "model": "m", "dtype": "float32", "max_tokens": 4,
+                      "requests_per_worker": 1, "cycles_per_step": 4, "max_context": 128, "rounds": 3,
+                      "modes": [], "comparison": compare(modes)})
+    assert "| 16 | - | spec3 100.0 [90-120]; spec4 104.0 [95-105]" in table and "| spec4 | 0.952 |" in table
+    assert "(over base 0.900)" in table
