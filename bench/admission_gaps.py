@@ -107,7 +107,7 @@ def main(argv=None):
     for chunk in a.prefill_chunks:
         argv = ["--dtype", a.dtype, "--max-batch", str(a.streams + 1), "--max-context", str(a.max_context),
                 "--speculative-num-steps", str(a.speculative_num_steps), "--prefill-chunk", str(chunk),
-                "--warmup-buckets", "16,32"]
+                "--warmup-buckets", "16,32", "--no-speculative-adaptive"]
         argv += ["--model", a.model] if a.model else []
         argv += ["--draft", a.draft] if a.draft else []
         sa = build_parser().parse_args(argv)

@@ -90,7 +90,8 @@ def main(argv=None):
                   rounds=a.rounds, rows=[])
     for cache_tokens in ([None, 0] if a.no_reuse else [None]):
         argv = ["--dtype", a.dtype, "--max-batch", "2", "--max-context", str(a.max_context),
-                "--speculative-num-steps", str(a.speculative_num_steps), "--warmup-buckets", "16"]
+                "--speculative-num-steps", str(a.speculative_num_steps), "--warmup-buckets", "16",
+                "--no-speculative-adaptive"]
         argv += ["--prefill-chunk", str(a.prefill_chunk)] if a.prefill_chunk else []
         argv += ["--prefix-cache-tokens", str(cache_tokens)] if cache_tokens is not None else []
         argv += ["--model", a.model] if a.model else []

@@ -39,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cycles the device runs between host interactions (admission, token delivery)")
     p.add_argument("--speculative-num-steps", type=int, default=None,
                    help="draft tokens per cycle (0 = no speculation; default 4 with a drafter)")
-    p.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose K per device loop, 0..--speculative-num-steps, from the measured acceptance and loop "
-                        "times (jaxspec/serving/adaptive_k.py); off: every loop drafts --speculative-num-steps")
+                        "times (jaxspec/serving/adaptive_k.py; default: on wherever K >= 1); "
+                        "--no-speculative-adaptive: every loop drafts --speculative-num-steps")
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help="tokens verified per cycle incl. the root (chain: num-steps + 1)")
@@ -106,6 +107,8 @@ def _check(a) -> tuple[int, list[int]]:
                          f"--speculative-num-steps + 1 = {k + 1} for chain drafting (topk 1)")
     if a.speculative_adaptive and k < 1:
         raise UsageError("--speculative-adaptive needs --speculative-num-steps >= 1 (the largest K it may choose)")
+    if a.speculative_adaptive is None:  # the default wherever there is a K to choose
+        a.speculative_adaptive = k >= 1
     chat_template_kwargs(a)  # refused before anything loads
     return k, buckets
 

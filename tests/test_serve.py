@@ -45,7 +45,8 @@ def server(tmp_path_factory):
     args = build_parser().parse_args([
         "--dtype", "float32", "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE), "--max-context",
         str(CONTEXT), "--speculative-num-steps", str(K), "--warmup-buckets", "16", "--chat-template", str(template),
-        "--cache-pages", str(MAX_BATCH * CONTEXT // 64)])  # paged: every test runs on the paged cache
+        "--cache-pages", str(MAX_BATCH * CONTEXT // 64),  # paged: every test runs on the paged cache
+        "--no-speculative-adaptive"])  # a fixed K: a seeded request repeats exactly whatever the batch
     service = build_service(args, *_check(args), log=lambda msg: None)
     background = BackgroundServer(service).start()
     yield dict(service=service, background=background, base=background.base_url)

@@ -158,3 +158,16 @@ def test_serve_refuses_adaptive_without_a_draft_length():
 
     with pytest.raises(UsageError, match="--speculative-adaptive needs --speculative-num-steps >= 1"):
         _check(build_parser().parse_args(["--speculative-adaptive", "--speculative-num-steps", "0"]))
+
+
+def test_serve_is_adaptive_by_default_wherever_there_is_a_k_to_choose():
+    from jaxspec.serve import _check, build_parser
+
+    def adaptive(*argv):
+        a = build_parser().parse_args(list(argv))
+        _check(a)
+        return a.speculative_adaptive
+
+    assert adaptive() is True and adaptive("--speculative-num-steps", "2") is True
+    assert adaptive("--speculative-num-steps", "0") is False  # plain decoding: nothing to choose
+    assert adaptive("--no-speculative-adaptive") is False

@@ -116,3 +116,22 @@ def test_an_adaptive_server_says_when_it_goes_plain_and_shows_its_figures(caplog
     assert len(said) == 1 and "plain steps" in said[0]
     assert _value(metrics, "jaxspec_speculation_k") == 0
     assert 'jaxspec_speculation_loops_total{k="0"}' in metrics.render()
+
+
+def test_the_engine_thread_shortens_the_gil_switch_interval_and_never_lengthens_it(caplog):
+    """Started, the scheduler bounds how long the HTTP threads keep the GIL from the engine thread after a device
+    loop; an interval already shorter is kept."""
+    import sys
+
+    from jaxspec.serving.scheduler import GIL_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)  # Python's default
+        _serve_one(_NeverAccepting(4), Metrics(2), 8, caplog)
+        assert sys.getswitchinterval() == GIL_SWITCH_INTERVAL_S < 0.005
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S / 2)
+        _serve_one(_NeverAccepting(4), Metrics(2), 8, caplog)
+        assert sys.getswitchinterval() == GIL_SWITCH_INTERVAL_S / 2
+    finally:
+        sys.setswitchinterval(before)

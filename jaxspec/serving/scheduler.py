@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import sys
 import threading
 import time
 from typing import Callable
@@ -26,6 +27,10 @@ from jaxspec.serving.slot_engine import Admission, SlotEngine
 
 log = logging.getLogger("jaxspec.serve")
 IDLE_WAIT_S = 0.5  # how long the idle engine thread sleeps between checks for stop (woken at once by work)
+# The engine thread waits for each device loop with the GIL released; when the loop is done it must win the GIL back
+# from the HTTP threads, which by Python's default (5 ms) may hold it longer than a loop takes, the device idle
+# meanwhile. A short interval hands it back within this bound (docs/performance.md, "The server under load").
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class QueueFull(Exception):
@@ -96,6 +101,8 @@ class Scheduler:
 
     # --- called from the server's threads ------------------------------------------------------------
     def start(self) -> None:
+        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:  # process-wide: only ever shortened
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self._thread.start()
 
     @property
