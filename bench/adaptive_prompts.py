@@ -3,7 +3,8 @@
 time, every cycle in the engine's on-device loop (`Engine.generate`).
 
 Per prompt and configuration: the median over --repeats of decode tokens per second after one warm-up run (the
-warm-up also measures adaptive's cost table, outside the timed runs), the mean acceptance length, adaptive's K
+warm-up also measures adaptive's cost table, outside the timed runs), the configurations run in rounds of one
+generation each in rotated order, the mean acceptance length, adaptive's K
 histogram and its expected against achieved tokens per second; then each configuration's speed-up over plain
 decoding, the best fixed K and adaptive / best. Writes adaptive-prompts-<device>-<date>.json and .md to --out.
 """
@@ -63,13 +64,25 @@ def encode(tok, text: str) -> list[int]:
     return [bos] + ids if tok.config.get("add_bos_token") and bos is not None else ids
 
 
-def time_engine(engine: Engine, prompt: list[int], max_new: int, repeats: int, speculative: bool) -> dict:
-    """Warm-up run, then the median decode tokens/s of `repeats` runs; acceptance and adaptive figures of the last."""
-    engine.generate([prompt], max_new, speculative=speculative)
-    runs = [engine.generate([prompt], max_new, speculative=speculative) for _ in range(repeats)]
+def time_engines(engines: dict, prompt: list[int], max_new: int, repeats: int) -> dict:
+    """{name: row}: a warm-up run of each engine, then `repeats` rounds of one run each, the engines' order rotated
+    every round (so a slow moment of the device or host falls on every engine alike); per engine the median decode
+    tokens/s and its range, acceptance and adaptive figures of its last run. "baseline" decodes plainly."""
+    names = list(engines)
+    for name in names:
+        engines[name].generate([prompt], max_new, speculative=name != "baseline")
+    runs = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            runs[name].append(engines[name].generate([prompt], max_new, speculative=name != "baseline"))
+    return {name: _row(runs[name], name != "baseline") for name in names}
+
+
+def _row(runs: list, speculative: bool) -> dict:
     last = runs[-1]
-    row = {"tokens_per_s": statistics.median(r.decode_tokens_per_s for r in runs), "tokens": last.tokens[0],
-           "cycles": last.cycles}
+    rates = [r.decode_tokens_per_s for r in runs]
+    row = {"tokens_per_s": statistics.median(rates), "tokens_per_s_range": [min(rates), max(rates)],
+           "tokens": last.tokens[0], "cycles": last.cycles}
     if speculative:
         row["mean_acceptance_length"] = last.stats.mean_acceptance_length if last.stats.cycles else None
     if last.adaptive is not None:
@@ -96,7 +109,7 @@ def markdown(result: dict) -> str:
         f"# Adaptive speculation on the embedded pair: {result['device']}, jax {result['jax']}, {result['date']}", "",
         f"jaxspec/default_model ({result['dtype']}), adaptive {result.get('adaptive_kind', 'per_cycle')}, greedy, "
         f"{result['max_new_tokens']} new tokens, one prompt at a "
-        f"time in the on-device loop; median of {result['repeats']} runs. Cells: speed-up over plain decoding "
+        f"time in the on-device loop; median of {result['repeats']} interleaved runs. Cells: speed-up over plain decoding "
         "(its tok/s in the first column).", "",
         "| prompt | kind | plain tok/s | " + " | ".join(names) + " | best fixed | adaptive / best | adaptive K "
         "histogram |",
@@ -149,8 +162,7 @@ def main(argv=None):
                   prompts=[])
     for prompt_kind, text in PROMPTS[: args.prompts]:
         prompt = encode(tok, text)
-        runs = {name: time_engine(eng, prompt, args.max_new_tokens, args.repeats, name != "baseline")
-                for name, eng in engines.items()}
+        runs = time_engines(engines, prompt, args.max_new_tokens, args.repeats)
         lossless = all(r["tokens"] == runs["baseline"]["tokens"] for r in runs.values()) if args.dtype == "float32" \
             else None
         row = dict(prompt=text, kind=prompt_kind, prompt_tokens=len(prompt), runs=runs, same_tokens_as_plain=lossless)
