@@ -368,8 +368,9 @@ def markdown(result: dict) -> str:
         lines += ["", f"Adaptive over the best fixed K with its first test after {result['min_cycles']} cycles (above) "
                   "and after other counts (the K histogram in brackets):", ""]
         for row in summary(result):
-            lines.append(f"- a = {row['a']}: {result['min_cycles']} cycles {row['adaptive_over_best']:.3f}; " + "; ".join(
-                f"{m} cycles {r:.3f} {variants[m][row['a']]['k_histogram']}" for m, r in row["by_min_cycles"].items()))
+            others = "; ".join(f"{m} cycles {r:.3f} {variants[m][row['a']]['k_histogram']}"
+                               for m, r in row["by_min_cycles"].items())
+            lines.append(f"- a = {row['a']}: {result['min_cycles']} cycles {row['adaptive_over_best']:.3f}; {others}")
     lines += ["", "Measured conditional acceptance per fixed K (asked a -> measured):", ""]
     for name, r in result["rows"].items():
         if name not in ("K=0", "adaptive"):

@@ -109,8 +109,8 @@ def markdown(result: dict) -> str:
         f"# Adaptive speculation on the embedded pair: {result['device']}, jax {result['jax']}, {result['date']}", "",
         f"jaxspec/default_model ({result['dtype']}), adaptive {result.get('adaptive_kind', 'per_cycle')}, greedy, "
         f"{result['max_new_tokens']} new tokens, one prompt at a "
-        f"time in the on-device loop; median of {result['repeats']} interleaved runs. Cells: speed-up over plain decoding "
-        "(its tok/s in the first column).", "",
+        f"time in the on-device loop; median of {result['repeats']} interleaved runs. Cells: speed-up over plain "
+        "decoding (its tok/s in the first column).", "",
         "| prompt | kind | plain tok/s | " + " | ".join(names) + " | best fixed | adaptive / best | adaptive K "
         "histogram |",
         "|---" * (len(names) + 6) + "|",

@@ -467,7 +467,8 @@ def markdown(result: dict) -> str:
             held = f"{fmt(h['50'], 2)} / {fmt(h['99'], 2)}" if h else "-"
             checked = f" of {r['checked']}" if "checked" in r else ""
             lines.append(
-                f"| {m['mode']}{_labels(r)} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | {r['failed']} | "
+                f"| {m['mode']}{_labels(r)} | {m['k']} | {r['concurrency']} | {r['sent']} | {r['completed']} | "
+                f"{r['failed']} | "
                 f"{r.get('equal_to_solo', '-')}{checked} | {fmt(r['tokens_per_s'], 1)} | "
                 f"{fmt(r['tokens_per_cycle'], 2)} | "
                 f"{fmt(t['50'], 1)} | {fmt(t['90'], 1)} | {fmt(t['99'], 1)} | {fmt(i['50'], 2)} | {fmt(i['90'], 2)} | "

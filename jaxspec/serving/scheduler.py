@@ -28,8 +28,9 @@ from jaxspec.serving.slot_engine import Admission, SlotEngine
 log = logging.getLogger("jaxspec.serve")
 IDLE_WAIT_S = 0.5  # how long the idle engine thread sleeps between checks for stop (woken at once by work)
 # The engine thread waits for each device loop with the GIL released; when the loop is done it must win the GIL back
-# from the HTTP threads, which by Python's default (5 ms) may hold it longer than a loop takes, the device idle
-# meanwhile. A short interval hands it back within this bound (docs/performance.md, "The server under load").
+# from the HTTP threads, which Python's default lets hold it up to 5 ms, longer than a small model's loop takes: the
+# loop times the adaptive rule weighs then measure those threads, not the device. A short interval bounds the wait
+# (docs/performance.md, "Adaptive K in the server").
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
