@@ -31,6 +31,12 @@ COST_CACHE_ENV = "JAXSPEC_COST_CACHE"
 # catch-ups of either default backlog (8 or 32 entries)
 MEASURE_CYCLES = (16, 48)
 MEASURE_REPEATS = 3
+# On a small model a round over the branches takes tens of milliseconds, and the median of three slopes still moves
+# t(K + 1) / t(K) by several percent between processes: as much as the expected tokens of neighbouring K can differ,
+# so the noise, not the device, chose between them (docs/performance.md, "Adaptive speculation by call"). Where rounds
+# are that cheap, more of them, within MEASURE_BUDGET_S (the warm-up calls price a round).
+MEASURE_BUDGET_S = 1.0
+MEASURE_REPEATS_MAX = 9
 # a CPU has no command buffers and its calls' fixed cost is small, while a difference of two calls adds their
 # noise (a shared machine's load moves each call): the short call runs no cycle, so t(K) is the long call's time
 # per cycle less the call's own cost, and three rounds over the branches, the fastest standing (`measure`), keep
@@ -150,11 +156,11 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
     on a GPU), and the table is made non-decreasing in K (`nondecreasing`; `n_branches` are the compiled set in
     increasing K). Where the generation ends before the long call's cycles, the long call's time per cycle stands
     in. None if no cycle is left to run. The first-run price is the median over branches and repeats of the short
-    call's time beyond its cycles (`first_run`; None: off a CPU)."""
+    call's time beyond its cycles (`first_run`; None: off a CPU). `repeats` None: 3 on a CPU; elsewhere 3, or more
+    (up to MEASURE_REPEATS_MAX) where that many rounds fit in MEASURE_BUDGET_S."""
     on_cpu = jax.default_backend() == "cpu"
     first_run = not on_cpu if first_run is None else first_run
     short, long = cycles or (CPU_MEASURE_CYCLES if on_cpu else MEASURE_CYCLES)
-    repeats = repeats or (CPU_MEASURE_REPEATS if on_cpu else MEASURE_REPEATS)
 
     def timed(branch, n):
         copy = jax.tree.map(jnp.copy, state)
@@ -166,9 +172,15 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
 
     # the warm-up is a long call: it runs every path of the branch (a plain stretch's catch-up comes only after
     # `backlog` steps), and a path's first run is slow on XLA:CPU (it priced K = 0 at 1.5-2x its cost)
+    warm_s = 0.0
     for branch in range(n_branches):
-        if timed(branch, long)[1] < 1:
+        t_long, ran = timed(branch, long)
+        if ran < 1:
             return None
+        warm_s += t_long
+    if not repeats:  # a round times a short and a long call of every branch: at most twice the warm-up's long calls
+        repeats = CPU_MEASURE_REPEATS if on_cpu else \
+            min(MEASURE_REPEATS_MAX, max(MEASURE_REPEATS, int(MEASURE_BUDGET_S / max(2 * warm_s, 1e-9))))
     slopes, intercepts = [[] for _ in range(n_branches)], []
     for _ in range(repeats):  # rounds over the branches: drift in the machine's speed falls on every K alike
         for branch in range(n_branches):

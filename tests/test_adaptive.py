@@ -170,6 +170,33 @@ def test_on_a_cpu_the_fastest_round_prices_each_k(monkeypatch):
     assert calls == [(0, 24), (1, 24)] + [(b, n) for _ in range(3) for b in (0, 1) for n in (0, 24)]
 
 
+def test_off_a_cpu_cheap_rounds_are_repeated_within_the_budget(monkeypatch):
+    """On an accelerator the median of the slopes prices each K, over more rounds where a round is cheap (a small
+    model's table otherwise moves between processes by as much as neighbouring K differ), at most
+    MEASURE_REPEATS_MAX, at least MEASURE_REPEATS."""
+    monkeypatch.setattr(adaptive_costs.jax, "default_backend", lambda: "gpu")
+
+    def rounds(per_cycle_s):
+        clock, calls = [0.0], []
+
+        def run_forced(state, branch, cycles):
+            calls.append((branch, cycles))
+            clock[0] += 0.001 + cycles * per_cycle_s * (branch + 1)
+            return state, cycles
+
+        monkeypatch.setattr(adaptive_costs.time, "perf_counter", lambda: clock[0])
+        state = collections.namedtuple("State", "generated")(jnp.zeros(3))
+        got = adaptive_costs.measure(run_forced, state, 2)
+        np.testing.assert_allclose(got.costs_s, [per_cycle_s, 2 * per_cycle_s], rtol=1e-9)
+        return (len(calls) - 2) // 4  # after the warm-up, a short and a long call per branch a round
+
+    # warm-up long calls 49 + 97 ms: a round is at most 0.29 s, 3 rounds; at a tenth of that, 9 (the cap)
+    assert rounds(1e-3) == adaptive_costs.MEASURE_REPEATS == 3
+    assert rounds(1e-4) == adaptive_costs.MEASURE_REPEATS_MAX == 9
+    warm_s = 2 * 0.001 + 48 * 6e-4 * (1 + 2)  # the two branches' warm-up long calls
+    assert rounds(6e-4) == int(adaptive_costs.MEASURE_BUDGET_S / (2 * warm_s)) == 5
+
+
 def test_measured_table_never_falls_with_k(monkeypatch):
     """More drafts are more work: a table whose t(K) falls with K holds noise; each run of violators is pooled."""
     assert adaptive_costs.nondecreasing([7.0, 15.0, 21.0, 19.0, 29.0]) == (7.0, 15.0, 20.0, 20.0, 29.0)
