@@ -6,9 +6,11 @@ level, that many workers each send streamed greedy completions back to back (pro
 `--max-tokens` each). `--rounds N` runs every level N times on every mode, the modes' order rotated each round, and
 compares each mode's median (adaptive's over the best fixed K's); `--switch-interval-ms` runs each level at each of
 the given GIL switch intervals in turn (the engine thread wins the GIL back from the HTTP threads after a device
-loop within that interval). Per level: requests sent / completed /
-failed, output tokens per second over the level's wall time, time to first token (TTFT: request sent -> first
-text chunk) and inter-token latency (per request: (last chunk - first chunk) / (tokens - 1)) percentiles. Every
+loop within that interval). By default the load generator runs in this process too, so at many streams its Python
+work shares the server's GIL; `--client-process` drives the levels from another process (the warm-up stays here).
+Per level: requests sent / completed / failed, output tokens per second over the level's wall time, time to first
+token (TTFT: request sent -> first text chunk) and inter-token latency (per request: (last chunk - first chunk) /
+(tokens - 1)) percentiles. Every
 output is compared with `Engine.generate` on its prompt alone (greedy, same K, same dtype): equal in float32;
 in bfloat16 batched kernels may round differently, and the table says how many matched.
 
@@ -39,6 +41,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -74,6 +77,8 @@ def parse_args(argv):
                    "to K), comma-separated")
     p.add_argument("--rounds", type=int, default=1, help="times every level is run on every mode, the modes' order "
                    "rotated each round (the tables give each mode's median over the rounds and its range)")
+    p.add_argument("--client-process", action="store_true", help="drive the levels from another Python process, "
+                   "so the load generator does not share the server's GIL (default: this process)")
     p.add_argument("--switch-interval-ms", default=None, help="comma-separated Python GIL switch intervals to run "
                    "each level at in turn (default: the server's own)")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
@@ -340,15 +345,16 @@ class Mode:
             asyncio.run(run_level(url, service.model_name, 1, 1, 2, self.prompts, 0, 1, a.long_prompt_tokens,
                                   self.vocab))
 
-    def level(self, a, c: int, log, **labels) -> dict:
-        """One level of `c` workers on this mode's server: its row (`labels` added to it)."""
+    def level(self, a, c: int, log, drive=None, **labels) -> dict:
+        """One level of `c` workers on this mode's server: its row (`labels` added to it). `drive(*args, **kw)`
+        runs `run_level` (default: in this process; `LevelProcess`: in another)."""
         url, service = self.server.base_url, self.service
+        drive = drive or run_level_here
         before = _metrics(url)
         with CacheSampler(url) as sampler:
-            out = asyncio.run(run_level(url, service.model_name, c, a.requests_per_worker, a.max_tokens, PROMPTS,
-                                        offset=c, long_prompts=a.long_prompts, long_tokens=a.long_prompt_tokens,
-                                        vocab=self.vocab, preamble=self.preamble, share=a.system_prompt_share,
-                                        turns=a.turns))
+            out = drive(url, service.model_name, c, a.requests_per_worker, a.max_tokens, PROMPTS, offset=c,
+                        long_prompts=a.long_prompts, long_tokens=a.long_prompt_tokens, vocab=self.vocab,
+                        preamble=self.preamble, share=a.system_prompt_share, turns=a.turns)
         results, wall = out[:2]
         row = summarize(c, results, wall, self.solo)
         row.update(labels)
@@ -398,13 +404,47 @@ class Mode:
                 "cache_bytes": cache_bytes, "cache_positions": positions, "bytes_per_position": cache_bytes / positions}
 
 
+def run_level_here(*args, **kw):
+    """`run_level` in this process (its load generator shares the server's GIL)."""
+    return asyncio.run(run_level(*args, **kw))
+
+
+def _level_in_child(*args, **kw):
+    """`run_level` in a worker process, its failures as plain RuntimeErrors (a client's exception may hold what
+    does not pickle)."""
+    out = run_level_here(*args, **kw)
+    results = [(p, RuntimeError(f"{r.__class__.__name__}: {r}") if isinstance(r, Exception) else r)
+               for p, r in out[0]]
+    return (results, *out[1:])
+
+
+class LevelProcess:
+    """Drives the levels from one other Python process, started once (spawned: no copy of this one's threads or
+    device), so the load generator's Python work does not take the server's GIL: the figures are the server's."""
+
+    def __enter__(self):
+        import multiprocessing
+
+        self.pool = multiprocessing.get_context("spawn").Pool(1)
+        return self
+
+    def __call__(self, *args, **kw):
+        return self.pool.apply(_level_in_child, args, kw)
+
+    def __exit__(self, *exc):
+        self.pool.close()
+        self.pool.join()
+
+
 def run_modes(a, log) -> list[dict]:
     """Every mode's server started side by side, then round after round of the levels, the modes' order rotated
     each round and, at each level, each GIL switch interval of --switch-interval-ms in turn, so a mode's figures
     and another's are taken under the same conditions."""
     modes = [Mode(a, m, log) for m in a.mode_list]
     default_switch = sys.getswitchinterval()
-    try:
+    with contextlib.ExitStack() as stack:
+        drive = stack.enter_context(LevelProcess()) if a.client_process else None
+        stack.callback(sys.setswitchinterval, default_switch)
         for r in range(a.rounds):
             order = modes[r % len(modes):] + modes[: r % len(modes)]
             for c in a.levels:
@@ -414,9 +454,7 @@ def run_modes(a, log) -> list[dict]:
                         sys.setswitchinterval(ms / 1e3)
                         labels["switch_interval_ms"] = ms
                     for m in order:
-                        m.level(a, c, log, **labels)
-    finally:
-        sys.setswitchinterval(default_switch)
+                        m.level(a, c, log, drive, **labels)
     return [m.close(a) for m in modes]
 
 
@@ -454,7 +492,8 @@ def markdown(result: dict) -> str:
              + f"; long prompts beside each level: {result.get('long_prompts', 0)} workers of "
              f"{result.get('long_prompt_tokens', 0)} tokens; system prompt on {result.get('system_prompt_share', 1):g} "
              f"of the requests; {result.get('turns', 1)} turn(s) per conversation; paged cache: "
-             f"{result.get('cache_pages') or 'off'} pages.", "",
+             f"{result.get('cache_pages') or 'off'} pages; load generator "
+             f"{'in its own process' if result.get('client_process') else 'in the server process'}.", "",
              "| mode | K | concurrency | sent | completed | failed | equal to solo (of checked) | tok/s | "
              "tokens/cycle (all slots) | TTFT p50 | p90 | p99 | ITL p50 | p90 | p99 | prompt tokens restored | "
              "prefix hit rate | long prompts answered | pages in use, peak | tokens held then | cache positions per "
@@ -538,7 +577,7 @@ def main(argv=None) -> int:
         "prefix_cache_tokens": a.prefix_cache_tokens, "long_prompts": a.long_prompts,
         "long_prompt_tokens": a.long_prompt_tokens if a.long_prompts else 0,
         "system_prompt_share": a.system_prompt_share, "turns": a.turns, "cache_pages": a.cache_pages,
-        "rounds": a.rounds, "comparison": compare(modes),
+        "rounds": a.rounds, "comparison": compare(modes), "client_process": a.client_process,
     }
     a.out.mkdir(parents=True, exist_ok=True)
     stem = f"serve-load-{device.platform}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}"

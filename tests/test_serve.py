@@ -16,7 +16,7 @@ import threading
 import httpx
 import pytest
 
-from bench.serve_load import run_level, summarize
+from bench.serve_load import LevelProcess, run_level, summarize
 from jaxspec.engine import Engine
 from jaxspec.serve import _check, build_parser, build_service
 from jaxspec.serving.app import Service, create_app
@@ -385,6 +385,13 @@ def test_bench_load_generator_against_the_server(server, solo, tmp_path):
     row = summarize(4, results, wall, texts)
     assert (row["sent"], row["completed"], row["failed"], row["equal_to_solo"]) == (4, 4, 0, 4)
     assert row["tokens"] == sum(len(solo[p][:6]) for p in PROMPTS) and row["ttft_ms"]["50"] > 0
+    # --client-process: the same level from another process gives the same outputs; a failed request comes back
+    # as a failure with its client's exception named
+    with LevelProcess() as drive:
+        results, wall = drive(server["base"], "jaxspec", 4, 1, 6, prompts=PROMPTS)
+        (failed,), _ = drive(server["base"], "no-such-model", 1, 1, 2, prompts=PROMPTS)
+    assert summarize(4, results, wall, texts)["equal_to_solo"] == 4
+    assert isinstance(failed[1], RuntimeError) and str(failed[1]).startswith("NotFoundError")
 
 
 def test_shutdown_finishes_the_request_in_flight(server, solo):
