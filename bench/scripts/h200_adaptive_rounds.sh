@@ -3,7 +3,7 @@
 # with fixed K = 3, fixed K = 4 and adaptive K side by side in one process (bench.serve_load --rounds: every level
 # ROUNDS times on every mode, the order rotated each round), at concurrency LEVELS (default 16,64; RPW requests a
 # worker) and at each GIL switch interval of SWITCH_MS (default "5,0.5": Python's default and a short one; empty:
-# the server's own), with the
+# the server's own; CLIENT_PROCESS=1: the load generator in its own process), with the
 # adaptive policy's every timed loop in the JSON. Needs uvicorn and its peers on the path. STAGE=acceptance: the
 # 4-layer K2.5-shaped model against acceptance ACCEPTANCE (default 0 0.6 0.95), adaptive by call with its first test
 # after each of MIN_CYCLES (default "4 2") cycles. STAGE=prompts: the embedded pair's 10 prompts, plain, fixed K and
@@ -16,6 +16,7 @@ STAGE=${STAGE:-serve}
 mkdir -p "$OUT"
 switch=()
 [ -n "${SWITCH_MS-5,0.5}" ] && switch=(--switch-interval-ms "${SWITCH_MS-5,0.5}")
+[ "${CLIENT_PROCESS:-0}" = 1 ] && switch+=(--client-process)
 {
   echo "== $STAGE $(date -u +%T)"
   if [ "$STAGE" = serve ]; then
