@@ -29,8 +29,8 @@ log = logging.getLogger("jaxspec.serve")
 IDLE_WAIT_S = 0.5  # how long the idle engine thread sleeps between checks for stop (woken at once by work)
 # The engine thread waits for each device loop with the GIL released; when the loop is done it must win the GIL back
 # from the HTTP threads, which Python's default lets hold it up to 5 ms, longer than a small model's loop takes: the
-# loop times the adaptive rule weighs then measure those threads, not the device. A short interval bounds the wait
-# (docs/performance.md, "Adaptive K in the server").
+# loop times the adaptive rule weighs then carry a long tail of those threads' time. A short interval bounds the
+# wait (docs/performance.md, "Adaptive K in the server").
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
