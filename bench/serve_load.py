@@ -339,11 +339,10 @@ class Mode:
         self.rows: list[dict] = []
         self.server = BackgroundServer(service).start()
         url = self.server.base_url
-        asyncio.run(run_level(url, service.model_name, len(PROMPTS), 1, a.max_tokens, PROMPTS,
-                              preamble=self.preamble, share=a.system_prompt_share, turns=a.turns))  # warm-up
+        run_level_here(url, service.model_name, len(PROMPTS), 1, a.max_tokens, PROMPTS, preamble=self.preamble,
+                       share=a.system_prompt_share, turns=a.turns)  # warm-up
         if a.long_prompts:  # the long prompts' programs too
-            asyncio.run(run_level(url, service.model_name, 1, 1, 2, self.prompts, 0, 1, a.long_prompt_tokens,
-                                  self.vocab))
+            run_level_here(url, service.model_name, 1, 1, 2, self.prompts, 0, 1, a.long_prompt_tokens, self.vocab)
 
     def level(self, a, c: int, log, drive=None, **labels) -> dict:
         """One level of `c` workers on this mode's server: its row (`labels` added to it). `drive(*args, **kw)`
