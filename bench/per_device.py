@@ -43,6 +43,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
+import gzip  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
@@ -712,6 +713,8 @@ def parse_args(argv):
     p.add_argument("--loop-steps", type=int, default=10, help="steps of the short device loop (the long runs 3x)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new timing after this")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--hlo", action="store_true",
+                   help="also write each timed program's optimised HLO (gzipped) to --out, for bench.depth_gap_hlo")
     return p.parse_args(argv)
 
 
@@ -731,7 +734,7 @@ def build_programs(w, cfg, args, m: int) -> tuple[dict, list, list, object]:
         if m:
             pcfg = prefix_config(cfg, m)
             pw = dataclasses.replace(w, layers=w.layers[:m])
-            entry["prefix"] = dict(cfg=pcfg, w=pw, program=step_loop(pw, pcfg, step_arguments(
+            entry["prefix"] = dict(tokens=t, cfg=pcfg, w=pw, program=step_loop(pw, pcfg, step_arguments(
                 pw, pcfg, args.batch, t, args.context, sub, args.shard_of)))
         steps.append(entry)
     pair = None
@@ -750,6 +753,19 @@ def build_programs(w, cfg, args, m: int) -> tuple[dict, list, list, object]:
                                         generated=state.generated, cycles=state.cycles))
             cycles.append(dict(k=k, program=program, rewind=functools.partial(rewind_state, start=start)))
     return probes, steps, cycles, pair
+
+
+def program_name(entry: dict, layers: int) -> str:
+    """A timed program's name in file names: step-T1-L61, step-T4-L60 (a prefix), cycle-K3."""
+    if "k" in entry:
+        return f"cycle-K{entry['k']}"
+    return f"step-T{entry.get('tokens', 0)}-L{len(entry['w'].layers) if 'w' in entry else layers}"
+
+
+def save_hlo(text: str, out: Path, name: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out / f"{name}.hlo.txt.gz", "wt") as f:
+        f.write(text)
 
 
 def main(argv=None) -> dict:
@@ -787,6 +803,8 @@ def main(argv=None) -> dict:
     probe_ids = {t: np.asarray(c(*p.args)) for (t, p), c in zip(probes.items(), compiled)}  # the router's choices
     for e, c in zip(timed, compiled[len(probes):]):
         e["census"] = kernel_census(c.as_text())
+        if args.hlo:
+            save_hlo(c.as_text(), Path(args.out), f"{stem}-{program_name(e, args.layers)}")
         e["kernels"] = sum(e["census"].values())
         e["run"] = Timed(c, e["program"].args, e["program"].donate[0], 1 if "k" not in e else 0, e.get("rewind"))
 
