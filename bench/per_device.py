@@ -15,8 +15,8 @@ What one device runs:
   `local_choices` (other devices' choices at weight 0), the engine's per-device kernel over the E/N local experts.
   Each MoE layer plays the device that received the most (token, choice) pairs in that layer: a step waits at
   every layer's all-reduce for the busiest device;
-- kernels as the sharded engine dispatches them (`sharded_engine_kernels`: the MLA and router kernels are
-  single-device only); `--kernels one-device` takes what one device holding the whole model would;
+- kernels as the sharded engine dispatches them: the same as one device running these local shapes alone (the
+  engine runs its MLA, router and routed-experts kernels per device inside shard_map, model/shard_local.py);
 - collectives: each one the sharded program runs is cut where it sits (`CollectiveCuts.cut_collective`) and
   recorded by kind. The value passes unchanged through an optimisation barrier, which keeps the kernel boundary the
   collective draws (XLA cannot fuse across it; on a GPU the barrier is removed after fusion and costs no launch).
@@ -179,13 +179,6 @@ def local_weight_bytes(cfg, shard_of: int) -> int:
     """Bytes one device holds of the target's weights, every layer its own (as the engine loads them)."""
     return sum(math.prod(s.shape) * jnp.dtype(s.dtype).itemsize
                for s in jax.tree_util.tree_leaves(local_weight_shapes(cfg, shard_of)))
-
-
-def sharded_engine_kernels(kernels: Kernels) -> Kernels:
-    """The kernels a sharded program dispatches to (model.kernels.dispatch): the MLA decode kernels never (they run
-    on one device only), the router kernel only when forced on; the routed experts' choice stays (each device runs
-    it over its own experts)."""
-    return dataclasses.replace(kernels, mla="off", router="on" if kernels.router == "on" else "off")
 
 
 # --- the cut collectives --------------------------------------------------------------------------------------
@@ -650,7 +643,8 @@ def markdown(result: dict) -> str:
     lines = [f"# One device of {a['shard_of']}: {result['device']}, jax {result['jax']}, {result['date']}", "",
              f"Kimi-K2.5 dims{' (tiny)' if a['tiny'] else ''}, {a['layers']} layers ({a['moe_layers']} MoE layers), "
              f"the shapes one device of a 1 x {a['shard_of']} mesh holds ({result['weight_bytes_per_device'] / 1e9:.2f}"
-             f" GB of weights), B = {a['batch']}, context {a['context']}, kernels as {a['kernels']}. Collectives cut "
+             f" GB of weights), B = {a['batch']}, context {a['context']}, kernels as the sharded engine dispatches "
+             f"them (moe {a['moe_kernel']}). Collectives cut "
              "out (counted per step); times per step inside one device loop (medians of synchronised calls); layer = "
              "(N-layer step - M-layer step) / (N - M); floor = this device's bytes / 4.3 TB/s; slots and experts: "
              "the busiest device's per MoE layer (mean). Method: bench/per_device.py.", "",
@@ -705,9 +699,6 @@ def parse_args(argv):
                    help="the steps' expert choices: the model's router, or bench.routes' neighbour regime (cycles: "
                         "the router)")
     p.add_argument("--draft-kind", choices=("llama", "mla"), default="llama")
-    p.add_argument("--kernels", choices=("sharded", "one-device"), default="sharded",
-                   help="sharded: what the sharded engine dispatches (no MLA / router kernels); one-device: what one "
-                        "device holding the whole model dispatches")
     p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--loop-steps", type=int, default=10, help="steps of the short device loop (the long runs 3x)")
@@ -773,8 +764,7 @@ def main(argv=None) -> dict:
     t_start = time.time()
     log = functools.partial(print, flush=True)
     cfg = per_device_config(args.layers, args.tiny)
-    kernels = Kernels(moe=args.moe_kernel)
-    cfg = cfg.replace(kernels=sharded_engine_kernels(kernels) if args.kernels == "sharded" else kernels)
+    cfg = cfg.replace(kernels=Kernels(moe=args.moe_kernel))
     m = args.prefix_layers if args.prefix_layers is not None else max(cfg.first_k_dense_replace, args.layers // 2)
     if m and not cfg.first_k_dense_replace <= m < args.layers:
         raise SystemExit(f"--prefix-layers must be 0 or between {cfg.first_k_dense_replace} and {args.layers - 1}")

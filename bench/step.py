@@ -303,11 +303,10 @@ def allreduce_us(mesh, rows: int, hidden: int, reps: int = 20, iters: int = 10) 
     attention and MLP outputs need: `reps` chained inside one jit."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from model.moe_parallel import _UNCHECKED, _shard_map
+    from model.shard_local import shard_map_unchecked
 
     n = mesh.shape["model"]
-    add = _shard_map(lambda a: jax.lax.psum(a, "model"), mesh=mesh, in_specs=P("model"), out_specs=P("model"),
-                     **_UNCHECKED)
+    add = shard_map_unchecked(lambda a: jax.lax.psum(a, "model"), mesh, in_specs=P("model"), out_specs=P("model"))
     x = jax.device_put(jnp.ones((n * rows, hidden), jnp.bfloat16), NamedSharding(mesh, P("model")))
     run = jax.jit(lambda x: jax.lax.fori_loop(0, reps, lambda _, a: (add(a) * (1.0 / n)).astype(a.dtype), x))
     return median_ms(lambda: run(x), warmup=2, iters=iters)["median_ms"] * 1e3 / reps

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
 from model.kernels.dispatch import mla_kernel_applies
@@ -25,6 +26,7 @@ from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
 from model.norms import rms_norm
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
+from model.shard_local import axis_of, shard_map_unchecked, sharded_mesh
 
 # HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
 LORA_NORM_EPS = 1e-6
@@ -139,8 +141,28 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
     the kernels read through the block table."""
     dt = q_nope.dtype
     q_lat_BTNC = jnp.einsum("btnd,ncd->btnc", q_nope, w.w_uk.astype(dt))
-    return mla_decode_attention(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv,
-                                cfg.softmax_scale, interpret=jax.default_backend() != "gpu", pages_BM=pages_BM)
+    interpret = jax.default_backend() != "gpu"
+
+    def attend(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w_uv, pages_BM):
+        return mla_decode_attention(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w_uv,
+                                    cfg.softmax_scale, interpret=interpret, pages_BM=pages_BM)
+
+    mesh = sharded_mesh()
+    if mesh is None:
+        return attend(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv, pages_BM)
+    # each device attends with the heads it holds (q_b, w_uk, w_uv, o_proj are split by heads) over its batch
+    # rows' caches; o_proj's sum over heads is the all-reduce the program runs anyway. A paged cache's pools and
+    # table are whole on every device (`model.kernels.dispatch.mla_kernel_applies` takes them on meshes whose
+    # "data" axis is 1 only).
+    b_ax = axis_of("batch", q_nope.shape[0], mesh) if pages_BM is None else None
+    n_ax = axis_of("heads", q_nope.shape[2], mesh)
+    heads, cache = P(b_ax, None, n_ax, None), P(b_ax, None, None)
+    specs = (heads, heads, cache, cache, P(b_ax, None), P(n_ax, None, None))
+    if pages_BM is None:
+        return shard_map_unchecked(lambda *a: attend(*a, None), mesh, specs, heads)(
+            q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv)
+    return shard_map_unchecked(attend, mesh, specs + (P(),), heads)(
+        q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w.w_uv, pages_BM)
 
 
 ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompressed,

@@ -19,16 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from model.shard_local import shard_map_unchecked
 from model.sharding import ambient_mesh, expert_axes
-
-try:  # jax >= 0.7 exports shard_map at the top level
-    from jax import shard_map as _shard_map
-
-    _UNCHECKED = {"check_vma": False}
-except ImportError:  # pragma: no cover - older jax
-    from jax.experimental.shard_map import shard_map as _shard_map
-
-    _UNCHECKED = {"check_rep": False}
 
 
 def local_choices(ids_TK: jax.Array, weights_TK: jax.Array, first_expert, num_local: int):
@@ -61,8 +53,6 @@ def routed_experts_parallel(x_TH: jax.Array, experts, ids_TK: jax.Array, weights
         return jax.lax.psum(y_TH, axes)
 
     expert_specs = jax.tree_util.tree_map(lambda _: P(axes), experts)
-    # unchecked: a Pallas kernel's outputs carry no varying-axes annotation, which the check would reject;
     # the psum makes the result the same on every device, as out_specs P() says
-    return _shard_map(
-        per_device, mesh=mesh, in_specs=(P(), expert_specs, P(), P()), out_specs=P(), **_UNCHECKED
-    )(x_TH, experts, ids_TK, weights_TK)
+    return shard_map_unchecked(per_device, mesh, in_specs=(P(), expert_specs, P(), P()), out_specs=P())(
+        x_TH, experts, ids_TK, weights_TK)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -10,6 +12,7 @@ from model.router_weights import chosen_weights
 from model.kernels import router_gemv
 from model.kernels.dispatch import router_kernel_applies
 from model.kernels.router_topk import route_topk
+from model.shard_local import per_device_replicated
 
 
 def router_logits(x_TH: jax.Array, router_EH: jax.Array) -> jax.Array:
@@ -25,13 +28,9 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
     model/kernels/router_gemv.py between its MIN_TOKENS and MAX_TOKENS, the top-k by model/kernels/router_topk.py
     (Pallas interpret mode off the GPU). Otherwise the plain XLA path below, which is also the kernels' reference."""
     if router_kernel_applies(cfg.kernels, x_TH.shape[0], cfg):
-        interpret = jax.default_backend() != "gpu"
-        if router_gemv.MIN_TOKENS <= x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # verify: the GEMV's partial sums
-            logits = router_gemv.router_logit_partials(x_TH, router_EH, interpret)
-        else:
-            logits = router_logits(x_TH, router_EH)
-        return route_topk(logits, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-                          interpret)
+        # under a mesh every device routes every token itself (`per_device_replicated`), as the routed experts'
+        # shard_map expects: all of them see all T x K choices
+        return per_device_replicated(functools.partial(route_by_kernels, cfg=cfg), x_TH, router_EH, bias_E)
     logits_TE = router_logits(x_TH, router_EH)
     scores_TE = jax.nn.sigmoid(logits_TE)
     choice_TE = scores_TE + bias_E.astype(jnp.float32)
@@ -45,3 +44,15 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
         choice_TE = jnp.where(kept_TE, choice_TE, -jnp.inf)
     _, ids_TK = jax.lax.top_k(choice_TE, cfg.num_experts_per_tok)
     return chosen_weights(scores_TE, ids_TK, cfg.norm_topk_prob, cfg.routed_scaling_factor), ids_TK.astype(jnp.int32)
+
+
+def route_by_kernels(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig):
+    """`route` by the router kernels: the logits by router_gemv.py between its MIN_TOKENS and MAX_TOKENS (XLA's
+    float32 product elsewhere), the top-k by router_topk.py."""
+    interpret = jax.default_backend() != "gpu"
+    if router_gemv.MIN_TOKENS <= x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # verify: the GEMV's partial sums
+        logits = router_gemv.router_logit_partials(x_TH, router_EH, interpret)
+    else:
+        logits = router_logits(x_TH, router_EH)
+    return route_topk(logits, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+                      interpret)

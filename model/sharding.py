@@ -177,10 +177,3 @@ def ambient_mesh():
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh is None or mesh.empty else mesh
 
-
-def single_device_program() -> bool:
-    """No multi-device ambient mesh. The attention and routing kernels are not wrapped in shard_map, and GSPMD
-    would replicate their operands (an all-gather of the cache and queries per layer), so sharded programs keep
-    XLA's path for them."""
-    mesh = ambient_mesh()
-    return mesh is None or mesh.size == 1

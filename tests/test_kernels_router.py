@@ -84,17 +84,6 @@ def test_lowers_to_triton_at_k25_shapes():
     assert "router_topk" in lowered.as_text()
 
 
-def test_kernels_stay_off_in_sharded_programs():
-    """Under a multi-device mesh the attention and routing kernels (not shard_map-wrapped) keep XLA's path."""
-    from model.sharding import single_device_program
-
-    assert single_device_program()
-    with jax.set_mesh(jax.make_mesh((2, 4), ("data", "model"))):
-        assert not single_device_program()
-    with jax.set_mesh(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])):
-        assert single_device_program()
-
-
 def test_router_gemv_partials_sum_to_the_logits():
     """Several E blocks and H splits (32 experts, H = 512: blocks of 16 rows, two splits of 256; interpret mode runs
     each block op by op, so the smallest shapes that have several of both)."""

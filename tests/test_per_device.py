@@ -74,7 +74,6 @@ def engine():
 def bench():
     """The bench's per-device programs for the same pair (traced: that records their cuts): {name: Program}."""
     cfg = pd.per_device_config(LAYERS, tiny=True)
-    cfg = cfg.replace(kernels=pd.sharded_engine_kernels(cfg.kernels))
     w = pd.local_weights(cfg, pd.SHARD_OF, tiny=True)
     spec_cfg, _, sw = spec_pair(w, cfg, True)
     sw = SpecWeights(w, pd.local_block(sw.draft, DRAFT_RULES, pd.SHARD_OF))

@@ -1,9 +1,10 @@
 #!/bin/bash
-# Issue 52: one device's program of the 8-way mesh with the kernels the sharded engine dispatches against those one
-# device holding the whole model would (the MLA decode and router kernels), back to back in one call.
+# Issue 52: one device's program of the 8-way mesh, its kernels as the sharded engine dispatches them.
 # STAGE=census: 4 layers less 3 (per-layer time and kernels), T = 1 and 4, each program's optimised HLO saved;
-# STAGE=depth: 61 layers less 30, T = 1 and 4 and a K = 3 cycle. ARMS: the --kernels values in the order run.
-# Files under $OUT/<stage>-<arm>/: per-device-gpu-<date>.json and .md (and *.hlo.txt.gz); $OUT/run-<stage>.log.
+# STAGE=depth: 61 layers less 30, T = 1 and 4 and a K = 3 cycle. Files under $OUT/<stage>/: per-device-gpu-<date>.json
+# and .md (and *.hlo.txt.gz); $OUT/run-<stage>.log. The A/B of the sharded engine's kernels before and after it ran
+# the MLA and router kernels per device (run 2336) was this script at commit 3cc3c02, whose ARMS were that bench's
+# `--kernels sharded` (XLA's attention and routing) and `--kernels one-device` (the kernels, as the engine now).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
@@ -11,15 +12,13 @@ STAGE=${STAGE:-census}
 mkdir -p "$OUT"
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv
-  for arm in ${ARMS:-sharded one-device}; do
-    echo "== $STAGE --kernels $arm $(date -u +%T)"
-    if [ "$STAGE" = census ]; then
-      timeout ${ARM_TIMEOUT:-200} python -m bench.per_device --layers 4 --prefix-layers 3 --tokens 1 4 --cycle-k \
-          --routing neighbour --iters 5 --kernels "$arm" --hlo --out "$OUT/census-$arm"
-    else
-      timeout ${ARM_TIMEOUT:-270} python -m bench.per_device --layers 61 --moe-layers repeated --tokens 1 4 \
-          --cycle-k 3 --routing neighbour --kernels "$arm" --out "$OUT/depth-$arm"
-    fi
-  done
+  echo "== $STAGE $(date -u +%T)"
+  if [ "$STAGE" = census ]; then
+    timeout ${STAGE_TIMEOUT:-200} python -m bench.per_device --layers 4 --prefix-layers 3 --tokens 1 4 --cycle-k \
+        --routing neighbour --iters 5 --hlo --out "$OUT/census"
+  else
+    timeout ${STAGE_TIMEOUT:-270} python -m bench.per_device --layers 61 --moe-layers repeated --tokens 1 4 \
+        --cycle-k 3 --routing neighbour --out "$OUT/depth"
+  fi
   echo "== end $(date -u +%T)"
 } 2>&1 | grep -v "gpu_hlo_schedule\|hlo_rematerialization" | tee "$OUT/run-$STAGE.log"

@@ -3,7 +3,8 @@
 The model's layers ask here; the answer is a plain Python value at trace time, so a program's kernels follow from
 its config and shapes alone. `Kernels(...)="auto"` takes a GPU kernel only where it serves the shapes it was tuned
 for on one GPU (the measurements behind each bound are in docs/performance.md); everywhere else, and always with
-"off", the plain XLA reference beside each kernel runs.
+"off", the plain XLA reference beside each kernel runs. Under a mesh the bounds apply to one device's block: each
+device runs the kernels over its own heads, batch rows or experts, inside shard_map (model.shard_local).
 
 Routed experts (`moe_kernel_for`):
 - INT4 experts on Hopper up to WGMMA_MAX_TOKENS tokens (decode, verify): moe_wgmma.py, Mosaic GPU, weight tiles
@@ -25,7 +26,7 @@ from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
 from model.kv_cache import LONG_CAPACITY
 from model.quant import Fp8Weight, Int4Weight
-from model.sharding import single_device_program
+from model.shard_local import axis_of, sharded_mesh
 
 # Above this many tokens (prefill buckets) the kernels' per-slot pass stops paying: the plain dense path runs.
 MAX_KERNEL_TOKENS = 128
@@ -45,6 +46,16 @@ MLA_KERNEL_MAX_TOKENS = 16
 # attention; over caches longer than this the kernels reading through the table beat it at every batch measured,
 # decode and verify (bench.paged_attention at K2.5's dims; docs/performance.md).
 PAGED_KERNEL_MIN_CAPACITY = 2048
+
+
+def local_size(logical: str, size: int, mesh) -> int:
+    """One device's share of a dimension of `size` along `logical` (model.sharding's rules)."""
+    axes = axis_of(logical, size, mesh)
+    if axes is None:
+        return size
+    for a in axes if isinstance(axes, tuple) else (axes,):
+        size //= mesh.shape[a]
+    return size
 
 
 def on_hopper() -> bool:
@@ -117,23 +128,28 @@ def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK
 # --- MLA attention ---------------------------------------------------------------------------------------------
 def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int, cfg: TextConfig,
                        backend: str | None = None, page_tokens: int | None = None) -> bool:
-    """The MLA decode kernels (mla_decode.py) for this absorbed attention step? "auto": on one GPU, batch x tokens
+    """The MLA decode kernels (mla_decode.py) for this absorbed attention step? "auto": on a GPU, batch x tokens
     <= MLA_KERNEL_MAX_QUERY_TOKENS over caches of up to LONG_CAPACITY slots, and decode at batch >=
     LONG_CACHE_MIN_BATCH over longer caches; "on": any batch and capacity up to MLA_KERNEL_MAX_TOKENS tokens,
-    on one GPU. `page_tokens`: the cache is paged (`capacity` = table width x page size) and the kernels read its
+    on a GPU. Under a mesh, batch and heads are one device's. `page_tokens`: the cache is paged (`capacity` = table width x page size) and the kernels read its
     pages, which their blocks must tile; "auto" then also takes them at any batch over caches of
     PAGED_KERNEL_MIN_CAPACITY to LONG_CAPACITY slots."""
-    if kernels.mla == "off" or (backend or jax.default_backend()) != "gpu":
+    if kernels.mla == "off" or (backend or jax.default_backend()) != "gpu" or tokens > MLA_KERNEL_MAX_TOKENS:
         return False
-    if not single_device_program() or tokens > MLA_KERNEL_MAX_TOKENS:
-        return False
+    heads = cfg.num_attention_heads
+    mesh = sharded_mesh()
+    if mesh is not None:  # each device runs the kernels over its block (model.attention_mla.attend_absorbed_kernel)
+        if page_tokens is not None and mesh.shape.get("data", 1) > 1:
+            return False  # a table's page ids are global: its pools would have to be whole on every device
+        batch = local_size("batch", batch, mesh) if page_tokens is None else batch
+        heads = local_size("heads", heads, mesh)
     long_cache_decode = tokens == 1 and batch >= LONG_CACHE_MIN_BATCH
     paged_pays = page_tokens is not None and PAGED_KERNEL_MIN_CAPACITY <= capacity <= LONG_CAPACITY
     if kernels.mla == "auto" and not paged_pays and (batch * tokens > MLA_KERNEL_MAX_QUERY_TOKENS
                                                      or (capacity > LONG_CAPACITY and not long_cache_decode)):
         return False
     try:
-        tiles = config_for(capacity, cfg.kv_lora_rank, tokens * cfg.num_attention_heads, batch)
+        tiles = config_for(capacity, cfg.kv_lora_rank, tokens * heads, batch)
         check_config(tiles, capacity, cfg.kv_lora_rank)
         if page_tokens is not None:
             check_pages(tiles, page_tokens)
@@ -145,10 +161,10 @@ def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int,
 # --- routing ---------------------------------------------------------------------------------------------------
 def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> bool:
     """The router's top-k kernel (router_topk.py, with router_gemv.py's logits at 2-8 tokens)? It routes one expert
-    group only. "auto": on one GPU for as many tokens as the MoE kernels take (decode, verify); "on": wherever it
-    can (off the GPU in Pallas' interpret mode)."""
+    group only. "auto": on a GPU for as many tokens as the MoE kernels take (decode, verify); "on": wherever it
+    can (off the GPU in Pallas' interpret mode). Under a mesh every device routes every token itself."""
     if kernels.router == "off" or cfg.n_group > 1:
         return False
     if kernels.router == "on":
         return True
-    return jax.default_backend() == "gpu" and tokens <= MAX_KERNEL_TOKENS and single_device_program()
+    return jax.default_backend() == "gpu" and tokens <= MAX_KERNEL_TOKENS
