@@ -321,3 +321,43 @@ def test_cost_table_is_measured_once_and_never_written_on_a_cpu(pair, rule_engin
     assert second.adaptive.cost_source == "cached" and second.adaptive.costs_s == first.adaptive.costs_s
     assert second.tokens == first.tokens
     assert not (tmp_path / "costs").exists()
+
+
+def test_off_a_cpu_a_table_falling_with_k_is_measured_again(monkeypatch):
+    """A K priced more than MAX_FALL below a smaller K is noise: off a CPU the rounds run again (at most
+    MEASURE_ATTEMPTS times) and the attempt that falls least prices the table."""
+    monkeypatch.setattr(adaptive_costs.jax, "default_backend", lambda: "gpu")
+    assert adaptive_costs.falls([1.0, 2.0, 2.0, 3.0]) == 0.0
+    assert adaptive_costs.falls([1.0, 2.0, 1.5, 3.0]) == pytest.approx(0.25)
+    clock, calls = [0.0], []
+    # the first attempt's rounds price K = 2 at half its cost (a disturbance lasting them all), the next ones not
+    disturbed = {"on": True}
+
+    def run_forced(state, branch, cycles):
+        calls.append((branch, cycles))
+        per_cycle = [0.001, 0.002, 0.003][branch]
+        if branch == 2 and disturbed["on"]:
+            per_cycle /= 2
+        clock[0] += 0.001 + cycles * per_cycle
+        return state, cycles
+
+    monkeypatch.setattr(adaptive_costs.time, "perf_counter", lambda: clock[0])
+    state = collections.namedtuple("State", "generated")(jnp.zeros(3))
+
+    def measure_with(disturbance_rounds):
+        calls.clear()
+        original = run_forced
+
+        def counting(state, branch, cycles):
+            # the warm-up (3 calls) and the first attempt's rounds (3 x 3 pairs) are disturbed
+            disturbed["on"] = len(calls) < 3 + disturbance_rounds * 6
+            return original(state, branch, cycles)
+
+        return adaptive_costs.measure(counting, state, 3, cycles=(16, 48), repeats=3)
+
+    got = measure_with(3)
+    np.testing.assert_allclose(got.costs_s, [0.001, 0.002, 0.003], rtol=1e-9)
+    assert len(calls) == 3 + 2 * 3 * 6  # warm-up, the disturbed attempt, one more
+    got = measure_with(100)  # disturbed throughout: three attempts, then the pooled table
+    assert len(calls) == 3 + 3 * 3 * 6
+    np.testing.assert_allclose(got.costs_s, [0.001, 0.00175, 0.00175], rtol=1e-9)
