@@ -153,6 +153,17 @@ def remember(key: str, measured: Measured, steps: tuple[int, ...]) -> None:
         pass
 
 
+def timed_call(run_forced: Callable, state, branch: int, n: int) -> tuple[float, int]:
+    """(seconds, cycles run) of `run_forced(a copy of state, branch, n)`, the copy made and the result waited for
+    outside the timing."""
+    copy = jax.tree.map(jnp.copy, state)
+    jax.block_until_ready(copy)
+    t0 = time.perf_counter()
+    out, ran = run_forced(copy, branch, n)
+    jax.block_until_ready(out.generated)
+    return time.perf_counter() - t0, ran
+
+
 def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int] | None = None,
             repeats: int | None = None, first_run: bool | None = None) -> Measured | None:
     """Seconds per cycle of each branch: `run_forced(state_copy, branch, n)` runs up to n cycles of that branch on
@@ -170,12 +181,7 @@ def measure(run_forced: Callable, state, n_branches: int, cycles: tuple[int, int
     short, long = cycles or (CPU_MEASURE_CYCLES if on_cpu else MEASURE_CYCLES)
 
     def timed(branch, n):
-        copy = jax.tree.map(jnp.copy, state)
-        jax.block_until_ready(copy)
-        t0 = time.perf_counter()
-        out, ran = run_forced(copy, branch, n)
-        jax.block_until_ready(out.generated)
-        return time.perf_counter() - t0, ran
+        return timed_call(run_forced, state, branch, n)
 
     # the warm-up is a long call: it runs every path of the branch (a plain stretch's catch-up comes only after
     # `backlog` steps), and a path's first run is slow on XLA:CPU (it priced K = 0 at 1.5-2x its cost)

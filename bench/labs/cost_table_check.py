@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -76,12 +74,7 @@ def main(argv=None) -> dict:
             return s, int(s.cycles) - start
 
         def whole_call(branch, n=NO_LIMIT):
-            copy = jax.tree.map(jnp.copy, state)
-            jax.block_until_ready(copy)
-            t0 = time.perf_counter()
-            out, ran = run_forced(copy, branch, n)
-            jax.block_until_ready(out.generated)
-            return time.perf_counter() - t0, ran
+            return adaptive_costs.timed_call(run_forced, state, branch, n)
 
         for branch in range(len(steps)):  # warm-up: every loop's first call
             whole_call(branch)
