@@ -47,13 +47,13 @@ class Kernels:
     """Which implementation each kernel family runs: data on the model config, so a program's kernels are part of
     its static key and tests and bench switch them with `dataclasses.replace`.
 
-    "auto" picks by backend and shape (`model.kernels.dispatch`): the GPU kernels where they serve the shapes they
-    were tuned for on one GPU (under a mesh: over one device's block), the plain XLA reference elsewhere (CPU,
-    prefill). "off" always runs the plain XLA reference. moe "wgmma" / "triton" names the routed-experts kernel (Mosaic GPU on Hopper, or the
-    Triton gemv / mma pair) wherever its shapes fit; moe "grouped" takes what "auto" takes but, for verify of 2 to 8
-    tokens on Hopper, the kernels that convert an expert several slots chose once for all its tokens (moe_grouped);
-    mla / router "on" takes the kernel for every shape it can compute (off the GPU in Pallas' interpret mode: slow,
-    for tests)."""
+    "auto" picks by backend and shape (`model.kernels.dispatch`): the GPU kernels where they serve the shapes they were
+    tuned for on one GPU (under a mesh: over one device's block), the plain XLA reference elsewhere (CPU, prefill).
+    "off" always runs the plain XLA reference. moe "wgmma" / "triton" names the routed-experts kernel (Mosaic GPU on
+    Hopper, or the Triton gemv / mma pair) wherever its shapes fit; moe "grouped" takes what "auto" takes but, for
+    verify of 2 to 8 tokens on Hopper, the kernels that convert an expert several slots chose once for all its tokens
+    (moe_grouped); mla / router "on" takes the kernel for every shape it can compute (off the GPU in Pallas' interpret
+    mode: slow, for tests)."""
 
     moe: str = "auto"
     mla: str = "auto"

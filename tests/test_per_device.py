@@ -6,6 +6,7 @@ and the bench's --tiny run writes its rows."""
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import re
 from collections import Counter
@@ -162,7 +163,7 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 def test_tiny_run_writes_its_rows(tmp_path):
     """`python -m bench.per_device --tiny`: decode and cycle rows with the fields a script reads."""
     result = pd.main(["--tiny", "--layers", "3", "--tokens", "1", "--cycle-k", "1", "--routing", "model",
-                      "--iters", "1", "--loop-steps", "1", "--out", str(tmp_path)])
+                      "--iters", "1", "--loop-steps", "1", "--hlo", "--out", str(tmp_path)])
     assert not result["errors"], result["errors"]
     rows = json.loads(next(tmp_path.glob("per-device-*.json")).read_text())["rows"]
     assert [r["kind"] for r in rows] == ["decode", "cycle"]
@@ -174,3 +175,8 @@ def test_tiny_run_writes_its_rows(tmp_path):
     assert sum(decode["kernels_per_layer_by_kind"].values()) == pytest.approx(decode["kernels_per_layer"])
     assert min(decode["busiest_device_slots"]) >= 1  # the busiest device of 8 takes at least one of 4 choices
     assert (tmp_path / next(tmp_path.glob("per-device-*.json")).name.replace(".json", ".md")).exists()
+    # --hlo: each timed program's optimised HLO, named for bench.depth_gap_hlo (the 3-layer step, its 1-layer prefix)
+    hlo = {re.search(r"-(step-T\d+-L\d+|cycle-K\d+)\.hlo\.txt\.gz$", p.name).group(1): p
+           for p in tmp_path.glob("per-device-*.hlo.txt.gz")}
+    assert sorted(hlo) == ["cycle-K1", "step-T1-L1", "step-T1-L3"]
+    assert all(gzip.open(p, "rt").read().startswith("HloModule") for p in hlo.values())

@@ -131,9 +131,9 @@ def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int,
     """The MLA decode kernels (mla_decode.py) for this absorbed attention step? "auto": on a GPU, batch x tokens
     <= MLA_KERNEL_MAX_QUERY_TOKENS over caches of up to LONG_CAPACITY slots, and decode at batch >=
     LONG_CACHE_MIN_BATCH over longer caches; "on": any batch and capacity up to MLA_KERNEL_MAX_TOKENS tokens,
-    on a GPU. Under a mesh, batch and heads are one device's. `page_tokens`: the cache is paged (`capacity` = table width x page size) and the kernels read its
-    pages, which their blocks must tile; "auto" then also takes them at any batch over caches of
-    PAGED_KERNEL_MIN_CAPACITY to LONG_CAPACITY slots."""
+    on a GPU. Under a mesh, batch and heads are one device's. `page_tokens`: the cache is paged (`capacity` = table
+    width x page size) and the kernels read its pages, which their blocks must tile; "auto" then also takes them at
+    any batch over caches of PAGED_KERNEL_MIN_CAPACITY to LONG_CAPACITY slots."""
     if kernels.mla == "off" or (backend or jax.default_backend()) != "gpu" or tokens > MLA_KERNEL_MAX_TOKENS:
         return False
     heads = cfg.num_attention_heads
