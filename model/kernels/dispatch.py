@@ -26,7 +26,8 @@ from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
 from model.kv_cache import LONG_CAPACITY
 from model.quant import Fp8Weight, Int4Weight
-from model.shard_local import axis_of, sharded_mesh
+from model.shard_local import sharded_mesh
+from model.sharding import shard_shape, spec_for
 
 # Above this many tokens (prefill buckets) the kernels' per-slot pass stops paying: the plain dense path runs.
 MAX_KERNEL_TOKENS = 128
@@ -50,12 +51,7 @@ PAGED_KERNEL_MIN_CAPACITY = 2048
 
 def local_size(logical: str, size: int, mesh) -> int:
     """One device's share of a dimension of `size` along `logical` (model.sharding's rules)."""
-    axes = axis_of(logical, size, mesh)
-    if axes is None:
-        return size
-    for a in axes if isinstance(axes, tuple) else (axes,):
-        size //= mesh.shape[a]
-    return size
+    return shard_shape(spec_for((logical,), (size,), mesh), (size,), mesh)[0]
 
 
 def on_hopper() -> bool:
