@@ -172,7 +172,7 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
             out = plain(sw, to_plain(s), np.int32(cycles))
             return out, int(out.steps)
         begin = int(s.cycles)
-        out = loops[k](sw, s, never_leaving(cycles), np.float32(0.0), cont)
+        out, _ = loops[k](sw, s, never_leaving(cycles), np.float32(0.0), cont)
         return out, int(out.cycles) - begin
 
     table = measure(run_forced, sprefill(*prompt), len(steps), first_run=jax.default_backend() != "cpu")
@@ -216,15 +216,16 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
 
 
 def _timed(start, run, repeats: int):
-    """Median wall time of `run(start())` (a decode loop on a fresh prefilled state, the prefill not timed) over
-    `repeats` after one warm-up; and the last state it returned."""
+    """Median wall time of `run(start())` (a decode loop on a fresh prefilled state, the prefill not timed, until its
+    tokens are on the host as `Engine.generate` times it) over `repeats` after one warm-up; and the last state it
+    returned."""
     times = []
     for rep in range(repeats + 1):
         state = start()
         jax.block_until_ready(state)
         t0 = time.perf_counter()
         out = run(state)
-        jax.block_until_ready(out.generated)
+        jax.device_get((out.generated, out.out_tokens))
         if rep:
             times.append(time.perf_counter() - t0)
     return statistics.median(times), out

@@ -190,9 +190,10 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
 
 # --- the programs ---------------------------------------------------------------------------------------------
 def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecConfig, k: int,
-              window: int, greedy: bool, max_new_tokens: int, drafter=None) -> SpecState:
+              window: int, greedy: bool, max_new_tokens: int, drafter=None) -> tuple[SpecState, jax.Array]:
     """Fixed-K cycles until the batch is done, the rule's limit of cycles ran, or (after its minimum) the mean drafts
     accepted a cycle over the call's last `window` cycles leaves the rule's band (`rule_array`, `stay_band`).
+    Returns the state and its `call_summary`.
 
     The window's sum and count ride in the loop's carry, updated by the cycle's own column and the one leaving the
     window, and the body computes the loop's go flag: on a GPU the predicate runs as its own kernel every cycle, and
@@ -225,7 +226,28 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
 
     zero = jnp.zeros((), jnp.float32)
     carry = (state, zero, zero, go(state, zero, zero))
-    return jax.lax.while_loop(lambda carry: carry[3], cycle, carry)[0]
+    state = jax.lax.while_loop(lambda carry: carry[3], cycle, carry)[0]
+    return state, call_summary(state)
+
+
+def call_summary(state: SpecState) -> jax.Array:
+    """What the host reads after a call, as one int32 array: the cycles run, then per row whether it is done and the
+    tokens it emitted, its acceptance log and its token buffer. On a GPU each array read back costs its own transfer
+    and wait, and the first read after a call costs far more than a wait for the call's end (docs/performance.md,
+    "Adaptive speculation by call")."""
+    return jnp.concatenate([state.cycles.astype(jnp.int32)[None], state.done.astype(jnp.int32),
+                            state.generated.astype(jnp.int32), state.accepted_log.reshape(-1),
+                            state.out_tokens.astype(jnp.int32).reshape(-1)])
+
+
+def read_summary(summary, state: SpecState):
+    """`call_summary` read back on the host, `state` (the call's output) giving its shapes: (cycles, done_B,
+    generated_B, log_BC, out_tokens_BN) as numpy."""
+    summary = np.asarray(summary)
+    b, c = state.accepted_log.shape
+    log_at, tokens_at = 1 + 2 * b, 1 + 2 * b + b * c
+    return (int(summary[0]), summary[1:1 + b].astype(bool), summary[1 + b:log_at].astype(np.int64),
+            summary[log_at:tokens_at].reshape(b, c), summary[tokens_at:].reshape(state.out_tokens.shape))
 
 
 def plain_loop(w: SpecWeights, state: BaselineState, sp: dict, limit, *, cfg: SpecConfig, greedy: bool,

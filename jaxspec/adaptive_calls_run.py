@@ -15,7 +15,8 @@ import numpy as np
 
 from jaxspec import adaptive_costs
 from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
-                                    plain_loop, rule_array, spec_loop, stay_band, to_plain, window_counts)
+                                    plain_loop, read_summary, rule_array, spec_loop, stay_band, to_plain,
+                                    window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -152,7 +153,7 @@ def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
         elif k == 0:
             s = program(engine.weights, s, sp, np.int32(n))
         else:
-            s = program(engine.weights, s, sp, never_leaving(n))
+            s, _ = program(engine.weights, s, sp, never_leaving(n))
         return s, count(s) - start
 
     t0 = time.perf_counter()
@@ -239,48 +240,48 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
     state, sp, prefill_s, compile_s, lengths, loops, run, (source, measure_s), first = _start(
         engine, prompts, max_new_tokens, sampling, seed, streamed=False)
     t0 = time.perf_counter()
-    state, spec_log, plain_from, c_BJ = drive(
+    state, spec_log, plain_from, c_BJ, host = drive(
         state, lambda k, s, rule: loops[k](engine.weights, s, sp, rule),
         lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens, first)
-    jax.block_until_ready(state.generated)
+    if host is None:  # the decode ends with its tokens on the host, as `Engine.generate`'s does
+        host = jax.device_get((state.generated, state.out_tokens))
     decode_s = time.perf_counter() - t0
     c_BJ = run.settle(policy, c_BJ)
     return _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run, source, measure_s,
-                   c_BJ)
+                   c_BJ, host)
 
 
 def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, first=None):
-    """The calls of one generation from its prefilled state: `call_k(k, state, rule) -> state` runs the K loop
-    (`spec_loop`), `call_plain(plain state) -> state` plain decoding to the end; `first`: the first call's
+    """The calls of one generation from its prefilled state: `call_k(k, state, rule) -> (state, summary)` runs the
+    K loop (`spec_loop`), `call_plain(plain state) -> state` plain decoding to the end; `first`: the first call's
     (`first_call`), where computed already. Returns (the final state, the speculative cycles' acceptance log where
     it ended in plain steps else None, the tokens each row had at the switch to plain steps or None, the rows'
-    last acceptance estimate)."""
+    last acceptance estimate, and the final (generated_B, out_tokens_BN) on the host where the last call's summary
+    read them, else None)."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
     b = state.pending.shape[0]
     # the prefilled state is not read back, so the first call follows the prefill without a wait (`first_call`)
+    # what the host knows of the rows (the last call's summary), read when a call returns
     generated, done, cycles = np.ones(b, np.int64), np.zeros(b, bool), 0
     k, c_BJ, rule = first if first is not None else first_call(run, policy, b, max_new_tokens)
     min_cycles = policy.min_cycles
     while not done.all():
         run.calls += 1
         if k == 0:
-            generated = np.asarray(jax.device_get(state.generated))  # before the plain loop takes the state
             out = call_plain(to_plain(state))
             final = np.asarray(jax.device_get(out.generated))
             run.plain(int(out.steps), final - generated)
-            return out, state.accepted_log, generated, c_BJ
+            return out, state.accepted_log, generated, c_BJ, None
         start, live_B = cycles, ~done
         if rule is None:
             rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
-        state, rule = call_k(k, state, rule), None
-        # one read of everything the host weighs next: each read is a round trip to the device, which waits
-        cycles, done, generated, log = jax.device_get((state.cycles, state.done, state.generated,
-                                                        state.accepted_log))
-        cycles = int(cycles)
+        (state, summary), rule = call_k(k, state, rule), None
+        # one read of everything the host weighs next: each array read is a round trip to the device, which waits
+        cycles, done, generated, log, out_tokens = read_summary(jax.device_get(summary), state)
         run.ran(k, cycles - start, c_BJ, live_B)
         if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
             run.unsettled = (log, start, cycles, k)
-            break
+            return state, None, None, c_BJ, (generated, out_tokens)
         # the call's leaving test read its last `window` cycles; the host weighs them per position with the pool
         # as it was, and the pool then takes the whole call
         hits, trials = window_counts(log, start, cycles, k, j_max, window)
@@ -288,7 +289,7 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
         run.pool.add(*window_counts(log, start, cycles, k, j_max, NO_LIMIT))
         min_cycles = min(2 * min_cycles, NO_LIMIT) if k_next == k else policy.min_cycles
         k = k_next
-    return state, None, None, c_BJ
+    return state, None, None, c_BJ, None
 
 
 def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
@@ -362,10 +363,10 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
 
 
 def _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run: Calls, source, measure_s,
-            c_BJ) -> GenerationResult:
+            c_BJ, host=None) -> GenerationResult:
     """`spec_log`: the speculative cycles' acceptance log where the generation ended in plain steps (the final
-    state is then plain decoding's)."""
-    generated, out_tokens = jax.device_get((state.generated, state.out_tokens))
+    state is then plain decoding's). `host`: the final (generated, out_tokens) already read, else None."""
+    generated, out_tokens = host if host is not None else jax.device_get((state.generated, state.out_tokens))
     tokens = [out_tokens[i, : generated[i]].tolist() for i in range(len(generated))]
     spec_cycles = sum(1 for k in run.k_per_cycle if k > 0)
     log = jax.device_get(state.accepted_log if spec_log is None else spec_log)

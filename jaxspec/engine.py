@@ -156,15 +156,17 @@ class Engine:
                 state, report = self._adaptive_measure(state, report, key, run_forced)
             t0 = time.perf_counter()
             state = compiled(self.weights, state, sp, jnp.int32(np.iinfo(np.int32).max))
-            jax.block_until_ready(state.generated)
+            host = jax.device_get((state.generated, state.out_tokens))
             decode_s = time.perf_counter() - t0
-            return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, report)
+            return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, report, host)
         compiled = ready[0]
         t0 = time.perf_counter()
         state = compiled(self.weights, state, sp)
-        jax.block_until_ready(state.generated)
+        # the decode ends with its tokens on the host: on a GPU the first read after a program costs more than
+        # waiting for its end, and every engine's decode time pays it alike
+        host = jax.device_get((state.generated, state.out_tokens))
         decode_s = time.perf_counter() - t0
-        return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative)
+        return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, host=host)
 
     # --- streaming ----------------------------------------------------------------------------------
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -334,8 +336,9 @@ class Engine:
         return (state, time.perf_counter() - t0, sum(c for _, c in built), lengths, *(p for p, _ in built[1:]))
 
     def _result(self, state, lengths, prefill_s, decode_s, compile_s, speculative,
-                report: AdaptiveReport | None = None) -> GenerationResult:
-        generated, out_tokens = jax.device_get((state.generated, state.out_tokens))
+                report: AdaptiveReport | None = None, host=None) -> GenerationResult:
+        """`host`: the final (generated, out_tokens) already read back, else None."""
+        generated, out_tokens = host if host is not None else jax.device_get((state.generated, state.out_tokens))
         tokens = [out_tokens[i, : generated[i]].tolist() for i in range(len(generated))]
         if speculative:
             log = jax.device_get(state.accepted_log)

@@ -39,7 +39,7 @@ class GenerationResult:
     accepted: list[list[int]]  # drafts accepted per cycle, per sequence (empty for the baseline)
     prompt_tokens: list[int]
     prefill_s: float
-    decode_s: float
+    decode_s: float  # from the first decode call to the generated tokens on the host
     compile_s: float
     cycles: int  # speculative cycles or baseline steps run after prefill
     adaptive: AdaptiveReport | None = None  # with an adaptive engine: the K chosen per cycle, expected vs achieved

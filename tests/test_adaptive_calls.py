@@ -113,18 +113,23 @@ def test_calls_speculate_while_drafts_are_accepted_then_decode_plainly(calls_eng
 
 
 def test_the_loop_leaves_where_the_window_mean_first_leaves_the_band(calls_engine):
-    """The loop's carried window sum against the mean recomputed from its own log: it runs its minimum, then stops
-    after the first cycle whose last `window` cycles' mean is out of the band, and not before."""
+    """The loop's carried window against the mean recomputed from its own log: it runs its minimum, then stops
+    after the first cycle whose last `window` cycles' mean is out of the band, and not before; its summary reads
+    back as the state it returned."""
     import jax
 
-    from jaxspec.adaptive_calls import rule_array, spec_loop
+    from jaxspec.adaptive_calls import read_summary, rule_array, spec_loop
 
     eng, greedy = calls_engine, SamplingParams()
     state = eng._prefill(PROMPTS_3, MAX_NEW, greedy, 0, True)[0]
     loop = jax.jit(lambda s, rule: spec_loop(eng.weights, s, {}, rule, cfg=eng.cfg, k=3, window=4, greedy=True,
                                              max_new_tokens=MAX_NEW, drafter=eng.drafter))
-    out = loop(state, rule_array(1.0, 3.0, 2, 1000))
+    out, summary = loop(state, rule_array(1.0, 3.0, 2, 1000))
     log, cycles = np.asarray(out.accepted_log), int(out.cycles)
+    read = read_summary(jax.device_get(summary), out)
+    assert read[0] == cycles and (read[1] == np.asarray(out.done)).all()
+    assert (read[2] == np.asarray(out.generated)).all() and (read[3] == log).all()
+    assert (read[4] == np.asarray(out.out_tokens)).all()
 
     def outside(n):  # after n cycles of this call
         seen = log[:, max(0, n - 4):n]

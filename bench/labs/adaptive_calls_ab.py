@@ -11,7 +11,8 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
   still evaluated every cycle), so their difference is the leaving test's own cost;
 - `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
   per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
-  is what separates these from `fixed` and `calls_one_k`.
+  is what separates these from `fixed` and `calls_one_k`;
+- `loop_decayed`: `spec_loop_decayed`, a leaving test not taken (its docstring says why), beside `loop_leaving`.
 Per variant: the median and spread of decode ms over --rounds after a warm-up, cycles and calls. `--trace`: one
 `generate` of `fixed`, `calls_one_k` and `calls` each under jax.profiler (after the rounds): the device's kernels,
 busy and span, and its idle stretches of >= 20 us with the kernels on either side (where a by-call generation's
@@ -35,11 +36,11 @@ import numpy as np
 
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
 from bench.report import publish, run_stamp
-from jaxspec.adaptive_calls import PerCallPolicy, spec_loop
+from jaxspec.adaptive_calls import RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, PerCallPolicy, spec_loop
 from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
-from jaxspec.spec_step import speculative_cycle
+from jaxspec.spec_step import speculative_cycle, speculative_cycle_accepting
 
 
 def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k: int) -> dict:
@@ -51,7 +52,7 @@ def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k
     fixed = engine._compile("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))[0]
     calls = _programs(calls_engine, state, sp, True, max_new, False)[0][k]
     return {"program_fixed": lambda s: fixed(engine.weights, s, sp),
-            "program_calls": lambda s: calls(calls_engine.weights, s, sp, never_leaving(NO_LIMIT))}
+            "program_calls": lambda s: calls(calls_engine.weights, s, sp, never_leaving(NO_LIMIT))[0]}
 
 
 def traced_generate(engine: Engine, prompt, max_new: int) -> dict:
@@ -75,6 +76,32 @@ def traced_generate(engine: Engine, prompt, max_new: int) -> dict:
                 gaps_ms=sum(g["us"] for g in gaps) / 1e3, longest_gaps=sorted(gaps, key=lambda g: -g["us"])[:8])
 
 
+def spec_loop_decayed(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tokens, drafter=None):
+    """A candidate not taken: `spec_loop` whose test reads a decayed mean (each cycle keeps 1 - 1 / window of its
+    weight at the next) of the drafts the cycle itself returns, instead of the window's sum kept by reading two
+    columns of the log. Cheaper by a little on the embedded pair, but its geometric tail reacts to a fall in
+    acceptance much later than a window does."""
+    start, kept = state.cycles, 1.0 - 1.0 / window
+
+    def go(s, total, seen):
+        ran_f = (s.cycles - start).astype(jnp.float32)
+        mean = total / jnp.maximum(seen, 1e-6)
+        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
+        return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+
+    def cycle(carry):
+        s, total, seen, _ = carry
+        live_B = ~s.done
+        out = speculative_cycle_accepting(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
+                                          drafter=drafter)
+        total = kept * total + jnp.sum(jnp.where(live_B, out.accepted, 0)).astype(jnp.float32)
+        seen = kept * seen + jnp.sum(live_B).astype(jnp.float32)
+        return out.state, total, seen, go(out.state, total, seen)
+
+    zero = jnp.zeros((), jnp.float32)
+    return jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
+
+
 def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: int, rounds: int) -> dict:
     """ms of the fixed-K loop and of spec_loop never leaving, each on a fresh copy of one prefilled state."""
     greedy = SamplingParams()
@@ -84,8 +111,10 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
     fixed = jax.jit(lambda w, s: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s),
                     donate_argnums=1)
     leaving = jax.jit(lambda w, s, r: spec_loop(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    decayed = jax.jit(lambda w, s, r: spec_loop_decayed(w, s, {}, r, window=32, **kw), donate_argnums=1)
     runs = {"loop_fixed": lambda s: fixed(engine.weights, s),
-            "loop_leaving": lambda s: leaving(engine.weights, s, never_leaving(NO_LIMIT))}
+            "loop_leaving": lambda s: leaving(engine.weights, s, never_leaving(NO_LIMIT))[0],
+            "loop_decayed": lambda s: decayed(engine.weights, s, never_leaving(NO_LIMIT))}
     runs.update(engine_programs(engine, calls_engine, state, max_new, k))
     times = {name: [] for name in runs}
     for r in range(rounds + 1):
@@ -138,7 +167,7 @@ def main(argv=None):
             f"calls {rows[name]['calls']}, K {rows[name]['k_histogram']}")
     rows.update(loops_alone(engines["fixed"], engines["calls_one_k"], prompt, args.max_new_tokens, args.k,
                             args.rounds))
-    for name in ("loop_fixed", "loop_leaving", "program_fixed", "program_calls"):
+    for name in ("loop_fixed", "loop_leaving", "loop_decayed", "program_fixed", "program_calls"):
         r = rows[name]
         log(f"{name}: {r['decode_ms']:.3f} ms ({r['min_ms']:.3f}-{r['max_ms']:.3f}), {r['cycles']} cycles")
     traces = {}

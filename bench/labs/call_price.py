@@ -81,13 +81,13 @@ def build(args, log):
     per_call = args.cycles_per_call
 
     def one(program):
-        return lambda s: (program(sw, s, never_leaving(NO_LIMIT), a, cont_BS), 1, 0.0)
+        return lambda s: (program(sw, s, never_leaving(NO_LIMIT), a, cont_BS)[0], 1, 0.0)
 
     def calls(programs_):
         def run(s):
             n = 0
             while True:
-                s = programs_[n % len(programs_)](sw, s, never_leaving(per_call), a, cont_BS)
+                s = programs_[n % len(programs_)](sw, s, never_leaving(per_call), a, cont_BS)[0]
                 n += 1
                 if bool(jax.device_get(jnp.all(s.done))):
                     return s, n, 0.0
@@ -98,13 +98,13 @@ def build(args, log):
         n = -(-args.max_new_tokens // per_call)  # a cycle emits at least one token a row: this many always finish
         for _ in range(n):
             t0 = time.perf_counter()
-            s = call_k(sw, s, never_leaving(per_call), a, cont_BS)
+            s = call_k(sw, s, never_leaving(per_call), a, cont_BS)[0]
             host += time.perf_counter() - t0
         return s, n, host / n
 
     runs = {"fixed": lambda s: (fixed_k(sw, s, a, cont_BS), 1, 0.0), "calls_1": one(call_k),
             "calls_same": calls([call_k]), "calls_queued": queued, "calls_twin": calls([call_k, twin_k]),
-            "empty": lambda s: (call_k(sw, s, never_leaving(0), a, cont_BS), 1, 0.0)}
+            "empty": lambda s: (call_k(sw, s, never_leaving(0), a, cont_BS)[0], 1, 0.0)}
     return (lambda: prefill(*prompt)), runs
 
 

@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
                 s = program(engine.weights, to_plain(copy), sp, np.int32(n))
                 return s, int(s.steps)
             start = int(copy.cycles)
-            s = program(engine.weights, copy, sp, never_leaving(n))
+            s = program(engine.weights, copy, sp, never_leaving(n))[0]
             return s, int(s.cycles) - start
 
         def whole_call(branch, n=NO_LIMIT):
