@@ -98,8 +98,16 @@ def summarise(row: dict) -> dict:
     fixed = {name: r["tokens_per_s"] for name, r in row["runs"].items() if name.startswith("K=")}
     best = max(fixed, key=fixed.get)
     ad = row["runs"]["adaptive"]["tokens_per_s"]
+    # the K adaptive ran most cycles at, and its engine: what adaptive reaches at the same K (its own cost apart from
+    # its choice); None where no fixed engine of that K ran
+    hist = row["runs"]["adaptive"].get("k_histogram") or {}
+    ran = max(hist, key=lambda k: hist[k]) if hist else None
+    same = None if ran is None else "baseline" if ran == "0" else f"K={ran}"
+    same_tps = row["runs"][same]["tokens_per_s"] if same in row["runs"] else None
     return dict(speedup={name: r["tokens_per_s"] / base for name, r in row["runs"].items()}, best_fixed=best,
                 adaptive_over_best=ad / fixed[best], adaptive_over_baseline=ad / base,
+                adaptive_k=None if ran is None else int(ran),
+                adaptive_over_same_k=None if same_tps is None else ad / same_tps,
                 every_fixed_k_loses=all(v < base for v in fixed.values()))
 
 
@@ -111,16 +119,17 @@ def markdown(result: dict) -> str:
         f"{result['max_new_tokens']} new tokens, one prompt at a "
         f"time in the on-device loop; median of {result['repeats']} interleaved runs. Cells: speed-up over plain "
         "decoding (its tok/s in the first column).", "",
-        "| prompt | kind | plain tok/s | " + " | ".join(names) + " | best fixed | adaptive / best | adaptive K "
-        "histogram |",
-        "|---" * (len(names) + 6) + "|",
+        "| prompt | kind | plain tok/s | " + " | ".join(names) + " | best fixed | adaptive / best | adaptive / "
+        "fixed at its K | adaptive K histogram |",
+        "|---" * (len(names) + 7) + "|",
     ]
     for row in result["prompts"]:
         s = row["summary"]
+        same = s.get("adaptive_over_same_k")
         lines.append(f"| {row['prompt'][:24]!r} | {row['kind']} | {row['runs']['baseline']['tokens_per_s']:.1f} | "
                      + " | ".join(f"{s['speedup'][n]:.2f}x" for n in names)
                      + f" | {s['best_fixed']} | {s['adaptive_over_best']:.3f} | "
-                       f"{row['runs']['adaptive']['k_histogram']} |")
+                       f"{'-' if same is None else f'{same:.3f}'} | {row['runs']['adaptive']['k_histogram']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -173,6 +182,8 @@ def main(argv=None):
             + f"; adaptive K {runs['adaptive'].get('k_histogram')}")
     rows = [r["summary"] for r in result["prompts"]]
     result["worst_adaptive_over_best"] = min(s["adaptive_over_best"] for s in rows)
+    same_k = [s["adaptive_over_same_k"] for s in rows if s["adaptive_over_same_k"] is not None]
+    result["median_adaptive_over_same_k"] = statistics.median(same_k) if same_k else None
     losing = [r for r in result["prompts"] if r["summary"]["every_fixed_k_loses"]]
     result["adaptive_over_baseline_where_every_k_loses"] = [r["summary"]["adaptive_over_baseline"] for r in losing]
     out = Path(args.out)

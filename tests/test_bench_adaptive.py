@@ -58,6 +58,13 @@ def test_prompts_cli_compares_plain_fixed_and_adaptive(tmp_path):
     assert row["same_tokens_as_plain"] is True
     assert row["summary"]["speedup"]["baseline"] == 1.0
     assert sum(row["runs"]["adaptive"]["k_histogram"].values()) == row["runs"]["adaptive"]["cycles"]
+    # adaptive against the engine of the K it ran most (plain decoding for K = 0)
+    hist = row["runs"]["adaptive"]["k_histogram"]
+    ran = row["summary"]["adaptive_k"]
+    assert hist[str(ran)] == max(hist.values())
+    same = row["runs"]["baseline" if ran == 0 else f"K={ran}"]["tokens_per_s"]
+    assert row["summary"]["adaptive_over_same_k"] == pytest.approx(row["runs"]["adaptive"]["tokens_per_s"] / same)
+    assert result["median_adaptive_over_same_k"] == row["summary"]["adaptive_over_same_k"]
     assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md"}
 
 
