@@ -21,7 +21,8 @@ from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
 from jaxspec.spec_step import speculative_cycle
-from jaxspec.state import new_tokens, with_progress
+from jaxspec.state import new_tokens, read_progress, with_progress
+from jaxspec.state import progress as state_progress
 
 NO_LIMIT = np.iinfo(np.int32).max
 
@@ -303,7 +304,7 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
         engine, prompts, max_new_tokens, sampling, seed, streamed=True)
     j_max, b = max(steps), len(prompts)
     zeros = np.zeros((b, j_max), np.float32)
-    progress = jax.device_get((state.generated, state.out_tokens, state.done))
+    progress = read_progress(jax.device_get(state_progress(state)), b)
     k, c_BJ = run.choose(zeros, zeros, max_new_tokens - progress[0], ~progress[2], policy.prior, margin, None)
     shown = np.zeros(b, np.int64)
     dispatched: list[int] = []  # K of every call queued (the past-the-end ones change nothing)
@@ -343,9 +344,9 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
                     at_k, k = [], k_next
         state, queued = dispatch(state)
         if pipelined:
-            progress, in_flight = jax.device_get(in_flight), queued
+            progress, in_flight = read_progress(jax.device_get(in_flight), b), queued
         else:
-            progress = jax.device_get(queued)
+            progress = read_progress(jax.device_get(queued), b)
     jax.block_until_ready(state)
     decode_s += time.perf_counter() - t0
     if at_k and k > 0:

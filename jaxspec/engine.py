@@ -29,7 +29,7 @@ from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_programs, output_shapes, weights_to_run
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import progress as state_progress
-from jaxspec.state import new_tokens, with_progress
+from jaxspec.state import new_tokens, read_progress, with_progress
 from model.kv_cache import round_capacity
 
 
@@ -208,7 +208,8 @@ class Engine:
 
             state, report = self._adaptive_measure(state, report, key, run_forced)
         shown = np.zeros(len(prompts), np.int64)
-        progress = jax.device_get(state_progress(state))  # the prefill's first tokens
+        b = len(prompts)
+        progress = read_progress(jax.device_get(state_progress(state)), b)  # the prefill's first tokens
         decode_s, t0 = 0.0, time.perf_counter()
         if pipelined and not progress[2].all():
             state, in_flight = compiled(self.weights, state, sp)
@@ -222,9 +223,9 @@ class Engine:
                 break
             state, queued = compiled(self.weights, state, sp)  # pipelined: queued behind the cycle waited for
             if pipelined:
-                progress, in_flight = jax.device_get(in_flight), queued
+                progress, in_flight = read_progress(jax.device_get(in_flight), b), queued
             else:
-                progress = jax.device_get(queued)
+                progress = read_progress(jax.device_get(queued), b)
         jax.block_until_ready(state)  # pipelined: the one cycle past the end
         decode_s += time.perf_counter() - t0
         yield self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, report)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from model.eagle3 import DraftCache, DraftLatentCache
@@ -36,14 +37,22 @@ class BaselineState:
     key: jax.Array
 
 
-def progress(state) -> tuple:
-    """What streaming reads after a cycle: tokens emitted so far, the token buffer, which rows finished."""
-    return state.generated, state.out_tokens, state.done
+def progress(state) -> jax.Array:
+    """What streaming reads after a cycle, as one int32 array: per row the tokens emitted so far and whether it
+    finished, then the token buffer. On a GPU each array read back costs its own transfer and wait."""
+    return jnp.concatenate([state.generated.astype(jnp.int32), state.done.astype(jnp.int32),
+                            state.out_tokens.astype(jnp.int32).reshape(-1)])
+
+
+def read_progress(progress_read, b: int) -> tuple:
+    """`progress` read back on the host for `b` rows: (generated_B, out_tokens_BN, done_B) as numpy."""
+    read = np.asarray(progress_read)
+    return read[:b].astype(np.int64), read[2 * b:].reshape(b, -1), read[b:2 * b].astype(bool)
 
 
 def new_tokens(progress_read, shown) -> list[list[int]]:
     """Each row's tokens emitted since `shown` (its count per row, advanced in place) from a progress read back on
-    the host."""
+    the host (`read_progress`)."""
     generated, out_tokens, _ = progress_read
     new = [out_tokens[i, shown[i]: generated[i]].tolist() for i in range(len(shown))]
     shown[:] = generated
@@ -51,10 +60,10 @@ def new_tokens(progress_read, shown) -> list[list[int]]:
 
 
 def with_progress(step):
-    """`step` that also returns its progress as separate arrays: the state is donated to the next cycle, queued
-    before the host reads these."""
+    """`step` that also returns its progress (a new array: the state is donated to the next cycle, queued before
+    the host reads this)."""
     def cycle(w, state, sp):
         state = step(w, state, sp)
-        return state, jax.tree.map(jnp.copy, progress(state))
+        return state, progress(state)
 
     return cycle
