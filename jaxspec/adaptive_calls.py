@@ -47,7 +47,7 @@ import numpy as np
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
-from jaxspec.state import BaselineState, SpecState
+from jaxspec.state import BaselineState, SpecState, progress, read_progress
 
 PRIOR_WEIGHT = 2.0  # observations a position's prior (its shallower neighbour, or `prior` for c_1) counts for
 POOL_DECAY = 0.5  # weight the pooled counts keep at each new generation
@@ -231,13 +231,11 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
 
 
 def call_summary(state: SpecState) -> jax.Array:
-    """What the host reads after a call, as one int32 array: the cycles run, then per row whether it is done and the
-    tokens it emitted, its acceptance log and its token buffer. On a GPU each array read back costs its own transfer
-    and wait, and the first read after a call costs far more than a wait for the call's end (docs/performance.md,
-    "Adaptive speculation by call")."""
-    return jnp.concatenate([state.cycles.astype(jnp.int32)[None], state.done.astype(jnp.int32),
-                            state.generated.astype(jnp.int32), state.accepted_log.reshape(-1),
-                            state.out_tokens.astype(jnp.int32).reshape(-1)])
+    """What the host reads after a call, as one int32 array: the cycles run, the acceptance log, then the state's
+    `progress` (tokens emitted and done per row, the token buffer). On a GPU each array read back costs its own
+    transfer and wait, and the first read after a call costs far more than a wait for the call's end
+    (docs/performance.md, "Adaptive speculation by call")."""
+    return jnp.concatenate([state.cycles.astype(jnp.int32)[None], state.accepted_log.reshape(-1), progress(state)])
 
 
 def read_summary(summary, state: SpecState):
@@ -245,9 +243,8 @@ def read_summary(summary, state: SpecState):
     generated_B, log_BC, out_tokens_BN) as numpy."""
     summary = np.asarray(summary)
     b, c = state.accepted_log.shape
-    log_at, tokens_at = 1 + 2 * b, 1 + 2 * b + b * c
-    return (int(summary[0]), summary[1:1 + b].astype(bool), summary[1 + b:log_at].astype(np.int64),
-            summary[log_at:tokens_at].reshape(b, c), summary[tokens_at:].reshape(state.out_tokens.shape))
+    generated_B, out_tokens_BN, done_B = read_progress(summary[1 + b * c:], b)
+    return int(summary[0]), done_B, generated_B, summary[1:1 + b * c].reshape(b, c), out_tokens_BN
 
 
 def plain_loop(w: SpecWeights, state: BaselineState, sp: dict, limit, *, cfg: SpecConfig, greedy: bool,

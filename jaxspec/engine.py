@@ -207,8 +207,8 @@ class Engine:
                 return s, int(s.cycles) - start
 
             state, report = self._adaptive_measure(state, report, key, run_forced)
-        shown = np.zeros(len(prompts), np.int64)
         b = len(prompts)
+        shown = np.zeros(b, np.int64)
         progress = read_progress(jax.device_get(state_progress(state)), b)  # the prefill's first tokens
         decode_s, t0 = 0.0, time.perf_counter()
         if pipelined and not progress[2].all():
