@@ -244,8 +244,6 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
     state, spec_log, plain_from, c_BJ, host = drive(
         state, lambda k, s, rule: loops[k](engine.weights, s, sp, rule),
         lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens, first)
-    if host is None:  # the decode ends with its tokens on the host, as `Engine.generate`'s does
-        host = jax.device_get((state.generated, state.out_tokens))
     decode_s = time.perf_counter() - t0
     c_BJ = run.settle(policy, c_BJ)
     return _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run, source, measure_s,
@@ -257,22 +255,22 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
     K loop (`spec_loop`), `call_plain(plain state) -> state` plain decoding to the end; `first`: the first call's
     (`first_call`), where computed already. Returns (the final state, the speculative cycles' acceptance log where
     it ended in plain steps else None, the tokens each row had at the switch to plain steps or None, the rows'
-    last acceptance estimate, and the final (generated_B, out_tokens_BN) on the host where the last call's summary
-    read them, else None)."""
+    last acceptance estimate, and the final (generated_B, out_tokens_BN) on the host: the decode ends with its tokens
+    read back, as `Engine.generate`'s does)."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
     b = state.pending.shape[0]
-    # the prefilled state is not read back, so the first call follows the prefill without a wait (`first_call`)
-    # what the host knows of the rows (the last call's summary), read when a call returns
+    # what the host knows of the rows, from each call's summary; the prefilled state is not read back, so the first
+    # call follows the prefill without a wait (`first_call`)
     generated, done, cycles = np.ones(b, np.int64), np.zeros(b, bool), 0
     k, c_BJ, rule = first if first is not None else first_call(run, policy, b, max_new_tokens)
     min_cycles = policy.min_cycles
-    while not done.all():
+    while True:  # a call's summary says whether the batch is done; the plain loop always runs to the end
         run.calls += 1
         if k == 0:
             out = call_plain(to_plain(state))
-            final = np.asarray(jax.device_get(out.generated))
-            run.plain(int(out.steps), final - generated)
-            return out, state.accepted_log, generated, c_BJ, None
+            steps, final, out_tokens = jax.device_get((out.steps, out.generated, out.out_tokens))
+            run.plain(int(steps), final - generated)
+            return out, state.accepted_log, generated, c_BJ, (final, out_tokens)
         start, live_B = cycles, ~done
         if rule is None:
             rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
@@ -290,7 +288,6 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
         run.pool.add(*window_counts(log, start, cycles, k, j_max, NO_LIMIT))
         min_cycles = min(2 * min_cycles, NO_LIMIT) if k_next == k else policy.min_cycles
         k = k_next
-    return state, None, None, c_BJ, None
 
 
 def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
