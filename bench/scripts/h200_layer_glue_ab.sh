@@ -1,0 +1,43 @@
+#!/bin/bash
+# Issues 51/52: a layer's glue kernels before and after (the batch-1 cache write as one in-place update, the q_a and
+# kv_a norms' sums from one reduction), in one device call per stage, the two trees alternating in fresh processes
+# (the 61-layer step moves ~3% between processes, docs/performance.md "Building the programs at depth").
+#   rm -rf .before && mkdir .before && git archive <commit> model jaxspec convert bench ':!bench/results' | tar -x -C .before
+#   STAGE=one bash bench/scripts/h200_layer_glue_ab.sh   # one device holding the model: bench.loop_rows at 61 layers
+#   STAGE=per bash bench/scripts/h200_layer_glue_ab.sh   # one device of eight: bench.per_device at 61 (and 4 less 3)
+# Files under $OUT: one-<tree>-<n>.json, per-<tree>/ (per-device-gpu-*.json, .md), census/, run-<stage>.log.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/bench-out}
+BEFORE=${BEFORE:-.before}
+STAGE=${STAGE:-one}
+mkdir -p "$OUT"
+here=$(pwd)
+export JAXSPEC_AUTOTUNE_CACHE=/tmp/autotune-glue  # both trees pick from the same GEMM autotuning
+rows() {  # tree, n, rows...
+  local tree=$1 n=$2; shift 2
+  local dir=$here; [ "$tree" = before ] && dir=$here/$BEFORE
+  (cd "$dir" && timeout ${ROWS_TIMEOUT:-170} python -m bench.loop_rows --label "$tree" --layers 61 --rows "$@" \
+      --out "$OUT/one-$tree-$n.json") 2>&1 | grep -E "device loop|compile|Error|error" | tail -6
+}
+per() {  # tree
+  local dir=$here; [ "$1" = before ] && dir=$here/$BEFORE
+  (cd "$dir" && timeout ${PER_TIMEOUT:-200} python -m bench.per_device --layers 61 --moe-layers repeated \
+      --tokens 1 4 --cycle-k 3 --routing neighbour --out "$OUT/per-$1") 2>&1 | grep -E "^\||Error|error" | tail -12
+}
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv
+  if [ "$STAGE" = one ]; then
+    echo "== after 1 $(date -u +%T)"; rows after 1 decode verify4 cycle3
+    echo "== before 1 $(date -u +%T)"; rows before 1 decode verify4 cycle3
+    echo "== after 2 $(date -u +%T)"; rows after 2 decode
+    echo "== before 2 $(date -u +%T)"; rows before 2 decode
+  else
+    echo "== census after $(date -u +%T)"
+    timeout ${CENSUS_TIMEOUT:-150} python -m bench.per_device --layers 4 --prefix-layers 3 --tokens 1 4 --cycle-k \
+        --routing neighbour --iters 5 --out "$OUT/census" 2>&1 | grep -E "^\||Error|error" | tail -8
+    echo "== per-device after $(date -u +%T)"; per after
+    echo "== per-device before $(date -u +%T)"; per before
+  fi
+  echo "== end $(date -u +%T)"
+} 2>&1 | grep -v "gpu_hlo_schedule\|hlo_rematerialization" | tee "$OUT/run-$STAGE.log"
