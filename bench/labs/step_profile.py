@@ -35,6 +35,7 @@ from bench.step import (KERNEL_PATH_MOE, bench_config, draw_weights, make_step, 
                         random_cache, step_inputs)
 from bench.routes import ROUTINGS  # noqa: E402
 from model.config import Kernels  # noqa: E402
+from model.decoder import fuse_attention_inputs  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
 
@@ -347,7 +348,7 @@ def main(argv=None) -> dict:
     log = functools.partial(print, flush=True)
     stamp = run_stamp()
     cfg = bench_config(args.layers, args.tiny)
-    w = draw_weights(cfg, args.tiny)
+    w = fuse_attention_inputs(draw_weights(cfg, args.tiny))  # the layout the engines run
     kernels = Kernels(moe=args.moe_kernel)
     loop = make_step_loop(cfg, kernels, args.routing)
     step = make_step(cfg, kernels, args.routing)
