@@ -111,16 +111,16 @@ def read_head_major_pages(pool_NKPD: jax.Array, pages_BM: jax.Array) -> jax.Arra
 
 def write_slots(cache: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array, slot_axis: int = 1) -> jax.Array:
     """Store token t of sequence b at slot positions[b, t] of `cache` ([B, S, X..] or, with `slot_axis` = 2, the
-    draft's head-major [B, Nkv, S, D]); `new_BTX` is [B, T, X..] either way. A row's T positions are consecutive
-    (a prefill chunk, a decode token, a verify or draft run).
+    draft's head-major [B, Nkv, S, D]); `new_BTX` is [B, T, X..] either way. Slots past the capacity are dropped
+    (a padded prompt chunk longer than the cache holds writes there), except as below.
 
-    At batch 1 the write is one dynamic_update_slice at the row's first position: XLA lowers a scatter (of any
-    mode) to an update that first reads back the slots it overwrites, so that it can keep them where an index is out
-    of range, and that read is a kernel of its own per cache and layer at every step. There a run past the
-    capacity ends at the last slot instead of being dropped: only a finished row writes past its capacity (the
-    engine's capacity holds every live row's verify run), and a finished row's cache is not read again. At larger
-    batches slots past the capacity are dropped."""
-    if cache.shape[0] == 1:
+    One token of one sequence (decode, a draft step) is stored by one in-place dynamic_update_slice: XLA lowers a
+    scatter, whatever its mode, to an update that first reads back the slot it overwrites so that it can keep it
+    where the index is out of range, and that read is a kernel of its own per cache and layer at every step. Past
+    the capacity that write lands on the last slot instead of being dropped: a sequence past its capacity attends
+    over slots its earlier tokens could not store, so what it computes there is not used either way, and the slot
+    it overwrites was read by its own step already."""
+    if cache.shape[0] == 1 and new_BTX.shape[1] == 1:
         update = jnp.moveaxis(new_BTX, 1, slot_axis).astype(cache.dtype)
         start = [jnp.zeros((), jnp.int32)] * cache.ndim
         start[slot_axis] = positions_BT[0, 0].astype(jnp.int32)

@@ -28,6 +28,17 @@ def test_batch_one_write_matches_the_scatter(slot_axis, shape, t, start):
                                   np.asarray(scattered(cache, new, positions, slot_axis), np.float32))
 
 
+def test_a_chunk_past_the_end_is_dropped_at_batch_one():
+    """A padded prompt chunk longer than the cache (the server's admission) keeps the slots it can and drops the
+    rest, as the scatter does."""
+    cache = jnp.zeros((1, 8, 3), jnp.float32)
+    new = jnp.arange(12 * 3, dtype=jnp.float32).reshape(1, 12, 3) + 1
+    positions = jnp.arange(4, 16, dtype=jnp.int32)[None]
+    got = np.asarray(write_slots(cache, new, positions))
+    np.testing.assert_array_equal(got, np.asarray(scattered(cache, new, positions, 1)))
+    assert not got[0, :4].any()
+
+
 def test_larger_batches_drop_slots_past_the_end():
     cache = jnp.zeros((2, 8, 3), jnp.float32)
     new = jnp.ones((2, 2, 3), jnp.float32)
