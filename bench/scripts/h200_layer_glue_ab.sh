@@ -5,6 +5,7 @@
 #   rm -rf .before && mkdir .before && git archive <commit> model jaxspec convert bench ':!bench/results' | tar -x -C .before
 #   STAGE=one bash bench/scripts/h200_layer_glue_ab.sh   # one device holding the model: bench.loop_rows at 61 layers
 #   STAGE=per bash bench/scripts/h200_layer_glue_ab.sh   # one device of eight: bench.per_device at 61 (and 4 less 3)
+#   STAGE=verify bash bench/scripts/h200_layer_glue_ab.sh   # one device, verify T = 4 only, before/after twice more
 # Files under $OUT: one-<tree>-<n>.json, per-<tree>/ (per-device-gpu-*.json, .md), census/, run-<stage>.log.
 set -u
 export PYTHONUNBUFFERED=1
@@ -27,7 +28,12 @@ per() {  # tree
 }
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv
-  if [ "$STAGE" = one ]; then
+  if [ "$STAGE" = verify ]; then
+    for n in 3 4; do
+      echo "== before $n $(date -u +%T)"; rows before $n verify4
+      echo "== after $n $(date -u +%T)"; rows after $n verify4
+    done
+  elif [ "$STAGE" = one ]; then
     echo "== after 1 $(date -u +%T)"; rows after 1 decode verify4 cycle3
     echo "== before 1 $(date -u +%T)"; rows before 1 decode verify4 cycle3
     echo "== after 2 $(date -u +%T)"; rows after 2 decode
