@@ -13,9 +13,8 @@ loop needs about max_b R_b / E_b[K] more cycles for the tokens R_b its live rows
 
     T(K) = t(K) * max_b R_b / E_b[K]
 
-and the host takes the fastest K (or plain decoding where T(0) is within `margin` of it: a K's time is estimated,
-plain decoding's known), leaving the current one only where T(K') + switch < (1 - margin) T(K), `switch` the
-measured price of one more call. Its estimate of c_j for a row counts the last call's last `window` cycles (a
+and the host takes the smallest K whose T is within `margin` of the fastest (`fastest_G`), leaving the current one
+only where T(K') + switch < (1 - margin) T(K), `switch` the measured price of one more call. Its estimate of c_j for a row counts the last call's last `window` cycles (a
 cycle that accepted a of K observes positions 1..min(a + 1, K), accepted up to a), plus what earlier calls and
 generations observed (`Pool`: counts per position over the batch, halved at each new generation and capped at
 `window` observations so a new prompt's own cycles soon dominate), shrunk towards c_{j-1} (c_1 towards `prior`)
@@ -141,20 +140,21 @@ def finish_times_N(c_BJ, remaining_B, live_B, cost_N, steps: tuple[int, ...]):
     return np.max(cycles_BN, axis=0) * cost_N
 
 
-def fastest_G(times_GN, plain: int | None, margin: float):
-    """Index of the K to run for each row of times: the fastest, or plain decoding (index `plain`) where it is within
-    `margin` of the fastest. A speculative K's time is an estimate from few cycles; plain decoding's is known, and
-    once chosen it runs to the end without another call."""
-    best_G = np.argmin(times_GN, axis=1)
-    if plain is None:
-        return best_G
-    rows = np.arange(times_GN.shape[0])
-    return np.where(times_GN[:, plain] <= (1.0 + margin) * times_GN[rows, best_G], plain, best_G)
+def fastest_G(times_GN, margin: float):
+    """Index of the K to run for each row of times (columns in increasing K): the smallest K whose time is within
+    `margin` of the fastest. Near a tie the smaller K is the safer estimate. Plain decoding's time is known, a K's
+    is estimated from few cycles, and plain decoding once chosen runs to the end without another call. A deeper
+    position is observed only when the ones before it were accepted, so its estimate rests on fewer cycles and on
+    the pool's counts from other prompts, whose acceptance at depth differs the most; a K chosen on an overestimate
+    pays for drafts that are rejected, and one K too deep lost more than one K too shallow where the two were close
+    (docs/performance.md, "Adaptive speculation by call")."""
+    times_GN = np.asarray(times_GN)
+    return np.argmax(times_GN <= (1.0 + margin) * times_GN.min(axis=1, keepdims=True), axis=1)
 
 
-def better_k(times_N, current: int | None, switch_s, margin: float, plain: int | None = None):
-    """(index of the K to run, whether leaving `current` for it pays its switch): the fastest (`fastest_G`)."""
-    best = int(fastest_G(np.asarray(times_N)[None], plain, margin)[0])
+def better_k(times_N, current: int | None, switch_s, margin: float):
+    """(index of the K to run, whether leaving `current` for it pays its switch): `fastest_G`'s."""
+    best = int(fastest_G(np.asarray(times_N)[None], margin)[0])
     if current is None:
         return best, True
     return best, bool(best != current and times_N[best] + switch_s < (1.0 - margin) * times_N[current])
@@ -179,7 +179,7 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
     times_GN = slowest / e_GN * np.asarray(cost_N, np.float64)[None]
     current = steps.index(k)
-    best_G = fastest_G(times_GN, steps.index(0) if 0 in steps else None, margin)
+    best_G = fastest_G(times_GN, margin)
     leave_G = (best_G != current) & (times_GN[np.arange(len(c_G)), best_G] + switch_s
                                      < (1.0 - margin) * times_GN[:, current])
     if leave_G.all() or not leave_G.any():

@@ -45,9 +45,8 @@ class Calls:
         not pay (None: no K runs yet, the fastest is taken)."""
         c_BJ = acceptance_BJ(hits_BJ, trials_BJ, self.pool.hits, self.pool.trials, np.float32(prior))
         times = finish_times_N(c_BJ, remaining_B, live_B, self.costs, self.steps)
-        plain = self.steps.index(0) if 0 in self.steps else None
         best, leave = better_k(times, None if current is None else self.steps.index(current), self.switch_s,
-                               margin, plain)
+                               margin)
         return (self.steps[int(best)] if leave else current), c_BJ
 
     def settle(self, policy, c_BJ):

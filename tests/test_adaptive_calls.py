@@ -44,10 +44,13 @@ def test_rule_takes_the_k_that_finishes_first_and_leaves_only_where_it_pays_the_
     assert better_k(t, 3, float(t[3] - t[0]) + 1.0, 0.03) == (0, False)
     assert better_k(finish_times_N(low, np.array([100]), live, cost, STEPS), 3, 2.5, 0.03)[1]
     assert not better_k(finish_times_N(low, np.array([2]), live, cost, STEPS), 3, 2.5, 0.03)[1]
-    # plain decoding within the margin of the fastest K is taken: its time is known, a K's only estimated
-    assert better_k(np.array([10.0, 9.8, 12.0]), 2, 0.0, 0.03, plain=0) == (0, True)
-    assert better_k(np.array([10.0, 9.8, 12.0]), 2, 0.0, 0.03) == (1, True)
-    assert better_k(np.array([10.0, 9.0, 12.0]), None, 0.0, 0.03, plain=0) == (1, True)
+    # the smallest K within the margin of the fastest is taken (plain decoding's time is known, a deeper K's
+    # estimate the least sure), and nothing outside it
+    assert better_k(np.array([10.0, 9.8, 12.0]), 2, 0.0, 0.03) == (0, True)
+    assert better_k(np.array([10.0, 9.0, 12.0]), None, 0.0, 0.03) == (1, True)
+    assert better_k(np.array([12.0, 10.0, 10.2, 9.9]), None, 0.0, 0.03) == (1, True)
+    assert better_k(np.array([12.0, 10.5, 10.1, 9.9]), None, 0.0, 0.03) == (2, True)
+    assert better_k(np.array([12.0, 10.5, 10.1, 9.9]), None, 0.0, 0.0) == (3, True)
     # the slowest live row sets the time; a finished row does not count
     mixed = np.stack([c[0], low[0]])
     assert better_k(finish_times_N(mixed, np.array([100, 100]), np.array([True, False]), cost, STEPS), 0, 0.0,
