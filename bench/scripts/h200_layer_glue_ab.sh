@@ -2,7 +2,8 @@
 # Issues 51/52: a layer's glue kernels before and after (the batch-1 cache write as one in-place update, the q_a and
 # kv_a norms' sums from one reduction), in one device call per stage, the two trees alternating in fresh processes
 # (the 61-layer step moves ~3% between processes, docs/performance.md "Building the programs at depth").
-#   rm -rf .before && mkdir .before && git archive <commit> model jaxspec convert bench ':!bench/results' | tar -x -C .before
+#   rm -rf .before && mkdir .before
+#   git archive <commit> model jaxspec convert bench ':!bench/results' | tar -x -C .before
 #   STAGE=one bash bench/scripts/h200_layer_glue_ab.sh   # one device holding the model: bench.loop_rows at 61 layers
 #   STAGE=per bash bench/scripts/h200_layer_glue_ab.sh   # one device of eight: bench.per_device at 61 (and 4 less 3)
 #   STAGE=verify bash bench/scripts/h200_layer_glue_ab.sh   # one device, verify T = 4 only, before/after twice more
