@@ -117,9 +117,9 @@ def write_slots(cache: jax.Array, new_BTX: jax.Array, positions_BT: jax.Array, s
     One token of one sequence (decode, a draft step) is stored by one in-place dynamic_update_slice: XLA lowers a
     scatter, whatever its mode, to an update that first reads back the slot it overwrites so that it can keep it
     where the index is out of range, and that read is a kernel of its own per cache and layer at every step. Past
-    the capacity that write lands on the last slot instead of being dropped: a sequence past its capacity attends
-    over slots its earlier tokens could not store, so what it computes there is not used either way, and the slot
-    it overwrites was read by its own step already."""
+    the capacity that write lands on the last slot instead of being dropped. Only a finished sequence gets there:
+    the engine's capacity holds every live row's verify run, and prompts are written in chunks of 16 or more, so
+    their padding past the capacity is dropped by the scatter."""
     if cache.shape[0] == 1 and new_BTX.shape[1] == 1:
         update = jnp.moveaxis(new_BTX, 1, slot_axis).astype(cache.dtype)
         start = [jnp.zeros((), jnp.int32)] * cache.ndim
