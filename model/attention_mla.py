@@ -77,32 +77,24 @@ def split_input_projections(w: MLAWeights) -> MLAWeights:
     return w.replace(q_a_proj=w.qkv_a_proj[:q], kv_a_proj=w.qkv_a_proj[q:], qkv_a_proj=None)
 
 
-def input_projections(x_BTH, w: MLAWeights):
-    """-> (q_a_proj's output [B, T, q_lora_rank], or None without q-LoRA; kv_a_proj's output [B, T, C+R]), from
-    the one fused weight where `w` has it."""
+def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig):
+    """-> (q_a_proj's output [B, T, q_lora_rank], or None without q-LoRA; kv_a_proj's output [B, T, C+R]; the q_a
+    and kv_a norms' sums of squares (q_a's, the latent's), or (None, None)), from the one fused weight where `w` has
+    it. With it both norms read one GEMM's output, so one reduction serves them
+    (`model.norms.sums_of_squares_of_parts`; on a GPU each reduction is a kernel of its own)."""
     if w.qkv_a_proj is not None:
         both_BTX = linear(x_BTH, w.qkv_a_proj)
         q = w.q_a_norm.shape[0]
-        return both_BTX[..., :q], both_BTX[..., q:]
-    return (None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)), linear(x_BTH, w.kv_a_proj)
-
-
-def lora_sums_of_squares(x_BTH, w: MLAWeights, cfg: TextConfig):
-    """`input_projections` and, with one input weight, the q_a and kv_a norms' sums of squares (q_a's, the
-    latent's) from one reduction over its GEMM's output (`model.norms.sums_of_squares_of_parts`; on a GPU each
-    reduction is a kernel of its own); (None, None) where the two weights are apart."""
-    if w.qkv_a_proj is None:
-        return *input_projections(x_BTH, w), (None, None)
-    both_BTX = linear(x_BTH, w.qkv_a_proj)
-    q = w.q_a_norm.shape[0]
-    return both_BTX[..., :q], both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
+        return both_BTX[..., :q], both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
+    q_a_BTX = None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)
+    return q_a_BTX, linear(x_BTH, w.kv_a_proj), (None, None)
 
 
 def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
                   sum_squares=None):
     """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`; None
     without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
-    it with their rms_norm_eps); `sum_squares`: q_a's, where computed already (`lora_sums_of_squares`)."""
+    it with their rms_norm_eps); `sum_squares`: q_a's, where computed already (`input_projections`)."""
     q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX, w.q_a_norm, norm_eps, sum_squares)
     q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
     q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
@@ -112,7 +104,7 @@ def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm
 def project_latent(kv_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
                    sum_squares=None):
     """kv_a_proj's output (`input_projections`) -> normalized latent [B, T, C], roped shared key [B, T, R]: what
-    the cache stores. `sum_squares`: the latent's, where computed already (`lora_sums_of_squares`)."""
+    the cache stores. `sum_squares`: the latent's, where computed already (`input_projections`)."""
     latent_BTC = rms_norm(kv_BTX[..., : cfg.kv_lora_rank], w.kv_a_norm, norm_eps, sum_squares)
     k_rope_BTR = apply_interleaved(kv_BTX[..., cfg.kv_lora_rank :][:, :, None, :], cos, sin)[:, :, 0, :]
     return latent_BTC, k_rope_BTR
@@ -190,7 +182,7 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     elsewhere attention reads each sequence's pages gathered into its contiguous cache (`read_pages`).
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = lora_sums_of_squares(x_BTH, w, cfg)
+    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg)
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     if pages_BM is not None:
