@@ -7,7 +7,10 @@
 #   STAGE=one bash bench/scripts/h200_layer_glue_ab.sh   # one device holding the model: bench.loop_rows at 61 layers
 #   STAGE=per bash bench/scripts/h200_layer_glue_ab.sh   # one device of eight: bench.per_device at 61 (and 4 less 3)
 #   STAGE=verify bash bench/scripts/h200_layer_glue_ab.sh   # one device, verify T = 4 only, before/after twice more
-# Files under $OUT: one-<tree>-<n>.json, per-<tree>/ (per-device-gpu-*.json, .md), census/, run-<stage>.log.
+#   STAGE=small bash bench/scripts/h200_layer_glue_ab.sh    # 4 layers (no slower?), then this tree's 4-layer step
+#       under the profiler with its optimised HLO (bench.labs.step_profile --hlo; read with bench.depth_gap_hlo)
+# Files under $OUT: one-<tree>-<n>.json, small-<tree>-<n>.json, per-<tree>/ (per-device-gpu-*.json, .md), census/,
+# profile/, run-<stage>.log.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
@@ -16,11 +19,13 @@ STAGE=${STAGE:-one}
 mkdir -p "$OUT"
 here=$(pwd)
 export JAXSPEC_AUTOTUNE_CACHE=/tmp/autotune-glue  # both trees pick from the same GEMM autotuning
-rows() {  # tree, n, rows...
-  local tree=$1 n=$2; shift 2
+rows() {  # tree, n, rows... (LAYERS, default 61; files one-* at 61 layers, small-* below)
+  local tree=$1 n=$2 layers=${LAYERS:-61} name=one; shift 2
+  [ "$layers" != 61 ] && name=small
   local dir=$here; [ "$tree" = before ] && dir=$here/$BEFORE
-  (cd "$dir" && timeout ${ROWS_TIMEOUT:-170} python -m bench.loop_rows --label "$tree" --layers 61 --rows "$@" \
-      --out "$OUT/one-$tree-$n.json") 2>&1 | grep -E "device loop|compile|Error|error" | tail -6
+  (cd "$dir" && timeout ${ROWS_TIMEOUT:-170} python -m bench.loop_rows --label "$tree" --layers "$layers" \
+      --rows "$@" --iters ${ITERS:-10} --out "$OUT/$name-$tree-$n.json") 2>&1 \
+      | grep -E "device loop|compile|Error|error" | tail -6
 }
 per() {  # tree
   local dir=$here; [ "$1" = before ] && dir=$here/$BEFORE
@@ -34,6 +39,16 @@ per() {  # tree
       echo "== before $n $(date -u +%T)"; rows before $n verify4
       echo "== after $n $(date -u +%T)"; rows after $n verify4
     done
+  elif [ "$STAGE" = small ]; then
+    for n in 1 2; do
+      echo "== after $n $(date -u +%T)"; LAYERS=4 ITERS=20 rows after $n decode verify4 cycle3
+      echo "== before $n $(date -u +%T)"; LAYERS=4 ITERS=20 rows before $n decode verify4 cycle3
+    done
+    echo "== profile $(date -u +%T)"
+    mkdir -p "$OUT/profile"
+    timeout 150 python -m bench.labs.step_profile --layers 4 --tokens 1 --steps 10 --routing independent --hlo \
+        --out "$OUT/profile" 2>&1 | grep -E "busy|Error|error" | tail -3
+    gzip "$OUT"/profile/*.hlo.txt
   elif [ "$STAGE" = one ]; then
     echo "== after 1 $(date -u +%T)"; rows after 1 decode verify4 cycle3
     echo "== before 1 $(date -u +%T)"; rows before 1 decode verify4 cycle3
