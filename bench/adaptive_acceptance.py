@@ -119,15 +119,16 @@ def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity
                                                                                                  donate_argnums=1)
 
 
-def per_call_programs(spec_cfg, steps, max_new: int):
+def per_call_programs(spec_cfg, steps, policy: PerCallPolicy, max_new: int):
     """Adaptive by call: one `spec_loop` per K >= 1 (a, continuation and the rule's inputs as arguments) and the
     plain loop, as `jaxspec.adaptive_calls_run` compiles them for the engine."""
     greedy_kw = dict(cfg=spec_cfg, greedy=True, max_new_tokens=max_new)
+    _, window = policy.compiled(max(steps))
 
     def loop(k):
         def run(w, s, rule, rate, cont):
             drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
-            return spec_loop(w, s, {}, rule, k=k, drafter=drafter, **greedy_kw)
+            return spec_loop(w, s, {}, rule, k=k, window=window, drafter=drafter, **greedy_kw)
         return jax.jit(run, donate_argnums=1)
 
     plain = jax.jit(lambda w, s, limit: plain_loop(w, s, {}, limit, **greedy_kw), donate_argnums=1)
@@ -262,8 +263,9 @@ def sweep(args, log) -> dict:
     decoded = args.batch * (args.max_new_tokens - 1)  # tokens after the prefill's first, every run
     per_call = None
     if args.adaptive_kind == "per_call":
-        call_steps = PerCallPolicy(steps=tuple(args.adaptive_steps)).resolve_steps(max(args.adaptive_steps))
-        per_call = per_call_programs(spec_cfg, call_steps, args.max_new_tokens)
+        call_policy = PerCallPolicy(steps=tuple(args.adaptive_steps))
+        per_call = per_call_programs(spec_cfg, call_policy.resolve_steps(max(args.adaptive_steps)), call_policy,
+                                     args.max_new_tokens)
     t0 = time.perf_counter()
     base_prefill, sprefill, base_loop, fixed, per_call = compiled_side_by_side(
         prompt, base_prefill, sprefill, base_loop, fixed, per_call)

@@ -22,10 +22,9 @@ shrunk towards c_{j-1} (c_1 towards `prior`) with the weight of PRIOR_WEIGHT obs
 observed expects what the shallower positions accept.
 
 The leaving test (in the loop, every cycle after the call's first `min_cycles`). It runs every cycle, so it reads
-one figure, computed from the state in the loop's predicate: the mean drafts accepted a cycle since the call began,
+one figure, kept in the loop's carry: the mean drafts accepted a cycle over the call's last `window` cycles,
 against a band the host computed before the call (`stay_band`: the flat acceptances for which the host's own
-estimate and choice keep K). So that mean stays recent, a call runs at most `call_limit` cycles: `window`, or more
-where one more call would cost over CALL_SHARE of their time. Where the host, weighing every position, keeps the K a call left anyway, the next call
+estimate and choice keep K). Where the host, weighing every position, keeps the K a call left anyway, the next call
 of that K waits twice as many cycles before its first test, so a band that is too narrow costs a few calls, not one
 every `min_cycles`.
 
@@ -52,7 +51,6 @@ from jaxspec.state import BaselineState, SpecState, progress, read_progress
 PRIOR_WEIGHT = 2.0  # observations a position's prior (its shallower neighbour, or `prior` for c_1) counts for
 POOL_DECAY = 0.5  # weight the pooled counts keep at each new generation
 BAND_GRID = 101  # flat acceptances the stay band is evaluated at
-CALL_SHARE = 0.01  # the largest share of a call's time its price (one more call) may take, where calls are bounded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +60,7 @@ class PerCallPolicy:
     # cycles a call runs at its K before the rule may leave it; doubled for the next call of the same K each time the
     # host, weighing every position, keeps the K the call's test left (its flat-acceptance band is an approximation)
     min_cycles: int = 4
-    # the call's most recent cycles the host's estimate reads (also the pool's cap, in observations), and the fewest
-    # cycles a call may be bounded to (`call_limit`)
-    window: int = 32
+    window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
     margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     switch_s: float | None = None  # the price of one more call; None: the measured table's (0 with given costs)
@@ -93,9 +89,9 @@ class PerCallPolicy:
             raise ValueError(f"adaptive switch_s must be a finite time >= 0, got {self.switch_s}")
         return self
 
-    def compiled(self, k_max: int) -> tuple[int, ...]:
-        """What the loop programs bake in: the K set (the band, the minimum and the call's limit are arguments)."""
-        return self.resolve_steps(k_max)
+    def compiled(self, k_max: int) -> tuple:
+        """What the loop programs bake in (the band, the minimum and the call's limit are arguments)."""
+        return (self.resolve_steps(k_max), self.window)
 
 
 # What a call's leaving test reads besides the state, one float32 array of four (one transfer a call; an argument,
@@ -164,15 +160,6 @@ def better_k(times_N, current: int | None, switch_s, margin: float):
     return best, bool(best != current and times_N[best] + switch_s < (1.0 - margin) * times_N[current])
 
 
-def call_limit(k: int, cost_N, steps: tuple[int, ...], switch_s: float, window: int) -> int:
-    """The most cycles a call of K runs: its leaving test reads the mean over the whole call, which answers a change
-    of acceptance later the longer the call has run, so calls are bounded to `window` cycles, or to as many as make
-    one more call's price (`switch_s`) CALL_SHARE of their time where a call costs more than that (a small model's
-    cycle is a fraction of a call's price)."""
-    t = float(np.asarray(cost_N)[steps.index(k)])
-    return max(window, int(np.ceil(switch_s / (CALL_SHARE * t)))) if t > 0 else window
-
-
 def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switch_s: float, margin: float,
               pool_hits_J, pool_trials_J, prior: float, observed: int):
     """(low, high): the mean drafts accepted a cycle at K within which the host keeps K, for windows of `observed`
@@ -202,34 +189,44 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
 
 
 # --- the programs ---------------------------------------------------------------------------------------------
-def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecConfig, k: int, greedy: bool,
-              max_new_tokens: int, drafter=None) -> tuple[SpecState, jax.Array]:
+def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecConfig, k: int,
+              window: int, greedy: bool, max_new_tokens: int, drafter=None) -> tuple[SpecState, jax.Array]:
     """Fixed-K cycles until the batch is done, the rule's limit of cycles ran, or (after its minimum) the mean drafts
-    accepted a cycle since the call began leaves the rule's band (`rule_array`, `stay_band`). Returns the state and
-    its `call_summary`.
+    accepted a cycle over the call's last `window` cycles leaves the rule's band (`rule_array`, `stay_band`).
+    Returns the state and its `call_summary`.
 
-    The test is the loop's predicate, computed from the state alone: a row live now ran every cycle of the call and
-    emitted its accepted drafts plus one a cycle, so the live rows' tokens since the call's start give the mean.
-    The fixed-K loop's predicate is a kernel of its own every cycle already; a test that kept its own sums in the
-    carry added kernels to every cycle, a measurable share of a small model's cycle (docs/performance.md,
-    "Adaptive speculation by call"). A mean over the whole call reacts more slowly than one over recent cycles, so
-    the host bounds a call's cycles (`call_limit`)."""
-    start, generated0_B = state.cycles, state.generated
+    The window's sum and count ride in the loop's carry, updated by the cycle's own column and the one leaving the
+    window, and the body computes the loop's go flag: on a GPU the predicate runs as its own kernel every cycle, and
+    a reduction over the whole log there (or the full rule, a few dozen small operations) costs a measurable share
+    of a small model's cycle (docs/performance.md, "Adaptive speculation by call")."""
+    start = state.cycles
+    n_log = state.accepted_log.shape[1]
 
-    def go(s):
+    def column(log_BC, c):
+        """Sum and count of the cycles logged in column c, zero where c is before this call or off the log."""
+        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
+        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
+        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
+
+    def go(s, total, seen):
         ran_f = (s.cycles - start).astype(jnp.float32)
-        live_B = ~s.done
-        emitted = jnp.sum(jnp.where(live_B, s.generated - generated0_B, 0)).astype(jnp.float32)
-        cycles_seen = ran_f * jnp.sum(live_B).astype(jnp.float32)
-        mean = emitted / jnp.maximum(cycles_seen, 1.0) - 1.0
+        mean = total / jnp.maximum(seen, 1.0)
         inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
-        return jnp.any(live_B) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+        return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
 
-    def cycle(s):
-        return speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
-                                 drafter=drafter)
+    def cycle(carry):
+        s, total, seen, _ = carry
+        c = s.cycles
+        s = speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
+                              drafter=drafter)
+        new_total, new_seen = column(s.accepted_log, c)
+        old_total, old_seen = column(s.accepted_log, c - window)
+        total, seen = total + new_total - old_total, seen + new_seen - old_seen
+        return s, total, seen, go(s, total, seen)
 
-    state = jax.lax.while_loop(go, cycle, state)
+    zero = jnp.zeros((), jnp.float32)
+    carry = (state, zero, zero, go(state, zero, zero))
+    state = jax.lax.while_loop(lambda carry: carry[3], cycle, carry)[0]
     return state, call_summary(state)
 
 

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, call_limit, expected_tokens_BN,
-                                    finish_times_N, plain_loop, read_summary, rule_array, spec_loop, stay_band,
-                                    to_plain, window_counts)
+from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
+                                    plain_loop, read_summary, rule_array, spec_loop, stay_band, to_plain,
+                                    window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -82,17 +82,12 @@ def _pool(engine, greedy: bool, j_max: int, window: int) -> Pool:
     return engine.acceptance_pools[greedy]
 
 
-def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int) -> np.ndarray:
-    """The leaving test's inputs for a call at K (`stay_band` for windows of the call's first test, at most
-    `call_limit` cycles), one array (`rule_array`)."""
+def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int, limit: int) -> np.ndarray:
+    """The leaving test's inputs for a call of at most `limit` cycles at K (`stay_band` for windows of the call's
+    first test), one array (`rule_array`)."""
     low, high = stay_band(k, remaining_B, live_B, run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits,
                           run.pool.trials, policy.prior, min(min_cycles, policy.window))
-    return rule_array(low, high, min_cycles, run_limit(run, k, policy))
-
-
-def run_limit(run: Calls, k: int, policy) -> int:
-    """The most cycles a call of K runs in this generation (`call_limit`)."""
-    return call_limit(k, run.costs, run.steps, run.switch_s, policy.window)
+    return rule_array(low, high, min_cycles, limit)
 
 
 def never_leaving(limit: int) -> np.ndarray:
@@ -105,7 +100,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
     shapes): device loops (`spec_loop`, `plain_loop`) or, streamed, single cycles that also return their
     progress."""
     policy = engine.adaptive
-    steps = policy.compiled(engine.k)
+    steps, window = policy.compiled(engine.k)
     plain_state = to_plain(state)  # a restructuring: its shapes need no trace
     w = engine.weights
     baked = (greedy, max_new_tokens, policy.compiled(engine.k))
@@ -122,8 +117,8 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
                                      max_new_tokens=max_new_tokens, drafter=engine.drafter)
             specs.append((f"calls_cycle_{k}", with_progress(step), {}, (w, state, sp), (1,), baked))
         else:
-            fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
-                                   drafter=engine.drafter)
+            fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
+                                   max_new_tokens=max_new_tokens, drafter=engine.drafter)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
     return specs
 
@@ -131,7 +126,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
 def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
     """{K: program} for every K of the set (`_program_specs`), compiled side by side. Returns (programs, compile
     seconds)."""
-    steps = engine.adaptive.compiled(engine.k)
+    steps, _ = engine.adaptive.compiled(engine.k)
     built = engine._compile_together(_program_specs(engine, state, sp, greedy, max_new_tokens, streamed))
     return {k: program for k, (program, _) in zip(steps, built)}, sum(c for _, c in built)
 
@@ -191,7 +186,7 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
     prefill ends (`_known_costs`), the host's first choice and the first call's rule are computed while the device
     prefills: `first` = (K, the rows' acceptance estimate, the rule) or None where `drive` computes them."""
     policy = engine.adaptive
-    steps, window = policy.compiled(engine.k), policy.window
+    steps, window = policy.compiled(engine.k)
     sp = sampling.validate().as_arrays()
     early = {}
 
@@ -235,7 +230,7 @@ def first_call(run: Calls, policy, b: int, max_new_tokens: int):
     zeros = np.zeros((b, max(run.steps)), np.float32)
     remaining, live = np.full(b, max_new_tokens - 1, np.int64), np.ones(b, bool)
     k, c_BJ = run.choose(zeros, zeros, remaining, live, policy.prior, policy.margin, None)
-    rule = None if k == 0 else rule_inputs(run, k, remaining, live, policy, policy.min_cycles)
+    rule = None if k == 0 else rule_inputs(run, k, remaining, live, policy, policy.min_cycles, NO_LIMIT)
     return k, c_BJ, rule
 
 
@@ -277,7 +272,7 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
             return out, state.accepted_log, generated, c_BJ, (final, out_tokens)
         start, live_B = cycles, ~done
         if rule is None:
-            rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles)
+            rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
         (state, summary), rule = call_k(k, state, rule), None
         # one read of everything the host weighs next: each array read is a round trip to the device, which waits
         cycles, done, generated, log, out_tokens = read_summary(jax.device_get(summary), state)
@@ -285,15 +280,12 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
         if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
             run.unsettled = (log, start, cycles, k)
             return state, None, None, c_BJ, (generated, out_tokens)
-        # the host weighs the call's last `window` cycles per position with the pool as it was, and the pool then
-        # takes the whole call
+        # the call's leaving test read its last `window` cycles; the host weighs them per position with the pool
+        # as it was, and the pool then takes the whole call
         hits, trials = window_counts(log, start, cycles, k, j_max, window)
         k_next, c_BJ = run.choose(hits, trials, max_new_tokens - generated, ~done, policy.prior, margin, k)
         run.pool.add(*window_counts(log, start, cycles, k, j_max, NO_LIMIT))
-        if k_next != k:
-            min_cycles = policy.min_cycles
-        elif cycles - start < run_limit(run, k, policy):  # the test left K and the host kept it: wait longer
-            min_cycles = min(2 * min_cycles, NO_LIMIT)
+        min_cycles = min(2 * min_cycles, NO_LIMIT) if k_next == k else policy.min_cycles
         k = k_next
 
 
@@ -302,7 +294,7 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
     """`Engine.stream` by call: one cycle a call as fixed K streams, the rule run on the host between them from
     the tokens each cycle emitted (a live row that emitted n tokens accepted n - 1 drafts)."""
     policy = engine.adaptive
-    steps, window = policy.compiled(engine.k), policy.window
+    steps, window = policy.compiled(engine.k)
     min_cycles, margin = policy.min_cycles, policy.margin
     state, sp, prefill_s, compile_s, lengths, cycles_by_k, run, (source, measure_s), _ = _start(
         engine, prompts, max_new_tokens, sampling, seed, streamed=True)

@@ -12,8 +12,7 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
 - `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
   per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
   is what separates these from `fixed` and `calls_one_k`;
-- `loop_window` and `loop_decayed`: `spec_loop_window` and `spec_loop_decayed`, leaving tests not taken (their
-  docstrings say why), beside `loop_leaving`.
+- `loop_decayed`: `spec_loop_decayed`, a leaving test not taken (its docstring says why), beside `loop_leaving`.
 Per variant: the median and spread of decode ms over --rounds after a warm-up, cycles and calls. `--trace`: one
 `generate` of `fixed`, `calls_one_k` and `calls` each under jax.profiler (after the rounds): the device's kernels,
 busy and span, and its idle stretches of >= 20 us with the kernels on either side (where a by-call generation's
@@ -103,39 +102,6 @@ def spec_loop_decayed(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_t
     return jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
 
 
-def spec_loop_window(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tokens, drafter=None):
-    """The test `spec_loop` replaced: the mean drafts accepted a cycle over the call's last `window` cycles, its
-    sum and count kept in the loop's carry (updated from the cycle's own column of the log and the one leaving the
-    window) and the go flag computed in the body, which adds kernels to every cycle where the predicate computed
-    from the state adds none."""
-    start = state.cycles
-    n_log = state.accepted_log.shape[1]
-
-    def column(log_BC, c):
-        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
-        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
-        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
-
-    def go(s, total, seen):
-        ran_f = (s.cycles - start).astype(jnp.float32)
-        mean = total / jnp.maximum(seen, 1.0)
-        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
-        return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
-
-    def cycle(carry):
-        s, total, seen, _ = carry
-        c = s.cycles
-        s = speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
-                              drafter=drafter)
-        new_total, new_seen = column(s.accepted_log, c)
-        old_total, old_seen = column(s.accepted_log, c - window)
-        total, seen = total + new_total - old_total, seen + new_seen - old_seen
-        return s, total, seen, go(s, total, seen)
-
-    zero = jnp.zeros((), jnp.float32)
-    return jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
-
-
 def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: int, rounds: int) -> dict:
     """ms of the fixed-K loop and of spec_loop never leaving, each on a fresh copy of one prefilled state."""
     greedy = SamplingParams()
@@ -144,12 +110,10 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
     cycle = functools.partial(speculative_cycle, **kw)
     fixed = jax.jit(lambda w, s: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s),
                     donate_argnums=1)
-    leaving = jax.jit(lambda w, s, r: spec_loop(w, s, {}, r, **kw), donate_argnums=1)
-    windowed = jax.jit(lambda w, s, r: spec_loop_window(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    leaving = jax.jit(lambda w, s, r: spec_loop(w, s, {}, r, window=32, **kw), donate_argnums=1)
     decayed = jax.jit(lambda w, s, r: spec_loop_decayed(w, s, {}, r, window=32, **kw), donate_argnums=1)
     runs = {"loop_fixed": lambda s: fixed(engine.weights, s),
             "loop_leaving": lambda s: leaving(engine.weights, s, never_leaving(NO_LIMIT))[0],
-            "loop_window": lambda s: windowed(engine.weights, s, never_leaving(NO_LIMIT)),
             "loop_decayed": lambda s: decayed(engine.weights, s, never_leaving(NO_LIMIT))}
     runs.update(engine_programs(engine, calls_engine, state, max_new, k))
     times = {name: [] for name in runs}

@@ -42,6 +42,7 @@ from bench.cycle import spec_pair  # noqa: E402
 from bench.report import publish, run_stamp  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
+from jaxspec.adaptive_calls import PerCallPolicy  # noqa: E402
 from jaxspec.adaptive_calls_run import NO_LIMIT, never_leaving  # noqa: E402
 from jaxspec.prefill import prompt_bucket  # noqa: E402
 from jaxspec.sharded import compile_programs  # noqa: E402
@@ -61,7 +62,7 @@ def build(args, log):
     per_cycle = AdaptivePolicy(steps=(0, args.k), probe=False)  # `programs` builds it too; not run here
     base_prefill, sprefill, base_loop, fixed, _ = programs(spec_cfg, [args.k], (0, args.k), per_cycle,
                                                            args.max_new_tokens, capacity)
-    loops, _ = per_call_programs(spec_cfg, (0, args.k), args.max_new_tokens)
+    loops, _ = per_call_programs(spec_cfg, (0, args.k), PerCallPolicy(steps=(0, args.k)), args.max_new_tokens)
     rng = np.random.default_rng(0)
     tokens = np.zeros((1, bucket), np.int32)
     tokens[:, : args.prompt_tokens] = rng.integers(3, cfg.vocab_size, (1, args.prompt_tokens))
