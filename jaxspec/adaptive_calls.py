@@ -13,8 +13,8 @@ loop needs about max_b R_b / E_b[K] more cycles for the tokens R_b its live rows
 
     T(K) = t(K) * max_b R_b / E_b[K]
 
-and the host takes the smallest K whose T is within `margin` of the fastest (`fastest_G`), leaving the current one
-only where T(K') + switch < (1 - margin) T(K), `switch` the measured price of one more call. Its estimate of c_j for
+and the host takes the smallest K whose T is within `margin` of the fastest among those whose every position has
+been observed, else the fastest (`fastest_G`), leaving the current one only where T(K') + switch < (1 - margin) T(K), `switch` the measured price of one more call. Its estimate of c_j for
 a row counts the last call's last `window` cycles (a cycle that accepted a of K observes positions 1..min(a + 1, K),
 accepted up to a), plus what earlier calls and generations observed (`Pool`: counts per position over the batch,
 halved at each new generation and capped at `window` observations so a new prompt's own cycles soon dominate),
@@ -140,21 +140,34 @@ def finish_times_N(c_BJ, remaining_B, live_B, cost_N, steps: tuple[int, ...]):
     return np.max(cycles_BN, axis=0) * cost_N
 
 
-def fastest_G(times_GN, margin: float):
+def observed_GN(trials_GJ, steps: tuple[int, ...]):
+    """For each row of position counts (observations of draft position j, summed over the batch and the pool) and
+    each K of `steps`: whether every position 1..K has been observed at least once (K = 0 always)."""
+    seen_GJ = np.cumprod(np.asarray(trials_GJ) >= 1.0, axis=1).astype(bool)
+    return np.stack([seen_GJ[:, k - 1] if k > 0 else np.ones(seen_GJ.shape[0], bool) for k in steps], axis=1)
+
+
+def fastest_G(times_GN, margin: float, observed_GN=None):
     """Index of the K to run for each row of times (columns in increasing K): the smallest K whose time is within
-    `margin` of the fastest. Near a tie the smaller K is the safer estimate. Plain decoding's time is known, a K's
-    is estimated from few cycles, and plain decoding once chosen runs to the end without another call. A deeper
-    position is observed only when the ones before it were accepted, so its estimate rests on fewer cycles and on
-    the pool's counts from other prompts, whose acceptance at depth differs the most; a K chosen on an overestimate
-    pays for drafts that are rejected, and one K too deep lost more than one K too shallow where the two were close
-    (docs/performance.md, "Adaptive speculation by call")."""
+    `margin` of the fastest and whose every position has been observed (`observed_GN`; None: all), else the
+    fastest. Near a tie the smaller K is the safer estimate: plain decoding's time is known, a K's is estimated
+    from few cycles, and plain decoding once chosen runs to the end without another call; a deeper position is
+    observed only when the ones before it were accepted, so its estimate rests on fewer cycles and on the pool's
+    counts from other prompts, whose acceptance at depth differs the most, and one K too deep lost more than one K
+    too shallow where the two were close. A depth nobody has observed is different: it expects what the position
+    above it accepts, and the smaller K would keep it unobserved (the call's test cannot leave upwards where the
+    host's own choice stays), so the fastest is taken and its cycles observe it (docs/performance.md, "Adaptive
+    speculation by call")."""
     times_GN = np.asarray(times_GN)
-    return np.argmax(times_GN <= (1.0 + margin) * times_GN.min(axis=1, keepdims=True), axis=1)
+    within_GN = times_GN <= (1.0 + margin) * times_GN.min(axis=1, keepdims=True)
+    pick_GN = within_GN if observed_GN is None else within_GN & np.asarray(observed_GN)
+    return np.where(pick_GN.any(axis=1), np.argmax(pick_GN, axis=1), np.argmin(times_GN, axis=1))
 
 
-def better_k(times_N, current: int | None, switch_s, margin: float):
+def better_k(times_N, current: int | None, switch_s, margin: float, observed_N=None):
     """(index of the K to run, whether leaving `current` for it pays its switch): `fastest_G`'s."""
-    best = int(fastest_G(np.asarray(times_N)[None], margin)[0])
+    best = int(fastest_G(np.asarray(times_N)[None], margin,
+                         None if observed_N is None else np.asarray(observed_N)[None])[0])
     if current is None:
         return best, True
     return best, bool(best != current and times_N[best] + switch_s < (1.0 - margin) * times_N[current])
@@ -179,7 +192,7 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
     times_GN = slowest / e_GN * np.asarray(cost_N, np.float64)[None]
     current = steps.index(k)
-    best_G = fastest_G(times_GN, margin)
+    best_G = fastest_G(times_GN, margin, observed_GN(trials_GJ + np.asarray(pool_trials_J)[None], steps))
     leave_G = (best_G != current) & (times_GN[np.arange(len(c_G)), best_G] + switch_s
                                      < (1.0 - margin) * times_GN[:, current])
     if leave_G.all() or not leave_G.any():

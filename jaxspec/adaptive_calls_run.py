@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxspec import adaptive_costs
 from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
-                                    plain_loop, read_summary, rule_array, spec_loop, stay_band, to_plain,
+                                    observed_GN, plain_loop, read_summary, rule_array, spec_loop, stay_band, to_plain,
                                     window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
@@ -45,8 +45,9 @@ class Calls:
         not pay (None: no K runs yet, the fastest is taken)."""
         c_BJ = acceptance_BJ(hits_BJ, trials_BJ, self.pool.hits, self.pool.trials, np.float32(prior))
         times = finish_times_N(c_BJ, remaining_B, live_B, self.costs, self.steps)
+        observed = observed_GN((trials_BJ.sum(axis=0) + self.pool.trials)[None], self.steps)[0]
         best, leave = better_k(times, None if current is None else self.steps.index(current), self.switch_s,
-                               margin)
+                               margin, observed)
         return (self.steps[int(best)] if leave else current), c_BJ
 
     def settle(self, policy, c_BJ):

@@ -7,8 +7,8 @@ import collections
 import numpy as np
 import pytest
 
-from jaxspec.adaptive_calls import (PerCallPolicy, Pool, acceptance_BJ, better_k, finish_times_N, stay_band,
-                                    window_counts)
+from jaxspec.adaptive_calls import (PerCallPolicy, Pool, acceptance_BJ, better_k, finish_times_N, observed_GN,
+                                    stay_band, window_counts)
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from tests.speculative_cases import MAX_NEW, PROMPTS_3, baseline_tokens, pair  # noqa: F401 (fixtures)
@@ -51,6 +51,13 @@ def test_rule_takes_the_k_that_finishes_first_and_leaves_only_where_it_pays_the_
     assert better_k(np.array([12.0, 10.0, 10.2, 9.9]), None, 0.0, 0.03) == (1, True)
     assert better_k(np.array([12.0, 10.5, 10.1, 9.9]), None, 0.0, 0.03) == (2, True)
     assert better_k(np.array([12.0, 10.5, 10.1, 9.9]), None, 0.0, 0.0) == (3, True)
+    # ... among the K whose every position was observed; where none within the margin was, the fastest, so its
+    # cycles observe the depths the smaller K would leave unobserved
+    observed = observed_GN(np.array([[5.0, 0.0, 0.0]]), (0, 1, 2, 3))[0]
+    assert observed.tolist() == [True, True, False, False]
+    assert better_k(np.array([12.0, 10.5, 10.1, 9.9]), None, 0.0, 0.03, observed) == (3, True)
+    assert better_k(np.array([12.0, 10.1, 10.1, 9.9]), None, 0.0, 0.03, observed) == (1, True)
+    assert observed_GN(np.array([[3.0, 0.5, 2.0]]), (0, 2, 3))[0].tolist() == [True, False, False]
     # the slowest live row sets the time; a finished row does not count
     mixed = np.stack([c[0], low[0]])
     assert better_k(finish_times_N(mixed, np.array([100, 100]), np.array([True, False]), cost, STEPS), 0, 0.0,

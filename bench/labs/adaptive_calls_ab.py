@@ -8,11 +8,16 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
 - `calls`: adaptive by call with the default set 0..K (what `generate` runs on a GPU);
 - `loop_fixed` and `loop_leaving`: the two device loops alone on copies of one prefilled state (no host work around
   them): the fixed-K loop as the engine jits it, and `jaxspec.adaptive_calls.spec_loop` never leaving (its test
-  still evaluated every cycle), so their difference is the leaving test's own cost;
+  still evaluated every cycle), so their difference is the leaving test's own cost; `loop_summary` (the fixed loop,
+  then the call's summary with the rule array read once) and `loop_limit` (a predicate that tests only the rule's
+  limit of cycles) split that difference between what a call adds once and what its predicate adds a cycle;
+  `--trace-loops` traces one call of `loop_fixed`, `loop_leaving` and `loop_call_mean` (kernels a cycle, a count
+  per HLO op);
 - `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
   per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
   is what separates these from `fixed` and `calls_one_k`;
-- `loop_decayed`: `spec_loop_decayed`, a leaving test not taken (its docstring says why), beside `loop_leaving`.
+- `loop_call_mean` and `loop_decayed`: `spec_loop_call_mean` and `spec_loop_decayed`, leaving tests not taken (their
+  docstrings say why), beside `loop_leaving`.
 Per variant: the median and spread of decode ms over --rounds after a warm-up, cycles and calls. `--trace`: one
 `generate` of `fixed`, `calls_one_k` and `calls` each under jax.profiler (after the rounds): the device's kernels,
 busy and span, and its idle stretches of >= 20 us with the kernels on either side (where a by-call generation's
@@ -23,6 +28,7 @@ to --out.
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +42,8 @@ import numpy as np
 
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
 from bench.report import publish, run_stamp
-from jaxspec.adaptive_calls import RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, PerCallPolicy, spec_loop
+from jaxspec.adaptive_calls import (RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, PerCallPolicy, call_summary,
+                                    spec_loop)
 from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
@@ -102,8 +109,32 @@ def spec_loop_decayed(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_t
     return jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
 
 
-def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: int, rounds: int) -> dict:
-    """ms of the fixed-K loop and of spec_loop never leaving, each on a fresh copy of one prefilled state."""
+def spec_loop_call_mean(w, state, sp, rule_F, *, cfg, k, greedy, max_new_tokens, drafter=None):
+    """A candidate not taken: `spec_loop` whose test is the loop's predicate itself, computed from the state (a row
+    live now ran every cycle of the call and emitted its accepted drafts plus one a cycle, so the live rows' tokens
+    since the call's start give the mean accepted over the whole call), with nothing in the carry. Traced, it adds
+    next to no kernel a cycle, but it ran no faster than the carried window on the embedded pair, and a mean over
+    the whole call answers a change of acceptance later (calls would need a bound on their cycles)."""
+    start, generated0_B = state.cycles, state.generated
+
+    def go(s):
+        ran_f = (s.cycles - start).astype(jnp.float32)
+        live_B = ~s.done
+        emitted = jnp.sum(jnp.where(live_B, s.generated - generated0_B, 0)).astype(jnp.float32)
+        mean = emitted / jnp.maximum(ran_f * jnp.sum(live_B).astype(jnp.float32), 1.0) - 1.0
+        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
+        return jnp.any(live_B) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+
+    cycle = lambda s: speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy,  # noqa: E731
+                                        max_new_tokens=max_new_tokens, drafter=drafter)
+    state = jax.lax.while_loop(go, cycle, state)
+    return state, call_summary(state)
+
+
+def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: int, rounds: int,
+                trace=()) -> dict:
+    """ms of the fixed-K loop and of spec_loop never leaving, each on a fresh copy of one prefilled state; the loops
+    named in `trace` are then traced once each (their kernels a cycle, and a count per HLO op)."""
     greedy = SamplingParams()
     state = engine._prefill([prompt], max_new, greedy, 0, True)[0]
     kw = dict(cfg=engine.cfg, k=k, greedy=True, max_new_tokens=max_new)
@@ -111,9 +142,26 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
     fixed = jax.jit(lambda w, s: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s),
                     donate_argnums=1)
     leaving = jax.jit(lambda w, s, r: spec_loop(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    call_mean = jax.jit(lambda w, s, r: spec_loop_call_mean(w, s, {}, r, **kw), donate_argnums=1)
     decayed = jax.jit(lambda w, s, r: spec_loop_decayed(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    start_cycles = state.cycles
+
+    def fixed_then_summary(w, s, r):  # the fixed loop, the rule read once after it: what a call's output adds
+        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s)
+        return s, jnp.concatenate([call_summary(s), r.astype(jnp.int32)])
+
+    def limit_only(w, s, r):  # a predicate that reads the cycles and the rule's limit, not the band
+        go = lambda s: jnp.any(~s.done) & ((s.cycles - start_cycles).astype(jnp.float32) < r[RULE_LIMIT])  # noqa: E731
+        s = jax.lax.while_loop(go, lambda s: cycle(w, s, {}), s)
+        return s, call_summary(s)
+
+    summary = jax.jit(fixed_then_summary, donate_argnums=1)
+    limited = jax.jit(limit_only, donate_argnums=1)
     runs = {"loop_fixed": lambda s: fixed(engine.weights, s),
+            "loop_summary": lambda s: summary(engine.weights, s, never_leaving(NO_LIMIT))[0],
+            "loop_limit": lambda s: limited(engine.weights, s, never_leaving(NO_LIMIT))[0],
             "loop_leaving": lambda s: leaving(engine.weights, s, never_leaving(NO_LIMIT))[0],
+            "loop_call_mean": lambda s: call_mean(engine.weights, s, never_leaving(NO_LIMIT))[0],
             "loop_decayed": lambda s: decayed(engine.weights, s, never_leaving(NO_LIMIT))}
     runs.update(engine_programs(engine, calls_engine, state, max_new, k))
     times = {name: [] for name in runs}
@@ -127,8 +175,18 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
             if r:  # the first round compiles and warms up
                 times[name].append(1e3 * (time.perf_counter() - t0))
     cycles = int(np.asarray(out.cycles))
-    return {name: dict(decode_ms=statistics.median(ts), min_ms=min(ts), max_ms=max(ts), cycles=cycles, calls=1,
+    rows = {name: dict(decode_ms=statistics.median(ts), min_ms=min(ts), max_ms=max(ts), cycles=cycles, calls=1,
                        k_histogram={str(k): cycles}) for name, ts in times.items()}
+    if trace:
+        from bench.labs.step_profile import _traced, kernel_events
+
+        for name in trace:
+            events, _ = _traced(lambda: runs[name](jax.tree.map(jnp.copy, state)).generated, kernel_events)
+            names = collections.Counter(e["hlo_op"] for e in events)
+            rows[name]["trace"] = dict(kernels=len(events), kernels_per_cycle=len(events) / cycles,
+                                       busy_us_per_cycle=sum(e["duration_ns"] for e in events) / 1e3 / cycles,
+                                       by_op=dict(names.most_common()))
+    return rows
 
 
 def main(argv=None):
@@ -139,6 +197,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--trace", action="store_true", help="trace one generate of each engine (see above)")
+    p.add_argument("--trace-loops", action="store_true",
+                   help="trace one call of loop_fixed, loop_leaving and loop_call_mean: kernels a cycle, a count per HLO op")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
@@ -166,10 +226,12 @@ def main(argv=None):
         log(f"{name}: {rows[name]['decode_ms']:.3f} ms ({min(ts):.3f}-{max(ts):.3f}), {res.cycles} cycles, "
             f"calls {rows[name]['calls']}, K {rows[name]['k_histogram']}")
     rows.update(loops_alone(engines["fixed"], engines["calls_one_k"], prompt, args.max_new_tokens, args.k,
-                            args.rounds))
-    for name in ("loop_fixed", "loop_leaving", "loop_decayed", "program_fixed", "program_calls"):
-        r = rows[name]
-        log(f"{name}: {r['decode_ms']:.3f} ms ({r['min_ms']:.3f}-{r['max_ms']:.3f}), {r['cycles']} cycles")
+                            args.rounds, ("loop_fixed", "loop_leaving", "loop_call_mean") if args.trace_loops else ()))
+    for name, r in rows.items():
+        if name.startswith(("loop_", "program_")):
+            log(f"{name}: {r['decode_ms']:.3f} ms ({r['min_ms']:.3f}-{r['max_ms']:.3f}), {r['cycles']} cycles"
+                + (f"; traced: {r['trace']['kernels_per_cycle']:.2f} kernels a cycle, "
+                   f"{r['trace']['busy_us_per_cycle']:.2f} us busy" if "trace" in r else ""))
     traces = {}
     if args.trace:
         for name in ("fixed", "calls_one_k", "calls"):
