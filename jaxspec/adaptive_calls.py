@@ -14,12 +14,13 @@ loop needs about max_b R_b / E_b[K] more cycles for the tokens R_b its live rows
     T(K) = t(K) * max_b R_b / E_b[K]
 
 and the host takes the smallest K whose T is within `margin` of the fastest among those whose every position has
-been observed, else the fastest (`fastest_G`), leaving the current one only where T(K') + switch < (1 - margin) T(K), `switch` the measured price of one more call. Its estimate of c_j for
-a row counts the last call's last `window` cycles (a cycle that accepted a of K observes positions 1..min(a + 1, K),
-accepted up to a), plus what earlier calls and generations observed (`Pool`: counts per position over the batch,
-halved at each new generation and capped at `window` observations so a new prompt's own cycles soon dominate),
-shrunk towards c_{j-1} (c_1 towards `prior`) with the weight of PRIOR_WEIGHT observations, so a depth not yet
-observed expects what the shallower positions accept.
+been observed, else the fastest (`fastest_G`), leaving the current one only where T(K') + switch < (1 - margin) T(K),
+`switch` the measured price of one more call. Its estimate of c_j for a row counts the last call's last `window`
+cycles (a cycle that accepted a of K observes positions 1..min(a + 1, K), accepted up to a), plus what earlier calls
+and generations observed (`Pool`: counts per position over the batch, halved at each new generation and capped at
+`window` observations so a new prompt's own cycles soon dominate), shrunk towards c_{j-1} (c_1 towards `prior`)
+with the weight of PRIOR_WEIGHT observations, so a depth not yet observed expects what the shallower positions
+accept.
 
 The leaving test (in the loop, every cycle after the call's first `min_cycles`). It runs every cycle, so it reads
 one figure, kept in the loop's carry: the mean drafts accepted a cycle over the call's last `window` cycles,

@@ -198,7 +198,7 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--trace", action="store_true", help="trace one generate of each engine (see above)")
     p.add_argument("--trace-loops", action="store_true",
-                   help="trace one call of loop_fixed, loop_leaving and loop_call_mean: kernels a cycle, a count per HLO op")
+                   help="trace one call of loop_fixed, loop_leaving and loop_call_mean (kernels a cycle, per HLO op)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
