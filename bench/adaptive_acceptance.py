@@ -185,13 +185,13 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
             policy = dataclasses.replace(policy, min_cycles=m)
         made = []
 
-        def start():
+        def start(rep):
             """The prefilled state; beside it, the generation's first choice and rule (`Engine.generate` computes
             them while the device prefills, so they are not the decode's time)."""
             calls = Calls(steps, Pool(j_max, policy.window), np.asarray(table.costs_s, np.float32),
                           table.first_run_s)
             made.append((calls, first_call(calls, policy, args.batch, args.max_new_tokens)))
-            return sprefill(*prompt)
+            return sprefill(*keyed(prompt, rep, args.vary_seed))
 
         def run(s):
             calls, first = made[-1]
@@ -215,20 +215,33 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
                 min_cycles_variants=variants or None)
 
 
-def _timed(start, run, repeats: int):
-    """Median wall time of `run(start())` (a decode loop on a fresh prefilled state, the prefill not timed, until its
-    tokens are on the host as `Engine.generate` times it) over `repeats` after one warm-up; and the last state it
-    returned."""
+def _timed(start, run, repeats: int, observe=None):
+    """Median wall time of `run(start(rep))` (a decode loop on a fresh prefilled state for repeat `rep`, the prefill
+    not timed, until its tokens are on the host as `Engine.generate` times it) over `repeats` after one warm-up
+    (rep 0); and the last state it returned. `observe(state)` sees every timed repeat's output."""
     times = []
     for rep in range(repeats + 1):
-        state = start()
+        state = start(rep)
         jax.block_until_ready(state)
         t0 = time.perf_counter()
         out = run(state)
         jax.device_get((out.generated, out.out_tokens))
         if rep:
             times.append(time.perf_counter() - t0)
+            if observe is not None:
+                observe(out)
     return statistics.median(times), out
+
+
+def keyed(prompt: tuple, rep: int, vary: bool) -> tuple:
+    """The prefill's arguments for repeat `rep`: its own random key where `vary` (the controllable drafter then
+    draws its acceptances anew), else the same."""
+    return (*prompt[:3], jax.random.key(rep), *prompt[4:]) if vary else prompt
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def _acceptance(log_BC, k: int) -> float | None:
@@ -271,7 +284,7 @@ def sweep(args, log) -> dict:
         prompt, base_prefill, sprefill, base_loop, fixed, per_call)
     log(f"programs compiled side by side in {time.perf_counter() - t0:.1f} s")
 
-    seconds, plain = _timed(lambda: base_prefill(*prompt), lambda s: base_loop(sw, s), args.repeats)
+    seconds, plain = _timed(lambda rep: base_prefill(*prompt), lambda s: base_loop(sw, s), args.repeats)
     cont = plain.out_tokens
     rows = {"K=0": {"tokens_per_s": decoded / seconds, "acceptance": None}}
     if args.target == "chained":  # the share of plain decoding's tokens that follow f (1.0: the chain holds)
@@ -286,8 +299,11 @@ def sweep(args, log) -> dict:
     for k, loop in fixed.items():
         rows[f"K={k}"] = {}
         for a in args.acceptance:
-            seconds, out = _timed(lambda: sprefill(*prompt), lambda s: loop(sw, s, np.float32(a), cont), args.repeats)
-            rows[f"K={k}"][a] = {"tokens_per_s": decoded / seconds, "acceptance": _acceptance(out.accepted_log, k),
+            seen = []
+            seconds, out = _timed(lambda rep: sprefill(*keyed(prompt, rep, args.vary_seed)),
+                                  lambda s: loop(sw, s, np.float32(a), cont), args.repeats,
+                                  lambda o: seen.append(_acceptance(o.accepted_log, k)))
+            rows[f"K={k}"][a] = {"tokens_per_s": decoded / seconds, "acceptance": _mean(seen),
                                  "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
                                                              cont[:, : args.max_new_tokens]))}
             log(f"K={k} a={a}: {decoded / seconds:.1f} tok/s, measured acceptance {rows[f'K={k}'][a]['acceptance']}")
@@ -297,7 +313,8 @@ def sweep(args, log) -> dict:
         rows["adaptive"] = got.pop("rows")
         return dict(rows=rows, adaptive_kind="per_call", **got)
     aux_width = len(spec_cfg.target.aux_layer_ids) * spec_cfg.target.hidden_size
-    start = lambda table: init_adaptive_state(sprefill(*prompt), aux_width, steps, policy, *table)  # noqa: E731
+    start = lambda table, rep=0: init_adaptive_state(sprefill(*keyed(prompt, rep, args.vary_seed)),  # noqa: E731
+                                                     aux_width, steps, policy, *table)
 
     def run_forced(s, branch, cycles):
         begin = int(s.cycles)
@@ -311,7 +328,7 @@ def sweep(args, log) -> dict:
         + f"; a branch's first run {1e3 * table.first_run_s:.3f} ms")
     rows["adaptive"] = {}
     for a in args.acceptance:
-        seconds, out = _timed(lambda: start(table), lambda s: adaptive(sw, s, jnp.float32(a), cont,
+        seconds, out = _timed(lambda rep: start(table, rep), lambda s: adaptive(sw, s, jnp.float32(a), cont,
                                                                          jnp.int32(INT32_MAX)), args.repeats)
         k_log = np.asarray(out.k_log)
         k_log = k_log[k_log >= 0]
@@ -353,7 +370,9 @@ def markdown(result: dict) -> str:
         f"on-device loop; controllable drafter (bench/adaptive_acceptance.py). Adaptive "
         f"{result.get('adaptive_kind', 'per_cycle')}, K set "
         f"{result['adaptive_steps']}, cost table (ms/cycle, measured here): {result['costs_ms']}. "
-        f"Median of {result['repeats']} runs. Target: {result.get('target', 'random')}"
+        f"Median of {result['repeats']} runs"
+        + (", each with its own draw of the drafter's acceptances (the measured acceptance: their mean)"
+           if result.get("vary_seed") else "") + f". Target: {result.get('target', 'random')}"
         + (f" ({result['rows']['K=0']['chain_holds']:.3f} of plain decoding's tokens follow its chain)"
            if 'chain_holds' in result['rows']['K=0'] else "") + ".", "",
         "| a | " + " | ".join(f"{n} tok/s" for n in names) + " | adaptive tok/s | best fixed | adaptive / best | "
@@ -422,6 +441,9 @@ def parse_args(argv):
                    help="per_call or per_cycle adaptive speculation (default: the backend's, as generate runs it)")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(ACCEPTANCE))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--vary-seed", action="store_true",
+                   help="a random key per repeat: each fixed K's and adaptive's median is then over that many draws "
+                        "of the drafter's acceptances, not one draw timed again (the measured acceptance: their mean)")
     p.add_argument("--min-cycles", type=int, nargs="+", default=None,
                    help="per_call: cycles a call runs before its first test, the first for the table's adaptive "
                         "column, the others reported beside it (default: the policy's)")
@@ -450,7 +472,8 @@ def main(argv=None):
     result = dict(**stamp.fields,
                   layers=args.layers, moe_layers=args.moe_layers, target=args.target, tiny=args.tiny, batch=args.batch,
                   prompt_tokens=args.prompt_tokens,
-                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, acceptance=list(args.acceptance))
+                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, acceptance=list(args.acceptance),
+                  vary_seed=args.vary_seed)
     result.update(sweep(args, log))
     result["summary"] = summary(result)
     out = Path(args.out)
