@@ -148,27 +148,27 @@ def observed_GN(trials_GJ, steps: tuple[int, ...]):
     return np.stack([seen_GJ[:, k - 1] if k > 0 else np.ones(seen_GJ.shape[0], bool) for k in steps], axis=1)
 
 
-def fastest_G(times_GN, margin: float, observed_GN=None):
+def fastest_G(times_GN, margin: float, seen_GN=None):
     """Index of the K to run for each row of times (columns in increasing K): the smallest K whose time is within
-    `margin` of the fastest and whose every position has been observed (`observed_GN`; None: all), else the
-    fastest. Near a tie the smaller K is the safer estimate: plain decoding's time is known, a K's is estimated
-    from few cycles, and plain decoding once chosen runs to the end without another call; a deeper position is
-    observed only when the ones before it were accepted, so its estimate rests on fewer cycles and on the pool's
-    counts from other prompts, whose acceptance at depth differs the most, and one K too deep lost more than one K
-    too shallow where the two were close. A depth nobody has observed is different: it expects what the position
-    above it accepts, and the smaller K would keep it unobserved (the call's test cannot leave upwards where the
-    host's own choice stays), so the fastest is taken and its cycles observe it (docs/performance.md, "Adaptive
-    speculation by call")."""
+    `margin` of the fastest and whose every position has been observed (`seen_GN`, from `observed_GN`; None: all),
+    else the fastest. Near a tie the smaller K is the safer estimate: plain decoding's time is known, a K's is
+    estimated from few cycles, and plain decoding once chosen runs to the end without another call; a deeper
+    position is observed only when the ones before it were accepted, so its estimate rests on fewer cycles and on
+    the pool's counts from other prompts, whose acceptance at depth differs the most, and one K too deep lost more
+    than one K too shallow where the two were close. A depth nobody has observed is different: it expects what
+    the position above it accepts, and the smaller K would keep it unobserved (the call's test cannot leave upwards
+    where the host's own choice stays), so the fastest is taken and its cycles observe it (docs/performance.md,
+    "Adaptive speculation by call")."""
     times_GN = np.asarray(times_GN)
     within_GN = times_GN <= (1.0 + margin) * times_GN.min(axis=1, keepdims=True)
-    pick_GN = within_GN if observed_GN is None else within_GN & np.asarray(observed_GN)
+    pick_GN = within_GN if seen_GN is None else within_GN & np.asarray(seen_GN)
     return np.where(pick_GN.any(axis=1), np.argmax(pick_GN, axis=1), np.argmin(times_GN, axis=1))
 
 
-def better_k(times_N, current: int | None, switch_s, margin: float, observed_N=None):
+def better_k(times_N, current: int | None, switch_s, margin: float, seen_N=None):
     """(index of the K to run, whether leaving `current` for it pays its switch): `fastest_G`'s."""
     best = int(fastest_G(np.asarray(times_N)[None], margin,
-                         None if observed_N is None else np.asarray(observed_N)[None])[0])
+                         None if seen_N is None else np.asarray(seen_N)[None])[0])
     if current is None:
         return best, True
     return best, bool(best != current and times_N[best] + switch_s < (1.0 - margin) * times_N[current])
