@@ -6,8 +6,8 @@
 # the server's own; CLIENT_PROCESS=1: the load generator in its own process), with the
 # adaptive policy's every timed loop in the JSON. Needs uvicorn and its peers on the path. STAGE=acceptance: the
 # 4-layer K2.5-shaped model against acceptance ACCEPTANCE (default 0 0.6 0.95), adaptive by call with its first test
-# after each of MIN_CYCLES (default "4 2") cycles (VARY_SEED=1: a drafter's draw per repeat). STAGE=prompts: the embedded pair's 10 prompts, plain, fixed K and
-# adaptive in interleaved rounds (REPEATS, default 5). Files under $OUT/serve-rounds/, $OUT/adaptive-acceptance/ or
+# after each of MIN_CYCLES (default "4 2") cycles (VARY_SEED=1: a drafter's draw per repeat). STAGE=prompts: the
+# embedded pair's 10 prompts, plain, fixed K and adaptive in interleaved rounds (REPEATS, default 5). Files under $OUT/serve-rounds/, $OUT/adaptive-acceptance/ or
 # $OUT/adaptive-prompts/, and $OUT/run-<stage>.log.
 set -u
 export PYTHONUNBUFFERED=1
