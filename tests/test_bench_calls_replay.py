@@ -28,6 +28,8 @@ def test_the_host_rule_runs_over_the_simulated_calls():
     plain = fixed(0.0, 0, COSTS, 128, rng)
     assert abs(plain - 127 / (127 * COSTS[0] * 1e-3)) < 1e-6
     assert never["tokens_per_s"] < plain  # the first cycles and one more call are paid for
+    in_call = replay(0.0, policy, COSTS, SWITCH, 128, np.random.default_rng(1), plain_in_call=True)
+    assert in_call["ks"] == never["ks"] and in_call["tokens_per_s"] > never["tokens_per_s"]  # that call is free
 
 
 def test_the_command_line_writes_its_rows(tmp_path, capsys):

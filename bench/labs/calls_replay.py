@@ -83,9 +83,11 @@ def simulated_call(rng, a: float, max_new: int, window: int):
 
 
 def replay(a: float, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new: int, rng,
-           probe_first: bool = False) -> dict:
+           probe_first: bool = False, plain_in_call: bool = False) -> dict:
     """One generation of `max_new` tokens by call from a fresh pool: tok/s (tokens after the first) and its K.
-    `probe_first`: the first call leaves after its minimum whatever it observed (the host then decides on them)."""
+    `probe_first`: the first call leaves after its minimum whatever it observed (the host then decides on them).
+    `plain_in_call`: plain decoding, once chosen, costs no call of its own (as if the K loop went on with plain
+    steps in the same program; the rule still prices the switch, so this bounds that design's gain from below)."""
     steps = policy.resolve_steps(len(costs_ms) - 1)
     run = Calls(steps, Pool(max(steps), float(policy.window)), np.asarray(costs_ms, np.float32) * 1e-3,
                 switch_ms * 1e-3)
@@ -103,7 +105,8 @@ def replay(a: float, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new:
 
     drive(state, simulated_call(rng, a, max_new, policy.window), call_plain, run, policy, max_new, first)
     ks = run.k_per_cycle
-    seconds = sum(costs_ms[k] for k in ks) * 1e-3 + (run.calls - 1) * switch_ms * 1e-3
+    calls = run.calls - (1 if plain_in_call and plain_steps and run.calls > 1 else 0)
+    seconds = sum(costs_ms[k] for k in ks) * 1e-3 + (calls - 1) * switch_ms * 1e-3
     return dict(tokens_per_s=(max_new - 1) / seconds, calls=run.calls, ks=ks)
 
 
@@ -140,15 +143,16 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seeds", type=int, default=200)
     p.add_argument("--variants", type=str, default='{"default": {}}',
-                   help='JSON: name -> PerCallPolicy fields, and the lab\'s "probe_first" and "every_depth_observed" '
-                        '(true: see `replay`, `every_depth_observed`), e.g. \'{"prior 0.8": {"prior": 0.8}}\'')
+                   help='JSON: name -> PerCallPolicy fields, and the lab\'s "probe_first", "plain_in_call" and '
+                        '"every_depth_observed" (true: see `replay`, `every_depth_observed`), e.g. '
+                        '\'{"prior 0.8": {"prior": 0.8}}\'')
     p.add_argument("--out", default=None, help="write calls-replay.json here")
     args = p.parse_args(argv)
     try:
-        lab = ("probe_first", "every_depth_observed")
+        lab = ("probe_first", "every_depth_observed", "plain_in_call")
         variants = {name: (PerCallPolicy(**{f: v for f, v in fields.items() if f not in lab})
                            .validate(len(args.costs_ms) - 1), bool(fields.get("probe_first", False)),
-                           bool(fields.get("every_depth_observed", False)))
+                           bool(fields.get("every_depth_observed", False)), bool(fields.get("plain_in_call", False)))
                     for name, fields in json.loads(args.variants).items()}
     except (ValueError, TypeError) as e:
         p.error(f"--variants: {e}")
@@ -160,11 +164,11 @@ def main(argv=None):
             row["fixed"][k] = float(np.mean([fixed(a, k, args.costs_ms, args.max_new_tokens, rng)
                                              for _ in range(args.seeds)]))
         best = max(row["fixed"].values())
-        for name, (policy, probe_first, old_rule) in variants.items():
+        for name, (policy, probe_first, old_rule, plain_in_call) in variants.items():
             rng = np.random.default_rng(7)
             with every_depth_observed() if old_rule else contextlib.nullcontext():
-                runs = [replay(a, policy, args.costs_ms, args.switch_ms, args.max_new_tokens, rng, probe_first)
-                        for _ in range(args.seeds)]
+                runs = [replay(a, policy, args.costs_ms, args.switch_ms, args.max_new_tokens, rng, probe_first,
+                               plain_in_call) for _ in range(args.seeds)]
             tps = [r["tokens_per_s"] for r in runs]
             row["adaptive"][name] = dict(tokens_per_s=float(np.mean(tps)), over_best=float(np.mean(tps)) / best,
                                          worst_decile_over_best=float(np.percentile(tps, 10)) / best,
