@@ -169,7 +169,7 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
     def run_forced(s, branch, cycles):
         k = steps[branch]
         if k == 0:
-            out = plain(sw, to_plain(s), np.int32(cycles))
+            out, _ = plain(sw, to_plain(s), np.int32(cycles))
             return out, int(out.steps)
         begin = int(s.cycles)
         out, _ = loops[k](sw, s, never_leaving(cycles), np.float32(0.0), cont)

@@ -47,7 +47,7 @@ import numpy as np
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
-from jaxspec.state import BaselineState, SpecState, progress, read_progress
+from jaxspec.state import BaselineState, SpecState, on_host, progress, read_progress
 
 PRIOR_WEIGHT = 2.0  # observations a position's prior (its shallower neighbour, or `prior` for c_1) counts for
 POOL_DECAY = 0.5  # weight the pooled counts keep at each new generation
@@ -245,11 +245,11 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
 
 
 def call_summary(state: SpecState) -> jax.Array:
-    """What the host reads after a call, as one int32 array: the cycles run, the acceptance log, then the state's
-    `progress` (tokens emitted and done per row, the token buffer). On a GPU each array read back costs its own
-    transfer and wait, and the first read after a call costs far more than a wait for the call's end
-    (docs/performance.md, "Adaptive speculation by call")."""
-    return jnp.concatenate([state.cycles.astype(jnp.int32)[None], state.accepted_log.reshape(-1), progress(state)])
+    """What the host reads after a call, as one int32 array in host memory (`on_host`): the cycles run, the
+    acceptance log, then the state's `progress` (tokens emitted and done per row, the token buffer). On a GPU each
+    array read back costs its own transfer and wait (docs/performance.md, "Adaptive speculation by call")."""
+    return on_host(jnp.concatenate([state.cycles.astype(jnp.int32)[None], state.accepted_log.reshape(-1),
+                                    progress(state)]))
 
 
 def read_summary(summary, state: SpecState):
@@ -262,11 +262,26 @@ def read_summary(summary, state: SpecState):
 
 
 def plain_loop(w: SpecWeights, state: BaselineState, sp: dict, limit, *, cfg: SpecConfig, greedy: bool,
-               max_new_tokens: int) -> BaselineState:
-    """Plain decode steps until the batch is done or `limit` steps ran."""
+               max_new_tokens: int) -> tuple[BaselineState, jax.Array]:
+    """Plain decode steps until the batch is done or `limit` steps ran. Returns the state and its
+    `plain_summary`."""
     start = state.steps
     step = lambda s: baseline_step(w, s, sp, cfg=cfg, greedy=greedy, max_new_tokens=max_new_tokens)  # noqa: E731
-    return jax.lax.while_loop(lambda s: jnp.any(~s.done) & (s.steps - start < limit), step, state)
+    state = jax.lax.while_loop(lambda s: jnp.any(~s.done) & (s.steps - start < limit), step, state)
+    return state, plain_summary(state)
+
+
+def plain_summary(state: BaselineState) -> jax.Array:
+    """What the host reads after a plain call, as one int32 array in host memory (`on_host`): the steps run, then
+    the state's `progress`."""
+    return on_host(jnp.concatenate([state.steps.astype(jnp.int32)[None], progress(state)]))
+
+
+def read_plain_summary(summary, b: int):
+    """`plain_summary` read back on the host for `b` rows: (steps, generated_B, out_tokens_BN) as numpy."""
+    summary = np.asarray(summary)
+    generated_B, out_tokens_BN, _ = read_progress(summary[1:], b)
+    return int(summary[0]), generated_B, out_tokens_BN
 
 
 def to_plain(state: SpecState) -> BaselineState:

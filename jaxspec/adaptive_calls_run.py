@@ -15,8 +15,8 @@ import numpy as np
 
 from jaxspec import adaptive_costs
 from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
-                                    observed_GN, plain_loop, read_summary, rule_array, spec_loop, stay_band, to_plain,
-                                    window_counts)
+                                    observed_GN, plain_loop, read_plain_summary, read_summary, rule_array, spec_loop,
+                                    stay_band, to_plain, window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -152,7 +152,7 @@ def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
             for _ in range(n):
                 s, _ = program(engine.weights, s, sp)
         elif k == 0:
-            s = program(engine.weights, s, sp, np.int32(n))
+            s, _ = program(engine.weights, s, sp, np.int32(n))
         else:
             s, _ = program(engine.weights, s, sp, never_leaving(n))
         return s, count(s) - start
@@ -252,11 +252,11 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
 
 def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, first=None):
     """The calls of one generation from its prefilled state: `call_k(k, state, rule) -> (state, summary)` runs the
-    K loop (`spec_loop`), `call_plain(plain state) -> state` plain decoding to the end; `first`: the first call's
-    (`first_call`), where computed already. Returns (the final state, the speculative cycles' acceptance log where
-    it ended in plain steps else None, the tokens each row had at the switch to plain steps or None, the rows'
-    last acceptance estimate, and the final (generated_B, out_tokens_BN) on the host: the decode ends with its tokens
-    read back, as `Engine.generate`'s does)."""
+    K loop (`spec_loop`), `call_plain(plain state) -> (state, summary)` plain decoding to the end (`plain_loop`);
+    `first`: the first call's (`first_call`), where computed already. Returns (the final state, the speculative
+    cycles' acceptance log where it ended in plain steps else None, the tokens each row had at the switch to plain
+    steps or None, the rows' last acceptance estimate, and the final (generated_B, out_tokens_BN) on the host: the
+    decode ends with its tokens read back, as `Engine.generate`'s does)."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
     b = state.pending.shape[0]
     # what the host knows of the rows, from each call's summary; the prefilled state is not read back, so the first
@@ -267,8 +267,8 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
     while True:  # a call's summary says whether the batch is done; the plain loop always runs to the end
         run.calls += 1
         if k == 0:
-            out = call_plain(to_plain(state))
-            steps, final, out_tokens = jax.device_get((out.steps, out.generated, out.out_tokens))
+            out, summary = call_plain(to_plain(state))
+            steps, final, out_tokens = read_plain_summary(summary, b)
             run.plain(int(steps), final - generated)
             return out, state.accepted_log, generated, c_BJ, (final, out_tokens)
         start, live_B = cycles, ~done
@@ -276,7 +276,7 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
             rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
         (state, summary), rule = call_k(k, state, rule), None
         # one read of everything the host weighs next: each array read is a round trip to the device, which waits
-        cycles, done, generated, log, out_tokens = read_summary(jax.device_get(summary), state)
+        cycles, done, generated, log, out_tokens = read_summary(summary, state)
         run.ran(k, cycles - start, c_BJ, live_B)
         if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
             run.unsettled = (log, start, cycles, k)

@@ -29,7 +29,7 @@ from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_programs, output_shapes, weights_to_run
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import progress as state_progress
-from jaxspec.state import new_tokens, read_progress, with_progress
+from jaxspec.state import new_tokens, on_host, read_progress, with_progress
 from model.kv_cache import round_capacity
 
 
@@ -138,7 +138,10 @@ class Engine:
         sp = sampling.validate().as_arrays()
         adaptive = speculative and self.adaptive is not None
         step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
-        loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
+        def loop(w, s, sp):  # the state, and its progress written to the host's memory (`on_host`)
+            s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)
+            return s, on_host(state_progress(s))
+
         loop_spec = lambda state: ("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp),  # noqa: E731
                                    (1,), (sampling.greedy, max_new_tokens))
         state, prefill_s, compile_s, lengths, *ready = self._prefill(prompts, max_new_tokens, sampling, seed,
@@ -161,10 +164,10 @@ class Engine:
             return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, report, host)
         compiled = ready[0]
         t0 = time.perf_counter()
-        state = compiled(self.weights, state, sp)
-        # the decode ends with its tokens on the host: on a GPU the first read after a program costs more than
-        # waiting for its end, and every engine's decode time pays it alike
-        host = jax.device_get((state.generated, state.out_tokens))
+        state, progress_read = compiled(self.weights, state, sp)
+        # the decode ends with its tokens on the host, as every engine's does
+        generated, out_tokens, _ = read_progress(progress_read, len(prompts))
+        host = (generated, out_tokens)
         decode_s = time.perf_counter() - t0
         return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, host=host)
 

@@ -44,6 +44,14 @@ def progress(state) -> jax.Array:
                             state.out_tokens.astype(jnp.int32).reshape(-1)])
 
 
+def on_host(x: jax.Array) -> jax.Array:
+    """`x` written by the program itself into the host's memory, for the host to read once the program ends. On a
+    GPU the first read of a device array after a device loop costs several times the wait for the loop's end, where
+    an array the program left in host memory is there when it ends (docs/performance.md, "What reading a call's
+    result costs"). A mesh program's output shardings keep it on the device: the same values, read as before."""
+    return jax.device_put(x, jax.memory.Space.Host)
+
+
 def read_progress(progress_read, b: int) -> tuple:
     """`progress` read back on the host for `b` rows: (generated_B, out_tokens_BN, done_B) as numpy."""
     read = np.asarray(progress_read)

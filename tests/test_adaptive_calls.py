@@ -136,7 +136,8 @@ def test_the_loop_leaves_where_the_window_mean_first_leaves_the_band(calls_engin
                                              max_new_tokens=MAX_NEW, drafter=eng.drafter))
     out, summary = loop(state, rule_array(1.0, 3.0, 2, 1000))
     log, cycles = np.asarray(out.accepted_log), int(out.cycles)
-    read = read_summary(jax.device_get(summary), out)
+    assert summary.sharding.memory_kind == "pinned_host"  # the program wrote it to the host's memory
+    read = read_summary(summary, out)
     assert read[0] == cycles and (read[1] == np.asarray(out.done)).all()
     assert (read[2] == np.asarray(out.generated)).all() and (read[3] == log).all()
     assert (read[4] == np.asarray(out.out_tokens)).all()
@@ -147,6 +148,22 @@ def test_the_loop_leaves_where_the_window_mean_first_leaves_the_band(calls_engin
         return n >= 2 and not 1.0 <= mean <= 3.0
 
     assert 2 < cycles < 10 and outside(cycles) and not any(outside(n) for n in range(1, cycles))
+
+
+def test_the_plain_loop_stops_at_its_limit_and_its_summary_reads_back_as_its_state(calls_engine):
+    import jax
+
+    from jaxspec.adaptive_calls import plain_loop, read_plain_summary, to_plain
+
+    eng = calls_engine
+    state = to_plain(eng._prefill(PROMPTS_3, MAX_NEW, SamplingParams(), 0, True)[0])
+    loop = jax.jit(lambda s, limit: plain_loop(eng.weights, s, {}, limit, cfg=eng.cfg, greedy=True,
+                                               max_new_tokens=MAX_NEW))
+    out, summary = loop(state, np.int32(3))
+    assert summary.sharding.memory_kind == "pinned_host"
+    steps, generated, out_tokens = read_plain_summary(summary, len(PROMPTS_3))
+    assert steps == int(out.steps) == 3
+    assert (generated == np.asarray(out.generated)).all() and (out_tokens == np.asarray(out.out_tokens)).all()
 
 
 def test_the_gpu_default_measures_its_costs_once_then_decides_during_the_prefill(pair, baseline_tokens):

@@ -98,10 +98,11 @@ def replay(a: float, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new:
                      np.zeros((1, 1), np.int64))
     plain_steps = []
 
-    def call_plain(s):
+    def call_plain(s):  # (state, `plain_summary`)
         plain_steps.append(max_new - int(s.generated[0]))
+        summary = np.concatenate([[plain_steps[-1], max_new, 1], np.asarray(s.out_tokens).reshape(-1)])
         return SimState(s.pending, None, np.ones(1, bool), np.array([max_new]), s.out_tokens,
-                        steps=plain_steps[-1])
+                        steps=plain_steps[-1]), summary
 
     drive(state, simulated_call(rng, a, max_new, policy.window), call_plain, run, policy, max_new, first)
     ks = run.k_per_cycle

@@ -67,7 +67,7 @@ def main(argv=None) -> dict:
         def run_forced(copy, branch, n):
             k, program = steps[branch], programs[steps[branch]]
             if k == 0:
-                s = program(engine.weights, to_plain(copy), sp, np.int32(n))
+                s, _ = program(engine.weights, to_plain(copy), sp, np.int32(n))
                 return s, int(s.steps)
             start = int(copy.cycles)
             s = program(engine.weights, copy, sp, never_leaving(n))[0]
