@@ -22,6 +22,7 @@ from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.sampling import processed_probs, sample
 from jaxspec.serving.slots import SlotState
 from jaxspec.spec_step import draft_logits_in_target_vocab
+from jaxspec.state import on_host
 from model.decoder import forward
 from model.eagle3 import draft_forward, draft_to_target_ids
 
@@ -148,8 +149,9 @@ def run_cycles(w: SpecWeights, state: SlotState, cancel_B, *, cfg: SpecConfig, k
     """Up to `cycles` cycles on the device (fewer once every slot is done), after ending the slots in `cancel_B`.
 
     Returns (state, (tokens [B, cycles * (K+1)], counts [B], done [B], accepted drafts summed over live slot-cycles,
-    live slot-cycles, cycles run, accepted_K1 [K+1]: live slot-cycles by drafts accepted, probe [2])): slot b's new
-    tokens are tokens[b, :counts[b]]. `probe` (plain steps of a speculating server): of the live greedy slot-steps
+    live slot-cycles, cycles run, accepted_K1 [K+1]: live slot-cycles by drafts accepted, probe [2]), the latter
+    written into host memory for the server's read after every step (`on_host`)): slot b's new tokens are
+    tokens[b, :counts[b]]. `probe` (plain steps of a speculating server): of the live greedy slot-steps
     (trials), how many emitted the draft's own first guess (hits) -- what a first draft position would have
     accepted, observed for free while K = 0."""
     state = state.replace(done=state.done | cancel_B)
@@ -181,4 +183,4 @@ def run_cycles(w: SpecWeights, state: SlotState, cancel_B, *, cfg: SpecConfig, k
     carry = (zero, state, jnp.zeros((b, width), jnp.int32), jnp.zeros((b,), jnp.int32), zero, zero,
              jnp.zeros((k + 1,), jnp.int32), jnp.zeros((2,), jnp.int32))
     ran, state, buf_BW, n_B, acc, live_cycles, accepted_K1, probe_2 = jax.lax.while_loop(cond, body, carry)
-    return state, (buf_BW, n_B, state.done, acc, live_cycles, ran, accepted_K1, probe_2)
+    return state, on_host((buf_BW, n_B, state.done, acc, live_cycles, ran, accepted_K1, probe_2))
