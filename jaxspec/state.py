@@ -68,10 +68,10 @@ def new_tokens(progress_read, shown) -> list[list[int]]:
 
 
 def with_progress(step):
-    """`step` that also returns its progress (a new array: the state is donated to the next cycle, queued before
-    the host reads this)."""
+    """`step` that also returns its progress (a new array in host memory, `on_host`: the state is donated to the
+    next cycle, queued before the host reads this)."""
     def cycle(w, state, sp):
         state = step(w, state, sp)
-        return state, progress(state)
+        return state, on_host(progress(state))
 
     return cycle
