@@ -89,16 +89,25 @@ class MeshProgram:
 
 def lower_program(fn, args: tuple, donate: tuple = (), mesh: Mesh | None = None):
     """Trace and lower `fn(*args)` (arrays or their shapes): as a plain jit without a mesh, else with the rule
-    shardings in and STATE_RULES out, traced inside the mesh. Returns (the lowered program, its in-shardings or
-    None without a mesh)."""
+    shardings in and STATE_RULES out (in host memory where the program put an output there), traced inside the
+    mesh. Returns (the lowered program, its in-shardings or None without a mesh)."""
     if mesh is None:
         return jax.jit(fn, donate_argnums=donate).lower(*args), None
     in_shardings = arg_shardings(args, mesh)
     abstract = _abstract(args)
     with mesh_context(mesh):
-        out_shardings = shardings_for(jax.eval_shape(fn, *abstract), mesh, STATE_RULES)
+        traced = jax.jit(fn).trace(*abstract)
+        out_avals = jax.tree_util.tree_unflatten(traced.out_tree, traced.jaxpr.out_avals)
+        out_shardings = jax.tree_util.tree_map(_in_its_memory, shardings_for(out_avals, mesh, STATE_RULES), out_avals)
         jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate)
         return jitted.lower(*abstract), in_shardings
+
+
+def _in_its_memory(sharding: NamedSharding, aval) -> NamedSharding:
+    """An output's sharding in host memory where the program wrote it there (`jaxspec.state.on_host`): an explicit
+    device sharding would move it back to the device, and the host's read would be a device transfer again."""
+    on_host = getattr(aval, "memory_space", None) == jax.memory.Space.Host
+    return sharding.with_memory_kind("pinned_host") if on_host else sharding
 
 
 def output_shapes(fn, args: tuple, mesh: Mesh | None = None):

@@ -48,7 +48,7 @@ def on_host(x: jax.Array) -> jax.Array:
     """`x` written by the program itself into the host's memory, for the host to read once the program ends. On a
     GPU the first read of a device array after a device loop costs several times the wait for the loop's end, where
     an array the program left in host memory is there when it ends (docs/performance.md, "What reading a call's
-    result costs"). A mesh program's output shardings keep it on the device: the same values, read as before."""
+    result costs"). A mesh program's output sharding keeps it in host memory (`jaxspec.sharded.lower_program`)."""
     return jax.device_put(x, jax.memory.Space.Host)
 
 

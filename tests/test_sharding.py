@@ -67,6 +67,21 @@ def test_engine_places_weights_by_the_rules(pair):
     assert again.weights.target.lm_head is eng.weights.target.lm_head
 
 
+def test_an_output_the_program_writes_to_host_memory_stays_there_on_a_mesh():
+    """`on_host` outputs (the progress and summaries the host reads after a call) keep host memory under the mesh
+    program's explicit output shardings; the rest stays on the devices."""
+    from jaxspec.state import on_host
+
+    def fn(x):
+        return x + 1, on_host(jnp.concatenate([x.sum(keepdims=True), x[:3]]))
+
+    x = jnp.arange(16.0)
+    out, read = compile_program(fn, (x,), (), make_mesh((2, 4)))(x)
+    assert read.sharding.memory_kind == "pinned_host" and out.sharding.memory_kind == "device"
+    np.testing.assert_array_equal(np.asarray(read), [120.0, 0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(out), np.arange(16.0) + 1)
+
+
 @pytest.mark.parametrize("tokens", [3, 40], ids=["gather", "dense"])
 def test_expert_parallel_moe_equals_reference_int4(tokens):
     """INT4 experts, few tokens (gather path) and many (dense path): the psum of local experts is the sum."""
