@@ -12,7 +12,8 @@ bench.adaptive_acceptance's controllable drafter at --acceptance) and times, per
   as `drive` does (its round trip), until the batch is done;
 - `calls_wait`: as `calls_same`, the host waiting for the summary before reading it;
 - `calls_host`: as `calls_same`, the program writing its summary to the host's memory (`jax.memory.Space.Host`), so
-  the read is a host array's;
+  the read is a host array's (since `call_summary` writes it there itself, the same program as `calls_same`; run 1829
+  compared the two before that);
 - `calls_exact`: the calls `calls_same` makes, queued, nothing read between them (a call's price without the read);
 - `calls_queued`: the same calls queued without reading anything between them (enough of them for the whole
   generation; the surplus ones run no cycle), so the host's round trip is not in it;
