@@ -30,6 +30,7 @@ from jaxspec.adaptive_calls_run import never_leaving
 from jaxspec.models import SpecWeights
 from jaxspec.sharded import compile_programs
 from jaxspec.spec_step import speculative_cycle
+from jaxspec.state import on_host, progress
 from model.kv_cache import round_capacity
 
 MAX_NEW = 128
@@ -48,7 +49,11 @@ def abstract_pair(cfg, tiny: bool):
 def fixed_loop_spec(spec_cfg, sw, state, k: int):
     """The fixed-K engine's device loop (`Engine.generate`'s `loop_spec`), greedy, as (fn, args, donate)."""
     cycle = functools.partial(speculative_cycle, cfg=spec_cfg, k=k, greedy=True, max_new_tokens=MAX_NEW)
-    loop = lambda w, s: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s)  # noqa: E731
+
+    def loop(w, s):
+        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s)
+        return s, on_host(progress(s))
+
     return loop, (sw, state), (1,)
 
 
