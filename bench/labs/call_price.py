@@ -9,11 +9,10 @@ bench.adaptive_acceptance's controllable drafter at --acceptance) and times, per
 - `fixed`: the fixed-K loop (`~all(done)` its predicate) in one call, as the fixed engine runs it;
 - `calls_1`: adaptive by call's K loop (`jaxspec.adaptive_calls.spec_loop`) never leaving, one call;
 - `calls_same`: the same executable, --cycles-per-call cycles a call, the host reading the call's summary after each
-  as `drive` does (its round trip), until the batch is done;
+  as `drive` does (its round trip), until the batch is done (`call_summary` writes the summary to host memory; run
+  1829, at commit bfa3797, timed it read back from the device against a variant that wrote it to host memory, before
+  that became the engine's way);
 - `calls_wait`: as `calls_same`, the host waiting for the summary before reading it;
-- `calls_host`: as `calls_same`, the program writing its summary to the host's memory (`jax.memory.Space.Host`), so
-  the read is a host array's (since `call_summary` writes it there itself, the same program as `calls_same`; run 1829
-  compared the two before that);
 - `calls_exact`: the calls `calls_same` makes, queued, nothing read between them (a call's price without the read);
 - `calls_queued`: the same calls queued without reading anything between them (enough of them for the whole
   generation; the surplus ones run no cycle), so the host's round trip is not in it;
@@ -61,8 +60,7 @@ from jaxspec.prefill import prompt_bucket  # noqa: E402
 from jaxspec.sharded import compile_programs  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 
-VARIANTS = ("fixed", "calls_1", "calls_same", "calls_wait", "calls_host", "calls_exact", "calls_queued", "calls_twin",
-            "empty")
+VARIANTS = ("fixed", "calls_1", "calls_same", "calls_wait", "calls_exact", "calls_queued", "calls_twin", "empty")
 
 
 def build(args, log):
@@ -85,15 +83,10 @@ def build(args, log):
     rate, cont = jax.ShapeDtypeStruct((), jnp.float32), base_state.out_tokens
     rule = jax.ShapeDtypeStruct((4,), jnp.float32)
     t0 = time.perf_counter()
-
-    def summary_on_host(*a):  # the call's summary written to the host's memory by the program itself
-        out, summary = loops[args.k](*a)
-        return out, jax.device_put(summary, jax.memory.Space.Host)
-
-    plain_prefill, plain_loop, prefill, fixed_k, call_k, twin_k, host_k = compile_programs([
+    plain_prefill, plain_loop, prefill, fixed_k, call_k, twin_k = compile_programs([
         (base_prefill, prompt, ()), (base_loop, (sw, base_state), (1,)), (sprefill, prompt, ()),
         (fixed[args.k], (sw, state, rate, cont), (1,)), (loops[args.k], (sw, state, rule, rate, cont), (1,)),
-        (loops[args.k], (sw, state, rule, rate, cont), (1,)), (summary_on_host, (sw, state, rule, rate, cont), (1,))])
+        (loops[args.k], (sw, state, rule, rate, cont), (1,))])
     log(f"programs compiled side by side in {time.perf_counter() - t0:.1f} s")
     a = np.float32(args.acceptance)
     cont_BS = plain_loop(sw, plain_prefill(*prompt)).out_tokens  # the continuation the drafter copies
@@ -135,7 +128,7 @@ def build(args, log):
         return s, n, host / n
 
     runs = {"fixed": lambda s: (fixed_k(sw, s, a, cont_BS), 1, 0.0), "calls_1": one(call_k),
-            "calls_same": calls([call_k]), "calls_wait": calls([call_k], wait=True), "calls_host": calls([host_k]),
+            "calls_same": calls([call_k]), "calls_wait": calls([call_k], wait=True),
             "calls_exact": exact, "calls_queued": queued, "calls_twin": calls([call_k, twin_k]),
             "empty": lambda s: (call_k(sw, s, never_leaving(0), a, cont_BS)[0], 1, 0.0)}
     return (lambda: prefill(*prompt)), runs, call_k

@@ -15,6 +15,7 @@ import json
 import statistics
 import time
 
+import jax.numpy as jnp
 import numpy as np
 
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
@@ -50,8 +51,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.k < 0 or args.slots < 1 or args.max_new < 2 or args.rounds < 1:
         p.error("--k >= 0, --slots >= 1, --max-new >= 2 and --rounds >= 1")
-    import jax.numpy as jnp
-
     spec_cfg, weights, tok = load_pair(getattr(jnp, args.dtype))
     engine = SlotEngine(spec_cfg, weights, num_steps=args.k, max_batch=args.slots, max_context=512)
     prompts = [encode(tok, PROMPTS[i % len(PROMPTS)][1]) for i in range(args.slots)]

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 53: what reading a call's summary costs a by-call generation (bench.labs.call_price: calls_same against
-# calls_wait, calls_host with the summary written to host memory, and calls_exact with no read between calls), at 4
-# layers and at 61 (repeated MoE arrays). Files under $OUT/ and $OUT/run.log.
+# calls_wait and calls_exact with no read between calls; run 1829, at commit bfa3797, also had calls_host, the summary
+# written to host memory, since the engine's own way), at 4 layers and at 61 (repeated MoE arrays). Files under $OUT/
+# and $OUT/run.log.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
