@@ -40,7 +40,7 @@ from bench.cycle import spec_pair  # noqa: E402
 from bench.report import publish, run_stamp  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
-from jaxspec.adaptive_calls import Pool, PerCallPolicy, plain_loop, spec_loop, to_plain  # noqa: E402
+from jaxspec.adaptive_calls import RULE_FIELDS, Pool, PerCallPolicy, plain_loop, spec_loop, to_plain  # noqa: E402
 from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, first_call, never_leaving  # noqa: E402
 from jaxspec.adaptive_costs import measure  # noqa: E402
 from jaxspec.defaults import ADAPTIVE_KINDS, default_adaptive_kind  # noqa: E402
@@ -123,12 +123,12 @@ def per_call_programs(spec_cfg, steps, policy: PerCallPolicy, max_new: int):
     """Adaptive by call: one `spec_loop` per K >= 1 (a, continuation and the rule's inputs as arguments) and the
     plain loop, as `jaxspec.adaptive_calls_run` compiles them for the engine."""
     greedy_kw = dict(cfg=spec_cfg, greedy=True, max_new_tokens=max_new)
-    _, window = policy.compiled(max(steps))
+    _, window, tails = policy.compiled(max(steps))
 
     def loop(k):
         def run(w, s, rule, rate, cont):
             drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
-            return spec_loop(w, s, {}, rule, k=k, window=window, drafter=drafter, **greedy_kw)
+            return spec_loop(w, s, {}, rule, k=k, window=window, drafter=drafter, plain_tail=k in tails, **greedy_kw)
         return jax.jit(run, donate_argnums=1)
 
     plain = jax.jit(lambda w, s, limit: plain_loop(w, s, {}, limit, **greedy_kw), donate_argnums=1)
@@ -147,7 +147,7 @@ def compiled_side_by_side(prompt, base_prefill, sprefill, base_loop, fixed: dict
     entries.update({("fixed", k): (loop, (sw, spec_state, rate, cont), (1,)) for k, loop in fixed.items()})
     if per_call is not None:
         loops, plain = per_call
-        rule = jax.ShapeDtypeStruct((4,), jnp.float32)
+        rule = jax.ShapeDtypeStruct((RULE_FIELDS,), jnp.float32)
         entries.update({("calls", k): (loop, (sw, spec_state, rule, rate, cont), (1,)) for k, loop in loops.items()})
         entries["plain"] = (plain, (sw, jax.eval_shape(to_plain, spec_state), jax.ShapeDtypeStruct((), jnp.int32)),
                             (1,))

@@ -57,8 +57,9 @@ def fixed_loop_spec(spec_cfg, sw, state, k: int):
     return loop, (sw, state), (1,)
 
 
-def per_call_specs(spec_cfg, sw, state, steps: tuple[int, ...], window: int):
-    """Adaptive by call's programs for the K set `steps`, as `jaxspec.adaptive_calls_run._programs` builds them."""
+def per_call_specs(spec_cfg, sw, state, steps: tuple[int, ...], window: int, tails: tuple[int, ...]):
+    """Adaptive by call's programs for the K set `steps` (the K in `tails` with their plain tail), as
+    `jaxspec.adaptive_calls_run._programs` builds them."""
     specs = []
     for k in steps:
         if k == 0:
@@ -66,7 +67,8 @@ def per_call_specs(spec_cfg, sw, state, steps: tuple[int, ...], window: int):
             specs.append((lambda w, s, n, fn=fn: fn(w, s, {}, n), (sw, jax.eval_shape(to_plain, state),
                                                                     jax.ShapeDtypeStruct((), jnp.int32)), (1,)))
         else:
-            fn = functools.partial(spec_loop, cfg=spec_cfg, k=k, window=window, greedy=True, max_new_tokens=MAX_NEW)
+            fn = functools.partial(spec_loop, cfg=spec_cfg, k=k, window=window, greedy=True, max_new_tokens=MAX_NEW,
+                                   plain_tail=k in tails)
             specs.append((lambda w, s, r, fn=fn: fn(w, s, {}, r), (sw, state, never_leaving(0)), (1,)))
     return specs
 
@@ -105,7 +107,7 @@ def main(argv=None):
         p.error("--k must be >= 1 and --layers >= 3 (the draft taps three distinct target layers)")
     jax.config.update("jax_enable_compilation_cache", False)
     dev = jax.devices()[0]
-    steps, window = PerCallPolicy().compiled(args.k)
+    steps, window, tails = PerCallPolicy().compiled(args.k)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=datetime.date.today().isoformat(),
                   context=CONTEXT, k=args.k, steps=list(steps), cpus=os.cpu_count(), rows=[], errors=[])
     stem = f"compile-adaptive-{dev.platform}-{result['date']}"
@@ -113,7 +115,7 @@ def main(argv=None):
         try:
             spec_cfg, sw, state = abstract_pair(bench_config(layers, args.tiny), args.tiny)
             row = dict(layers=layers, fixed_s=timed_compile([fixed_loop_spec(spec_cfg, sw, state, args.k)]))
-            specs = per_call_specs(spec_cfg, sw, state, steps, window)
+            specs = per_call_specs(spec_cfg, sw, state, steps, window, tails)
             row["per_call_s"] = timed_compile(specs)
             if args.alone:
                 row["slowest_alone_s"] = timed_compile(specs[-1:])

@@ -31,7 +31,12 @@ every `min_cycles`.
 
 Plain decoding is for the rest of the generation: a plain step does not run the draft, so the draft's cache would
 miss the positions it skipped. The state is converted (`to_plain`) and the plain loop runs to the end. That is how a
-drafter that never matches is switched off within `min_cycles` cycles of the first call.
+drafter that never matches is switched off within `min_cycles` cycles of the first call. The loops of the K in
+`plain_tails` go on with plain decoding in their own call where their test leaves for it (the band's `plain_high`),
+so that switch costs no call: a call's price is a few plain steps of a small model. Each tail compiles a plain step
+into its loop, and every K with one would take the 61-layer set past twice a fixed-K loop's build; K = 1 is where a
+fresh pool's prior starts a small model and where a low acceptance leads (docs/performance.md, "Plain decoding in
+the K loop's call").
 
 Losslessness does not depend on K: every cycle is the fixed-K cycle or a plain step, from fresh randomness.
 """
@@ -63,6 +68,7 @@ class PerCallPolicy:
     min_cycles: int = 4
     window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
     margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
+    plain_tails: tuple[int, ...] = (1,)  # the K whose loop goes on with plain decoding in its call (see above)
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     switch_s: float | None = None  # the price of one more call; None: the measured table's (0 with given costs)
 
@@ -72,8 +78,15 @@ class PerCallPolicy:
             raise ValueError(f"adaptive steps {list(steps)} must lie in 0..{k_max} and include a K >= 1")
         return steps
 
+    def resolve_tails(self, k_max: int) -> tuple[int, ...]:
+        """The K of the set whose loops carry a plain tail (none where plain decoding is not in the set)."""
+        steps = self.resolve_steps(k_max)
+        return tuple(sorted(set(self.plain_tails) & set(steps) - {0})) if 0 in steps else ()
+
     def validate(self, k_max: int) -> "PerCallPolicy":
         steps = self.resolve_steps(k_max)
+        if any(k < 1 or k > k_max for k in self.plain_tails):
+            raise ValueError(f"adaptive plain_tails {list(self.plain_tails)} must lie in 1..{k_max}")
         if not 0.0 <= self.prior <= 1.0:
             raise ValueError(f"adaptive prior must be in [0, 1], got {self.prior}")
         if self.min_cycles < 1 or self.window < 1:
@@ -91,19 +104,22 @@ class PerCallPolicy:
         return self
 
     def compiled(self, k_max: int) -> tuple:
-        """What the loop programs bake in (the band, the minimum and the call's limit are arguments)."""
-        return (self.resolve_steps(k_max), self.window)
+        """What the loop programs bake in: (K set, window, K with a plain tail). The band, the minimum and the
+        call's limit are arguments."""
+        return (self.resolve_steps(k_max), self.window, self.resolve_tails(k_max))
 
 
-# What a call's leaving test reads besides the state, one float32 array of four (one transfer a call; an argument,
-# so one program serves any band): the band of mean drafts accepted a cycle within which K stays the host's choice
-# (low, high), the cycles the call runs before it may leave, the cycles it may run at most.
-RULE_LOW, RULE_HIGH, RULE_MIN_CYCLES, RULE_LIMIT = range(4)
+# What a call's leaving test reads besides the state, one float32 array (one transfer a call; an argument, so one
+# program serves any band): the band of mean drafts accepted a cycle within which K stays the host's choice (low,
+# high), the cycles the call runs before it may leave, the cycles it may run at most, and the mean at or below which
+# a loop that left goes on with plain decoding where it carries a plain tail (`plain_high`).
+RULE_LOW, RULE_HIGH, RULE_MIN_CYCLES, RULE_LIMIT, RULE_PLAIN_HIGH = range(5)
+RULE_FIELDS = 5
 
 
-def rule_array(low: float, high: float, min_cycles: int, limit: int) -> np.ndarray:
+def rule_array(low: float, high: float, min_cycles: int, limit: int, plain_high: float = -np.inf) -> np.ndarray:
     """The leaving test's inputs (a limit beyond float32's exact integers only ever compares as larger)."""
-    return np.array([low, high, min_cycles, limit], np.float32)
+    return np.array([low, high, min_cycles, limit, plain_high], np.float32)
 
 
 # --- the rule (on the host) ----------------------------------------------------------------------------------
@@ -176,12 +192,13 @@ def better_k(times_N, current: int | None, switch_s, margin: float, seen_N=None)
 
 def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switch_s: float, margin: float,
               pool_hits_J, pool_trials_J, prior: float, observed: int):
-    """(low, high): the mean drafts accepted a cycle at K within which the host keeps K, for windows of `observed`
-    cycles at a flat acceptance c (a cycle of K then accepts sum_{j<=K} c^j on average, and position j is observed
-    c^(j-1) times a cycle and accepted c^j times): each c's expected window goes through the host's own estimate
-    (`acceptance_BJ`, with the pool and the prior) and choice (`better_k`), so the loop leaves where the host would
-    choose another K. (-inf, inf) where no c leaves K, or where no c keeps it (the host chose K on counts the flat
-    model does not reach)."""
+    """(low, high, plain_high): the mean drafts accepted a cycle at K within which the host keeps K, for windows of
+    `observed` cycles at a flat acceptance c (a cycle of K then accepts sum_{j<=K} c^j on average, and position j is
+    observed c^(j-1) times a cycle and accepted c^j times): each c's expected window goes through the host's own
+    estimate (`acceptance_BJ`, with the pool and the prior) and choice (`better_k`), so the loop leaves where the
+    host would choose another K. (-inf, inf) where no c leaves K, or where no c keeps it (the host chose K on counts
+    the flat model does not reach). `plain_high`: the highest mean up to which every c from 0 leaves K for plain
+    decoding (-inf where c = 0 does not), so a loop with a plain tail goes plain only where the host would."""
     j_max = max(steps)
     c_G = np.linspace(0.0, 1.0, BAND_GRID)
     j_J = np.arange(1, j_max + 1)
@@ -197,17 +214,23 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
     leave_G = (best_G != current) & (times_GN[np.arange(len(c_G)), best_G] + switch_s
                                      < (1.0 - margin) * times_GN[:, current])
     if leave_G.all() or not leave_G.any():
-        return -np.inf, np.inf
+        return -np.inf, np.inf, -np.inf
     mean_accepted_G = np.cumsum(c_G[:, None] ** j_J[None], axis=1)[:, k - 1]
-    return float(mean_accepted_G[~leave_G].min()), float(mean_accepted_G[~leave_G].max())
+    plain_G = leave_G & (best_G == steps.index(0)) if 0 in steps else np.zeros_like(leave_G)
+    plain_run = int(np.argmin(plain_G)) if not plain_G.all() else len(c_G)  # the c from 0 that all go plain
+    plain_high = float(mean_accepted_G[plain_run - 1]) if plain_run else -np.inf
+    return float(mean_accepted_G[~leave_G].min()), float(mean_accepted_G[~leave_G].max()), plain_high
 
 
 # --- the programs ---------------------------------------------------------------------------------------------
 def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecConfig, k: int,
-              window: int, greedy: bool, max_new_tokens: int, drafter=None) -> tuple[SpecState, jax.Array]:
+              window: int, greedy: bool, max_new_tokens: int, drafter=None,
+              plain_tail: bool = False) -> tuple[SpecState, jax.Array]:
     """Fixed-K cycles until the batch is done, the rule's limit of cycles ran, or (after its minimum) the mean drafts
     accepted a cycle over the call's last `window` cycles leaves the rule's band (`rule_array`, `stay_band`).
-    Returns the state and its `call_summary`.
+    `plain_tail`: where the test left with that mean at or below the rule's `plain_high`, plain decode steps follow
+    to the end of the batch in the same call (the state's target side and outputs are then plain decoding's; its
+    draft side is stale, as plain decoding runs to the end). Returns the state and its `call_summary`.
 
     The window's sum and count ride in the loop's carry, updated by the cycle's own column and the one leaving the
     window, and the body computes the loop's go flag: on a GPU the predicate runs as its own kernel every cycle, and
@@ -240,25 +263,53 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
 
     zero = jnp.zeros((), jnp.float32)
     carry = (state, zero, zero, go(state, zero, zero))
-    state = jax.lax.while_loop(lambda carry: carry[3], cycle, carry)[0]
-    return state, call_summary(state)
+    state, total, seen, _ = jax.lax.while_loop(lambda carry: carry[3], cycle, carry)
+    plain_from_B, plain_steps = state.generated, jnp.zeros((), jnp.int32)
+    if plain_tail:
+        ran_f = (state.cycles - start).astype(jnp.float32)
+        mean = total / jnp.maximum(seen, 1.0)
+        left = (jnp.any(~state.done) & (ran_f < rule_F[RULE_LIMIT]) & (ran_f >= rule_F[RULE_MIN_CYCLES])
+                & ((mean < rule_F[RULE_LOW]) | (mean > rule_F[RULE_HIGH])))
+        go_plain = left & (mean <= rule_F[RULE_PLAIN_HIGH])
+        step = lambda s: baseline_step(w, s, sp, cfg=cfg, greedy=greedy, max_new_tokens=max_new_tokens)  # noqa: E731
+        plain = jax.lax.while_loop(lambda s: go_plain & jnp.any(~s.done), step, to_plain(state))
+        state = state.replace(target_cache=plain.target_cache, pending=plain.pending, done=plain.done,
+                              generated=plain.generated, out_tokens=plain.out_tokens, key=plain.key)
+        plain_steps = plain.steps
+    return state, call_summary(state, plain_steps, plain_from_B)
 
 
-def call_summary(state: SpecState) -> jax.Array:
-    """What the host reads after a call, as one int32 array in host memory (`on_host`): the cycles run, the
-    acceptance log, then the state's `progress` (tokens emitted and done per row, the token buffer). On a GPU each
-    array read back costs its own transfer and wait (docs/performance.md, "Adaptive speculation by call")."""
-    return on_host(jnp.concatenate([state.cycles.astype(jnp.int32)[None], state.accepted_log.reshape(-1),
+def call_summary(state: SpecState, plain_steps=None, plain_from_B=None) -> jax.Array:
+    """What the host reads after a call, as one int32 array in host memory (`on_host`): the cycles run, the plain
+    steps a tail ran (0 without one), the tokens each row had when they began (`plain_from_B`; the state's own where
+    None), the acceptance log, then the state's `progress` (tokens emitted and done per row, the token buffer). On a
+    GPU each array read back costs its own transfer and wait (docs/performance.md, "Adaptive speculation by call")."""
+    plain_steps = jnp.zeros((), jnp.int32) if plain_steps is None else plain_steps
+    plain_from_B = state.generated if plain_from_B is None else plain_from_B
+    return on_host(jnp.concatenate([state.cycles.astype(jnp.int32)[None], plain_steps.astype(jnp.int32)[None],
+                                    plain_from_B.astype(jnp.int32), state.accepted_log.reshape(-1),
                                     progress(state)]))
 
 
-def read_summary(summary, state: SpecState):
-    """`call_summary` read back on the host, `state` (the call's output) giving its shapes: (cycles, done_B,
-    generated_B, log_BC, out_tokens_BN) as numpy."""
+@dataclasses.dataclass(frozen=True)
+class CallSummary:
+    """`call_summary` read back on the host (numpy)."""
+    cycles: int
+    plain_steps: int  # plain decode steps the call's tail ran after its cycles (0: none)
+    plain_from_B: np.ndarray  # tokens each row had when those began
+    done_B: np.ndarray
+    generated_B: np.ndarray
+    log_BC: np.ndarray
+    out_tokens_BN: np.ndarray
+
+
+def read_summary(summary, state: SpecState) -> CallSummary:
+    """`call_summary` read back on the host, `state` (the call's output) giving its shapes."""
     summary = np.asarray(summary)
     b, c = state.accepted_log.shape
-    generated_B, out_tokens_BN, done_B = read_progress(summary[1 + b * c:], b)
-    return int(summary[0]), done_B, generated_B, summary[1:1 + b * c].reshape(b, c), out_tokens_BN
+    generated_B, out_tokens_BN, done_B = read_progress(summary[2 + b + b * c:], b)
+    return CallSummary(int(summary[0]), int(summary[1]), summary[2:2 + b], done_B, generated_B,
+                       summary[2 + b:2 + b + b * c].reshape(b, c), out_tokens_BN)
 
 
 def plain_loop(w: SpecWeights, state: BaselineState, sp: dict, limit, *, cfg: SpecConfig, greedy: bool,

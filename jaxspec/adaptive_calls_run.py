@@ -86,9 +86,9 @@ def _pool(engine, greedy: bool, j_max: int, window: int) -> Pool:
 def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int, limit: int) -> np.ndarray:
     """The leaving test's inputs for a call of at most `limit` cycles at K (`stay_band` for windows of the call's
     first test), one array (`rule_array`)."""
-    low, high = stay_band(k, remaining_B, live_B, run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits,
-                          run.pool.trials, policy.prior, min(min_cycles, policy.window))
-    return rule_array(low, high, min_cycles, limit)
+    low, high, plain_high = stay_band(k, remaining_B, live_B, run.costs, run.steps, run.switch_s, policy.margin,
+                                      run.pool.hits, run.pool.trials, policy.prior, min(min_cycles, policy.window))
+    return rule_array(low, high, min_cycles, limit, plain_high)
 
 
 def never_leaving(limit: int) -> np.ndarray:
@@ -101,7 +101,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
     shapes): device loops (`spec_loop`, `plain_loop`) or, streamed, single cycles that also return their
     progress."""
     policy = engine.adaptive
-    steps, window = policy.compiled(engine.k)
+    steps, window, tails = policy.compiled(engine.k)
     plain_state = to_plain(state)  # a restructuring: its shapes need no trace
     w = engine.weights
     baked = (greedy, max_new_tokens, policy.compiled(engine.k))
@@ -119,7 +119,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
             specs.append((f"calls_cycle_{k}", with_progress(step), {}, (w, state, sp), (1,), baked))
         else:
             fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
-                                   max_new_tokens=max_new_tokens, drafter=engine.drafter)
+                                   max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=k in tails)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
     return specs
 
@@ -127,7 +127,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
 def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
     """{K: program} for every K of the set (`_program_specs`), compiled side by side. Returns (programs, compile
     seconds)."""
-    steps, _ = engine.adaptive.compiled(engine.k)
+    steps = engine.adaptive.resolve_steps(engine.k)
     built = engine._compile_together(_program_specs(engine, state, sp, greedy, max_new_tokens, streamed))
     return {k: program for k, (program, _) in zip(steps, built)}, sum(c for _, c in built)
 
@@ -187,7 +187,7 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
     prefill ends (`_known_costs`), the host's first choice and the first call's rule are computed while the device
     prefills: `first` = (K, the rows' acceptance estimate, the rule) or None where `drive` computes them."""
     policy = engine.adaptive
-    steps, window = policy.compiled(engine.k)
+    steps, window, _ = policy.compiled(engine.k)
     sp = sampling.validate().as_arrays()
     early = {}
 
@@ -276,8 +276,14 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
             rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
         (state, summary), rule = call_k(k, state, rule), None
         # one read of everything the host weighs next: each array read is a round trip to the device, which waits
-        cycles, done, generated, log, out_tokens = read_summary(summary, state)
+        read = read_summary(summary, state)
+        cycles, done, generated, log, out_tokens = (read.cycles, read.done_B, read.generated_B, read.log_BC,
+                                                    read.out_tokens_BN)
         run.ran(k, cycles - start, c_BJ, live_B)
+        if read.plain_steps:  # the loop's plain tail ran plain decoding to the end in the same call
+            run.plain(read.plain_steps, generated - read.plain_from_B)
+            run.unsettled = (log, start, cycles, k)
+            return state, state.accepted_log, read.plain_from_B, c_BJ, (generated, out_tokens)
         if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
             run.unsettled = (log, start, cycles, k)
             return state, None, None, c_BJ, (generated, out_tokens)
@@ -295,7 +301,7 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
     """`Engine.stream` by call: one cycle a call as fixed K streams, the rule run on the host between them from
     the tokens each cycle emitted (a live row that emitted n tokens accepted n - 1 drafts)."""
     policy = engine.adaptive
-    steps, window = policy.compiled(engine.k)
+    steps, window, _ = policy.compiled(engine.k)
     min_cycles, margin = policy.min_cycles, policy.margin
     state, sp, prefill_s, compile_s, lengths, cycles_by_k, run, (source, measure_s), _ = _start(
         engine, prompts, max_new_tokens, sampling, seed, streamed=True)
@@ -369,9 +375,8 @@ def _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s
     spec_cycles = sum(1 for k in run.k_per_cycle if k > 0)
     log = jax.device_get(state.accepted_log if spec_log is None else spec_log)
     accepted = [[int(a) for a in row[:spec_cycles] if a >= 0] for row in log]
-    plain_steps = 0
+    plain_steps = run.k_per_cycle.count(0)
     if plain_from is not None:  # a plain step emits one token a live row and accepts nothing
-        plain_steps = int(state.steps)
         accepted = [row + [0] * int(generated[i] - plain_from[i]) for i, row in enumerate(accepted)]
     report = AdaptiveReport(run.steps, tuple(float(c) for c in run.costs), source, measure_s, list(run.k_per_cycle),
                             run.expected_tokens, run.expected_s, float(run.switch_s),

@@ -74,19 +74,26 @@ def test_stay_band_holds_the_acceptance_where_k_is_best():
     cost = np.array([c for _, c in COSTS])
     live, remaining = np.array([True]), np.array([100])
     none = (np.zeros(3), np.zeros(3), 0.7)  # an empty pool, the prior
-    low, high = stay_band(3, remaining, live, cost, STEPS, 0.0, 0.0, *none, 1000)
+    low, high, plain_high = stay_band(3, remaining, live, cost, STEPS, 0.0, 0.0, *none, 1000)
     assert 0.0 < low < high == pytest.approx(3.0)  # full acceptance keeps K = 3; little sends it to plain steps
-    lo1, hi1 = stay_band(1, remaining, live, np.array([1.0, 1.2, 1.6, 2.0]), STEPS, 0.0, 0.0, *none, 1000)
-    assert 0.1 < lo1 < hi1 < 0.9  # where K = 1 is best only in a middle band
-    assert stay_band(1, remaining, live, cost, STEPS, 0.0, 0.0, *none, 1000) == (-np.inf, np.inf)  # never best
+    assert 0.0 <= plain_high < low  # from c = 0 up to plain_high the host leaves K = 3 for plain decoding
+    lo1, hi1, plain1 = stay_band(1, remaining, live, np.array([1.0, 1.2, 1.6, 2.0]), STEPS, 0.0, 0.0, *none, 1000)
+    assert 0.1 < lo1 < hi1 < 0.9 and 0.0 <= plain1 < lo1  # K = 1 is best only in a middle band, plain below it
+    # a set without plain decoding: nothing leaves for it
+    assert stay_band(3, remaining, live, cost[1:], STEPS[1:], 0.0, 0.0, *none, 1000)[2] == -np.inf
+    assert stay_band(1, remaining, live, cost, STEPS, 0.0, 0.0, *none, 1000) == (-np.inf, np.inf, -np.inf)
     # a switch dearer than any saving: no acceptance leaves K
-    assert stay_band(3, remaining, live, cost, STEPS, 1e6, 0.0, *none, 1000) == (-np.inf, np.inf)
+    assert stay_band(3, remaining, live, cost, STEPS, 1e6, 0.0, *none, 1000) == (-np.inf, np.inf, -np.inf)
     # the band is the host's choice: a few observations weigh against the prior, so it is wider
     assert stay_band(3, remaining, live, cost, STEPS, 0.0, 0.0, *none, 4)[0] < low
     with pytest.raises(ValueError, match="costs name"):
         PerCallPolicy(costs=((0, 1.0), (1, 1.0))).validate(3)
     with pytest.raises(ValueError, match="margin"):
         PerCallPolicy(margin=1.0).validate(3)
+    with pytest.raises(ValueError, match="plain_tails"):
+        PerCallPolicy(plain_tails=(4,)).validate(3)
+    assert PerCallPolicy(steps=(1, 2), plain_tails=(1,)).resolve_tails(2) == ()  # no plain decoding to go on with
+    assert PerCallPolicy(steps=(0, 2, 3), plain_tails=(1, 2)).compiled(3) == ((0, 2, 3), 32, (2,))
 
 
 # --- engines ------------------------------------------------------------------------------------------------
@@ -138,9 +145,10 @@ def test_the_loop_leaves_where_the_window_mean_first_leaves_the_band(calls_engin
     log, cycles = np.asarray(out.accepted_log), int(out.cycles)
     assert summary.sharding.memory_kind == "pinned_host"  # the program wrote it to the host's memory
     read = read_summary(summary, out)
-    assert read[0] == cycles and (read[1] == np.asarray(out.done)).all()
-    assert (read[2] == np.asarray(out.generated)).all() and (read[3] == log).all()
-    assert (read[4] == np.asarray(out.out_tokens)).all()
+    assert read.cycles == cycles and (read.done_B == np.asarray(out.done)).all()
+    assert (read.generated_B == np.asarray(out.generated)).all() and (read.log_BC == log).all()
+    assert (read.out_tokens_BN == np.asarray(out.out_tokens)).all()
+    assert read.plain_steps == 0 and (read.plain_from_B == read.generated_B).all()  # no tail in this loop
 
     def outside(n):  # after n cycles of this call
         seen = log[:, max(0, n - 4):n]
@@ -148,6 +156,52 @@ def test_the_loop_leaves_where_the_window_mean_first_leaves_the_band(calls_engin
         return n >= 2 and not 1.0 <= mean <= 3.0
 
     assert 2 < cycles < 10 and outside(cycles) and not any(outside(n) for n in range(1, cycles))
+
+
+def test_a_loop_with_a_plain_tail_goes_on_plainly_where_its_test_leaves_for_plain_decoding(calls_engine,
+                                                                                          baseline_tokens):
+    """The same loop with its plain tail: where the window's mean left the band at or below the rule's plain_high,
+    plain steps follow to the end in the same call (greedy: plain decoding's tokens), and the summary says how many
+    and from which tokens; where the rule says plain decoding does not pay (plain_high -inf), the call ends as
+    without a tail."""
+    import jax
+
+    from jaxspec.adaptive_calls import read_summary, rule_array, spec_loop
+
+    eng, greedy = calls_engine, SamplingParams()
+    loop = jax.jit(lambda s, rule: spec_loop(eng.weights, s, {}, rule, cfg=eng.cfg, k=3, window=4, greedy=True,
+                                             max_new_tokens=MAX_NEW, drafter=eng.drafter, plain_tail=True))
+    state = eng._prefill(PROMPTS_3, MAX_NEW, greedy, 0, True)[0]
+    out, summary = loop(state, rule_array(1.0, 3.0, 2, 1000, 1.0))
+    read = read_summary(summary, out)
+    assert read.plain_steps > 0 and read.done_B.all()
+    assert [row[:n].tolist() for row, n in zip(read.out_tokens_BN, read.generated_B)] == baseline_tokens
+    assert (read.plain_from_B < read.generated_B).any() and read.cycles == int(out.cycles) < 10
+    assert np.all(read.generated_B - read.plain_from_B <= read.plain_steps)  # one token a plain step a live row
+    state = eng._prefill(PROMPTS_3, MAX_NEW, greedy, 0, True)[0]
+    out, summary = loop(state, rule_array(1.0, 3.0, 2, 1000, -np.inf))
+    read = read_summary(summary, out)
+    assert read.plain_steps == 0 and not read.done_B.all() and (read.plain_from_B == read.generated_B).all()
+
+
+def test_a_plain_tail_spares_the_call_to_plain_decoding(pair, baseline_tokens):
+    """A drafter that never matches under a policy whose first K carries the plain tail: one call, its drafting
+    cycles then plain steps to the end, plain decoding's tokens, and the report counts both."""
+    def wrong(key, w, cfg, state, k, greedy, sp):
+        return (looped_oracle_drafts(w, cfg, state, k) + 1) % cfg.target.vocab_size, None, state.draft_cache
+
+    cfg, w = pair
+    runs = {}
+    for tails in ((), (3,)):
+        eng = Engine(cfg, w, num_steps=3, drafter=wrong, adaptive=PerCallPolicy(
+            steps=STEPS, costs=COSTS, prior=0.9, min_cycles=3, plain_tails=tails))
+        runs[tails] = res = eng.generate(PROMPTS_3, MAX_NEW)
+        assert res.tokens == baseline_tokens
+        ks = res.adaptive.k_per_cycle
+        assert ks[:3] == [3, 3, 3] and set(ks[3:]) == {0} and res.cycles == len(ks)
+        assert all(len(acc) == len(toks) - 1 for acc, toks in zip(res.accepted, res.tokens))
+    assert runs[()].adaptive.calls == 2 and runs[(3,)].adaptive.calls == 1
+    assert runs[()].adaptive.k_per_cycle == runs[(3,)].adaptive.k_per_cycle
 
 
 def test_the_plain_loop_stops_at_its_limit_and_its_summary_reads_back_as_its_state(calls_engine):

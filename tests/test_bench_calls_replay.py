@@ -19,8 +19,8 @@ def test_the_host_rule_runs_over_the_simulated_calls():
     policy = PerCallPolicy().validate(4)
     rng = np.random.default_rng(1)
     never = replay(0.0, policy, COSTS, SWITCH, 128, rng)
-    # the prior's K for the first call's minimum, then plain decoding to the end in a second call
-    assert never["calls"] == 2 and never["ks"][:4] == [1] * 4 and set(never["ks"][4:]) == {0}
+    # the prior's K for the first call's minimum, then plain decoding to the end in its plain tail (one call)
+    assert never["calls"] == 1 and never["ks"][:4] == [1] * 4 and set(never["ks"][4:]) == {0}
     assert len(never["ks"]) == 127  # one token a cycle or step after the prefill's first
     always = replay(1.0, policy, COSTS, SWITCH, 128, rng)
     # every draft right: after the prior's K, a depth nobody observed is taken where it is the fastest
@@ -28,8 +28,9 @@ def test_the_host_rule_runs_over_the_simulated_calls():
     plain = fixed(0.0, 0, COSTS, 128, rng)
     assert abs(plain - 127 / (127 * COSTS[0] * 1e-3)) < 1e-6
     assert never["tokens_per_s"] < plain  # the first cycles and one more call are paid for
-    in_call = replay(0.0, policy, COSTS, SWITCH, 128, np.random.default_rng(1), plain_in_call=True)
-    assert in_call["ks"] == never["ks"] and in_call["tokens_per_s"] > never["tokens_per_s"]  # that call is free
+    untailed = replay(0.0, PerCallPolicy(plain_tails=()).validate(4), COSTS, SWITCH, 128, np.random.default_rng(1))
+    assert untailed["calls"] == 2 and untailed["ks"] == never["ks"]  # plain decoding in a call of its own
+    assert untailed["tokens_per_s"] < never["tokens_per_s"]  # which costs the price of one more call
 
 
 def test_the_command_line_writes_its_rows(tmp_path, capsys):

@@ -95,9 +95,9 @@ def test_the_adaptive_build_bench_lowers_what_the_by_call_engine_compiles():
     from jaxspec.adaptive_calls import PerCallPolicy
 
     spec_cfg, sw, state = compile_adaptive.abstract_pair(bench_config(3, tiny=True), tiny=True)
-    steps, window = PerCallPolicy().compiled(2)
+    steps, window, tails = PerCallPolicy().compiled(2)
     specs = [compile_adaptive.fixed_loop_spec(spec_cfg, sw, state, 2)]
-    specs += compile_adaptive.per_call_specs(spec_cfg, sw, state, steps, window)
+    specs += compile_adaptive.per_call_specs(spec_cfg, sw, state, steps, window, tails)
     assert steps == (0, 1, 2) and len(specs) == 4
     for fn, args, donate in specs:
         assert "while" in jax.jit(fn, donate_argnums=donate).lower(*args).as_text()

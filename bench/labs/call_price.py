@@ -54,7 +54,7 @@ from bench.cycle import spec_pair  # noqa: E402
 from bench.report import publish, run_stamp  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
-from jaxspec.adaptive_calls import PerCallPolicy, read_summary  # noqa: E402
+from jaxspec.adaptive_calls import RULE_FIELDS, PerCallPolicy, read_summary  # noqa: E402
 from jaxspec.adaptive_calls_run import NO_LIMIT, never_leaving  # noqa: E402
 from jaxspec.prefill import prompt_bucket  # noqa: E402
 from jaxspec.sharded import compile_programs  # noqa: E402
@@ -81,7 +81,7 @@ def build(args, log):
     prompt = (sw, jnp.asarray(tokens), jnp.full((1,), args.prompt_tokens, jnp.int32), jax.random.key(0), {})
     base_state, state = jax.eval_shape(base_prefill, *prompt), jax.eval_shape(sprefill, *prompt)
     rate, cont = jax.ShapeDtypeStruct((), jnp.float32), base_state.out_tokens
-    rule = jax.ShapeDtypeStruct((4,), jnp.float32)
+    rule = jax.ShapeDtypeStruct((RULE_FIELDS,), jnp.float32)
     t0 = time.perf_counter()
     plain_prefill, plain_loop, prefill, fixed_k, call_k, twin_k = compile_programs([
         (base_prefill, prompt, ()), (base_loop, (sw, base_state), (1,)), (sprefill, prompt, ()),
@@ -104,7 +104,7 @@ def build(args, log):
                 t0 = time.perf_counter()
                 if wait:
                     jax.block_until_ready(summary)
-                done = read_summary(jax.device_get(summary), s)[1]  # `drive`'s one read of the call's summary
+                done = read_summary(jax.device_get(summary), s).done_B  # `drive`'s one read of the call's summary
                 host += time.perf_counter() - t0
                 if done.all():
                     return s, n, host / n

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxspec.adaptive_calls import (RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, PerCallPolicy, Pool,
-                                    rule_array)
+from jaxspec.adaptive_calls import (RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, RULE_PLAIN_HIGH, PerCallPolicy,
+                                    Pool, rule_array)
 from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, first_call
 
 # the 4-layer K2.5-shaped model on the H200 (bench/results/wave3/adaptive-vary-seed-1723): ms per cycle, one more call
@@ -51,13 +51,15 @@ def draw_accepted(rng, a: float, k: int) -> int:
     return int(k if right.all() else np.argmin(right))
 
 
-def simulated_call(rng, a: float, max_new: int, window: int):
-    """`call_k(k, state, rule) -> (state, summary)` for `drive`: `spec_loop`'s cycles and leaving test."""
+def simulated_call(rng, a: float, max_new: int, window: int, tails: tuple[int, ...]):
+    """`call_k(k, state, rule) -> (state, summary)` for `drive`: `spec_loop`'s cycles and leaving test, and the
+    plain tail of the K in `tails`."""
 
     def call(k, s: SimState, rule):
         rule = np.asarray(rule)
         log, generated, start = s.accepted_log.copy(), int(s.generated[0]), s.cycles
         cycles, total, seen = start, 0.0, 0.0
+        plain_from, plain_steps = generated, 0
         while generated < max_new:
             n = draw_accepted(rng, a, k)
             log[0, cycles] = n
@@ -71,23 +73,25 @@ def simulated_call(rng, a: float, max_new: int, window: int):
             ran = cycles - start
             mean = total / max(seen, 1.0)
             inside = rule[RULE_LOW] <= mean <= rule[RULE_HIGH]
-            if ran >= rule[RULE_LIMIT] or (ran >= rule[RULE_MIN_CYCLES] and not inside):
+            if ran >= rule[RULE_LIMIT]:
+                break
+            if ran >= rule[RULE_MIN_CYCLES] and not inside:
+                if k in tails and mean <= rule[RULE_PLAIN_HIGH]:
+                    plain_from, plain_steps, generated = generated, max_new - generated, max_new
                 break
         done = np.array([generated >= max_new])
         out = SimState(s.pending, log, done, np.array([generated]), s.out_tokens, cycles)
-        summary = np.concatenate([[cycles], log.reshape(-1), [generated], done.astype(np.int64),
-                                  s.out_tokens.reshape(-1)])
+        summary = np.concatenate([[cycles, plain_steps, plain_from], log.reshape(-1), [generated],
+                                  done.astype(np.int64), s.out_tokens.reshape(-1)])
         return out, summary
 
     return call
 
 
 def replay(a: float, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new: int, rng,
-           probe_first: bool = False, plain_in_call: bool = False) -> dict:
+           probe_first: bool = False) -> dict:
     """One generation of `max_new` tokens by call from a fresh pool: tok/s (tokens after the first) and its K.
-    `probe_first`: the first call leaves after its minimum whatever it observed (the host then decides on them).
-    `plain_in_call`: plain decoding, once chosen, costs no call of its own (as if the K loop went on with plain
-    steps in the same program; the rule still prices the switch, so this bounds that design's gain from below)."""
+    `probe_first`: the first call leaves after its minimum whatever it observed (the host then decides on them)."""
     steps = policy.resolve_steps(len(costs_ms) - 1)
     run = Calls(steps, Pool(max(steps), float(policy.window)), np.asarray(costs_ms, np.float32) * 1e-3,
                 switch_ms * 1e-3)
@@ -104,10 +108,10 @@ def replay(a: float, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new:
         return SimState(s.pending, None, np.ones(1, bool), np.array([max_new]), s.out_tokens,
                         steps=plain_steps[-1]), summary
 
-    drive(state, simulated_call(rng, a, max_new, policy.window), call_plain, run, policy, max_new, first)
+    tails = policy.resolve_tails(len(costs_ms) - 1)
+    drive(state, simulated_call(rng, a, max_new, policy.window, tails), call_plain, run, policy, max_new, first)
     ks = run.k_per_cycle
-    calls = run.calls - (1 if plain_in_call and plain_steps and run.calls > 1 else 0)
-    seconds = sum(costs_ms[k] for k in ks) * 1e-3 + (calls - 1) * switch_ms * 1e-3
+    seconds = sum(costs_ms[k] for k in ks) * 1e-3 + (run.calls - 1) * switch_ms * 1e-3
     return dict(tokens_per_s=(max_new - 1) / seconds, calls=run.calls, ks=ks)
 
 
@@ -144,16 +148,17 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seeds", type=int, default=200)
     p.add_argument("--variants", type=str, default='{"default": {}}',
-                   help='JSON: name -> PerCallPolicy fields, and the lab\'s "probe_first", "plain_in_call" and '
+                   help='JSON: name -> PerCallPolicy fields, and the lab\'s "probe_first" and '
                         '"every_depth_observed" (true: see `replay`, `every_depth_observed`), e.g. '
-                        '\'{"prior 0.8": {"prior": 0.8}}\'')
+                        '\'{"prior 0.8": {"prior": 0.8}, "no plain tail": {"plain_tails": []}}\'')
     p.add_argument("--out", default=None, help="write calls-replay.json here")
     args = p.parse_args(argv)
     try:
-        lab = ("probe_first", "every_depth_observed", "plain_in_call")
-        variants = {name: (PerCallPolicy(**{f: v for f, v in fields.items() if f not in lab})
+        lab = ("probe_first", "every_depth_observed")
+        variants = {name: (PerCallPolicy(**{f: tuple(v) if isinstance(v, list) else v
+                                            for f, v in fields.items() if f not in lab})
                            .validate(len(args.costs_ms) - 1), bool(fields.get("probe_first", False)),
-                           bool(fields.get("every_depth_observed", False)), bool(fields.get("plain_in_call", False)))
+                           bool(fields.get("every_depth_observed", False)))
                     for name, fields in json.loads(args.variants).items()}
     except (ValueError, TypeError) as e:
         p.error(f"--variants: {e}")
@@ -165,11 +170,11 @@ def main(argv=None):
             row["fixed"][k] = float(np.mean([fixed(a, k, args.costs_ms, args.max_new_tokens, rng)
                                              for _ in range(args.seeds)]))
         best = max(row["fixed"].values())
-        for name, (policy, probe_first, old_rule, plain_in_call) in variants.items():
+        for name, (policy, probe_first, old_rule) in variants.items():
             rng = np.random.default_rng(7)
             with every_depth_observed() if old_rule else contextlib.nullcontext():
-                runs = [replay(a, policy, args.costs_ms, args.switch_ms, args.max_new_tokens, rng, probe_first,
-                               plain_in_call) for _ in range(args.seeds)]
+                runs = [replay(a, policy, args.costs_ms, args.switch_ms, args.max_new_tokens, rng, probe_first)
+                        for _ in range(args.seeds)]
             tps = [r["tokens_per_s"] for r in runs]
             row["adaptive"][name] = dict(tokens_per_s=float(np.mean(tps)), over_best=float(np.mean(tps)) / best,
                                          worst_decile_over_best=float(np.percentile(tps, 10)) / best,

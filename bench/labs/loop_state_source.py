@@ -96,7 +96,7 @@ def main(argv=None):
     sp = SamplingParams().validate().as_arrays()
     loops = _programs(calls, kept, sp, True, n, False)[0]
     policy = calls.adaptive
-    steps, window = policy.compiled(calls.k)
+    steps, window, _ = policy.compiled(calls.k)
 
     def drive_once():
         run = _calls(calls, steps, window, True, *_known_costs(calls, kept, True, False)[:2])
