@@ -4,6 +4,7 @@
 # default "none 1"), each cold in a fresh process (`bench.labs.plain_tail_compile`), then the 4-layer K2.5-shaped
 # model against acceptance 0 / 0.3 / 0.6 / 0.8 / 0.95 (7 repeats, a drafter's draw per repeat). STAGE=rows: the
 # embedded pair's 10 prompts in 21 interleaved rounds and the 61-layer model against acceptance 0 / 0.7 / 0.95.
+# STAGE=deep: the 61-layer rows again, REPEATS (default 4) with a drafter's draw per repeat.
 # Files under $OUT, and $OUT/run-<stage>.log.
 set -u
 export PYTHONUNBUFFERED=1
@@ -18,6 +19,10 @@ mkdir -p "$OUT"
     echo "== acceptance, 4 layers $(date -u +%T)"
     OUT=$OUT STAGE=acceptance REPEATS=7 VARY_SEED=1 ACCEPTANCE="0 0.3 0.6 0.8 0.95" MIN_CYCLES=4 \
         ACCEPTANCE_TIMEOUT=280 bash bench/scripts/h200_adaptive_rounds.sh
+  elif [ "$STAGE" = deep ]; then
+    timeout 540 python -m bench.adaptive_acceptance --layers 61 --moe-layers repeated --target chained \
+        --max-new-tokens 128 --repeats "${REPEATS:-4}" --vary-seed --acceptance 0 0.7 0.95 \
+        --out "$OUT/adaptive-acceptance-61"
   else
     OUT=$OUT STAGE=prompts REPEATS=21 PROMPTS_TIMEOUT=200 bash bench/scripts/h200_adaptive_rounds.sh
     echo "== acceptance, 61 layers $(date -u +%T)"
