@@ -33,10 +33,10 @@ Plain decoding is for the rest of the generation: a plain step does not run the 
 miss the positions it skipped. The state is converted (`to_plain`) and the plain loop runs to the end. That is how a
 drafter that never matches is switched off within `min_cycles` cycles of the first call. The loops of the K in
 `plain_tails` go on with plain decoding in their own call where their test leaves for it (the band's `plain_high`),
-so that switch costs no call: a call's price is a few plain steps of a small model. Each tail compiles a plain step
-into its loop, and every K with one would take the 61-layer set past twice a fixed-K loop's build; K = 1 is where a
-fresh pool's prior starts a small model and where a low acceptance leads (docs/performance.md, "Plain decoding in
-the K loop's call").
+so that switch costs no call, which on a small model is the price of a few plain steps. Each tail compiles a plain
+step into its loop, and a tail on every K would take the 61-layer set past twice a fixed-K loop's build; K = 1 is
+where a fresh pool's prior starts a small model, whose calls are dearest against its steps (docs/performance.md,
+"Plain decoding in the K loop's call").
 
 Losslessness does not depend on K: every cycle is the fixed-K cycle or a plain step, from fresh randomness.
 """
