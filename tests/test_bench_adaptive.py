@@ -65,7 +65,18 @@ def test_prompts_cli_compares_plain_fixed_and_adaptive(tmp_path):
     same = row["runs"]["baseline" if ran == 0 else f"K={ran}"]["tokens_per_s"]
     assert row["summary"]["adaptive_over_same_k"] == pytest.approx(row["runs"]["adaptive"]["tokens_per_s"] / same)
     assert result["median_adaptive_over_same_k"] == row["summary"]["adaptive_over_same_k"]
+    assert len(row["runs"]["K=1"]["tokens_per_s_rounds"]) == 1 and row["summary"]["best_copy_over_best"] is None
     assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md"}
+
+
+def test_a_copy_of_the_best_engine_is_scored_against_the_best_of_the_other_half():
+    # K=2's rounds alternate 100 / 90 and K=3's 95 / 95: by the even rounds K=2 is best (100) and its odd rounds
+    # read 90 (0.90); by the odd rounds K=3 is best (95) and its even rounds read 95 (1.0)
+    rounds = {"K=2": [100, 90] * 3, "K=3": [95, 95] * 3}
+    assert adaptive_prompts.best_copy_over_best(rounds) == pytest.approx((0.90 + 1.0) / 2)
+    assert adaptive_prompts.best_copy_over_best({"K=1": [1.0, 2.0, 3.0]}) is None  # too few rounds to halve
+    steady = {"K=1": [50.0] * 6, "K=2": [60.0] * 6}
+    assert adaptive_prompts.best_copy_over_best(steady) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("module, argv, needle", [
