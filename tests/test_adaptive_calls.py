@@ -184,24 +184,22 @@ def test_a_loop_with_a_plain_tail_goes_on_plainly_where_its_test_leaves_for_plai
     assert read.plain_steps == 0 and not read.done_B.all() and (read.plain_from_B == read.generated_B).all()
 
 
+def never_matching_drafter(key, w, cfg, state, k, greedy, sp):
+    return (looped_oracle_drafts(w, cfg, state, k) + 1) % cfg.target.vocab_size, None, state.draft_cache
+
+
 def test_a_plain_tail_spares_the_call_to_plain_decoding(pair, baseline_tokens):
     """A drafter that never matches under a policy whose first K carries the plain tail: one call, its drafting
-    cycles then plain steps to the end, plain decoding's tokens, and the report counts both."""
-    def wrong(key, w, cfg, state, k, greedy, sp):
-        return (looped_oracle_drafts(w, cfg, state, k) + 1) % cfg.target.vocab_size, None, state.draft_cache
-
+    cycles then plain steps to the end, plain decoding's tokens, and the report counts both (without the tail:
+    `test_a_drafter_that_never_matches_is_switched_off_and_said`, two calls)."""
     cfg, w = pair
-    runs = {}
-    for tails in ((), (3,)):
-        eng = Engine(cfg, w, num_steps=3, drafter=wrong, adaptive=PerCallPolicy(
-            steps=STEPS, costs=COSTS, prior=0.9, min_cycles=3, plain_tails=tails))
-        runs[tails] = res = eng.generate(PROMPTS_3, MAX_NEW)
-        assert res.tokens == baseline_tokens
-        ks = res.adaptive.k_per_cycle
-        assert ks[:3] == [3, 3, 3] and set(ks[3:]) == {0} and res.cycles == len(ks)
-        assert all(len(acc) == len(toks) - 1 for acc, toks in zip(res.accepted, res.tokens))
-    assert runs[()].adaptive.calls == 2 and runs[(3,)].adaptive.calls == 1
-    assert runs[()].adaptive.k_per_cycle == runs[(3,)].adaptive.k_per_cycle
+    eng = Engine(cfg, w, num_steps=3, drafter=never_matching_drafter, adaptive=PerCallPolicy(
+        steps=STEPS, costs=COSTS, prior=0.9, min_cycles=3, plain_tails=(3,)))
+    res = eng.generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens and res.adaptive.calls == 1
+    ks = res.adaptive.k_per_cycle
+    assert ks[:3] == [3, 3, 3] and set(ks[3:]) == {0} and res.cycles == len(ks)
+    assert all(len(acc) == len(toks) - 1 for acc, toks in zip(res.accepted, res.tokens))  # 0 accepted a token
 
 
 def test_the_plain_loop_stops_at_its_limit_and_its_summary_reads_back_as_its_state(calls_engine):
@@ -238,16 +236,14 @@ def test_the_gpu_default_measures_its_costs_once_then_decides_during_the_prefill
 def test_a_drafter_that_never_matches_is_switched_off_and_said(pair, baseline_tokens):
     from jaxspec.speculation_verdict import speculation_verdict
 
-    def wrong(key, w, cfg, state, k, greedy, sp):
-        return (looped_oracle_drafts(w, cfg, state, k) + 1) % cfg.target.vocab_size, None, state.draft_cache
-
     cfg, w = pair
-    eng = Engine(cfg, w, num_steps=3, drafter=wrong,
+    eng = Engine(cfg, w, num_steps=3, drafter=never_matching_drafter,
                  adaptive=PerCallPolicy(steps=STEPS, costs=COSTS, prior=0.9, min_cycles=3))
     res = eng.generate(PROMPTS_3, MAX_NEW)
     assert res.tokens == baseline_tokens
     ks = res.adaptive.k_per_cycle
-    assert ks[0] > 0 and ks.count(0) >= MAX_NEW - 4  # three drafting cycles, then plain to the end
+    assert ks[:3] == [3, 3, 3] and set(ks[3:]) == {0}  # three drafting cycles, then plain to the end
+    assert res.adaptive.calls == 2  # K = 3 carries no plain tail: plain decoding takes a call of its own
     verdict = speculation_verdict(res, 3)
     assert verdict.paid is False and verdict.reason.startswith("speculation off for")
     # the engine remembers: its next generation starts plain
