@@ -3,7 +3,8 @@
 # (default): the 61-layer build of the fixed loop and of the by-call set without and with plain tails (TAILS,
 # default "none 1"), each cold in a fresh process (`bench.labs.plain_tail_compile`), then the 4-layer K2.5-shaped
 # model against acceptance 0 / 0.3 / 0.6 / 0.8 / 0.95 (7 repeats, a drafter's draw per repeat). STAGE=rows: the
-# embedded pair's 10 prompts in 21 interleaved rounds and the 61-layer model against acceptance 0 / 0.7 / 0.95.
+# embedded pair's 10 prompts in 21 interleaved rounds, the 61-layer model against acceptance 0 / 0.7 / 0.95, and
+# (MISMATCHED=1) a drafter that never matches at full width, 4 layers, as `generate --baseline` reports it.
 # STAGE=deep: the 61-layer rows again, REPEATS (default 4) with a drafter's draw per repeat.
 # Files under $OUT, and $OUT/run-<stage>.log.
 set -u
@@ -27,6 +28,11 @@ mkdir -p "$OUT"
     OUT=$OUT STAGE=prompts REPEATS=21 PROMPTS_TIMEOUT=200 bash bench/scripts/h200_adaptive_rounds.sh
     echo "== acceptance, 61 layers $(date -u +%T)"
     OUT=$OUT STAGE=deep DEEP_ACCEPTANCE="0 0.7 0.95" DEEP_TIMEOUT=330 bash bench/scripts/h200_adaptive_depth.sh
+    if [ "${MISMATCHED:-0}" = 1 ]; then
+      echo "== a drafter that never matches, 4 layers $(date -u +%T)"
+      timeout 150 python -m bench.mismatched_drafter --layers 4 --moe-layers distinct --rounds 5 \
+          --out "$OUT/mismatched-drafter"
+    fi
   fi
   echo "== end $(date -u +%T)"
 } 2>&1 | grep -v "E1204\|W1204\|I1204\|gpu_hlo_schedule" | tee "$OUT/run-$STAGE.log"
