@@ -7,12 +7,14 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
   evaluated every cycle): the per-call program and host against the fixed loop;
 - `calls`: adaptive by call with the default set 0..K (what `generate` runs on a GPU);
 - `loop_fixed` and `loop_leaving`: the two device loops alone on copies of one prefilled state (no host work around
-  them): the fixed-K loop as the engine jits it, and `jaxspec.adaptive_calls.spec_loop` never leaving (its test
-  still evaluated every cycle), so their difference is the leaving test's own cost; `loop_summary` (the fixed loop,
+  them): the fixed-K loop with no output beyond its state, and `jaxspec.adaptive_calls.spec_loop` never leaving (its
+  test still evaluated every cycle), so their difference is the leaving test's own cost; `loop_progress` (the fixed
+  loop with its progress written to the host's memory, as the fixed engine runs it), `loop_summary` (the fixed loop,
   then the call's summary with the rule array read once) and `loop_limit` (a predicate that tests only the rule's
   limit of cycles) split that difference between what a call adds once and what its predicate adds a cycle;
-  `--trace-loops` traces one call of `loop_fixed`, `loop_leaving` and `loop_call_mean` (kernels a cycle, a count
-  per HLO op);
+  `loop_log_reads` (`spec_loop` before its window's columns were read beside the cycle) and `loop_stale` (the test
+  judged on the cycles before) are its alternatives; `--trace-loops` traces one call of each of `TRACED_LOOPS`
+  (kernels a cycle, a count per HLO op);
 - `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
   per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
   is what separates these from `fixed` and `calls_one_k`;
@@ -48,6 +50,10 @@ from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from jaxspec.spec_step import speculative_cycle, speculative_cycle_accepting
+from jaxspec.state import on_host, progress
+
+
+TRACED_LOOPS = ("loop_progress", "loop_leaving", "loop_log_reads", "loop_stale")
 
 
 def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k: int) -> dict:
@@ -55,10 +61,14 @@ def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k
     greedy = SamplingParams()
     sp = greedy.validate().as_arrays()
     step = engine._step_fn(True, True, max_new)
-    loop = lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)  # noqa: E731
+
+    def loop(w, s, sp):  # as `Engine.generate` builds it
+        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)
+        return s, on_host(progress(s))
+
     fixed = engine._compile("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))[0]
     calls = _programs(calls_engine, state, sp, True, max_new, False)[0][k]
-    return {"program_fixed": lambda s: fixed(engine.weights, s, sp),
+    return {"program_fixed": lambda s: fixed(engine.weights, s, sp)[0],
             "program_calls": lambda s: calls(calls_engine.weights, s, sp, never_leaving(NO_LIMIT))[0]}
 
 
@@ -109,6 +119,69 @@ def spec_loop_decayed(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_t
     return jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
 
 
+def spec_loop_log_reads(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tokens, drafter=None):
+    """`spec_loop` as it was before 2026-12-04 (no tail): after each cycle, both window columns (the cycle's own and
+    the one leaving) read from the log the cycle has just written, so every operation of the test follows the
+    cycle's last kernel. Kept for the A/B against the engine's, which reads the leaving column as the cycle starts
+    and takes its own column from what it accepted."""
+    start = state.cycles
+    n_log = state.accepted_log.shape[1]
+
+    def column(log_BC, c):
+        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
+        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
+        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
+
+    def go(s, total, seen):
+        ran_f = (s.cycles - start).astype(jnp.float32)
+        mean = total / jnp.maximum(seen, 1.0)
+        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
+        return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+
+    def cycle(carry):
+        s, total, seen, _ = carry
+        c = s.cycles
+        s = speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens, drafter=drafter)
+        new_total, new_seen = column(s.accepted_log, c)
+        old_total, old_seen = column(s.accepted_log, c - window)
+        total, seen = total + new_total - old_total, seen + new_seen - old_seen
+        return s, total, seen, go(s, total, seen)
+
+    zero = jnp.zeros((), jnp.float32)
+    state = jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
+    return state, call_summary(state)
+
+
+def spec_loop_stale(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tokens, drafter=None):
+    """A candidate: the window's test judged on the cycles before this one, computed as the cycle starts (so beside
+    it), and only `any live` taken after it. It leaves one cycle later than `spec_loop` would."""
+    start = state.cycles
+    n_log = state.accepted_log.shape[1]
+
+    def column(log_BC, c):
+        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
+        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
+        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
+
+    def cycle(carry):
+        s, total, seen, _ = carry
+        c = s.cycles
+        new_total, new_seen = column(s.accepted_log, c - 1)  # the cycles before this one, from the log as it is
+        old_total, old_seen = column(s.accepted_log, c - 1 - window)
+        total, seen = total + new_total - old_total, seen + new_seen - old_seen
+        ran_f = (c - start).astype(jnp.float32)
+        mean = total / jnp.maximum(seen, 1.0)
+        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
+        keep = (ran_f + 1 < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+        s = speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens, drafter=drafter)
+        return s, total, seen, jnp.any(~s.done) & keep
+
+    zero = jnp.zeros((), jnp.float32)
+    go0 = jnp.any(~state.done) & (rule_F[RULE_LIMIT] > 0)
+    state = jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go0))[0]
+    return state, call_summary(state)
+
+
 def spec_loop_call_mean(w, state, sp, rule_F, *, cfg, k, greedy, max_new_tokens, drafter=None):
     """A candidate not taken: `spec_loop` whose test is the loop's predicate itself, computed from the state (a row
     live now ran every cycle of the call and emitted its accepted drafts plus one a cycle, so the live rows' tokens
@@ -144,11 +217,18 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
     leaving = jax.jit(lambda w, s, r: spec_loop(w, s, {}, r, window=32, **kw), donate_argnums=1)
     call_mean = jax.jit(lambda w, s, r: spec_loop_call_mean(w, s, {}, r, **kw), donate_argnums=1)
     decayed = jax.jit(lambda w, s, r: spec_loop_decayed(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    log_reads = jax.jit(lambda w, s, r: spec_loop_log_reads(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    stale = jax.jit(lambda w, s, r: spec_loop_stale(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    progress_out = jax.jit(lambda w, s: fixed_then_progress(w, s), donate_argnums=1)
     start_cycles = state.cycles
+
+    def fixed_then_progress(w, s):  # the fixed engine's loop: its progress written to the host's memory
+        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s)
+        return s, on_host(progress(s))
 
     def fixed_then_summary(w, s, r):  # the fixed loop, the rule read once after it: what a call's output adds
         s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s)
-        return s, jnp.concatenate([call_summary(s), r.astype(jnp.int32)])
+        return s, call_summary(s), r + 0  # the rule read once, beside the summary
 
     def limit_only(w, s, r):  # a predicate that reads the cycles and the rule's limit, not the band
         go = lambda s: jnp.any(~s.done) & ((s.cycles - start_cycles).astype(jnp.float32) < r[RULE_LIMIT])  # noqa: E731
@@ -162,7 +242,10 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
             "loop_limit": lambda s: limited(engine.weights, s, never_leaving(NO_LIMIT))[0],
             "loop_leaving": lambda s: leaving(engine.weights, s, never_leaving(NO_LIMIT))[0],
             "loop_call_mean": lambda s: call_mean(engine.weights, s, never_leaving(NO_LIMIT))[0],
-            "loop_decayed": lambda s: decayed(engine.weights, s, never_leaving(NO_LIMIT))}
+            "loop_decayed": lambda s: decayed(engine.weights, s, never_leaving(NO_LIMIT)),
+            "loop_progress": lambda s: progress_out(engine.weights, s)[0],
+            "loop_log_reads": lambda s: log_reads(engine.weights, s, never_leaving(NO_LIMIT))[0],
+            "loop_stale": lambda s: stale(engine.weights, s, never_leaving(NO_LIMIT))[0]}
     runs.update(engine_programs(engine, calls_engine, state, max_new, k))
     times = {name: [] for name in runs}
     for r in range(rounds + 1):
@@ -198,7 +281,7 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--trace", action="store_true", help="trace one generate of each engine (see above)")
     p.add_argument("--trace-loops", action="store_true",
-                   help="trace one call of loop_fixed, loop_leaving and loop_call_mean (kernels a cycle, per HLO op)")
+                   help=f"trace one call of {', '.join(TRACED_LOOPS)} (kernels a cycle, per HLO op)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
@@ -226,7 +309,7 @@ def main(argv=None):
         log(f"{name}: {rows[name]['decode_ms']:.3f} ms ({min(ts):.3f}-{max(ts):.3f}), {res.cycles} cycles, "
             f"calls {rows[name]['calls']}, K {rows[name]['k_histogram']}")
     rows.update(loops_alone(engines["fixed"], engines["calls_one_k"], prompt, args.max_new_tokens, args.k,
-                            args.rounds, ("loop_fixed", "loop_leaving", "loop_call_mean") if args.trace_loops else ()))
+                            args.rounds, TRACED_LOOPS if args.trace_loops else ()))
     for name, r in rows.items():
         if name.startswith(("loop_", "program_")):
             log(f"{name}: {r['decode_ms']:.3f} ms ({r['min_ms']:.3f}-{r['max_ms']:.3f}), {r['cycles']} cycles"

@@ -1,0 +1,28 @@
+#!/bin/bash
+# Issue 53: the by-call loop's leaving test with the window's leaving column read as the cycle starts and its own
+# column taken from what the cycle accepted (the engine's `spec_loop` since 2026-12-04), against the test that read
+# both columns from the log after the cycle (the lab's `loop_log_reads`), the test judged on the cycles before
+# (`loop_stale`) and the fixed-K loop with its progress on the host (`loop_progress`): bench.labs.adaptive_calls_ab
+# at K = 3 (traced loops) and K = 4, ROUNDS interleaved rounds; then the prompt bench with the engine as built
+# (REPEATS interleaved rounds, default 41) and, where the call's time allows, a drafter that never matches at full
+# width, 4 layers. Files under $OUT/k3, $OUT/k4, $OUT/adaptive-prompts, $OUT/mismatched-drafter and $OUT/run.log.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/bench-out}
+mkdir -p "$OUT"
+{
+  echo "== loops $(date -u +%T)"
+  timeout "${LAB_TIMEOUT:-150}" python -m bench.labs.adaptive_calls_ab --k 3 --prompt 3 --rounds "${ROUNDS:-31}" \
+      --trace-loops --out "$OUT/k3"
+  timeout "${LAB_TIMEOUT:-150}" python -m bench.labs.adaptive_calls_ab --k 4 --prompt 0 --rounds "${ROUNDS:-31}" \
+      --out "$OUT/k4"
+  echo "== prompts $(date -u +%T)"
+  timeout "${PROMPTS_TIMEOUT:-300}" python -m bench.adaptive_prompts --repeats "${REPEATS:-41}" \
+      --out "$OUT/adaptive-prompts"
+  if [ "$SECONDS" -lt "${MISMATCHED_BEFORE_S:-440}" ]; then
+    echo "== a drafter that never matches, 4 layers $(date -u +%T)"
+    timeout 120 python -m bench.mismatched_drafter --layers 4 --moe-layers distinct --rounds 5 \
+        --out "$OUT/mismatched-drafter"
+  fi
+  echo "== end $(date -u +%T)"
+} 2>&1 | grep -v "E1204\|W1204\|I1204\|E1205\|W1205\|I1205\|gpu_hlo_schedule" | tee "$OUT/run.log"
