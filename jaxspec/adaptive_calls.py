@@ -51,7 +51,7 @@ import numpy as np
 
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.spec_step import speculative_cycle_accepting
+from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import BaselineState, SpecState, on_host, progress, read_progress
 
 PRIOR_WEIGHT = 2.0  # observations a position's prior (its shallower neighbour, or `prior` for c_1) counts for
@@ -232,14 +232,18 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
     to the end of the batch in the same call (the state's target side and outputs are then plain decoding's; its
     draft side is stale, as plain decoding runs to the end). Returns the state and its `call_summary`.
 
-    The window's sum and count ride in the loop's carry, and the body computes the loop's go flag: on a GPU the
-    predicate runs as its own kernel every cycle, and a reduction over the whole log there (or the full rule, a few
-    dozen small operations) costs a measurable share of a small model's cycle. The column leaving the window is read
-    from the log as the cycle starts, which no kernel of the cycle waits for, and the cycle's own column comes from
-    what it accepted, not from the log it has just written: what follows the cycle's last kernel is a few scalar
-    operations on its outputs (docs/performance.md, "Adaptive speculation by call")."""
+    The window's sum and count ride in the loop's carry, updated by the cycle's own column and the one leaving the
+    window, and the body computes the loop's go flag: on a GPU the predicate runs as its own kernel every cycle, and
+    a reduction over the whole log there (or the full rule, a few dozen small operations) costs a measurable share
+    of a small model's cycle (docs/performance.md, "Adaptive speculation by call")."""
     start = state.cycles
     n_log = state.accepted_log.shape[1]
+
+    def column(log_BC, c):
+        """Sum and count of the cycles logged in column c, zero where c is before this call or off the log."""
+        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
+        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
+        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
 
     def go(s, total, seen):
         ran_f = (s.cycles - start).astype(jnp.float32)
@@ -250,18 +254,11 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
     def cycle(carry):
         s, total, seen, _ = carry
         c = s.cycles
-        # the column leaving the window (c - window), zero where it is before this call or off the log
-        old = c - window
-        old_B = jax.lax.dynamic_index_in_dim(s.accepted_log, jnp.clip(old, 0, n_log - 1), axis=1, keepdims=False)
-        old_seen_B = (old_B >= 0) & (old >= start) & (old < n_log)
-        # the cycle logs column c for its live rows (`commit`), where c is on the log
-        logged_B = ~s.done & (c < n_log)
-        out = speculative_cycle_accepting(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
-                                          drafter=drafter)
-        s = out.state
-        total = (total + jnp.sum(jnp.where(logged_B, out.accepted, 0)).astype(jnp.float32)
-                 - jnp.sum(jnp.where(old_seen_B, old_B, 0)).astype(jnp.float32))
-        seen = seen + (jnp.sum(logged_B) - jnp.sum(old_seen_B)).astype(jnp.float32)
+        s = speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
+                              drafter=drafter)
+        new_total, new_seen = column(s.accepted_log, c)
+        old_total, old_seen = column(s.accepted_log, c - window)
+        total, seen = total + new_total - old_total, seen + new_seen - old_seen
         return s, total, seen, go(s, total, seen)
 
     zero = jnp.zeros((), jnp.float32)

@@ -12,9 +12,9 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
   loop with its progress written to the host's memory, as the fixed engine runs it), `loop_summary` (the fixed loop,
   then the call's summary with the rule array read once) and `loop_limit` (a predicate that tests only the rule's
   limit of cycles) split that difference between what a call adds once and what its predicate adds a cycle;
-  `loop_log_reads` (`spec_loop` before its window's columns were read beside the cycle) and `loop_stale` (the test
-  judged on the cycles before) are its alternatives; `--trace-loops` traces one call of each of `TRACED_LOOPS`
-  (kernels a cycle, a count per HLO op);
+  `loop_fresh` (the window's leaving column read as the cycle starts, its own column from what it accepted) and
+  `loop_stale` (the test judged on the cycles before, as the cycle starts) are candidates beside it;
+  `--trace-loops` traces one call of each of `TRACED_LOOPS` (kernels a cycle, a count per HLO op);
 - `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
   per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
   is what separates these from `fixed` and `calls_one_k`;
@@ -53,7 +53,7 @@ from jaxspec.spec_step import speculative_cycle, speculative_cycle_accepting
 from jaxspec.state import on_host, progress
 
 
-TRACED_LOOPS = ("loop_progress", "loop_leaving", "loop_log_reads", "loop_stale")
+TRACED_LOOPS = ("loop_progress", "loop_leaving", "loop_fresh", "loop_stale")
 
 
 def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k: int) -> dict:
@@ -119,18 +119,13 @@ def spec_loop_decayed(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_t
     return jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
 
 
-def spec_loop_log_reads(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tokens, drafter=None):
-    """`spec_loop` as it was before 2026-12-04 (no tail): after each cycle, both window columns (the cycle's own and
-    the one leaving) read from the log the cycle has just written, so every operation of the test follows the
-    cycle's last kernel. Kept for the A/B against the engine's, which reads the leaving column as the cycle starts
-    and takes its own column from what it accepted."""
+def spec_loop_fresh(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tokens, drafter=None):
+    """A candidate: `spec_loop`'s test with the column leaving the window read from the log as the cycle starts
+    (which no kernel of the cycle waits for) and the cycle's own column taken from what it accepted, not from the log
+    it has just written, so what follows the cycle's last kernel is a few scalar operations on its outputs. It leaves
+    where `spec_loop` does."""
     start = state.cycles
     n_log = state.accepted_log.shape[1]
-
-    def column(log_BC, c):
-        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
-        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
-        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
 
     def go(s, total, seen):
         ran_f = (s.cycles - start).astype(jnp.float32)
@@ -141,11 +136,16 @@ def spec_loop_log_reads(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new
     def cycle(carry):
         s, total, seen, _ = carry
         c = s.cycles
-        s = speculative_cycle(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens, drafter=drafter)
-        new_total, new_seen = column(s.accepted_log, c)
-        old_total, old_seen = column(s.accepted_log, c - window)
-        total, seen = total + new_total - old_total, seen + new_seen - old_seen
-        return s, total, seen, go(s, total, seen)
+        old = c - window  # the column leaving the window, zero where it is before this call or off the log
+        old_B = jax.lax.dynamic_index_in_dim(s.accepted_log, jnp.clip(old, 0, n_log - 1), axis=1, keepdims=False)
+        old_seen_B = (old_B >= 0) & (old >= start) & (old < n_log)
+        logged_B = ~s.done & (c < n_log)  # the cycle logs column c for its live rows (`commit`)
+        out = speculative_cycle_accepting(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
+                                          drafter=drafter)
+        total = (total + jnp.sum(jnp.where(logged_B, out.accepted, 0)).astype(jnp.float32)
+                 - jnp.sum(jnp.where(old_seen_B, old_B, 0)).astype(jnp.float32))
+        seen = seen + (jnp.sum(logged_B) - jnp.sum(old_seen_B)).astype(jnp.float32)
+        return out.state, total, seen, go(out.state, total, seen)
 
     zero = jnp.zeros((), jnp.float32)
     state = jax.lax.while_loop(lambda carry: carry[3], cycle, (state, zero, zero, go(state, zero, zero)))[0]
@@ -217,7 +217,7 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
     leaving = jax.jit(lambda w, s, r: spec_loop(w, s, {}, r, window=32, **kw), donate_argnums=1)
     call_mean = jax.jit(lambda w, s, r: spec_loop_call_mean(w, s, {}, r, **kw), donate_argnums=1)
     decayed = jax.jit(lambda w, s, r: spec_loop_decayed(w, s, {}, r, window=32, **kw), donate_argnums=1)
-    log_reads = jax.jit(lambda w, s, r: spec_loop_log_reads(w, s, {}, r, window=32, **kw), donate_argnums=1)
+    fresh = jax.jit(lambda w, s, r: spec_loop_fresh(w, s, {}, r, window=32, **kw), donate_argnums=1)
     stale = jax.jit(lambda w, s, r: spec_loop_stale(w, s, {}, r, window=32, **kw), donate_argnums=1)
     progress_out = jax.jit(lambda w, s: fixed_then_progress(w, s), donate_argnums=1)
     start_cycles = state.cycles
@@ -244,7 +244,7 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
             "loop_call_mean": lambda s: call_mean(engine.weights, s, never_leaving(NO_LIMIT))[0],
             "loop_decayed": lambda s: decayed(engine.weights, s, never_leaving(NO_LIMIT)),
             "loop_progress": lambda s: progress_out(engine.weights, s)[0],
-            "loop_log_reads": lambda s: log_reads(engine.weights, s, never_leaving(NO_LIMIT))[0],
+            "loop_fresh": lambda s: fresh(engine.weights, s, never_leaving(NO_LIMIT))[0],
             "loop_stale": lambda s: stale(engine.weights, s, never_leaving(NO_LIMIT))[0]}
     runs.update(engine_programs(engine, calls_engine, state, max_new, k))
     times = {name: [] for name in runs}

@@ -1,11 +1,12 @@
 #!/bin/bash
-# Issue 53: the by-call loop's leaving test with the window's leaving column read as the cycle starts and its own
-# column taken from what the cycle accepted (the engine's `spec_loop` since 2026-12-04), against the test that read
-# both columns from the log after the cycle (the lab's `loop_log_reads`), the test judged on the cycles before
-# (`loop_stale`) and the fixed-K loop with its progress on the host (`loop_progress`): bench.labs.adaptive_calls_ab
-# at K = 3 (traced loops) and K = 4, ROUNDS interleaved rounds; then the prompt bench with the engine as built
-# (REPEATS interleaved rounds, default 41) and, where the call's time allows, a drafter that never matches at full
-# width, 4 layers. Files under $OUT/k3, $OUT/k4, $OUT/adaptive-prompts, $OUT/mismatched-drafter and $OUT/run.log.
+# Issue 53: the by-call loop's leaving test as the engine runs it (`spec_loop`: both window columns read from the log
+# after the cycle) against the lab's candidates, `loop_fresh` (the leaving column read as the cycle starts, the
+# cycle's own column from what it accepted; it leaves where `spec_loop` does) and `loop_stale` (the test judged on
+# the cycles before, a cycle later), and the fixed-K loop with its progress on the host (`loop_progress`):
+# bench.labs.adaptive_calls_ab at K = 3 (traced loops) and K = 4, ROUNDS interleaved rounds; then the prompt bench
+# with the engine as built (REPEATS interleaved rounds, default 41) and, where the call's time allows, a drafter that
+# never matches at full width, 4 layers. Files under $OUT/k3, $OUT/k4, $OUT/adaptive-prompts,
+# $OUT/mismatched-drafter and $OUT/run.log.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
