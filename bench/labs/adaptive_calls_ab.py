@@ -14,7 +14,8 @@ Variants (each `Engine.generate` of --max-new-tokens, greedy):
   limit of cycles) split that difference between what a call adds once and what its predicate adds a cycle;
   `loop_fresh` (the window's leaving column read as the cycle starts, its own column from what it accepted) and
   `loop_stale` (the test judged on the cycles before, as the cycle starts) are candidates beside it;
-  `--trace-loops` traces one call of each of `TRACED_LOOPS` (kernels a cycle, a count per HLO op);
+  `--trace-loops` traces one call of each of `TRACED_LOOPS` (kernels a cycle, a count per HLO op), `--hlo` writes
+  their optimised HLO and the engines' programs' (below) under --out/hlo/;
 - `program_fixed` and `program_calls`: the engines' own ahead-of-time compiled loops (the fixed engine's and the
   per-call engine's K loop, never leaving) called alone the same way, so the engines' host work around their loops
   is what separates these from `fixed` and `calls_one_k`;
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import statistics
 import sys
 from pathlib import Path
@@ -68,8 +70,10 @@ def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k
 
     fixed = engine._compile("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))[0]
     calls = _programs(calls_engine, state, sp, True, max_new, False)[0][k]
-    return {"program_fixed": lambda s: fixed(engine.weights, s, sp)[0],
+    runs = {"program_fixed": lambda s: fixed(engine.weights, s, sp)[0],
             "program_calls": lambda s: calls(calls_engine.weights, s, sp, never_leaving(NO_LIMIT))[0]}
+    runs["program_fixed"].program, runs["program_calls"].program = fixed, calls  # for `loops_alone`'s HLO
+    return runs
 
 
 def traced_generate(engine: Engine, prompt, max_new: int) -> dict:
@@ -205,9 +209,10 @@ def spec_loop_call_mean(w, state, sp, rule_F, *, cfg, k, greedy, max_new_tokens,
 
 
 def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: int, rounds: int,
-                trace=()) -> dict:
+                trace=(), hlo_dir: Path | None = None) -> dict:
     """ms of the fixed-K loop and of spec_loop never leaving, each on a fresh copy of one prefilled state; the loops
-    named in `trace` are then traced once each (their kernels a cycle, and a count per HLO op)."""
+    named in `trace` are then traced once each (their kernels a cycle, and a count per HLO op). `hlo_dir`: the
+    optimised HLO of the traced loops and of the two engines' programs, gzipped, written there."""
     greedy = SamplingParams()
     state = engine._prefill([prompt], max_new, greedy, 0, True)[0]
     kw = dict(cfg=engine.cfg, k=k, greedy=True, max_new_tokens=max_new)
@@ -246,7 +251,20 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
             "loop_progress": lambda s: progress_out(engine.weights, s)[0],
             "loop_fresh": lambda s: fresh(engine.weights, s, never_leaving(NO_LIMIT))[0],
             "loop_stale": lambda s: stale(engine.weights, s, never_leaving(NO_LIMIT))[0]}
-    runs.update(engine_programs(engine, calls_engine, state, max_new, k))
+    programs = engine_programs(engine, calls_engine, state, max_new, k)
+    runs.update(programs)
+    if hlo_dir is not None:
+        rule = never_leaving(NO_LIMIT)
+        jitted = {"loop_progress": (progress_out, (engine.weights, state)),
+                  "loop_leaving": (leaving, (engine.weights, state, rule)),
+                  "loop_fresh": (fresh, (engine.weights, state, rule)),
+                  "loop_stale": (stale, (engine.weights, state, rule))}
+        texts = {name: fn.lower(*args).compile().as_text() for name, (fn, args) in jitted.items()}
+        texts.update((name, run.program.as_text()) for name, run in programs.items())
+        hlo_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            with gzip.open(hlo_dir / f"{name}.hlo.txt.gz", "wt") as f:
+                f.write(text)
     times = {name: [] for name in runs}
     for r in range(rounds + 1):
         for name, run in (runs.items() if r % 2 == 0 else reversed(runs.items())):
@@ -282,6 +300,8 @@ def main(argv=None):
     p.add_argument("--trace", action="store_true", help="trace one generate of each engine (see above)")
     p.add_argument("--trace-loops", action="store_true",
                    help=f"trace one call of {', '.join(TRACED_LOOPS)} (kernels a cycle, per HLO op)")
+    p.add_argument("--hlo", action="store_true",
+                   help="write the optimised HLO of the traced loops and the engines' programs under --out/hlo/")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     log = lambda *a: print(*a, flush=True)  # noqa: E731
@@ -309,7 +329,8 @@ def main(argv=None):
         log(f"{name}: {rows[name]['decode_ms']:.3f} ms ({min(ts):.3f}-{max(ts):.3f}), {res.cycles} cycles, "
             f"calls {rows[name]['calls']}, K {rows[name]['k_histogram']}")
     rows.update(loops_alone(engines["fixed"], engines["calls_one_k"], prompt, args.max_new_tokens, args.k,
-                            args.rounds, TRACED_LOOPS if args.trace_loops else ()))
+                            args.rounds, TRACED_LOOPS if args.trace_loops else (),
+                            Path(args.out) / "hlo" if args.hlo else None))
     for name, r in rows.items():
         if name.startswith(("loop_", "program_")):
             log(f"{name}: {r['decode_ms']:.3f} ms ({r['min_ms']:.3f}-{r['max_ms']:.3f}), {r['cycles']} cycles"

@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 {
   echo "== loops $(date -u +%T)"
   timeout "${LAB_TIMEOUT:-150}" python -m bench.labs.adaptive_calls_ab --k 3 --prompt 3 --rounds "${ROUNDS:-31}" \
-      --trace-loops --out "$OUT/k3"
+      --trace-loops --hlo --out "$OUT/k3"
   timeout "${LAB_TIMEOUT:-150}" python -m bench.labs.adaptive_calls_ab --k 4 --prompt 0 --rounds "${ROUNDS:-31}" \
       --out "$OUT/k4"
   echo "== prompts $(date -u +%T)"
