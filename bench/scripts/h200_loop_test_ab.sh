@@ -3,10 +3,10 @@
 # after the cycle) against the lab's candidates, `loop_fresh` (the leaving column read as the cycle starts, the
 # cycle's own column from what it accepted; it leaves where `spec_loop` does) and `loop_stale` (the test judged on
 # the cycles before, a cycle later), and the fixed-K loop with its progress on the host (`loop_progress`):
-# bench.labs.adaptive_calls_ab at K = 3 (traced loops) and K = 4, ROUNDS interleaved rounds; then the prompt bench
-# with the engine as built (REPEATS interleaved rounds, default 41) and, where the call's time allows, a drafter that
-# never matches at full width, 4 layers. Files under $OUT/k3, $OUT/k4, $OUT/adaptive-prompts,
-# $OUT/mismatched-drafter and $OUT/run.log.
+# bench.labs.adaptive_calls_ab at K = 3 (traced loops, their optimised HLO in $OUT/k3/hlo/) and K = 4, ROUNDS
+# interleaved rounds; then the prompt bench with the engine as built (REPEATS interleaved rounds, default 41) and,
+# where the call's time allows, a drafter that never matches at full width, 4 layers. Files under $OUT/k3, $OUT/k4,
+# $OUT/adaptive-prompts, $OUT/mismatched-drafter and $OUT/run.log.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
