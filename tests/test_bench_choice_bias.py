@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench.labs.choice_bias import analyse, estimate_E, first_draft_after, main, summarise
+from bench.labs.choice_bias import analyse, estimate_E, estimate_E_two_state, first_draft_after, main, summarise
 
 
 def test_a_log_that_accepts_everything_predicts_every_k_near_its_full_length():
@@ -16,6 +16,15 @@ def test_a_log_that_accepts_everything_predicts_every_k_near_its_full_length():
 
 def test_a_log_that_rejects_every_first_draft_predicts_one_token_a_cycle():
     assert estimate_E([0] * 200, k=4, k_max=4) == pytest.approx([1.0] * 4, abs=0.02)
+
+
+def test_the_two_state_model_weighs_each_state_by_how_often_the_chain_is_in_it():
+    assert estimate_E_two_state([3] * 200, k=3, kp=3) == pytest.approx(4.0, abs=0.03)  # never leaves "full"
+    # a full cycle is always followed by a rejected one and the reverse: half the cycles in each state, emitting
+    # 1 and 3 tokens
+    assert estimate_E_two_state([2, 0] * 100, k=2, kp=2) == pytest.approx(2.0, abs=0.03)
+    # the same log read for K' = 1: after a cycle with a draft accepted none is, and after none both are
+    assert estimate_E_two_state([2, 0] * 100, k=2, kp=1) == pytest.approx(1.5, abs=0.03)
 
 
 def test_first_draft_after_full_and_rejected_cycles():
@@ -29,6 +38,8 @@ def test_analyse_scores_each_estimate_against_the_other_run():
     assert a["measured"] == {1: 1.75, 2: 2.25}
     assert a["errors"]["1->2"] == pytest.approx(a["estimates"][1][1] / 2.25 - 1)
     assert set(a["errors"]) == {"1->2", "2->1"}
+    assert set(a["ratio_errors"]) == {"independent from 1", "independent from 2", "two-state from 1",
+                                      "two-state from 2"}
     s = summarise([a, a])
     assert s["errors"]["2->1"]["low"] == s["errors"]["2->1"]["high"] == pytest.approx(a["errors"]["2->1"])
     # K = 2's pairs: (2, 0) after a full cycle, rejected; (0, 1) and (1, 2) after rejections, accepted

@@ -8,8 +8,9 @@ log alone (`window_counts` over the whole generation, `acceptance_BJ` with no po
 K' run itself emitted (1 + its mean accepted drafts). E[K'] for K' < K rests on positions the log observed; K' > K
 extrapolates the unobserved depths from the shallower ones. Also per K: the first draft's acceptance in cycles that
 follow a cycle which accepted every draft, and in cycles that follow a rejection; a gap between the two is
-acceptance that runs in stretches, which a model of independent positions does not hold, and which favours the K
-whose own cycles the estimate comes from.
+acceptance that runs in stretches, which the rule's model of independent positions does not hold. And the ratio the
+choice between the two deepest K turns on, E[K] / E[K - 1], as the rule's model and a two-state model
+(`estimate_E_two_state`) read it from each of the two runs, against the measured ratio.
 
 The token streams are the same at every K wherever greedy decoding's output is (bf16 on a CPU and on a GPU can part
 after a near tie), so a CPU run answers for the GPU's bench up to such partings. Writes choice-bias-<device>-<date>
@@ -43,6 +44,25 @@ def estimate_E(log: list[int], k: int, k_max: int, prior: float = 0.7) -> list[f
     return [float(e) for e in expected_tokens_BN(c_BJ, tuple(range(1, k_max + 1)))[0]]
 
 
+def estimate_E_two_state(log: list[int], k: int, kp: int, prior: float = 0.7) -> float:
+    """E[tokens a cycle | K'] from one generation's log at K = k under a two-state model: per-position acceptances
+    counted apart for cycles after one that accepted at least K' drafts (a full cycle at K') and after one that
+    did not (the generation's first cycle counts as after a full one), the states' shares those of the chain whose
+    next state is full with each state's probability of K' acceptances."""
+    log_BC = np.asarray([log], np.int32)
+    after_full = np.concatenate([[True], log_BC[0, :-1] >= kp])
+    zeros = np.zeros(kp, np.float32)
+    e_S, p_S = [], []
+    for rows in (after_full, ~after_full):
+        sub = np.where(rows[None], log_BC, -1)  # -1: a cycle the state did not run
+        hits, trials = window_counts(sub, 0, sub.shape[1], k, kp, NO_LIMIT)
+        c_J = acceptance_BJ(hits, trials, zeros, zeros, np.float32(prior))[0]
+        e_S.append(float(expected_tokens_BN(c_J[None], (kp,))[0, 0]))
+        p_S.append(float(np.prod(c_J)))
+    share_full = p_S[1] / (1.0 - p_S[0] + p_S[1])
+    return share_full * e_S[0] + (1.0 - share_full) * e_S[1]
+
+
 def first_draft_after(log: list[int], k: int) -> dict:
     """The first draft's acceptance in cycles after a cycle that accepted all k drafts, and after one that did not:
     {"after_full": [accepted, cycles], "after_reject": [...]}."""
@@ -61,15 +81,25 @@ def analyse(logs_by_k: dict[int, list[int]]) -> dict:
     estimates = {k: estimate_E(log, k, k_max) for k, log in logs_by_k.items()}
     errors = {f"{k}->{kp}": estimates[k][kp - 1] / measured[kp] - 1.0
               for k in logs_by_k for kp in logs_by_k if kp != k}
-    return dict(measured=measured, estimates=estimates, errors=errors,
+    # E[K] / E[K - 1] for the deepest K, as each model reads it from each of the two runs, over the measured ratio
+    top = k_max
+    ratio = measured[top] / measured[top - 1]
+    two_state = {k: estimate_E_two_state(log, k, top) / estimate_E_two_state(log, k, top - 1)
+                 for k, log in logs_by_k.items() if k >= top - 1}
+    ratio_errors = {f"independent from {k}": estimates[k][top - 1] / estimates[k][top - 2] / ratio - 1.0
+                    for k in logs_by_k if k >= top - 1}
+    ratio_errors.update((f"two-state from {k}", r / ratio - 1.0) for k, r in two_state.items())
+    return dict(measured=measured, estimates=estimates, errors=errors, ratio_errors=ratio_errors,
                 first_draft={k: first_draft_after(log, k) for k, log in logs_by_k.items()})
 
 
 def summarise(rows: list[dict]) -> dict:
     """Mean and range of each (K -> K') error over the prompts, and the pooled first-draft acceptances."""
-    pairs = rows[0]["errors"].keys()
-    errors = {p: dict(mean=statistics.mean(r["errors"][p] for r in rows), low=min(r["errors"][p] for r in rows),
-                      high=max(r["errors"][p] for r in rows)) for p in pairs}
+    def spread(key):
+        return {p: dict(mean=statistics.mean(r[key][p] for r in rows), low=min(r[key][p] for r in rows),
+                        high=max(r[key][p] for r in rows)) for p in rows[0][key]}
+
+    errors, ratio_errors = spread("errors"), spread("ratio_errors")
     pooled = {}
     for r in rows:
         for k, after in r["first_draft"].items():
@@ -77,8 +107,8 @@ def summarise(rows: list[dict]) -> dict:
                 slot = pooled.setdefault(str(k), {}).setdefault(which, [0, 0])
                 slot[0] += hit
                 slot[1] += n
-    return dict(errors=errors, first_draft={k: {w: (h / n if n else None) for w, (h, n) in v.items()}
-                                            for k, v in pooled.items()})
+    return dict(errors=errors, ratio_errors=ratio_errors,
+                first_draft={k: {w: (h / n if n else None) for w, (h, n) in v.items()} for k, v in pooled.items()})
 
 
 def markdown(res: dict) -> str:
@@ -96,6 +126,11 @@ def markdown(res: dict) -> str:
     lines += ["", "| K -> K' | mean error | range |", "|---|---|---|"]
     for pair, e in res["summary"]["errors"].items():
         lines.append(f"| {pair} | {e['mean']:+.3f} | {e['low']:+.3f} .. {e['high']:+.3f} |")
+    top = res["ks"][-1]
+    lines += ["", f"E[{top}] / E[{top - 1}] as each model reads it from one run, over the measured ratio:", "",
+              "| model, run | mean error | range |", "|---|---|---|"]
+    for name, e in res["summary"]["ratio_errors"].items():
+        lines.append(f"| {name} | {e['mean']:+.3f} | {e['low']:+.3f} .. {e['high']:+.3f} |")
     lines += ["", "| K | first draft accepted after a full cycle | after a rejection |", "|---|---|---|"]
     for k, v in res["summary"]["first_draft"].items():
         fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
