@@ -161,7 +161,7 @@ def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
     table = adaptive_costs.measure(run_forced, state, len(steps))
     measure_s = time.perf_counter() - t0
     if table is None:  # nothing left to generate: any table serves
-        return np.ones(len(steps), np.float32), 0.0, "none", measure_s
+        return np.ones(len(steps)), 0.0, "none", measure_s
     adaptive_costs.remember(key, table, steps)
     return _table_costs(policy, table, "measured", measure_s)
 
@@ -172,14 +172,14 @@ def _known_costs(engine, state, greedy: bool, streamed: bool):
     policy = engine.adaptive
     if policy.costs is not None:
         switch = policy.switch_s if policy.switch_s is not None else 0.0
-        return np.array([c for _, c in policy.costs], np.float32), switch, "given", 0.0
+        return np.array([c for _, c in policy.costs], np.float64), switch, "given", 0.0  # reported as given
     table = adaptive_costs.cached(engine.cost_key(state, greedy, "per_call_stream" if streamed else "per_call"))
     return None if table is None else _table_costs(policy, table, "cached", 0.0)
 
 
 def _table_costs(policy, table, source: str, measure_s: float):
     switch = policy.switch_s if policy.switch_s is not None else table.first_run_s
-    return np.array(table.costs_s, np.float32), switch, source, measure_s
+    return np.array(table.costs_s, np.float64), switch, source, measure_s
 
 
 def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, streamed: bool):

@@ -17,13 +17,14 @@ def default_dtype(backend: str) -> str:
     return DTYPE_BY_BACKEND.get(backend, DEFAULT_ACCELERATOR_DTYPE)
 
 
-# Adaptive speculation (the draft length chosen as it runs, K = 0 included) is the default on every backend; each
-# backend takes the kind that costs least there. On a CPU a cycle is compute-bound, so a verify of K + 1 tokens costs
-# about as many plain steps: the per-cycle program (jaxspec.adaptive) falls back to plain steps and back, and costs
-# what plain decoding costs. On GPUs that program's switch makes every cycle dearer than the fixed-K program's
-# (docs/performance.md, "Adaptive speculation"), so K changes between calls of fixed-K programs instead
-# (jaxspec.adaptive_calls), where a change pays for the extra call.
-ADAPTIVE_KIND_BY_BACKEND = {"cpu": "per_cycle"}
+# Adaptive speculation (the draft length chosen as it runs, K = 0 included) is the default on every backend, and on
+# every backend it changes K between calls of fixed-K programs (jaxspec.adaptive_calls): a call's cycle is the
+# fixed-K program's, and plain decoding, once chosen, is plain decoding's own loop. The per-cycle program
+# (jaxspec.adaptive, `--speculative-adaptive-kind per_cycle`) holds every K behind a switch in one loop and probes
+# the other K from its plain steps: on GPUs the switch makes every cycle dearer than the fixed-K program's, and on a
+# CPU, where a cycle is compute-bound and speculation seldom pays, its probes ran below plain decoding where the
+# drafter accepts much but not enough (docs/performance.md, "Adaptive speculation", "On a CPU").
+ADAPTIVE_KIND_BY_BACKEND: dict[str, str] = {}
 DEFAULT_ADAPTIVE_KIND = "per_call"
 ADAPTIVE_KINDS = ("per_call", "per_cycle")
 

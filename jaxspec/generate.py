@@ -19,7 +19,7 @@ from pathlib import Path
 from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
                                  parse_mesh, run_with_exit_codes, with_moe_kernel)
-from jaxspec.defaults import DEFAULT_NUM_STEPS, default_adaptive_kind, default_dtype
+from jaxspec.defaults import ADAPTIVE_KINDS, DEFAULT_NUM_STEPS, default_adaptive_kind, default_dtype
 from jaxspec.generate_display import ChatDisplay, echo_prompt, format_speedup
 from jaxspec.speculation_verdict import speculation_verdict
 from jaxspec.speedup import DEFAULT_ROUNDS, measure_speedup
@@ -57,7 +57,9 @@ JSON_SCHEMA = {
         "histogram": "[int]: cycles that accepted 0..K drafts",
         "per_position": "[float]: P(draft i accepted), i = 1..K",
     },
-    "adaptive": "null, or when K was chosen adaptively (--speculative-adaptive; the default on a CPU): {steps: "
+    "adaptive": "null, or when K was chosen adaptively (--speculative-adaptive; the default): {kind: "
+                "'per_call' | 'per_cycle' (--speculative-adaptive-kind), calls: int: the decode's device calls "
+                "(per_call; null per_cycle), steps: "
                 "[int]: the compiled K set, costs_ms: {K: float}: t(K) per cycle, first_run_ms: float: the price of "
                 "a branch's first run in a call, cost_source: 'measured' | 'cached' | 'given', measure_s: float, "
                 "k_per_cycle: [int], "
@@ -88,9 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft branching (only 1: chain)")
     p.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose K up to --speculative-num-steps (0 = plain decoding) by expected tokens per second "
-                        "from the measured acceptance and cycle costs (default: on; on GPUs between calls of "
-                        "fixed-K programs, on a CPU per cycle among {0, 1, 2, 3, 4, 6, 8}); "
+                        "from the measured acceptance and cycle costs (default: on); "
                         "--no-speculative-adaptive: a fixed K")
+    p.add_argument("--speculative-adaptive-kind", choices=ADAPTIVE_KINDS, default=None,
+                   help="how adaptive speculation changes K: per_call (between calls of fixed-K programs; plain "
+                        "decoding, once chosen, runs to the end) or per_cycle (one program that can change K, and "
+                        "go back from plain decoding to drafting, every cycle) (default: per_call)")
     p.add_argument("--speculative-adaptive-costs", type=str, default=None, metavar="JSON",
                    help='ms per cycle for each K of the adaptive set, inline (\'{"0": 9.5, "1": 11, "2": 12, '
                         '"3": 13, "4": 14.5}\') or a JSON file (default: measured on the device at start-up)')
@@ -161,6 +166,9 @@ def _check_flags(a) -> int:
         raise UsageError(f"--speculative-num-steps must be >= 0, got {k}")
     if a.speculative_adaptive and k < 1:
         raise UsageError("--speculative-adaptive needs --speculative-num-steps >= 1 (the largest K it may choose)")
+    if a.speculative_adaptive_kind is not None and (a.speculative_adaptive is False or k < 1):
+        raise UsageError("--speculative-adaptive-kind needs adaptive speculation (not --no-speculative-adaptive, "
+                         "and --speculative-num-steps >= 1)")
     if a.speculative_adaptive_costs is not None and (a.speculative_adaptive is False or k < 1):
         raise UsageError("--speculative-adaptive-costs needs adaptive speculation (not --no-speculative-adaptive, "
                          "and --speculative-num-steps >= 1)")
@@ -261,7 +269,8 @@ def run(argv: list[str] | None = None) -> int:
     adaptive = k > 0 and a.speculative_adaptive is not False  # the default wherever there is a K to choose
     policy = None
     if adaptive:
-        Policy = PerCallPolicy if default_adaptive_kind(jax.default_backend()) == "per_call" else AdaptivePolicy
+        a.speculative_adaptive_kind = a.speculative_adaptive_kind or default_adaptive_kind(jax.default_backend())
+        Policy = PerCallPolicy if a.speculative_adaptive_kind == "per_call" else AdaptivePolicy
         policy = Policy()
         if a.speculative_adaptive_costs is not None:
             try:
@@ -428,6 +437,8 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
     if result.adaptive is not None:
         ad = result.adaptive
         out["adaptive"] = {
+            "kind": a.speculative_adaptive_kind,
+            "calls": ad.calls if a.speculative_adaptive_kind == "per_call" else None,
             "steps": list(ad.steps),
             "costs_ms": {str(k_): 1000 * c for k_, c in zip(ad.steps, ad.costs_s)},
             "first_run_ms": 1000 * ad.first_run_s,

@@ -20,6 +20,7 @@ import pytest
 
 from convert.checkpoint import load_target, save_draft, save_target
 from jaxspec.engine import Engine
+from jaxspec.defaults import default_adaptive_kind
 from jaxspec.generate import JSON_SCHEMA
 from jaxspec.generate import main as generate_main
 from jaxspec.models import SpecConfig, SpecWeights
@@ -118,17 +119,22 @@ def test_greedy_cli_equals_library_baseline(ckpt, library, k, capsys):
         assert doc["acceptance"]["mean_acceptance_length"] >= 1.0
 
 
-def test_adaptive_cli_equals_library_baseline_and_reports_its_choices(ckpt, library, capsys):
-    # K = 1: the smallest compiled set, plain decoding or one draft (each K in the set is a branch to compile)
+@pytest.mark.parametrize("kind", [None, "per_cycle"])
+def test_adaptive_cli_equals_library_baseline_and_reports_its_choices(ckpt, library, kind, capsys):
+    # K = 1: the smallest compiled set, plain decoding or one draft (each K in the set is a branch to compile);
+    # no kind: the CPU's default
     costs = '{"0": 1.0, "1": 1.2}'
+    chosen = ["--speculative-adaptive-kind", kind] if kind else []
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,
                               "--dtype", "float32", "--speculative-num-steps", 1, "--speculative-adaptive",
-                              "--speculative-adaptive-costs", costs, "--json")
+                              "--speculative-adaptive-costs", costs, "--json", *chosen)
     assert code == 0, err
     doc = json.loads(out)
     _check_schema(doc, JSON_SCHEMA)
     assert doc["results"][0]["tokens"] == library(PROMPT)
     ad = doc["adaptive"]
+    assert ad["kind"] == (kind or default_adaptive_kind("cpu"))
+    assert (ad["calls"] >= 1) if ad["kind"] == "per_call" else ad["calls"] is None
     assert ad["steps"] == [0, 1] and ad["cost_source"] == "given"
     assert ad["costs_ms"] == {"0": 1.0, "1": 1.2}
     assert len(ad["k_per_cycle"]) == doc["timings"]["cycles"] == sum(ad["k_histogram"].values())
@@ -137,8 +143,14 @@ def test_adaptive_cli_equals_library_baseline_and_reports_its_choices(ckpt, libr
     assert sum(doc["acceptance"]["histogram"]) == drafted
 
 
+def test_the_adaptive_kind_needs_adaptive_speculation(ckpt, capsys):
+    code, _, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--speculative-num-steps", 1,
+                            "--no-speculative-adaptive", "--speculative-adaptive-kind", "per_call", "--json")
+    assert code != 0 and "--speculative-adaptive-kind needs adaptive speculation" in err
+
+
 def test_cpu_default_is_adaptive(ckpt, library, capsys):
-    """No adaptive flag on a CPU: K is chosen per cycle (from a cost table measured at start-up), up to the K
+    """No adaptive flag on a CPU: K is chosen between calls (from a cost table measured at start-up), up to the K
     asked for; --no-speculative-adaptive runs fixed K."""
     assert jax.default_backend() == "cpu"
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", MAX_NEW,

@@ -1,7 +1,7 @@
 """The speculation verdict (jaxspec.speculation_verdict): one line, with the run's figures, where speculation did not
 pay. Through `python -m jaxspec.generate`: a drafter that never matches is switched off by the adaptive rule after its
-first run of K (the `stretch` cycles a choice runs at least) and the line says so, in the text and in --json; a
-drafter that always matches gets no such line. The verdict's own cases on made-up runs."""
+first run of K (the cycles a choice runs before the rule may leave it) and the line says so, in the text and in
+--json; a drafter that always matches gets no such line. The verdict's own cases on made-up runs."""
 
 import json
 
@@ -11,6 +11,8 @@ import pytest
 
 from convert.checkpoint import save_draft, save_target
 from jaxspec.adaptive import AdaptivePolicy, expected_tokens
+from jaxspec.adaptive_calls import PerCallPolicy
+from jaxspec.defaults import default_adaptive_kind
 from jaxspec.engine import AdaptiveReport, Engine
 from jaxspec.generate import JSON_SCHEMA, _print_stats
 from jaxspec.generate import main as generate_main
@@ -24,7 +26,8 @@ from tests.switched_drafter import looped_oracle_drafter
 # estimate falls below 0.3: K = 1 would then yield less than its 1.3 steps, and K = 2 less than its 1.5
 COSTS_MS = {"0": 1.0, "1": 1.3, "2": 1.5}
 MAX_NEW = 24
-STRETCH = AdaptivePolicy().stretch
+# the cycles `generate`'s first choice runs before the rule may leave it, for the adaptive kind it runs on a CPU
+STRETCH = PerCallPolicy().min_cycles if default_adaptive_kind("cpu") == "per_call" else AdaptivePolicy().stretch
 NEVER = 0  # the token the never-matching drafter always proposes
 
 
@@ -80,9 +83,9 @@ def test_adaptive_switches_a_never_matching_drafter_off_and_says_why(never_match
 
 
 def test_a_never_matching_drafter_is_never_said_to_pay(never_matching, capsys):
-    """A K = 1 cycle at 1.05 plain steps: the rule's estimate of c_1 never falls below 0.7 / 9 (shrunk towards the
-    prior with the weight of one observation, against at most 1 / ema = 8 discounted ones), so E[tokens | 1] stays
-    above 1.05 and the rule keeps drafting; the verdict goes by what the drafted cycles accepted."""
+    """A K = 1 cycle at 1.05 plain steps: whether the rule keeps drafting (its estimate of c_1, shrunk towards the
+    prior, keeps E[tokens | 1] above 1.05) or switches off after all, the verdict goes by what the drafted cycles
+    accepted and never says speculation paid."""
     costs = {"0": 1.0, "1": 1.05, "2": 1.10}  # data in the state: the first test's program runs
     doc = generate_json(capsys, never_matching, "--speculative-num-steps", 2, "--speculative-adaptive-costs",
                         json.dumps(costs))
