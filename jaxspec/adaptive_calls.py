@@ -223,6 +223,16 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
 
 
 # --- the programs ---------------------------------------------------------------------------------------------
+def window_test(state: SpecState, total, seen, start, rule_F):
+    """The K loop's go flag after a cycle: rows still live, the rule's limit of cycles not reached since the call's
+    first cycle `start`, and either fewer cycles than its minimum or the window's mean drafts accepted (`total` over
+    `seen` row-cycles) inside its band."""
+    ran_f = (state.cycles - start).astype(jnp.float32)
+    mean = total / jnp.maximum(seen, 1.0)
+    inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
+    return jnp.any(~state.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+
+
 def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecConfig, k: int,
               window: int, greedy: bool, max_new_tokens: int, drafter=None,
               plain_tail: bool = False) -> tuple[SpecState, jax.Array]:
@@ -246,10 +256,7 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
         return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
 
     def go(s, total, seen):
-        ran_f = (s.cycles - start).astype(jnp.float32)
-        mean = total / jnp.maximum(seen, 1.0)
-        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
-        return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+        return window_test(s, total, seen, start, rule_F)
 
     def cycle(carry):
         s, total, seen, _ = carry

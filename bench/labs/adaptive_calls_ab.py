@@ -47,7 +47,7 @@ import numpy as np
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
 from bench.report import publish, run_stamp
 from jaxspec.adaptive_calls import (RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, PerCallPolicy, call_summary,
-                                    spec_loop)
+                                    spec_loop, window_test)
 from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
@@ -132,10 +132,7 @@ def spec_loop_fresh(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tok
     n_log = state.accepted_log.shape[1]
 
     def go(s, total, seen):
-        ran_f = (s.cycles - start).astype(jnp.float32)
-        mean = total / jnp.maximum(seen, 1.0)
-        inside = (mean >= rule_F[RULE_LOW]) & (mean <= rule_F[RULE_HIGH])
-        return jnp.any(~s.done) & (ran_f < rule_F[RULE_LIMIT]) & ((ran_f < rule_F[RULE_MIN_CYCLES]) | inside)
+        return window_test(s, total, seen, start, rule_F)
 
     def cycle(carry):
         s, total, seen, _ = carry
