@@ -223,6 +223,15 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
 
 
 # --- the programs ---------------------------------------------------------------------------------------------
+def window_column(log_BC, c, start):
+    """Sum and count of the cycles the acceptance log holds in column c, zero where c is before the call's first
+    cycle `start` or off the log."""
+    n_log = log_BC.shape[1]
+    col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
+    seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
+    return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
+
+
 def window_test(state: SpecState, total, seen, start, rule_F):
     """The K loop's go flag after a cycle: rows still live, the rule's limit of cycles not reached since the call's
     first cycle `start`, and either fewer cycles than its minimum or the window's mean drafts accepted (`total` over
@@ -247,13 +256,9 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
     a reduction over the whole log there (or the full rule, a few dozen small operations) costs a measurable share
     of a small model's cycle (docs/performance.md, "Adaptive speculation by call")."""
     start = state.cycles
-    n_log = state.accepted_log.shape[1]
 
     def column(log_BC, c):
-        """Sum and count of the cycles logged in column c, zero where c is before this call or off the log."""
-        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
-        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
-        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
+        return window_column(log_BC, c, start)
 
     def go(s, total, seen):
         return window_test(s, total, seen, start, rule_F)

@@ -47,7 +47,7 @@ import numpy as np
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
 from bench.report import publish, run_stamp
 from jaxspec.adaptive_calls import (RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, PerCallPolicy, call_summary,
-                                    spec_loop, window_test)
+                                    spec_loop, window_column, window_test)
 from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
@@ -137,15 +137,12 @@ def spec_loop_fresh(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tok
     def cycle(carry):
         s, total, seen, _ = carry
         c = s.cycles
-        old = c - window  # the column leaving the window, zero where it is before this call or off the log
-        old_B = jax.lax.dynamic_index_in_dim(s.accepted_log, jnp.clip(old, 0, n_log - 1), axis=1, keepdims=False)
-        old_seen_B = (old_B >= 0) & (old >= start) & (old < n_log)
+        old_total, old_seen = window_column(s.accepted_log, c - window, start)  # from the log as the cycle starts
         logged_B = ~s.done & (c < n_log)  # the cycle logs column c for its live rows (`commit`)
         out = speculative_cycle_accepting(w, s, sp, cfg=cfg, k=k, greedy=greedy, max_new_tokens=max_new_tokens,
                                           drafter=drafter)
-        total = (total + jnp.sum(jnp.where(logged_B, out.accepted, 0)).astype(jnp.float32)
-                 - jnp.sum(jnp.where(old_seen_B, old_B, 0)).astype(jnp.float32))
-        seen = seen + (jnp.sum(logged_B) - jnp.sum(old_seen_B)).astype(jnp.float32)
+        total = total + jnp.sum(jnp.where(logged_B, out.accepted, 0)).astype(jnp.float32) - old_total
+        seen = seen + jnp.sum(logged_B).astype(jnp.float32) - old_seen
         return out.state, total, seen, go(out.state, total, seen)
 
     zero = jnp.zeros((), jnp.float32)
@@ -157,12 +154,9 @@ def spec_loop_stale(w, state, sp, rule_F, *, cfg, k, window, greedy, max_new_tok
     """A candidate: the window's test judged on the cycles before this one, computed as the cycle starts (so beside
     it), and only `any live` taken after it. It leaves one cycle later than `spec_loop` would."""
     start = state.cycles
-    n_log = state.accepted_log.shape[1]
 
     def column(log_BC, c):
-        col_B = jax.lax.dynamic_index_in_dim(log_BC, jnp.clip(c, 0, n_log - 1), axis=1, keepdims=False)
-        seen_B = (col_B >= 0) & (c >= start) & (c < n_log)
-        return jnp.sum(jnp.where(seen_B, col_B, 0)).astype(jnp.float32), jnp.sum(seen_B).astype(jnp.float32)
+        return window_column(log_BC, c, start)
 
     def cycle(carry):
         s, total, seen, _ = carry
