@@ -278,11 +278,10 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
     state, total, seen, _ = jax.lax.while_loop(lambda carry: carry[3], cycle, carry)
     plain_from_B, plain_steps = state.generated, jnp.zeros((), jnp.int32)
     if plain_tail:
+        # the loop ended on its band (not done, not at its limit), with a mean low enough for plain decoding
         ran_f = (state.cycles - start).astype(jnp.float32)
-        mean = total / jnp.maximum(seen, 1.0)
-        left = (jnp.any(~state.done) & (ran_f < rule_F[RULE_LIMIT]) & (ran_f >= rule_F[RULE_MIN_CYCLES])
-                & ((mean < rule_F[RULE_LOW]) | (mean > rule_F[RULE_HIGH])))
-        go_plain = left & (mean <= rule_F[RULE_PLAIN_HIGH])
+        left = jnp.any(~state.done) & (ran_f < rule_F[RULE_LIMIT]) & ~window_test(state, total, seen, start, rule_F)
+        go_plain = left & (total / jnp.maximum(seen, 1.0) <= rule_F[RULE_PLAIN_HIGH])
         step = lambda s: baseline_step(w, s, sp, cfg=cfg, greedy=greedy, max_new_tokens=max_new_tokens)  # noqa: E731
         plain = jax.lax.while_loop(lambda s: go_plain & jnp.any(~s.done), step, to_plain(state))
         state = state.replace(target_cache=plain.target_cache, pending=plain.pending, done=plain.done,

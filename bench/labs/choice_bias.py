@@ -30,9 +30,8 @@ import numpy as np
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
 from bench.report import publish, run_stamp
 from jaxspec.adaptive_calls import acceptance_BJ, expected_tokens_BN, window_counts
+from jaxspec.adaptive_calls_run import NO_LIMIT
 from jaxspec.engine import Engine
-
-NO_LIMIT = np.iinfo(np.int32).max
 
 
 def estimate_E(log: list[int], k: int, k_max: int, prior: float = 0.7) -> list[float]:
