@@ -20,6 +20,7 @@ from flax import struct
 from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
+from model.kernels import target
 from model.kernels.dispatch import mla_kernel_applies
 from model.kernels.mla_decode import mla_decode_attention
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
@@ -146,7 +147,7 @@ def attend_absorbed_kernel(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT,
     the kernels read through the block table."""
     dt = q_nope.dtype
     q_lat_BTNC = jnp.einsum("btnd,ncd->btnc", q_nope, w.w_uk.astype(dt))
-    interpret = jax.default_backend() != "gpu"
+    interpret = target.interpret()
 
     def attend(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w_uv, pages_BM):
         return mla_decode_attention(q_lat_BTNC, q_rope, latent_BSC, k_rope_BSR, positions_BT, w_uv,

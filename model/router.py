@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from model.config import TextConfig
 from model.router_weights import chosen_weights
-from model.kernels import router_gemv
+from model.kernels import router_gemv, target
 from model.kernels.dispatch import router_kernel_applies
 from model.kernels.router_topk import route_topk
 from model.shard_local import per_device_replicated
@@ -49,7 +49,7 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
 def route_by_kernels(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig):
     """`route` by the router kernels: the logits by router_gemv.py between its MIN_TOKENS and MAX_TOKENS (XLA's
     float32 product elsewhere), the top-k by router_topk.py."""
-    interpret = jax.default_backend() != "gpu"
+    interpret = target.interpret()
     if router_gemv.MIN_TOKENS <= x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # verify: the GEMV's partial sums
         logits = router_gemv.router_logit_partials(x_TH, router_EH, interpret)
     else:

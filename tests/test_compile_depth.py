@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ from bench import compile_depth
 from bench.step import bench_config, draw_weights
 from model.decoder import forward
 from model.init import init_kimi_weights
-from model.kernels import dispatch
+from model.kernels.target import compiling_for
 from model.kv_cache import init_latent_cache
 
 
@@ -62,8 +61,7 @@ def test_a_program_of_8_layers_lowers_to_at_most_1_3x_one_of_2():
 def as_on_a_hopper_gpu():
     """Trace as on one Hopper GPU (the kernels' dispatch says yes) and lower for CUDA; JAX's caches are cleared after,
     so no program of this process reuses a trace made under the pretence."""
-    with mock.patch.object(jax, "default_backend", lambda: "gpu"), \
-            mock.patch.object(dispatch, "on_hopper", lambda: True):
+    with compiling_for("gpu", "9.0"):
         yield
     jax.clear_caches()
 

@@ -12,6 +12,7 @@ from model.attention_mla import MLAWeights, attend_absorbed, attend_absorbed_ker
 from model.config import Kernels
 from model.configs import known_config
 from model.kernels.dispatch import mla_kernel_applies
+from model.kernels.target import compiling_for
 from model.kv_cache import read_pages
 from model.router import route
 from model.sharding import make_mesh, mesh_context
@@ -104,17 +105,16 @@ def test_mla_dispatch_reads_one_devices_batch_and_heads():
         assert applies(4, page_tokens=64)
 
 
-def test_sharded_mla_lowers_to_gpu_kernels_at_local_shapes(monkeypatch):
+def test_sharded_mla_lowers_to_gpu_kernels_at_local_shapes():
     """Lowered for CUDA under a 2 x 4 mesh (as the sharded engine's program is), the MLA kernels are Triton calls
     on one device's block (batch 1 of 2, heads 2 of 8) inside the manual region, and nothing is gathered."""
     from tests.test_kernels_moe import _pretend_h200
 
     q_nope, q_rope, latent, k_rope, positions, w = attention_inputs()
     sds = lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16)  # noqa: E731
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the kernels, not their interpret mode
     restore = _pretend_h200()
     try:
-        with mesh_context(make_mesh((2, 4))):
+        with compiling_for("gpu", "9.0"), mesh_context(make_mesh((2, 4))):  # the kernels, not their interpret mode
             text = jax.jit(lambda *a: attend_absorbed_kernel(*a, w, CFG)).trace(
                 sds(q_nope), sds(q_rope), sds(latent), sds(k_rope), positions).lower(
                 lowering_platforms=("cuda",)).as_text()

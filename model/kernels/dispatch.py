@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 
 from model.config import Kernels, TextConfig
-from model.kernels import moe_grouped, moe_wgmma
+from model.kernels import moe_grouped, moe_wgmma, target
 from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, check_pages, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
@@ -52,11 +52,6 @@ PAGED_KERNEL_MIN_CAPACITY = 2048
 def local_size(logical: str, size: int, mesh) -> int:
     """One device's share of a dimension of `size` along `logical` (model.sharding's rules)."""
     return shard_shape(spec_for((logical,), (size,), mesh), (size,), mesh)[0]
-
-
-def on_hopper() -> bool:
-    dev = jax.devices()[0]
-    return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9")
 
 
 # --- routed experts --------------------------------------------------------------------------------------------
@@ -96,9 +91,9 @@ def moe_kernel_for(tokens: int, experts, kernels: Kernels = Kernels()) -> str | 
     `triton_config_for`), or None for the plain XLA path."""
     if kernels.moe == "off" or isinstance(experts.gate, Fp8Weight) or tokens > MAX_KERNEL_TOKENS:
         return None
-    if jax.default_backend() != "gpu":  # under a mesh too: model.moe_parallel runs this per device
+    if target.platform() != "gpu":  # under a mesh too: model.moe_parallel runs this per device
         return None
-    wgmma_fits = tokens <= WGMMA_MAX_TOKENS and moe_wgmma.supports(experts) and on_hopper()
+    wgmma_fits = tokens <= WGMMA_MAX_TOKENS and moe_wgmma.supports(experts) and target.on_hopper()
     # "grouped" is "auto" but for verify on Hopper (one token has nothing to share)
     if kernels.moe == "grouped" and wgmma_fits and 2 <= tokens <= moe_grouped.MAX_TOKENS:
         return "grouped"
@@ -130,7 +125,7 @@ def mla_kernel_applies(kernels: Kernels, batch: int, tokens: int, capacity: int,
     on a GPU. Under a mesh, batch and heads are one device's. `page_tokens`: the cache is paged (`capacity` = table
     width x page size) and the kernels read its pages, which their blocks must tile; "auto" then also takes them at
     any batch over caches of PAGED_KERNEL_MIN_CAPACITY to LONG_CAPACITY slots."""
-    if kernels.mla == "off" or (backend or jax.default_backend()) != "gpu" or tokens > MLA_KERNEL_MAX_TOKENS:
+    if kernels.mla == "off" or (backend or target.platform()) != "gpu" or tokens > MLA_KERNEL_MAX_TOKENS:
         return False
     heads = cfg.num_attention_heads
     mesh = sharded_mesh()
@@ -163,4 +158,4 @@ def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> boo
         return False
     if kernels.router == "on":
         return True
-    return jax.default_backend() == "gpu" and tokens <= MAX_KERNEL_TOKENS
+    return target.platform() == "gpu" and tokens <= MAX_KERNEL_TOKENS
