@@ -1,0 +1,223 @@
+"""`python -m bench.labs.gpu_census`: the kernels a GPU program launches a layer, counted on a machine WITHOUT a GPU.
+
+XLA compiles a program for an H200 ahead of time from a description of the device (`H200_TARGET`, the facts its
+fusion and GEMM heuristics read), so the GPU's optimised HLO, and with it every kernel a step launches, can be read
+on a CPU-only host. The programs are bench.per_device's (`--shard-of 8`: one device of the 8-way mesh; `--shard-of
+1`: the whole model on one device), traced as for a Hopper GPU (model.kernels.target.compiling_for) and compiled
+for the device the description names. Nothing runs and no weight is drawn: every argument is a shape.
+
+    pip install "jax[cuda12]==$(python -c 'import jax; print(jax.__version__)')"   # the CUDA plugin; no GPU needed
+    python -m bench.labs.gpu_census --shard-of 8 --tokens 1 4 --out /tmp/census
+
+Rows per step (T tokens): `kernels_per_layer` = (launches at `--layers` N - launches at N - 2) / 2, as the device
+census of bench.per_device takes it from two compiled programs; and the middle MoE layer's kernels in program
+order (a layer ends at its routed experts' last kernel, `LAYER_END_TARGET`), each with its fusion name and output
+shape. What it cannot tell: time. Autotuning needs the device, so a GEMM's tiles (not its count) may differ, and
+the XLA inside this host's jax may fuse a little differently from the GPU host's (docs/performance.md compares the
+two on the same program).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin loads without a GPU to check
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+
+from bench import per_device  # noqa: E402
+from bench.per_device import _CALLED, _COMPUTATION, _INSTRUCTION, _TARGET, FREE_OPS  # noqa: E402
+from model.config import Kernels  # noqa: E402
+from model.kernels.target import compiling_for  # noqa: E402
+
+H200_TARGET = Path(__file__).with_name("h200_target.txtpb")
+# the routed experts' down kernel (moe_wgmma, Mosaic GPU): the last kernel of a MoE layer
+LAYER_END_TARGET = "mosaic_gpu"
+HOPPER = "9.0"
+
+
+def gpu_device(target_config: Path = H200_TARGET):
+    """A device of a one-GPU topology described by `target_config` (a GpuTargetConfigProto in text form): jit
+    compiles for it without the GPU present."""
+    from jax.experimental import topologies
+
+    text = target_config.read_text()
+    try:
+        topology = topologies.get_topology_desc("", "cuda", topology="1x1x1", target_config=text)
+    except Exception as e:  # the plugin is missing or cannot describe the device
+        raise SystemExit(f"gpu_census: no CUDA topology from {target_config} ({type(e).__name__}: {e}); install "
+                         "jax's CUDA plugin of this jax's version (no GPU is needed)") from None
+    return topology.devices[0]
+
+
+def compile_for(fn, args, donate, device) -> str:
+    """The optimised HLO of `fn` compiled for `device` from abstract `args` (arrays or ShapeDtypeStructs)."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
+    with compiling_for("gpu", HOPPER):
+        lowered = jax.jit(fn, donate_argnums=donate).trace(*shapes).lower(lowering_platforms=("cuda",))
+    return lowered.compile().as_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str  # the HLO instruction's name (fusions carry XLA's kind of fusion in it)
+    kind: str  # kernel_census's key: the fusion's name less its number, a custom call's target, or the op
+    shape: str  # its output shape
+
+
+def kernels_in_order(hlo_text: str) -> list[Kernel]:
+    """Every kernel a run of the module's top level launches, in program order, a loop's body once (the ops
+    bench.per_device.kernel_census counts, in the order they are scheduled)."""
+    comps, entry, name = {}, None, None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m:
+            name = m.group(2)
+            comps[name] = []
+            entry = name if m.group(1) else entry
+            continue
+        m = _INSTRUCTION.match(line)
+        if m and name is not None:
+            comps[name].append((m.group(1), m.group(2), m.group(3), m.group(4)))
+    out, seen = [], set()
+
+    def walk(comp):
+        if comp is None or comp in seen or comp not in comps:
+            return
+        seen.add(comp)
+        for instr, shape, op, rest in comps[comp]:
+            if op not in FREE_OPS:
+                target = _TARGET.search(rest) if op == "custom-call" else None
+                kind = target.group(1) if target else re.sub(r"[.\d]+$", "", instr) if op == "fusion" else op
+                out.append(Kernel(instr, kind, shape))
+                continue
+            for attr, called in _CALLED.findall(rest):
+                if attr == "to_apply" and op != "call":
+                    continue
+                for c in called.strip("{}").split(","):
+                    walk(c.strip().lstrip("%"))
+
+    walk(entry)
+    return out
+
+
+def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, per_layer: int = 2) -> list[list]:
+    """The kernels cut after every `per_layer`-th kernel whose kind contains `end_marker` (a MoE layer runs two
+    routed-experts kernels): [before the first MoE layer's end, the first MoE layer, ...,  after the last]."""
+    segments, current, seen = [], [], 0
+    for k in kernels:
+        current.append(k)
+        if end_marker in k.kind:
+            seen += 1
+            if seen % per_layer == 0:
+                segments.append(current)
+                current = []
+    segments.append(current)
+    return segments
+
+
+def census_rows(args, device, log) -> list[dict]:
+    cfg = per_device.per_device_config(args.layers, False).replace(kernels=Kernels(moe=args.moe_kernel))
+    rows = []
+    for layers in (args.layers, args.layers - 2):
+        lcfg = per_device.prefix_config(cfg, layers)
+        w = jax.eval_shape(lambda c=lcfg: per_device.local_weights(c, args.shard_of, False, "repeated"))
+        pargs = per_device.parse_args(["--layers", str(layers), "--prefix-layers", "0", "--tokens",
+                                       *map(str, args.tokens), "--cycle-k", "--routing", "neighbour",
+                                       "--shard-of", str(args.shard_of)])
+        with compiling_for("gpu", HOPPER):
+            _, steps, _, _ = per_device.build_programs(w, lcfg, pargs, 0)
+        for e in steps:
+            p = e["program"]
+            t0 = time.perf_counter()
+            text = compile_for(p.fn, p.args, p.donate, device)
+            kernels = kernels_in_order(text)
+            log(f"T = {e['tokens']}, {layers} layers: {len(kernels)} kernels a step, compiled in "
+                f"{time.perf_counter() - t0:.1f} s")
+            if args.hlo:
+                out = Path(args.out)
+                out.mkdir(parents=True, exist_ok=True)
+                with gzip.open(out / f"census-shard{args.shard_of}-T{e['tokens']}-L{layers}.hlo.txt.gz", "wt") as f:
+                    f.write(text)
+            rows.append(dict(tokens=e["tokens"], layers=layers, kernels=kernels))
+    result = []
+    for t in args.tokens:
+        full, short = (next(r for r in rows if r["tokens"] == t and r["layers"] == n)
+                       for n in (args.layers, args.layers - 2))
+        diff = Counter(k.kind for k in full["kernels"])
+        diff.subtract(Counter(k.kind for k in short["kernels"]))
+        segments = layer_segments(full["kernels"])
+        middle = segments[len(segments) // 2] if len(segments) > 2 else []
+        result.append(dict(tokens=t, layers=args.layers, shard_of=args.shard_of,
+                           kernels_per_layer=(len(full["kernels"]) - len(short["kernels"])) / 2,
+                           kinds_per_layer={k: v / 2 for k, v in sorted(diff.items()) if v},
+                           middle_layer=[dataclasses.asdict(k) for k in middle],
+                           moe_layer_segments=[len(s) for s in segments[1:-1]]))
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# GPU kernel census without a GPU ({result['target']}, jax {result['jax']}, {result['date']})", "",
+             f"`{result['command']}`", ""]
+    for row in result["rows"]:
+        lines += [f"## T = {row['tokens']}, one device of {row['shard_of']}, {row['layers']} layers", "",
+                  f"Kernels a layer ((N - (N - 2)) / 2): **{row['kernels_per_layer']:g}**; the MoE layers' segments: "
+                  f"{row['moe_layer_segments']}", "", "| kind | a layer |", "|---|---|"]
+        lines += [f"| {k} | {v:g} |" for k, v in row["kinds_per_layer"].items()]
+        lines += ["", f"The middle MoE layer, in program order ({len(row['middle_layer'])} kernels):", "",
+                  "| # | kernel | kind | output |", "|---|---|---|---|"]
+        lines += [f"| {i} | {k['name']} | {k['kind']} | `{k['shape'][:80]}` |"
+                  for i, k in enumerate(row["middle_layer"], 1)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench.labs.gpu_census", description=__doc__.split("\n")[0])
+    p.add_argument("--shard-of", type=int, default=per_device.SHARD_OF,
+                   help="devices of the 1 x N mesh this device is one of (1: the whole model on one device)")
+    p.add_argument("--layers", type=int, default=6, help="target layers N (the census also compiles N - 2)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--moe-kernel", choices=per_device.KERNEL_PATH_MOE, default="auto")
+    p.add_argument("--target-config", type=Path, default=H200_TARGET)
+    p.add_argument("--hlo", action="store_true", help="also write each program's optimised HLO (gzipped)")
+    p.add_argument("--out", default="bench/results")
+    a = p.parse_args(argv)
+    if a.layers < 5:
+        p.error("--layers must be at least 5 (N - 2 must still hold two MoE layers after the dense one)")
+    return a
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    log = lambda *a: print(*a, flush=True)  # noqa: E731
+    device = gpu_device(args.target_config)
+    now = time.strftime("%Y%m%d-%H%M")
+    result = dict(target=device.device_kind, jax=jax.__version__, date=now,
+                  command="python -m bench.labs.gpu_census " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  rows=census_rows(args, device, log))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"gpu-census-shard{args.shard_of}-{now}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown(result))
+    for row in result["rows"]:
+        log(f"T = {row['tokens']}: {row['kernels_per_layer']:g} kernels a layer; the MoE layers' segments "
+            f"{row['moe_layer_segments']}")
+    log(f"wrote {out / stem}.json and .md")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
