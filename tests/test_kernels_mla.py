@@ -320,3 +320,24 @@ def test_mla_layer_on_a_paged_cache_reads_pages_in_the_kernel(t, monkeypatch):
     np.testing.assert_allclose(np.asarray(out_BTH), np.asarray(want_BTH), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(read_pages(latent_pool_NPC, pages_BM)), np.asarray(latent_BSC))
     np.testing.assert_array_equal(np.asarray(read_pages(k_rope_pool_NPR, pages_BM)), np.asarray(k_rope_BSR))
+
+
+def test_a_device_of_eight_heads_passes_its_query_unpadded():
+    """One device of the 8-way mesh holds 8 heads: at one token its 8 query rows are fewer than a 16-row block, and
+    on a GPU the kernel loads the block with the missing rows masked (no pad before the kernel)."""
+    from model.kernels.target import compiling_for
+    from tests.test_kernels_moe import _pretend_h200
+
+    sds = jax.ShapeDtypeStruct
+    b, s, n, c, r, v = 1, 1024, 8, 512, 64, 128
+    restore = _pretend_h200()
+    try:
+        with compiling_for("gpu", "9.0"):
+            text = jax.jit(functools.partial(mla_decode_attention, scale=0.1)).trace(
+                sds((b, 1, n, c), jnp.bfloat16), sds((b, 1, n, r), jnp.bfloat16), sds((b, s, c), jnp.bfloat16),
+                sds((b, s, r), jnp.bfloat16), sds((b, 1), jnp.int32), sds((n, v, c), jnp.bfloat16),
+            ).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        restore()
+    assert "mla_partial" in text and "stablehlo.pad" not in text
+    assert f"tensor<{b}x{n}x{c}xbf16>" in text  # the query as the device holds it, not 16 rows

@@ -92,10 +92,11 @@ def config_for(capacity: int, latent_dim: int, rows: int = 1, batch: int = 1) ->
                                block_c=_pow2_divisor(latent_dim, base.block_c))
 
 
-def _partial_kernel(*refs, heads, tokens, block_q, block_s, splits, scale, page_tokens):
+def _partial_kernel(*refs, heads, tokens, block_q, block_s, splits, scale, page_tokens, query_rows):
     """One program of `mla_partial`. `page_tokens` None: the cache refs are [B, S, C|R]; otherwise they are page pools
     [N, P, C|R] and a block table [B, M] comes after the positions (a static choice: the contiguous cache's program
-    holds nothing of the paged one)."""
+    holds nothing of the paged one). `query_rows`: the rows the query refs hold where fewer than the blocks cover
+    (None: whole blocks); the rows past them load as zeros, as padding rows would."""
     if page_tokens is None:
         pos_ref, q_ref, qr_ref, lat_ref, kr_ref, o_ref, m_ref, l_ref = refs
     else:
@@ -105,8 +106,13 @@ def _partial_kernel(*refs, heads, tokens, block_q, block_s, splits, scale, page_
     rows = pl.ds(row0, block_q)
     token_Q = jnp.minimum(div(row0 + jnp.arange(block_q, dtype=jnp.int32), heads), tokens - 1)  # padding rows
     pos_Q = pos_ref[b, token_Q]
-    q_QC = q_ref[b, rows, :]
-    qr_QR = qr_ref[b, rows, :]
+    if query_rows is None:
+        q_QC = q_ref[b, rows, :]
+        qr_QR = qr_ref[b, rows, :]
+    else:  # a block wider than the query: Triton's dot takes 16 rows at least, more than a device's 8 heads
+        real_Q1 = (row0 + jnp.arange(block_q, dtype=jnp.int32) < query_rows)[:, None]
+        q_QC = pl_triton.load(q_ref.at[b, rows, :], mask=real_Q1, other=0.0)
+        qr_QR = pl_triton.load(qr_ref.at[b, rows, :], mask=real_Q1, other=0.0)
     # the visible blocks of these rows, shared evenly by the splits
     blocks = div(jnp.max(pos_Q), block_s) + 1
     per_split = div(blocks + (splits - 1), splits)
@@ -174,11 +180,15 @@ def mla_partial(q_lat_BTNC, q_rope_BTNR, latent_BSC, k_rope_BSR, positions_BT, s
     dt = q_lat_BTNC.dtype
     q_BQC = q_lat_BTNC.reshape(b, rows, c)
     qr_BQR = q_rope_BTNR.reshape(b, rows, r).astype(dt)
-    if rows_p != rows:  # only for head counts that are not a multiple of block_q (small test models)
+    # rows short of a whole block (a device's 8 heads at one token, small test models): on a GPU the kernel loads
+    # the block with the missing rows masked to zero, which spares two pad kernels a layer; the interpreter cannot
+    # slice past an array's end, so there the query is padded
+    query_rows = None if rows_p == rows else rows
+    if query_rows is not None and interpret:
         pad = ((0, 0), (0, rows_p - rows), (0, 0))
         q_BQC, qr_BQR = jnp.pad(q_BQC, pad), jnp.pad(qr_BQR, pad)
     kernel = functools.partial(_partial_kernel, heads=n, tokens=t, block_q=cfg.block_q, block_s=cfg.block_s,
-                               splits=cfg.splits, scale=scale, page_tokens=page_tokens)
+                               splits=cfg.splits, scale=scale, page_tokens=page_tokens, query_rows=query_rows)
     table = () if pages_BM is None else (pages_BM.astype(jnp.int32),)
     return pl.pallas_call(
         kernel,
