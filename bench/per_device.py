@@ -67,7 +67,7 @@ from jaxspec.models import SpecConfig, SpecWeights  # noqa: E402
 from jaxspec.sharded import compile_programs  # noqa: E402
 from jaxspec.spec_step import commit, draft_chain  # noqa: E402
 from jaxspec.state import SpecState  # noqa: E402
-from model.attention_mla import mla  # noqa: E402
+from model.attention_mla import fused_attention_input, mla  # noqa: E402
 from model.config import Kernels  # noqa: E402
 from model.decoder import KimiWeights, LayerWeights, fuse_attention_inputs  # noqa: E402
 from model.eagle3 import draft_forward  # noqa: E402
@@ -268,7 +268,8 @@ def device_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope
                  attention: str, cuts: CollectiveCuts):
     """model.decoder.decoder_layer as one device of the mesh runs it, its collectives cut."""
     attn_BTH, latent, k_rope = mla(rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin,
-                                   positions_BT, latent, k_rope, attention)
+                                   positions_BT, latent, k_rope, attention,
+                                   qkv_a_BTX=fused_attention_input(x_BTH, lw.input_norm, lw.attn, cfg))
     if lw.attn.o_proj.shape[1] < cfg.num_attention_heads:  # o_proj over this device's heads: a partial sum
         attn_BTH = cuts.cut_collective(attn_BTH, ALL_REDUCE, "attention output (o_proj, heads split)")
     x_BTH = x_BTH + attn_BTH

@@ -13,6 +13,8 @@ layer's whole capacity per step, which the kernels' path does not make.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,13 +23,14 @@ from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
 from model.kernels import target
-from model.kernels.dispatch import mla_kernel_applies
+from model.kernels.dispatch import mla_kernel_applies, norm_gemv_applies
 from model.kernels.mla_decode import mla_decode_attention
+from model.kernels.norm_gemv import norm_gemv
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
 from model.norms import rms_norm, sums_of_squares_of_parts
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
-from model.shard_local import axis_of, shard_map_unchecked, sharded_mesh
+from model.shard_local import axis_of, per_device_replicated, shard_map_unchecked, sharded_mesh
 
 # HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
 LORA_NORM_EPS = 1e-6
@@ -78,13 +81,14 @@ def split_input_projections(w: MLAWeights) -> MLAWeights:
     return w.replace(q_a_proj=w.qkv_a_proj[:q], kv_a_proj=w.qkv_a_proj[q:], qkv_a_proj=None)
 
 
-def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig):
+def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig, qkv_a_BTX=None):
     """-> (q_a_proj's output [B, T, q_lora_rank], or None without q-LoRA; kv_a_proj's output [B, T, C+R]; the q_a
     and kv_a norms' sums of squares (q_a's, the latent's), or (None, None)), from the one fused weight where `w` has
     it. With it both norms read one GEMM's output, so one reduction serves them
-    (`model.norms.sums_of_squares_of_parts`; on a GPU each reduction is a kernel of its own)."""
+    (`model.norms.sums_of_squares_of_parts`; on a GPU each reduction is a kernel of its own). `qkv_a_BTX`: that
+    GEMM's output, where the norm + projection kernel computed it (`fused_attention_input`)."""
     if w.qkv_a_proj is not None:
-        both_BTX = linear(x_BTH, w.qkv_a_proj)
+        both_BTX = linear(x_BTH, w.qkv_a_proj) if qkv_a_BTX is None else qkv_a_BTX
         q = w.q_a_norm.shape[0]
         return both_BTX[..., :q], both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
     q_a_BTX = None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)
@@ -175,15 +179,26 @@ ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompres
                    "absorbed_kernel": attend_absorbed_kernel}
 
 
+def fused_attention_input(x_BTH, norm_H, w: MLAWeights, cfg: TextConfig):
+    """The fused q_a + kv_a projection of rms_norm(x, norm) [B, T, Q+C+R] by the norm + projection kernel where
+    it applies (`model.kernels.dispatch.norm_gemv_applies`), else None (the caller's XLA norm and `mla`'s GEMM)."""
+    b, t, h = x_BTH.shape
+    if w.qkv_a_proj is None or not norm_gemv_applies(cfg.kernels, b * t, w.qkv_a_proj):
+        return None
+    run = functools.partial(norm_gemv, eps=cfg.rms_norm_eps, interpret=target.interpret())
+    return per_device_replicated(run, x_BTH.reshape(1, h), norm_H, w.qkv_a_proj).reshape(b, t, -1)
+
+
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
-        norm_eps: float = LORA_NORM_EPS, pages_BM=None):
+        norm_eps: float = LORA_NORM_EPS, pages_BM=None, qkv_a_BTX=None):
     """One MLA layer: write the T new tokens into the cache, attend, project out. With `pages_BM` (a paged cache,
     model.kv_cache) the caches are page pools [N, P, C|R] and the tokens are written to their pages; where the
     absorbed path takes the decode kernels (`mla_kernel_applies`), they read the pages through the table, and
     elsewhere attention reads each sequence's pages gathered into its contiguous cache (`read_pages`).
 
-    Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg)
+    `qkv_a_BTX`: the fused q_a + kv_a projection of x where `fused_attention_input` computed it (x, normed by
+    XLA, then serves only for its shape). Returns (out [B, T, H], latent cache, rope-key cache)."""
+    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg, qkv_a_BTX)
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     if pages_BM is not None:

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from model.attention_mla import MLAWeights, fuse_input_projections, mla, split_input_projections
+from model.attention_mla import (MLAWeights, fuse_input_projections, fused_attention_input, mla,
+                                 split_input_projections)
 from model.config import TextConfig
 from model.kv_cache import LatentCache
 from model.mlp import MLPWeights, swiglu
@@ -63,7 +64,7 @@ def decoder_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rop
     or None in a dense layer). `pages_BM`: the block table of a paged cache (model.kv_cache)."""
     attn_BTH, latent, k_rope = mla(
         rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention,
-        pages_BM=pages_BM,
+        pages_BM=pages_BM, qkv_a_BTX=fused_attention_input(x_BTH, lw.input_norm, lw.attn, cfg),
     )
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)

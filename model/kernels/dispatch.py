@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 
 from model.config import Kernels, TextConfig
-from model.kernels import moe_grouped, moe_wgmma, target
+from model.kernels import moe_grouped, moe_wgmma, norm_gemv, target
 from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, check_pages, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
@@ -159,3 +159,13 @@ def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> boo
     if kernels.router == "on":
         return True
     return target.platform() == "gpu" and tokens <= MAX_KERNEL_TOKENS
+
+
+# --- a layer's input norm and projection -----------------------------------------------------------------------
+def norm_gemv_applies(kernels: Kernels, tokens: int, weight) -> bool:
+    """The norm + projection kernel (norm_gemv.py) for a layer's attention input of `tokens` (batch x tokens)
+    rows? "on" only (opt-in until timed on a GPU): one row, a plain (not quantized) weight in whole blocks; off the
+    GPU in Pallas' interpret mode. Under a mesh the weight and the row are whole on every device."""
+    if kernels.norm_gemv != "on" or tokens != 1 or isinstance(weight, (Fp8Weight, Int4Weight)):
+        return False
+    return norm_gemv.config_for(*weight.shape) is not None

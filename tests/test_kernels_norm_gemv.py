@@ -1,0 +1,137 @@
+"""The norm + projection kernel (model/kernels/norm_gemv.py) against its plain reference, in interpret mode, and
+the layer that takes it (Kernels(norm_gemv="on")) against the one that does not."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.config import ConfigError, Kernels
+from model.decoder import forward, fuse_attention_inputs
+from model.init import init_kimi_weights
+from model.kernels.dispatch import norm_gemv_applies
+from model.kernels.norm_gemv import NormGemvConfig, config_for, norm_gemv, norm_gemv_reference
+from model.kernels.target import compiling_for
+from model.kv_cache import init_latent_cache
+from model.norms import rms_norm
+from model.quant import Fp8Weight
+from tests.tiny_models import tiny_target_config
+
+
+def _operands(h, o, dtype, seed=0):
+    k = jax.random.split(jax.random.PRNGKey(seed), 3)
+    x = (3 * jax.random.normal(k[0], (1, h))).astype(dtype)
+    norm = (1 + 0.1 * jax.random.normal(k[1], (h,))).astype(dtype)
+    w = (jax.random.normal(k[2], (o, h)) * h ** -0.5).astype(dtype)
+    return x, norm, w
+
+
+@pytest.mark.parametrize("h, o, cfg", [
+    (1024, 64, NormGemvConfig(block_o=16, block_h=256)),
+    (96, 36, None),  # tiles by shape: 4 rows, 32 columns a block
+])
+def test_matches_the_reference_float32(h, o, cfg):
+    x, norm, w = _operands(h, o, jnp.float32)
+    got = norm_gemv(x, norm, w, 1e-6, cfg=cfg, interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(norm_gemv_reference(x, norm, w, 1e-6)), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_bf16_within_a_rounding_of_the_reference():
+    """The norm rounds where the reference does; the sums (of squares, of products) differ only in their order, so
+    the kernel is as far from the exact product as the reference is."""
+    x, norm, w = _operands(1024, 64, jnp.bfloat16)
+    got = np.asarray(norm_gemv(x, norm, w, 1e-6, cfg=NormGemvConfig(block_o=16, block_h=256), interpret=True),
+                     np.float32)
+    want = np.asarray(norm_gemv_reference(x, norm, w, 1e-6), np.float32)
+    assert got.shape == (1, 64)
+    np.testing.assert_allclose(got, want, rtol=8e-3, atol=8e-3)  # a bf16 rounding of the output
+    exact = np.asarray(rms_norm(x, norm, 1e-6), np.float64) @ np.asarray(w, np.float64).T
+    assert np.abs(got - exact).max() <= 1.5 * np.abs(want - exact).max()
+
+
+def test_tiles_by_shape_and_bad_input():
+    assert config_for(2112, 7168) == NormGemvConfig(block_o=16, block_h=512)  # Kimi's q_a + kv_a: 132 programs
+    assert config_for(36, 96) == NormGemvConfig(block_o=4, block_h=32)
+    assert config_for(64, 40) is None  # 8 columns a block at most
+    x, norm, w = _operands(64, 32, jnp.float32)
+    with pytest.raises(ValueError, match="one token"):
+        norm_gemv(jnp.concatenate([x, x]), norm, w, 1e-6, interpret=True)
+    with pytest.raises(ValueError, match="disagree"):
+        norm_gemv(x, norm[:32], w, 1e-6, interpret=True)
+    with pytest.raises(TypeError, match="eps"):
+        norm_gemv(x, norm, w, jnp.float32(1e-6), interpret=True)
+    with pytest.raises(ConfigError, match="kernels.norm_gemv='auto'"):
+        Kernels(norm_gemv="auto")
+
+
+def test_dispatch_takes_it_when_asked_for_one_token_and_a_plain_weight():
+    w = jnp.zeros((2112, 7168), jnp.bfloat16)
+    on = Kernels(norm_gemv="on")
+    assert not norm_gemv_applies(Kernels(), 1, w)  # off by default
+    assert norm_gemv_applies(on, 1, w) and not norm_gemv_applies(on, 4, w)
+    fp8 = Fp8Weight(jnp.zeros((2112, 7168), jnp.float8_e4m3fn), jnp.ones((17, 56), jnp.float32))
+    assert not norm_gemv_applies(on, 1, fp8)
+
+
+def _decode(w, cfg, kernels):
+    cfg = cfg.replace(kernels=kernels)
+    tokens = jnp.asarray([[7]], jnp.int32)
+    cache = init_latent_cache(cfg, 1, 16, jnp.float32)
+    out = jax.jit(functools.partial(forward, cfg=cfg))(w, tokens_BT=tokens, positions_BT=jnp.zeros((1, 1), jnp.int32),
+                                                        cache=cache)
+    return out.logits, out.cache
+
+
+def test_a_decode_step_with_it_equals_the_one_without():
+    """A tiny model's one-token step (float32), the kernel in interpret mode: the same logits and caches."""
+    cfg = tiny_target_config()
+    w = fuse_attention_inputs(init_kimi_weights(cfg, np.random.default_rng(3), jnp.float32))
+    assert norm_gemv_applies(Kernels(norm_gemv="on"), 1, w.layers[1].attn.qkv_a_proj)  # the layers take it
+    want_logits, want_cache = _decode(w, cfg, Kernels())
+    got_logits, got_cache = _decode(w, cfg, Kernels(norm_gemv="on"))
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    for got, want in zip(jax.tree_util.tree_leaves(got_cache), jax.tree_util.tree_leaves(want_cache)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_gpu_layer_runs_one_kernel_for_norm_and_projection():
+    """Lowered for CUDA at Kimi-K2.5's attention input (one token), the layer passes x and the fused [2112, 7168]
+    weight to the Triton kernel, and no XLA product of that weight is left."""
+    from model.attention_mla import fused_attention_input
+    from model.configs import known_config
+
+    cfg = dataclasses.replace(known_config("kimi-k2.5"), kernels=Kernels(norm_gemv="on"))
+    sds = jax.ShapeDtypeStruct
+    attn = type("W", (), {})()  # only qkv_a_proj is read
+    attn.qkv_a_proj = sds((2112, 7168), jnp.bfloat16)
+    with compiling_for("gpu", "9.0"):
+        text = jax.jit(lambda x, n, w: fused_attention_input(x, n, _with(attn, w), cfg)).trace(
+            sds((1, 1, 7168), jnp.bfloat16), sds((7168,), jnp.bfloat16), attn.qkv_a_proj).lower(
+            lowering_platforms=("cuda",)).as_text()
+    jax.clear_caches()
+    assert "norm_gemv" in text and "triton" in text
+    assert "dot_general" not in text
+
+
+def _with(attn, w):
+    out = type("W", (), {})()
+    out.qkv_a_proj = w
+    return out
+
+
+def test_on_a_mesh_every_device_runs_it_on_its_copy():
+    """Under the 2 x 4 mesh the kernel runs per device on the whole row and weight (`per_device_replicated`)."""
+    from model.attention_mla import fused_attention_input
+    from model.sharding import make_mesh, mesh_context
+
+    cfg = tiny_target_config().replace(kernels=Kernels(norm_gemv="on"))
+    x, norm, w = _operands(cfg.hidden_size, 36, jnp.float32, seed=4)
+    attn = _with(None, w)
+    want = norm_gemv_reference(x, norm, w, cfg.rms_norm_eps)
+    with mesh_context(make_mesh((2, 4))):
+        got = jax.jit(lambda x, n, w: fused_attention_input(x, n, _with(None, w), cfg))(x[None], norm, attn.qkv_a_proj)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want), rtol=1e-5, atol=1e-5)
