@@ -128,7 +128,8 @@ def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, pe
 
 
 def census_rows(args, device, log) -> list[dict]:
-    cfg = per_device.per_device_config(args.layers, False).replace(kernels=Kernels(moe=args.moe_kernel, norm_gemv=args.norm_gemv))
+    kernels = Kernels(moe=args.moe_kernel, norm_gemv=args.norm_gemv)
+    cfg = per_device.per_device_config(args.layers, False).replace(kernels=kernels)
     rows = []
     for layers in (args.layers, args.layers - 2):
         lcfg = per_device.prefix_config(cfg, layers)
