@@ -28,7 +28,7 @@ from model.kernels.mla_decode import mla_decode_attention
 from model.kernels.norm_gemv import norm_gemv
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
 from model.norms import rms_norm, sums_of_squares_of_parts
-from model.quant import Weight, linear
+from model.quant import Fp8Weight, Int4Weight, Weight, linear
 from model.rope import apply_interleaved
 from model.shard_local import axis_of, per_device_replicated, shard_map_unchecked, sharded_mesh
 
@@ -82,28 +82,64 @@ def split_input_projections(w: MLAWeights) -> MLAWeights:
 
 
 def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig, qkv_a_BTX=None):
-    """-> (q_a_proj's output [B, T, q_lora_rank], or None without q-LoRA; kv_a_proj's output [B, T, C+R]; the q_a
-    and kv_a norms' sums of squares (q_a's, the latent's), or (None, None)), from the one fused weight where `w` has
-    it. With it both norms read one GEMM's output, so one reduction serves them
-    (`model.norms.sums_of_squares_of_parts`; on a GPU each reduction is a kernel of its own). `qkv_a_BTX`: that
-    GEMM's output, where the norm + projection kernel computed it (`fused_attention_input`)."""
+    """-> (q_a_proj's output [B, T, q_lora_rank] (from the fused weight: its whole output, whose first q_lora_rank
+    columns are q_a's), or None without q-LoRA; kv_a_proj's output [B, T, C+R]; the q_a and kv_a norms' sums of
+    squares (q_a's, the latent's), or (None, None)), from the one fused weight where `w` has it. With it both norms
+    read one GEMM's output, so one reduction serves them (`model.norms.sums_of_squares_of_parts`; on a GPU each
+    reduction is a kernel of its own). `qkv_a_BTX`: that GEMM's output, where the norm + projection kernel computed
+    it (`fused_attention_input`). q_a's output comes whole so that a kernel taking it reads it where it lies (a
+    slice passed to a kernel is a copy, a launch of its own)."""
     if w.qkv_a_proj is not None:
         both_BTX = linear(x_BTH, w.qkv_a_proj) if qkv_a_BTX is None else qkv_a_BTX
         q = w.q_a_norm.shape[0]
-        return both_BTX[..., :q], both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
+        return both_BTX, both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
     q_a_BTX = None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)
     return q_a_BTX, linear(x_BTH, w.kv_a_proj), (None, None)
 
 
 def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
                   sum_squares=None):
-    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`; None
-    without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
-    it with their rms_norm_eps); `sum_squares`: q_a's, where computed already (`input_projections`)."""
-    q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX, w.q_a_norm, norm_eps, sum_squares)
-    q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
+    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`: its first
+    q_lora_rank columns; None without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
+    it with their rms_norm_eps); `sum_squares`: q_a's, where computed already (`input_projections`). Where the
+    norm + projection kernel applies, q_a's norm and q_b run as one kernel (`normed_query_by_kernel`)."""
+    b, t = x_BTH.shape[:2]
+    if q_a_BTX is not None and norm_gemv_applies(cfg.kernels, b * t, _rows(w.q_b_proj)):
+        q_BTND = normed_query_by_kernel(q_a_BTX, w, norm_eps)
+    else:
+        q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX[..., :w.q_a_norm.shape[0]], w.q_a_norm, norm_eps,
+                                                      sum_squares)
+        q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
     q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
     return q_nope, apply_interleaved(q_rope, cos, sin)
+
+
+def _rows(q_b_NKQ):
+    """q_b_proj [N, K, Q] as the kernel's [N * K, Q] weight, as a shape (a quantized one as it is: not taken)."""
+    if isinstance(q_b_NKQ, (Fp8Weight, Int4Weight)):
+        return q_b_NKQ
+    n, k, q = q_b_NKQ.shape
+    return jax.ShapeDtypeStruct((n * k, q), q_b_NKQ.dtype)
+
+
+def normed_query_by_kernel(q_a_BTX, w: MLAWeights, norm_eps: float):
+    """q_b(rms_norm(q_a's output, q_a_norm)) [B, T, N, K] for one token by the norm + projection kernel, which
+    reads q_a's output as the first columns of `q_a_BTX` (the fused projection's output, or q_a's alone); under a
+    mesh each device projects onto the heads it holds."""
+    b, t, width = q_a_BTX.shape
+    q = w.q_a_norm.shape[0]
+
+    def project(q_a_TX, norm_X, q_b_NKQ):
+        n, k, _ = q_b_NKQ.shape
+        run = norm_gemv(q_a_TX, norm_X, q_b_NKQ.reshape(n * k, q), norm_eps, interpret=target.interpret())
+        return run.reshape(1, 1, n, k)
+
+    mesh = sharded_mesh()
+    if mesh is None:
+        return project(q_a_BTX.reshape(1, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
+    n_ax = axis_of("heads", w.q_b_proj.shape[0], mesh)
+    return shard_map_unchecked(project, mesh, (P(), P(), P(n_ax, None, None)), P(None, None, n_ax, None))(
+        q_a_BTX.reshape(1, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
 
 
 def project_latent(kv_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,

@@ -135,3 +135,42 @@ def test_on_a_mesh_every_device_runs_it_on_its_copy():
     with mesh_context(make_mesh((2, 4))):
         got = jax.jit(lambda x, n, w: fused_attention_input(x, n, _with(None, w), cfg))(x[None], norm, attn.qkv_a_proj)
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 4)])
+def test_the_query_by_kernel_equals_norm_then_q_b(mesh_shape):
+    """q_a's norm and q_b as one kernel, over the heads each device holds under the 2 x 4 mesh (8 heads: 2 a
+    device), equal XLA's norm then product."""
+    from model.attention_mla import LORA_NORM_EPS, normed_query_by_kernel
+    from model.sharding import make_mesh, mesh_context
+
+    n, k, q = 8, 24, 64
+    ks = jax.random.split(jax.random.PRNGKey(11), 3)
+    q_a = jax.random.normal(ks[0], (1, 1, q))
+    w = _with(None, None)
+    w.q_a_norm = 1 + 0.1 * jax.random.normal(ks[1], (q,))
+    w.q_b_proj = jax.random.normal(ks[2], (n, k, q)) * q ** -0.5
+    want = jnp.einsum("btq,nkq->btnk", rms_norm(q_a, w.q_a_norm, LORA_NORM_EPS), w.q_b_proj)
+    run = jax.jit(lambda a, nw, qb: normed_query_by_kernel(a, _query_weights(nw, qb), LORA_NORM_EPS))
+    if mesh_shape is None:
+        got = run(q_a, w.q_a_norm, w.q_b_proj)
+    else:
+        with mesh_context(make_mesh(mesh_shape)):
+            got = run(q_a, w.q_a_norm, w.q_b_proj)
+    assert got.shape == (1, 1, n, k)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def _query_weights(norm, q_b):
+    out = _with(None, None)
+    out.q_a_norm, out.q_b_proj = norm, q_b
+    return out
+
+
+def test_a_wider_x_is_read_in_place():
+    """x wider than the weight (the fused projection's output, q_a's columns first): the norm and the product read
+    its first H columns only."""
+    x, norm, w = _operands(64, 16, jnp.float32, seed=2)
+    wide = jnp.concatenate([x, 100.0 * jnp.ones((1, 48))], axis=1)
+    np.testing.assert_array_equal(np.asarray(norm_gemv(wide, norm, w, 1e-6, interpret=True)),
+                                  np.asarray(norm_gemv(x, norm, w, 1e-6, interpret=True)))

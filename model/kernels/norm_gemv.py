@@ -71,13 +71,14 @@ def _kernel(x_ref, norm_ref, w_ref, y_ref, *, hidden, block_o, block_h, eps):
 
 def norm_gemv(x_TH: jax.Array, norm_H: jax.Array, weight_OH: jax.Array, eps: float, *,
               cfg: NormGemvConfig | None = None, interpret: bool = False) -> jax.Array:
-    """linear(rms_norm(x, norm, eps), weight) for one token: x [1, H], weight [O, H] -> [1, O] in x's dtype.
-    `cfg`: the tiles (None: `config_for` the weight's shape)."""
-    t, hidden = x_TH.shape
-    out_features = weight_OH.shape[0]
+    """linear(rms_norm(x, norm, eps), weight) for one token: x [1, W], weight [O, H] -> [1, O] in x's dtype, the
+    norm over x's first H columns (W >= H: x may be a wider projection's output, read in place). `cfg`: the tiles
+    (None: `config_for` the weight's shape)."""
+    t, width = x_TH.shape
+    out_features, hidden = weight_OH.shape
     if t != 1:
         raise ValueError(f"norm_gemv takes one token, got {t}")
-    if weight_OH.shape[1] != hidden or norm_H.shape != (hidden,):
+    if width < hidden or norm_H.shape != (hidden,):
         raise ValueError(f"norm_gemv: x {x_TH.shape}, norm {norm_H.shape} and weight {weight_OH.shape} disagree")
     cfg = cfg or config_for(out_features, hidden)
     if cfg is None or out_features % cfg.block_o or hidden % cfg.block_h:
