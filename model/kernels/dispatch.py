@@ -13,6 +13,8 @@ Routed experts (`moe_kernel_for`):
 - otherwise up to PAIRS_MAX_TOKENS: moe_gemv.py, Triton, one slot per (token, choice) on CUDA cores;
 - above (up to MAX_KERNEL_TOKENS): moe_gather.py, Triton, tensor-core dots over the unique experts;
 - prefill buckets beyond MAX_KERNEL_TOKENS: the plain dense path.
+
+A layer's norms with the projections after them (`norm_gemv_applies`): norm_gemv.py at one token, opt-in.
 """
 
 from __future__ import annotations
