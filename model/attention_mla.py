@@ -100,9 +100,10 @@ def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig, qkv_a_BTX=None):
 def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
                   sum_squares=None):
     """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`: its first
-    q_lora_rank columns; None without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
-    it with their rms_norm_eps); `sum_squares`: q_a's, where computed already (`input_projections`). Where the
-    norm + projection kernel applies, q_a's norm and q_b run as one kernel (`normed_query_by_kernel`)."""
+    q_lora_rank columns; None without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's
+    (EAGLE-3 MLA drafters build it with their rms_norm_eps); `sum_squares`: q_a's, where computed already
+    (`input_projections`). Where the norm + projection kernel applies, q_a's norm and q_b run as one kernel
+    (`normed_query_by_kernel`)."""
     b, t = x_BTH.shape[:2]
     if q_a_BTX is not None and norm_gemv_applies(cfg.kernels, b * t, _rows(w.q_b_proj)):
         q_BTND = normed_query_by_kernel(q_a_BTX, w, norm_eps)
