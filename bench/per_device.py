@@ -78,7 +78,7 @@ from model.moe import MoEWeights, routed_experts  # noqa: E402
 from model.moe_parallel import local_choices  # noqa: E402
 from model.norms import rms_norm  # noqa: E402
 from model.rope import cos_sin, target_rope_tables  # noqa: E402
-from model.router import route  # noqa: E402
+from model.router import normed_router_logits, route  # noqa: E402
 from model.sharding import (CACHE_RULES, DRAFT_RULES, MESH_AXES, STATE_RULES, TARGET_RULES, path_str,  # noqa: E402
                             shard_shape, specs_for)
 
@@ -235,11 +235,11 @@ def greedy_tokens(logits_BTV, vocab_size: int, cuts: CollectiveCuts):
 
 
 # --- one device's forward -------------------------------------------------------------------------------------
-def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts):
+def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts, logits_TE=None):
     """The MoE block on one device: (output [B, T, H], the experts each token chose [B*T, K], global ids)."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
-    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)  # the router is whole on every device
+    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg, logits_TE)  # the router is whole on every device
     if forced_TK is not None:
         ids_TK = forced_TK.astype(ids_TK.dtype)
     n = w.experts.num_experts
@@ -272,10 +272,12 @@ def device_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope
                                    qkv_a_BTX=fused_attention_input(x_BTH, lw.input_norm, lw.attn, cfg))
     if lw.attn.o_proj.shape[1] < cfg.num_attention_heads:  # o_proj over this device's heads: a partial sum
         attn_BTH = cuts.cut_collective(attn_BTH, ALL_REDUCE, "attention output (o_proj, heads split)")
+    moe_layer = isinstance(lw.mlp, MoEWeights)
+    logits_TE = normed_router_logits(x_BTH, attn_BTH, lw.post_attention_norm, lw.mlp.router, cfg) if moe_layer else None
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
-    if isinstance(lw.mlp, MoEWeights):
-        ff_BTH, ids_TK = device_moe(h_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts)
+    if moe_layer:
+        ff_BTH, ids_TK = device_moe(h_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts, logits_TE)
     else:
         ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
         if lw.mlp.gate.shape[0] < cfg.intermediate_size:

@@ -17,6 +17,7 @@ from model.mlp import MLPWeights, swiglu
 from model.moe import MoEWeights, moe
 from model.norms import rms_norm
 from model.rope import cos_sin, target_rope_tables
+from model.router import normed_router_logits
 
 
 @struct.dataclass
@@ -66,10 +67,12 @@ def decoder_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rop
         rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention,
         pages_BM=pages_BM, qkv_a_BTX=fused_attention_input(x_BTH, lw.input_norm, lw.attn, cfg),
     )
+    moe_layer = isinstance(lw.mlp, MoEWeights)
+    logits_TE = normed_router_logits(x_BTH, attn_BTH, lw.post_attention_norm, lw.mlp.router, cfg) if moe_layer else None
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
-    if isinstance(lw.mlp, MoEWeights):
-        ff_BTH, ids_TK = moe(h_BTH, lw.mlp, cfg, expert_ids_TK)
+    if moe_layer:
+        ff_BTH, ids_TK = moe(h_BTH, lw.mlp, cfg, expert_ids_TK, logits_TE)
     else:
         ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
     return x_BTH + ff_BTH, latent, k_rope, ids_TK

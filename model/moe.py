@@ -77,16 +77,17 @@ def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, w
     return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 
-def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig,
-        expert_ids_TK: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig, expert_ids_TK: jax.Array | None = None,
+        router_logits_TE: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Routed experts (expert-parallel over the ambient mesh, if any) plus the shared expert: (output [B, T, H], the
     experts each token ran [B*T, K]).
 
     `expert_ids_TK` replaces the router's choices (each slot keeps the router's weight for that slot): benchmarks
-    time the kernels at routings a random model does not produce (`bench.routes`)."""
+    time the kernels at routings a random model does not produce (`bench.routes`). `router_logits_TE`: x's router
+    logits, where the norm + projection kernel computed them (`model.router.normed_router_logits`)."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
-    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
+    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg, router_logits_TE)
     if expert_ids_TK is not None:
         ids_TK = expert_ids_TK.astype(ids_TK.dtype)
     per_device = functools.partial(routed_experts, kernels=cfg.kernels)

@@ -42,15 +42,14 @@ def test_matches_the_reference_float32(h, o, cfg):
 
 def test_bf16_within_a_rounding_of_the_reference():
     """The norm rounds where the reference does; the sums (of squares, of products) differ only in their order, so
-    the kernel is as far from the exact product as the reference is."""
+    the outputs are the reference's but where a float32 sum lands across a bf16 rounding boundary."""
     x, norm, w = _operands(1024, 64, jnp.bfloat16)
     got = np.asarray(norm_gemv(x, norm, w, 1e-6, cfg=NormGemvConfig(block_o=16, block_h=256), interpret=True),
                      np.float32)
     want = np.asarray(norm_gemv_reference(x, norm, w, 1e-6), np.float32)
     assert got.shape == (1, 64)
     np.testing.assert_allclose(got, want, rtol=8e-3, atol=8e-3)  # a bf16 rounding of the output
-    exact = np.asarray(rms_norm(x, norm, 1e-6), np.float64) @ np.asarray(w, np.float64).T
-    assert np.abs(got - exact).max() <= 1.5 * np.abs(want - exact).max()
+    assert np.mean(got == want) > 0.9
 
 
 def test_tiles_by_shape_and_bad_input():
@@ -174,3 +173,14 @@ def test_a_wider_x_is_read_in_place():
     wide = jnp.concatenate([x, 100.0 * jnp.ones((1, 48))], axis=1)
     np.testing.assert_array_equal(np.asarray(norm_gemv(wide, norm, w, 1e-6, interpret=True)),
                                   np.asarray(norm_gemv(x, norm, w, 1e-6, interpret=True)))
+
+
+def test_a_residual_and_float32_logits_as_the_router_takes_them():
+    """norm(x + residual) through a router-shaped weight with float32 output: the router's logits (float32
+    products of the bf16 values, summed in float32), within float32 rounding of the reference's."""
+    x, norm, w = _operands(1024, 384, jnp.bfloat16, seed=5)
+    residual = (0.5 * jax.random.normal(jax.random.PRNGKey(8), (1, 1024))).astype(jnp.bfloat16)
+    got = np.asarray(norm_gemv(x, norm, w, 1e-6, residual_TH=residual, out_dtype=jnp.float32, interpret=True))
+    want = np.asarray(norm_gemv_reference(x, norm, w, 1e-6, residual_TH=residual, out_dtype=jnp.float32))
+    assert got.dtype == np.float32 and config_for(384, 1024).block_o == 4  # 96 programs of 4 rows
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
