@@ -4,7 +4,7 @@ CI does not install; what it reads is checked here on programs compiled for the 
 import jax
 import jax.numpy as jnp
 
-from bench.labs.gpu_census import Kernel, kernels_in_order, layer_segments
+from bench.labs.gpu_census import Kernel, kernels_in_order, kernels_in_series, layer_segments
 from bench.per_device import kernel_census
 
 
@@ -34,3 +34,30 @@ def test_layer_segments_end_at_every_second_marker():
     assert [len(s) for s in segments] == [4, 4, 1]
     assert segments[-1][0].kind == "e"
     assert layer_segments([k("a")]) == [[k("a")]]
+
+
+_HLO = """
+%fused_a (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+ENTRY %main (x: f32[4], y: f32[4]) -> (f32[4], f32[4]) {
+  %x = f32[4]{0} parameter(0)
+  %y = f32[4]{0} parameter(1)
+  %a = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_a
+  %v = f32[4]{0} bitcast(%a)
+  %b = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused_a
+  %t = (f32[4]{0}, f32[4]{0}) tuple(%b, %y)
+  %g = f32[4]{0} get-tuple-element(%t), index=0
+  %c = f32[4]{0} custom-call(%g, %x), custom_call_target="k"
+  %side = f32[4]{0} fusion(%y), kind=kLoop, calls=%fused_a
+  ROOT %out = (f32[4]{0}, f32[4]{0}) tuple(%c, %side)
+}
+"""
+
+
+def test_kernels_in_series_follow_the_longest_chain():
+    """a -> (a view) -> b -> (a tuple) -> c is three kernels in series; `side` runs beside them."""
+    assert kernels_in_series(_HLO) == 3
+    assert len(kernels_in_order(_HLO)) == 4

@@ -10,11 +10,12 @@ for the device the description names. Nothing runs and no weight is drawn: every
     python -m bench.labs.gpu_census --shard-of 8 --tokens 1 4 --out /tmp/census
 
 Rows per step (T tokens): `kernels_per_layer` = (launches at `--layers` N - launches at N - 2) / 2, as the device
-census of bench.per_device takes it from two compiled programs; and the middle MoE layer's kernels in program
-order (a layer ends at its routed experts' last kernel, `LAYER_END_TARGET`), each with its fusion name and output
-shape. What it cannot tell: time. Autotuning needs the device, so a GEMM's tiles (not its count) may differ, and
-the XLA inside this host's jax may fuse a little differently from the GPU host's (docs/performance.md compares the
-two on the same program).
+census of bench.per_device takes it from two compiled programs; `kernels_in_series_per_layer`, the same difference
+of the longest chain of kernels each waiting for the one before (`kernels_in_series`); and the middle MoE layer's
+kernels in program order (a layer ends at its routed experts' last kernel, `LAYER_END_TARGET`), each with its
+fusion name and output shape. What it cannot tell: time. Autotuning needs the device, so a GEMM's tiles (not its
+count) may differ, and the XLA inside this host's jax may fuse a little differently from the GPU host's
+(docs/performance.md compares the two on the same program).
 """
 
 from __future__ import annotations
@@ -112,6 +113,35 @@ def kernels_in_order(hlo_text: str) -> list[Kernel]:
     return out
 
 
+_OPERAND = re.compile(r"%([\w.\-]+)")
+
+
+def kernels_in_series(hlo_text: str) -> int:
+    """The most kernels one chain of data dependencies runs in series, in the computation of the module that
+    launches the most kernels (a step loop's body): each kernel is one more than the longest chain among its
+    operands' producers, values, views and tuples add nothing. Kernels beside the chain (cache writes, the shared
+    expert) do not count; on a GPU they overlap it."""
+    comps, name = {}, None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m:
+            name = m.group(2)
+            comps[name] = []
+            continue
+        m = _INSTRUCTION.match(line)
+        if m and name is not None:
+            comps[name].append((m.group(1), m.group(3), m.group(4)))
+    best = 0
+    for instrs in comps.values():
+        depth, names = {}, {i for i, _, _ in instrs}
+        for instr, op, rest in instrs:  # HLO text lists an instruction after its operands
+            args = rest.split("), ")[0] if "), " in rest else rest
+            before = max((depth.get(a, 0) for a in _OPERAND.findall(args) if a in names), default=0)
+            depth[instr] = before + (op not in FREE_OPS)
+        best = max(best, max(depth.values(), default=0))
+    return best
+
+
 def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, per_layer: int = 2) -> list[list]:
     """The kernels cut after every `per_layer`-th kernel whose kind contains `end_marker` (a MoE layer runs two
     routed-experts kernels): [before the first MoE layer's end, the first MoE layer, ...,  after the last]."""
@@ -151,7 +181,7 @@ def census_rows(args, device, log) -> list[dict]:
                 out.mkdir(parents=True, exist_ok=True)
                 with gzip.open(out / f"census-shard{args.shard_of}-T{e['tokens']}-L{layers}.hlo.txt.gz", "wt") as f:
                     f.write(text)
-            rows.append(dict(tokens=e["tokens"], layers=layers, kernels=kernels))
+            rows.append(dict(tokens=e["tokens"], layers=layers, kernels=kernels, series=kernels_in_series(text)))
     result = []
     for t in args.tokens:
         full, short = (next(r for r in rows if r["tokens"] == t and r["layers"] == n)
@@ -162,6 +192,7 @@ def census_rows(args, device, log) -> list[dict]:
         middle = segments[len(segments) // 2] if len(segments) > 2 else []
         result.append(dict(tokens=t, layers=args.layers, shard_of=args.shard_of,
                            kernels_per_layer=(len(full["kernels"]) - len(short["kernels"])) / 2,
+                           kernels_in_series_per_layer=(full["series"] - short["series"]) / 2,
                            kinds_per_layer={k: v / 2 for k, v in sorted(diff.items()) if v},
                            middle_layer=[dataclasses.asdict(k) for k in middle],
                            moe_layer_segments=[len(s) for s in segments[1:-1]]))
@@ -173,7 +204,8 @@ def markdown(result: dict) -> str:
              f"`{result['command']}`", ""]
     for row in result["rows"]:
         lines += [f"## T = {row['tokens']}, one device of {row['shard_of']}, {row['layers']} layers", "",
-                  f"Kernels a layer ((N - (N - 2)) / 2): **{row['kernels_per_layer']:g}**; the MoE layers' segments: "
+                  f"Kernels a layer ((N - (N - 2)) / 2): **{row['kernels_per_layer']:g}**, of them in series "
+                  f"(`kernels_in_series`): **{row['kernels_in_series_per_layer']:g}**; the MoE layers' segments: "
                   f"{row['moe_layer_segments']}", "", "| kind | a layer |", "|---|---|"]
         lines += [f"| {k} | {v:g} |" for k, v in row["kinds_per_layer"].items()]
         lines += ["", f"The middle MoE layer, in program order ({len(row['middle_layer'])} kernels):", "",
@@ -215,8 +247,8 @@ def main(argv=None) -> dict:
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     for row in result["rows"]:
-        log(f"T = {row['tokens']}: {row['kernels_per_layer']:g} kernels a layer; the MoE layers' segments "
-            f"{row['moe_layer_segments']}")
+        log(f"T = {row['tokens']}: {row['kernels_per_layer']:g} kernels a layer, "
+            f"{row['kernels_in_series_per_layer']:g} in series; the MoE layers' segments {row['moe_layer_segments']}")
     log(f"wrote {out / stem}.json and .md")
     return result
 
