@@ -52,12 +52,12 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tiny", action="store_true", help="small dimensions (a CPU smoke run)")
     p.add_argument("--label", default="", help="a name for this tree (before, after)")
-    p.add_argument("--norm-gemv", choices=("off", "on"), default="off",
-                   help="model.config.Kernels.norm_gemv (a tree older than the kernel takes only 'off')")
+    p.add_argument("--norms", choices=("off", "on"), default="off",
+                   help="model.config.Kernels.norms (a tree older than the kernel takes only 'off')")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     args = p.parse_args(argv)
     cfg = bench_config(args.layers, tiny=args.tiny)
-    kernels = Kernels(norm_gemv="on") if args.norm_gemv == "on" else Kernels()
+    kernels = Kernels(norms="on") if args.norms == "on" else Kernels()
     w = fuse_attention_inputs(draw_weights(cfg, args.tiny, moe_layers=args.moe_layers))
     key = jax.random.PRNGKey(1)
     rows = []
@@ -82,7 +82,7 @@ def main(argv=None):
             floor = floor_ms(step_bytes(w, cfg, 1, t, CONTEXT, [cfg.num_experts_per_tok * t] * (
                 cfg.num_hidden_layers - cfg.first_k_dense_replace))["total"], HBM_TBS) if t == 1 else None
         row = dict(label=args.label, layers=args.layers, row=name, compile_s=compile_s, **stats, floor_ms_4p3=floor,
-                   norm_gemv=args.norm_gemv)
+                   norms=args.norms)
         rows.append(row)
         print(f"{args.label} {args.layers} layers {name}: device loop {stats['device_loop_ms']:.3f} ms"
               + (f" (floor {floor:.3f} ms, x{stats['device_loop_ms'] / floor:.2f})" if floor else "")

@@ -703,7 +703,7 @@ def parse_args(argv):
                         "the router)")
     p.add_argument("--draft-kind", choices=("llama", "mla"), default="llama")
     p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto")
-    p.add_argument("--norm-gemv", choices=("off", "on"), default="off", help="model.config.Kernels.norm_gemv")
+    p.add_argument("--norms", choices=("off", "on"), default="off", help="model.config.Kernels.norms")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--loop-steps", type=int, default=10, help="steps of the short device loop (the long runs 3x)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new timing after this")
@@ -768,7 +768,7 @@ def main(argv=None) -> dict:
     t_start = time.time()
     log = functools.partial(print, flush=True)
     cfg = per_device_config(args.layers, args.tiny)
-    cfg = cfg.replace(kernels=Kernels(moe=args.moe_kernel, norm_gemv=args.norm_gemv))
+    cfg = cfg.replace(kernels=Kernels(moe=args.moe_kernel, norms=args.norms))
     m = args.prefix_layers if args.prefix_layers is not None else max(cfg.first_k_dense_replace, args.layers // 2)
     if m and not cfg.first_k_dense_replace <= m < args.layers:
         raise SystemExit(f"--prefix-layers must be 0 or between {cfg.first_k_dense_replace} and {args.layers - 1}")

@@ -23,7 +23,8 @@ from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
 from model.kernels import target
-from model.kernels.dispatch import mla_kernel_applies, norm_gemv_applies
+from model.kernels.dispatch import latent_write_applies, mla_kernel_applies, norm_gemv_applies
+from model.kernels.latent_write import latent_write
 from model.kernels.mla_decode import mla_decode_attention
 from model.kernels.norm_gemv import norm_gemv
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
@@ -237,6 +238,15 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     XLA, then serves only for its shape). Returns (out [B, T, H], latent cache, rope-key cache)."""
     q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg, qkv_a_BTX)
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
+    b, t = x_BTH.shape[:2]
+    if latent_write_applies(cfg.kernels, b, t, paged=pages_BM is not None):
+        # the kv_a projection's output read where it lies: from q_a's columns' end in the fused projection's output
+        kv_source, offset = (q_a_BTX, w.q_a_norm.shape[0]) if w.qkv_a_proj is not None else (kv_BTX, 0)
+        write = functools.partial(latent_write, eps=norm_eps, offset=offset, interpret=target.interpret())
+        latent_BSC, k_rope_BSR = per_device_replicated(
+            write, kv_source.reshape(1, -1), w.kv_a_norm, cos.reshape(1, -1), sin.reshape(1, -1), latent_BSC,
+            k_rope_BSR, positions_BT)
+        return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     if pages_BM is not None:
         latent_pool_NPC = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)

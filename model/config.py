@@ -39,7 +39,7 @@ KERNEL_CHOICES = {
     "moe": ("auto", "off", "wgmma", "grouped", "triton"),
     "mla": ("auto", "off", "on"),
     "router": ("auto", "off", "on"),
-    "norm_gemv": ("off", "on"),
+    "norms": ("off", "on"),
 }
 
 
@@ -54,13 +54,14 @@ class Kernels:
     Hopper, or the Triton gemv / mma pair) wherever its shapes fit; moe "grouped" takes what "auto" takes but, for
     verify of 2 to 8 tokens on Hopper, the kernels that convert an expert several slots chose once for all its tokens
     (moe_grouped); mla / router "on" takes the kernel for every shape it can compute (off the GPU in Pallas' interpret
-    mode: slow, for tests). norm_gemv "on" runs a layer's input norm and its q_a + kv_a projection at one token as one
-    kernel (model/kernels/norm_gemv.py); "off", the default until it is timed against XLA's launches on a GPU."""
+    mode: slow, for tests). norms "on" runs a layer's RMSNorms at one token inside the kernels beside them: the
+    projections after them (model/kernels/norm_gemv.py: q_a + kv_a, q_b, the router) and the latent cache's write
+    (model/kernels/latent_write.py); "off", the default until they are timed against XLA's launches on a GPU."""
 
     moe: str = "auto"
     mla: str = "auto"
     router: str = "auto"
-    norm_gemv: str = "off"
+    norms: str = "off"
 
     def __post_init__(self):
         for family, allowed in KERNEL_CHOICES.items():

@@ -1,5 +1,5 @@
 """The norm + projection kernel (model/kernels/norm_gemv.py) against its plain reference, in interpret mode, and
-the layer that takes it (Kernels(norm_gemv="on")) against the one that does not."""
+the layer that takes it (Kernels(norms="on")) against the one that does not."""
 
 import dataclasses
 import functools
@@ -63,13 +63,13 @@ def test_tiles_by_shape_and_bad_input():
         norm_gemv(x, norm[:32], w, 1e-6, interpret=True)
     with pytest.raises(TypeError, match="eps"):
         norm_gemv(x, norm, w, jnp.float32(1e-6), interpret=True)
-    with pytest.raises(ConfigError, match="kernels.norm_gemv='auto'"):
-        Kernels(norm_gemv="auto")
+    with pytest.raises(ConfigError, match="kernels.norms='auto'"):
+        Kernels(norms="auto")
 
 
 def test_dispatch_takes_it_when_asked_for_one_token_and_a_plain_weight():
     w = jnp.zeros((2112, 7168), jnp.bfloat16)
-    on = Kernels(norm_gemv="on")
+    on = Kernels(norms="on")
     assert not norm_gemv_applies(Kernels(), 1, w)  # off by default
     assert norm_gemv_applies(on, 1, w) and not norm_gemv_applies(on, 4, w)
     fp8 = Fp8Weight(jnp.zeros((2112, 7168), jnp.float8_e4m3fn), jnp.ones((17, 56), jnp.float32))
@@ -89,9 +89,9 @@ def test_a_decode_step_with_it_equals_the_one_without():
     """A tiny model's one-token step (float32), the kernel in interpret mode: the same logits and caches."""
     cfg = tiny_target_config()
     w = fuse_attention_inputs(init_kimi_weights(cfg, np.random.default_rng(3), jnp.float32))
-    assert norm_gemv_applies(Kernels(norm_gemv="on"), 1, w.layers[1].attn.qkv_a_proj)  # the layers take it
+    assert norm_gemv_applies(Kernels(norms="on"), 1, w.layers[1].attn.qkv_a_proj)  # the layers take it
     want_logits, want_cache = _decode(w, cfg, Kernels())
-    got_logits, got_cache = _decode(w, cfg, Kernels(norm_gemv="on"))
+    got_logits, got_cache = _decode(w, cfg, Kernels(norms="on"))
     np.testing.assert_allclose(got_logits, want_logits, rtol=1e-5, atol=1e-5)
     for got, want in zip(jax.tree_util.tree_leaves(got_cache), jax.tree_util.tree_leaves(want_cache)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -103,7 +103,7 @@ def test_the_gpu_layer_runs_one_kernel_for_norm_and_projection():
     from model.attention_mla import fused_attention_input
     from model.configs import known_config
 
-    cfg = dataclasses.replace(known_config("kimi-k2.5"), kernels=Kernels(norm_gemv="on"))
+    cfg = dataclasses.replace(known_config("kimi-k2.5"), kernels=Kernels(norms="on"))
     sds = jax.ShapeDtypeStruct
     attn = type("W", (), {})()  # only qkv_a_proj is read
     attn.qkv_a_proj = sds((2112, 7168), jnp.bfloat16)
@@ -127,7 +127,7 @@ def test_on_a_mesh_every_device_runs_it_on_its_copy():
     from model.attention_mla import fused_attention_input
     from model.sharding import make_mesh, mesh_context
 
-    cfg = tiny_target_config().replace(kernels=Kernels(norm_gemv="on"))
+    cfg = tiny_target_config().replace(kernels=Kernels(norms="on"))
     x, norm, w = _operands(cfg.hidden_size, 36, jnp.float32, seed=4)
     attn = _with(None, w)
     want = norm_gemv_reference(x, norm, w, cfg.rms_norm_eps)

@@ -11,7 +11,7 @@ longer than XLA's, docs/performance.md); these variants only rewrite the math fo
   normalised x is never written (XLA may take x * g into the GEMM's prologue and r into its epilogue);
 - `one_weight_scale_after`: both;
 - `norm_gemv`, `norm_gemv_*`: the input norm and the one-weight projection as one Triton kernel
-  (model/kernels/norm_gemv.py, what `Kernels(norm_gemv="on")` runs) at its default tiles and at others
+  (model/kernels/norm_gemv.py, what `Kernels(norms="on")` runs) at its default tiles and at others
   (`NORM_GEMV_TILES`: rows a program, loads in flight, warps), the LoRA norms by XLA as in the others.
 Each variant's outputs are held to `plain`'s (max relative error). Run: `python -m bench.labs.attention_input_lab
 --out DIR` (`--tiny` on a CPU: a smoke run, not a timing).

@@ -158,7 +158,7 @@ def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, pe
 
 
 def census_rows(args, device, log) -> list[dict]:
-    kernels = Kernels(moe=args.moe_kernel, norm_gemv=args.norm_gemv)
+    kernels = Kernels(moe=args.moe_kernel, norms=args.norms)
     cfg = per_device.per_device_config(args.layers, False).replace(kernels=kernels)
     rows = []
     for layers in (args.layers, args.layers - 2):
@@ -223,7 +223,7 @@ def parse_args(argv):
     p.add_argument("--layers", type=int, default=6, help="target layers N (the census also compiles N - 2)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--moe-kernel", choices=per_device.KERNEL_PATH_MOE, default="auto")
-    p.add_argument("--norm-gemv", choices=("off", "on"), default="off", help="model.config.Kernels.norm_gemv")
+    p.add_argument("--norms", choices=("off", "on"), default="off", help="model.config.Kernels.norms")
     p.add_argument("--target-config", type=Path, default=H200_TARGET)
     p.add_argument("--hlo", action="store_true", help="also write each program's optimised HLO (gzipped)")
     p.add_argument("--out", default="bench/results")

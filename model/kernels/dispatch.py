@@ -14,7 +14,8 @@ Routed experts (`moe_kernel_for`):
 - above (up to MAX_KERNEL_TOKENS): moe_gather.py, Triton, tensor-core dots over the unique experts;
 - prefill buckets beyond MAX_KERNEL_TOKENS: the plain dense path.
 
-A layer's norms with the projections after them (`norm_gemv_applies`): norm_gemv.py at one token, opt-in.
+A layer's norms inside the kernels beside them, at one token, opt-in (`Kernels(norms="on")`): the projections after
+them (norm_gemv.py, `norm_gemv_applies`) and the latent cache's write (latent_write.py, `latent_write_applies`).
 """
 
 from __future__ import annotations
@@ -165,9 +166,15 @@ def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> boo
 
 # --- a layer's input norm and projection -----------------------------------------------------------------------
 def norm_gemv_applies(kernels: Kernels, tokens: int, weight) -> bool:
-    """The norm + projection kernel (norm_gemv.py) for a layer's attention input of `tokens` (batch x tokens)
-    rows? "on" only (opt-in until timed on a GPU): one row, a plain (not quantized) weight in whole blocks; off the
-    GPU in Pallas' interpret mode. Under a mesh the weight and the row are whole on every device."""
-    if kernels.norm_gemv != "on" or tokens != 1 or isinstance(weight, (Fp8Weight, Int4Weight)):
+    """The norm + projection kernel (norm_gemv.py) for a projection of `tokens` (batch x tokens) rows after a norm?
+    norms "on" only (opt-in until timed on a GPU): one row, a plain (not quantized) weight that tiles; off the GPU
+    in Pallas' interpret mode."""
+    if kernels.norms != "on" or tokens != 1 or isinstance(weight, (Fp8Weight, Int4Weight)):
         return False
     return norm_gemv.config_for(*weight.shape) is not None
+
+
+def latent_write_applies(kernels: Kernels, batch: int, tokens: int, paged: bool) -> bool:
+    """The latent cache's write with its norm and rope (latent_write.py)? norms "on" only: one token of one sequence
+    into a contiguous cache (a paged cache's pools take write_pages)."""
+    return kernels.norms == "on" and batch == 1 and tokens == 1 and not paged

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from model.kernels.triton_ops import rounded
 from model.norms import rms_norm
 from model.quant import linear
 
@@ -59,15 +60,6 @@ def config_for(out_features: int, hidden: int) -> NormGemvConfig | None:
     return dataclasses.replace(base, block_o=block_o, block_h=block_h)
 
 
-def _rounded(v_f32, dtype, interpret: bool):
-    """float32 v rounded to `dtype`, in float32. Triton keeps a cast's rounding; XLA's CPU compiler, which runs the
-    interpreter, may drop a round trip through bf16 (its excess precision), but not a reduce_precision."""
-    if interpret:
-        info = jnp.finfo(dtype)
-        return jax.lax.reduce_precision(v_f32, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-    return v_f32.astype(dtype).astype(jnp.float32)
-
-
 def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret):
     x_ref, *r_ref, norm_ref, w_ref, y_ref = refs
     rows = pl.ds(pl.program_id(0) * block_o, block_o)
@@ -76,7 +68,7 @@ def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret):
 
     def x_at(cols):  # float32 x, or x + residual rounded to x's dtype (XLA's add of the two)
         x = x_ref[0, cols].astype(jnp.float32)
-        return _rounded(x + r_ref[0][0, cols].astype(jnp.float32), dt, interpret) if residual else x
+        return rounded(x + r_ref[0][0, cols].astype(jnp.float32), dt, interpret) if residual else x
 
     def squares(i, acc):
         x = x_at(pl.ds(i * block_h, block_h))
@@ -87,8 +79,8 @@ def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret):
     def products(i, acc_O):
         cols = pl.ds(i * block_h, block_h)
         # rms_norm's roundings: the normed x to x's dtype, then its product with the norm's weight
-        normed = _rounded(x_at(cols) * inv_rms, dt, interpret)
-        normed = _rounded(norm_ref[cols].astype(jnp.float32) * normed, dt, interpret)
+        normed = rounded(x_at(cols) * inv_rms, dt, interpret)
+        normed = rounded(norm_ref[cols].astype(jnp.float32) * normed, dt, interpret)
         w_OK = w_ref[rows, cols]
         return acc_O + jnp.sum(w_OK.astype(jnp.float32) * normed[None, :], axis=1)
 
