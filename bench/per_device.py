@@ -69,7 +69,7 @@ from jaxspec.spec_step import commit, draft_chain  # noqa: E402
 from jaxspec.state import SpecState  # noqa: E402
 from model.attention_mla import fused_attention_input, mla  # noqa: E402
 from model.config import Kernels  # noqa: E402
-from model.decoder import KimiWeights, LayerWeights, fuse_attention_inputs  # noqa: E402
+from model.decoder import KimiWeights, LayerWeights, fuse_attention_inputs, post_attention_by_kernels  # noqa: E402
 from model.eagle3 import draft_forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
@@ -77,8 +77,9 @@ from model.mlp import swiglu  # noqa: E402
 from model.moe import MoEWeights, routed_experts  # noqa: E402
 from model.moe_parallel import local_choices  # noqa: E402
 from model.norms import rms_norm  # noqa: E402
+from model.quant import linear  # noqa: E402
 from model.rope import cos_sin, target_rope_tables  # noqa: E402
-from model.router import normed_router_logits, route  # noqa: E402
+from model.router import route  # noqa: E402
 from model.sharding import (CACHE_RULES, DRAFT_RULES, MESH_AXES, STATE_RULES, TARGET_RULES, path_str,  # noqa: E402
                             shard_shape, specs_for)
 
@@ -235,7 +236,8 @@ def greedy_tokens(logits_BTV, vocab_size: int, cuts: CollectiveCuts):
 
 
 # --- one device's forward -------------------------------------------------------------------------------------
-def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts, logits_TE=None):
+def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts, logits_TE=None,
+               shared_TF=None):
     """The MoE block on one device: (output [B, T, H], the experts each token chose [B*T, K], global ids)."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
@@ -252,7 +254,7 @@ def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: Collect
         y_TH = routed_experts(x_TH, w.experts, ids_TK, weights_TK, cfg.kernels)
     shared_TH = None
     if w.shared is not None:
-        shared_TH = swiglu(x_TH, w.shared)
+        shared_TH = swiglu(x_TH, w.shared) if shared_TF is None else linear(shared_TF, w.shared.down)
         if w.shared.gate.shape[0] < cfg.moe_intermediate_size * cfg.n_shared_experts:
             partial.append("shared expert down (FFN split)")
     if partial:
@@ -272,12 +274,11 @@ def device_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope
                                    qkv_a_BTX=fused_attention_input(x_BTH, lw.input_norm, lw.attn, cfg))
     if lw.attn.o_proj.shape[1] < cfg.num_attention_heads:  # o_proj over this device's heads: a partial sum
         attn_BTH = cuts.cut_collective(attn_BTH, ALL_REDUCE, "attention output (o_proj, heads split)")
-    moe_layer = isinstance(lw.mlp, MoEWeights)
-    logits_TE = normed_router_logits(x_BTH, attn_BTH, lw.post_attention_norm, lw.mlp.router, cfg) if moe_layer else None
+    logits_TE, shared_TF = post_attention_by_kernels(x_BTH, attn_BTH, lw, cfg)
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
-    if moe_layer:
-        ff_BTH, ids_TK = device_moe(h_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts, logits_TE)
+    if isinstance(lw.mlp, MoEWeights):
+        ff_BTH, ids_TK = device_moe(h_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts, logits_TE, shared_TF)
     else:
         ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
         if lw.mlp.gate.shape[0] < cfg.intermediate_size:

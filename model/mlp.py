@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
+from model.config import TextConfig
+from model.kernels import target
+from model.kernels.dispatch import norm_gemv_applies
+from model.kernels.norm_gemv import norm_gemv
 from model.quant import Weight, linear
+from model.shard_local import axis_of, shard_map_unchecked, sharded_mesh
 
 
 @struct.dataclass
@@ -17,3 +25,26 @@ class MLPWeights:
 
 def swiglu(x_BTH: jax.Array, w: MLPWeights) -> jax.Array:
     return linear(jax.nn.silu(linear(x_BTH, w.gate)) * linear(x_BTH, w.up), w.down)
+
+
+def normed_swiglu_hidden(x_BTH: jax.Array, residual_BTH: jax.Array, norm_H: jax.Array, w: MLPWeights,
+                         cfg: TextConfig):
+    """silu(gate(n)) * up(n) [T, F] for n = rms_norm(x + residual, norm), gate and up in one launch of the norm +
+    projection kernel where it applies (`model.kernels.dispatch.norm_gemv_applies`: one token), else None (the
+    caller's XLA add, norm and `swiglu`). Under a mesh each device projects onto the rows of F it holds."""
+    b, t, h = x_BTH.shape
+    if not norm_gemv_applies(cfg.kernels, b * t, (w.gate, w.up)):
+        return None
+
+    def hidden(x_TH, residual_TH, norm_H, gate_FH, up_FH):
+        f = gate_FH.shape[0]
+        gu_TX = norm_gemv(x_TH, norm_H, (gate_FH, up_FH), cfg.rms_norm_eps, residual_TH=residual_TH,
+                          interpret=target.interpret())
+        return jax.nn.silu(gu_TX[:, :f]) * gu_TX[:, f:]  # swiglu's products, in the activations' dtype
+
+    args = (x_BTH.reshape(1, h), residual_BTH.reshape(1, h), norm_H, w.gate, w.up)
+    mesh = sharded_mesh()
+    if mesh is None:
+        return hidden(*args)
+    f_ax = axis_of("ffn", w.gate.shape[0], mesh)
+    return shard_map_unchecked(hidden, mesh, (P(), P(), P(), P(f_ax, None), P(f_ax, None)), P(None, f_ax))(*args)

@@ -184,3 +184,44 @@ def test_a_residual_and_float32_logits_as_the_router_takes_them():
     want = np.asarray(norm_gemv_reference(x, norm, w, 1e-6, residual_TH=residual, out_dtype=jnp.float32))
     assert got.dtype == np.float32 and config_for(384, 1024).block_o == 4  # 96 programs of 4 rows
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_side_by_side_in_one_launch():
+    """A tuple of weights (the shared expert's gate and up): their outputs side by side, as one call each."""
+    x, norm, gate = _operands(256, 48, jnp.float32, seed=6)
+    up = jax.random.normal(jax.random.PRNGKey(9), (48, 256)) * 256 ** -0.5
+    got = norm_gemv(x, norm, (gate, up), 1e-6, interpret=True)
+    assert got.shape == (1, 96)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(norm_gemv_reference(x, norm, (gate, up), 1e-6)),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[:, 48:]), np.asarray(norm_gemv(x, norm, up, 1e-6, interpret=True)),
+                               rtol=1e-6, atol=1e-6)
+    assert config_for(4096, 7168, (2048, 2048)).block_o == 16  # the whole shared expert's gate and up
+    assert config_for(512, 7168, (256, 256)).block_o == 4  # a device's eighth: 128 programs of 4 rows
+    assert 8 % config_for(40, 256, (8, 32)).block_o == 0  # blocks never straddle two weights
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 4)])
+def test_the_shared_experts_hidden_by_kernel_equals_swiglus(mesh_shape):
+    """silu(gate) * up of norm(x + residual) by one launch, over the rows of F each device holds under the 2 x 4
+    mesh, equals the XLA add, norm and products `swiglu` runs."""
+    from model.mlp import MLPWeights, normed_swiglu_hidden
+    from model.sharding import make_mesh, mesh_context
+
+    cfg = tiny_target_config().replace(kernels=Kernels(norms="on"))
+    h, f = cfg.hidden_size, 64
+    ks = jax.random.split(jax.random.PRNGKey(12), 5)
+    x, residual = jax.random.normal(ks[0], (1, 1, h)), jax.random.normal(ks[1], (1, 1, h))
+    norm = 1 + 0.1 * jax.random.normal(ks[2], (h,))
+    w = MLPWeights(jax.random.normal(ks[3], (f, h)) * h ** -0.5, jax.random.normal(ks[4], (f, h)) * h ** -0.5,
+                   jnp.zeros((h, f)))
+    n = rms_norm(x + residual, norm, cfg.rms_norm_eps)[0]
+    want = jax.nn.silu(n @ w.gate.T) * (n @ w.up.T)
+    run = jax.jit(lambda *a: normed_swiglu_hidden(*a, cfg))
+    if mesh_shape is None:
+        got = run(x, residual, norm, w)
+    else:
+        with mesh_context(make_mesh(mesh_shape)):
+            got = run(x, residual, norm, w)
+    assert got.shape == (1, f)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

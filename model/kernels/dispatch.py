@@ -166,12 +166,14 @@ def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> boo
 
 # --- a layer's input norm and projection -----------------------------------------------------------------------
 def norm_gemv_applies(kernels: Kernels, tokens: int, weight) -> bool:
-    """The norm + projection kernel (norm_gemv.py) for a projection of `tokens` (batch x tokens) rows after a norm?
-    norms "on" only (opt-in until timed on a GPU): one row, a plain (not quantized) weight that tiles; off the GPU
-    in Pallas' interpret mode."""
-    if kernels.norms != "on" or tokens != 1 or isinstance(weight, (Fp8Weight, Int4Weight)):
+    """The norm + projection kernel (norm_gemv.py) for a projection of `tokens` (batch x tokens) rows after a norm
+    (`weight`: one, or a tuple projected in one launch)? norms "on" only (opt-in until timed on a GPU): one row,
+    plain (not quantized) weights that tile; off the GPU in Pallas' interpret mode."""
+    weights = tuple(weight) if isinstance(weight, (tuple, list)) else (weight,)
+    if kernels.norms != "on" or tokens != 1 or any(isinstance(w, (Fp8Weight, Int4Weight)) for w in weights):
         return False
-    return norm_gemv.config_for(*weight.shape) is not None
+    rows = tuple(w.shape[0] for w in weights)
+    return norm_gemv.config_for(sum(rows), weights[0].shape[1], rows) is not None
 
 
 def latent_write_applies(kernels: Kernels, batch: int, tokens: int, paged: bool) -> bool:

@@ -47,11 +47,12 @@ MIN_BLOCK_O = 4
 TILE_ELEMENTS = 8192
 
 
-def config_for(out_features: int, hidden: int) -> NormGemvConfig | None:
-    """The tiles for a [out_features, hidden] weight: blocks of rows and columns that divide it (powers of two, as
-    Triton's blocks are); None where a step would hold fewer than 16 columns."""
+def config_for(out_features: int, hidden: int, rows: tuple[int, ...] = ()) -> NormGemvConfig | None:
+    """The tiles for a [out_features, hidden] weight (or weights of `rows` rows, `out_features` in all): blocks of
+    rows and columns that divide it (each of them; powers of two, as Triton's blocks are); None where a step would
+    hold fewer than 16 columns."""
     base = NormGemvConfig()
-    block_o = _pow2_divisor(out_features, base.block_o)
+    block_o = min(_pow2_divisor(r, base.block_o) for r in (rows or (out_features,)))
     while block_o > MIN_BLOCK_O and out_features // block_o < MIN_PROGRAMS:
         block_o //= 2
     block_h = min(_pow2_divisor(hidden, TILE_ELEMENTS), max(base.block_h, TILE_ELEMENTS // block_o))
@@ -60,9 +61,10 @@ def config_for(out_features: int, hidden: int) -> NormGemvConfig | None:
     return dataclasses.replace(base, block_o=block_o, block_h=block_h)
 
 
-def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret):
-    x_ref, *r_ref, norm_ref, w_ref, y_ref = refs
-    rows = pl.ds(pl.program_id(0) * block_o, block_o)
+def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret, weight_rows):
+    x_ref, r_ref = refs[0], refs[1:1 + residual]
+    norm_ref, w_refs, y_ref = refs[1 + residual], refs[2 + residual:-1], refs[-1]
+    program = pl.program_id(0)
     steps = hidden // block_h
     dt = x_ref.dtype
 
@@ -76,41 +78,60 @@ def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret):
 
     inv_rms = jax.lax.rsqrt(jax.lax.fori_loop(0, steps, squares, jnp.float32(0.0)) / hidden + eps)
 
-    def products(i, acc_O):
-        cols = pl.ds(i * block_h, block_h)
-        # rms_norm's roundings: the normed x to x's dtype, then its product with the norm's weight
-        normed = rounded(x_at(cols) * inv_rms, dt, interpret)
-        normed = rounded(norm_ref[cols].astype(jnp.float32) * normed, dt, interpret)
-        w_OK = w_ref[rows, cols]
-        return acc_O + jnp.sum(w_OK.astype(jnp.float32) * normed[None, :], axis=1)
+    def project(w_ref, row0, out0):  # rows row0.. of w_ref into y's columns out0 + row0..
+        def products(i, acc_O):
+            cols = pl.ds(i * block_h, block_h)
+            # rms_norm's roundings: the normed x to x's dtype, then its product with the norm's weight
+            normed = rounded(x_at(cols) * inv_rms, dt, interpret)
+            normed = rounded(norm_ref[cols].astype(jnp.float32) * normed, dt, interpret)
+            w_OK = w_ref[pl.ds(row0, block_o), cols]
+            return acc_O + jnp.sum(w_OK.astype(jnp.float32) * normed[None, :], axis=1)
 
-    acc_O = jax.lax.fori_loop(0, steps, products, jnp.zeros((block_o,), jnp.float32))
-    y_ref[0, rows] = acc_O.astype(y_ref.dtype)
+        acc_O = jax.lax.fori_loop(0, steps, products, jnp.zeros((block_o,), jnp.float32))
+        y_ref[0, pl.ds(out0 + row0, block_o)] = acc_O.astype(y_ref.dtype)
+
+    if len(w_refs) == 1:
+        project(w_refs[0], program * block_o, 0)
+        return
+    first_program = first_row = 0  # the weights' programs one after another, each weight's rows in whole blocks
+    for w_ref, rows in zip(w_refs, weight_rows):
+        programs = rows // block_o
+
+        @pl.when((program >= first_program) & (program < first_program + programs))
+        def _(w_ref=w_ref, first_program=first_program, first_row=first_row):
+            project(w_ref, (program - first_program) * block_o, first_row)
+
+        first_program, first_row = first_program + programs, first_row + rows
 
 
-def norm_gemv(x_TH: jax.Array, norm_H: jax.Array, weight_OH: jax.Array, eps: float, *, residual_TH=None,
+def norm_gemv(x_TH: jax.Array, norm_H: jax.Array, weight_OH, eps: float, *, residual_TH=None,
               out_dtype=None, cfg: NormGemvConfig | None = None, interpret: bool = False) -> jax.Array:
     """linear(rms_norm(x, norm, eps), weight) for one token: x [1, W], weight [O, H] -> [1, O] in x's dtype, the
-    norm over x's first H columns (W >= H: x may be a wider projection's output, read in place).
+    norm over x's first H columns (W >= H: x may be a wider projection's output, read in place). `weight_OH` may
+    be a tuple of weights [O_i, H] (the shared expert's gate and up): one launch, their outputs side by side.
     `residual_TH` [1, H]: the norm is of x + residual (in x's dtype), the sum a residual stream adds before its
     norm; `out_dtype`: the output's (float32: the products summed in float32 and kept, as the router's logits);
     `cfg`: the tiles (None: `config_for` the weight's shape)."""
+    weights = tuple(weight_OH) if isinstance(weight_OH, (tuple, list)) else (weight_OH,)
     t, width = x_TH.shape
-    out_features, hidden = weight_OH.shape
+    hidden = weights[0].shape[1]
+    rows = tuple(w.shape[0] for w in weights)
+    out_features = sum(rows)
     if t != 1:
         raise ValueError(f"norm_gemv takes one token, got {t}")
-    if width < hidden or norm_H.shape != (hidden,):
-        raise ValueError(f"norm_gemv: x {x_TH.shape}, norm {norm_H.shape} and weight {weight_OH.shape} disagree")
-    cfg = cfg or config_for(out_features, hidden)
-    if cfg is None or out_features % cfg.block_o or hidden % cfg.block_h:
-        raise ValueError(f"norm_gemv: weight {weight_OH.shape} is not in whole blocks of rows and columns "
-                         f"({cfg or 'no tiles'})")
+    if width < hidden or norm_H.shape != (hidden,) or any(w.shape[1] != hidden for w in weights):
+        raise ValueError(f"norm_gemv: x {x_TH.shape}, norm {norm_H.shape} and weights "
+                         f"{[w.shape for w in weights]} disagree")
+    cfg = cfg or config_for(out_features, hidden, rows)
+    if cfg is None or any(r % cfg.block_o for r in rows) or hidden % cfg.block_h:
+        raise ValueError(f"norm_gemv: weights {[w.shape for w in weights]} are not in whole blocks of rows and "
+                         f"columns ({cfg or 'no tiles'})")
     if not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a Python number (it is baked into the kernel), got {type(eps).__name__}")
     if residual_TH is not None and residual_TH.shape != (1, hidden):
         raise ValueError(f"norm_gemv: residual {residual_TH.shape} is not [1, {hidden}]")
     kernel = functools.partial(_kernel, hidden=hidden, block_o=cfg.block_o, block_h=cfg.block_h, eps=eps,
-                               residual=residual_TH is not None, interpret=interpret)
+                               residual=residual_TH is not None, interpret=interpret, weight_rows=rows)
     residual = () if residual_TH is None else (residual_TH.astype(x_TH.dtype),)
     return pl.pallas_call(
         kernel,
@@ -119,17 +140,19 @@ def norm_gemv(x_TH: jax.Array, norm_H: jax.Array, weight_OH: jax.Array, eps: flo
         compiler_params=pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="norm_gemv",
-    )(x_TH, *residual, norm_H.astype(x_TH.dtype), weight_OH.astype(x_TH.dtype))
+    )(x_TH, *residual, norm_H.astype(x_TH.dtype), *(w.astype(x_TH.dtype) for w in weights))
 
 
-def norm_gemv_reference(x_TH: jax.Array, norm_H: jax.Array, weight_OH: jax.Array, eps: float, *, residual_TH=None,
+def norm_gemv_reference(x_TH: jax.Array, norm_H: jax.Array, weight_OH, eps: float, *, residual_TH=None,
                         out_dtype=None) -> jax.Array:
     """The plain XLA form the kernel is held to (and what runs where it does not): float32 products summed in
-    float32 where `out_dtype` is float32 (as `model.router.router_logits`), `model.quant.linear` otherwise."""
-    hidden = weight_OH.shape[1]
+    float32 where `out_dtype` is float32 (as `model.router.router_logits`), `model.quant.linear` otherwise; a tuple
+    of weights, their outputs side by side."""
+    weights = tuple(weight_OH) if isinstance(weight_OH, (tuple, list)) else (weight_OH,)
+    hidden = weights[0].shape[1]
     x = x_TH[:, :hidden] if residual_TH is None else x_TH[:, :hidden] + residual_TH.astype(x_TH.dtype)
     normed = rms_norm(x, norm_H, eps)
     if out_dtype is not None and jnp.dtype(out_dtype) == jnp.float32:
-        return jnp.einsum("th,oh->to", normed.astype(jnp.float32), weight_OH.astype(jnp.float32),
-                          precision=jax.lax.Precision.HIGHEST)
-    return linear(normed, weight_OH).astype(out_dtype or x_TH.dtype)
+        return jnp.concatenate([jnp.einsum("th,oh->to", normed.astype(jnp.float32), w.astype(jnp.float32),
+                                           precision=jax.lax.Precision.HIGHEST) for w in weights], axis=1)
+    return jnp.concatenate([linear(normed, w).astype(out_dtype or x_TH.dtype) for w in weights], axis=1)
