@@ -106,7 +106,7 @@ def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm
     (`input_projections`). Where the norm + projection kernel applies, q_a's norm and q_b run as one kernel
     (`normed_query_by_kernel`)."""
     b, t = x_BTH.shape[:2]
-    if q_a_BTX is not None and norm_gemv_applies(cfg.kernels, b * t, _rows(w.q_b_proj)):
+    if q_a_BTX is not None and norm_gemv_applies(cfg.kernels, b, t, _rows(w.q_b_proj)):
         q_BTND = normed_query_by_kernel(q_a_BTX, w, norm_eps)
     else:
         q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX[..., :w.q_a_norm.shape[0]], w.q_a_norm, norm_eps,
@@ -125,7 +125,7 @@ def _rows(q_b_NKQ):
 
 
 def normed_query_by_kernel(q_a_BTX, w: MLAWeights, norm_eps: float):
-    """q_b(rms_norm(q_a's output, q_a_norm)) [B, T, N, K] for one token by the norm + projection kernel, which
+    """q_b(rms_norm(q_a's output, q_a_norm)) [B, T, N, K] for a few tokens by the norm + projection kernel, which
     reads q_a's output as the first columns of `q_a_BTX` (the fused projection's output, or q_a's alone); under a
     mesh each device projects onto the heads it holds."""
     b, t, width = q_a_BTX.shape
@@ -134,14 +134,14 @@ def normed_query_by_kernel(q_a_BTX, w: MLAWeights, norm_eps: float):
     def project(q_a_TX, norm_X, q_b_NKQ):
         n, k, _ = q_b_NKQ.shape
         run = norm_gemv(q_a_TX, norm_X, q_b_NKQ.reshape(n * k, q), norm_eps, interpret=target.interpret())
-        return run.reshape(1, 1, n, k)
+        return run.reshape(-1, n, k)
 
     mesh = sharded_mesh()
     if mesh is None:
-        return project(q_a_BTX.reshape(1, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
+        return project(q_a_BTX.reshape(b * t, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
     n_ax = axis_of("heads", w.q_b_proj.shape[0], mesh)
-    return shard_map_unchecked(project, mesh, (P(), P(), P(n_ax, None, None)), P(None, None, n_ax, None))(
-        q_a_BTX.reshape(1, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
+    return shard_map_unchecked(project, mesh, (P(), P(), P(n_ax, None, None)), P(None, n_ax, None))(
+        q_a_BTX.reshape(b * t, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
 
 
 def project_latent(kv_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
@@ -221,10 +221,10 @@ def fused_attention_input(x_BTH, norm_H, w: MLAWeights, cfg: TextConfig):
     """The fused q_a + kv_a projection of rms_norm(x, norm) [B, T, Q+C+R] by the norm + projection kernel where
     it applies (`model.kernels.dispatch.norm_gemv_applies`), else None (the caller's XLA norm and `mla`'s GEMM)."""
     b, t, h = x_BTH.shape
-    if w.qkv_a_proj is None or not norm_gemv_applies(cfg.kernels, b * t, w.qkv_a_proj):
+    if w.qkv_a_proj is None or not norm_gemv_applies(cfg.kernels, b, t, w.qkv_a_proj):
         return None
     run = functools.partial(norm_gemv, eps=cfg.rms_norm_eps, interpret=target.interpret())
-    return per_device_replicated(run, x_BTH.reshape(1, h), norm_H, w.qkv_a_proj).reshape(b, t, -1)
+    return per_device_replicated(run, x_BTH.reshape(b * t, h), norm_H, w.qkv_a_proj).reshape(b, t, -1)
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
@@ -243,9 +243,8 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
         # the kv_a projection's output read where it lies: from q_a's columns' end in the fused projection's output
         kv_source, offset = (q_a_BTX, w.q_a_norm.shape[0]) if w.qkv_a_proj is not None else (kv_BTX, 0)
         write = functools.partial(latent_write, eps=norm_eps, offset=offset, interpret=target.interpret())
-        latent_BSC, k_rope_BSR = per_device_replicated(
-            write, kv_source.reshape(1, -1), w.kv_a_norm, cos.reshape(1, -1), sin.reshape(1, -1), latent_BSC,
-            k_rope_BSR, positions_BT)
+        latent_BSC, k_rope_BSR = per_device_replicated(write, kv_source, w.kv_a_norm, cos, sin, latent_BSC,
+                                                       k_rope_BSR, positions_BT)
         return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     if pages_BM is not None:

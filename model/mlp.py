@@ -30,10 +30,10 @@ def swiglu(x_BTH: jax.Array, w: MLPWeights) -> jax.Array:
 def normed_swiglu_hidden(x_BTH: jax.Array, residual_BTH: jax.Array, norm_H: jax.Array, w: MLPWeights,
                          cfg: TextConfig):
     """silu(gate(n)) * up(n) [T, F] for n = rms_norm(x + residual, norm), gate and up in one launch of the norm +
-    projection kernel where it applies (`model.kernels.dispatch.norm_gemv_applies`: one token), else None (the
+    projection kernel where it applies (`model.kernels.dispatch.norm_gemv_applies`: a few tokens), else None (the
     caller's XLA add, norm and `swiglu`). Under a mesh each device projects onto the rows of F it holds."""
     b, t, h = x_BTH.shape
-    if not norm_gemv_applies(cfg.kernels, b * t, (w.gate, w.up)):
+    if not norm_gemv_applies(cfg.kernels, b, t, (w.gate, w.up)):
         return None
 
     def hidden(x_TH, residual_TH, norm_H, gate_FH, up_FH):
@@ -42,7 +42,7 @@ def normed_swiglu_hidden(x_BTH: jax.Array, residual_BTH: jax.Array, norm_H: jax.
                           interpret=target.interpret())
         return jax.nn.silu(gu_TX[:, :f]) * gu_TX[:, f:]  # swiglu's products, in the activations' dtype
 
-    args = (x_BTH.reshape(1, h), residual_BTH.reshape(1, h), norm_H, w.gate, w.up)
+    args = (x_BTH.reshape(b * t, h), residual_BTH.reshape(b * t, h), norm_H, w.gate, w.up)
     mesh = sharded_mesh()
     if mesh is None:
         return hidden(*args)

@@ -70,15 +70,15 @@ def route_topk_of_logits(logits_TE: jax.Array, bias_E: jax.Array, cfg: TextConfi
 def normed_router_logits(x_BTH: jax.Array, residual_BTH: jax.Array, norm_H: jax.Array, router_EH: jax.Array,
                          cfg: TextConfig):
     """The router's float32 logits [T, E] of rms_norm(x + residual, norm) by the norm + projection kernel where it
-    applies (`model.kernels.dispatch.norm_gemv_applies`: one token), else None (the caller's XLA add and norm, and
+    applies (`model.kernels.dispatch.norm_gemv_applies`: a few tokens), else None (the caller's XLA add and norm, and
     `route`'s product). The sum and the norm run inside it, so the routing does not wait for XLA's add and norm;
     under a mesh each device computes them on its copy."""
     b, t, h = x_BTH.shape
-    if not norm_gemv_applies(cfg.kernels, b * t, router_EH):
+    if not norm_gemv_applies(cfg.kernels, b, t, router_EH):
         return None
 
     def logits(x_TH, residual_TH, norm_H, router_EH):
         return norm_gemv(x_TH, norm_H, router_EH, cfg.rms_norm_eps, residual_TH=residual_TH,
                          out_dtype=jnp.float32, interpret=target.interpret())
 
-    return per_device_replicated(logits, x_BTH.reshape(1, h), residual_BTH.reshape(1, h), norm_H, router_EH)
+    return per_device_replicated(logits, x_BTH.reshape(b * t, h), residual_BTH.reshape(b * t, h), norm_H, router_EH)

@@ -57,8 +57,8 @@ def test_tiles_by_shape_and_bad_input():
     assert config_for(36, 96) == NormGemvConfig(block_o=4, block_h=32)
     assert config_for(64, 40) is None  # 8 columns a block at most
     x, norm, w = _operands(64, 32, jnp.float32)
-    with pytest.raises(ValueError, match="one token"):
-        norm_gemv(jnp.concatenate([x, x]), norm, w, 1e-6, interpret=True)
+    with pytest.raises(ValueError, match="1 to 8 rows"):
+        norm_gemv(jnp.concatenate([x] * 9), norm, w, 1e-6, interpret=True)
     with pytest.raises(ValueError, match="disagree"):
         norm_gemv(x, norm[:32], w, 1e-6, interpret=True)
     with pytest.raises(TypeError, match="eps"):
@@ -67,31 +67,32 @@ def test_tiles_by_shape_and_bad_input():
         Kernels(norms="auto")
 
 
-def test_dispatch_takes_it_when_asked_for_one_token_and_a_plain_weight():
+def test_dispatch_takes_it_when_asked_for_a_few_tokens_and_a_plain_weight():
     w = jnp.zeros((2112, 7168), jnp.bfloat16)
     on = Kernels(norms="on")
-    assert not norm_gemv_applies(Kernels(), 1, w)  # off by default
-    assert norm_gemv_applies(on, 1, w) and not norm_gemv_applies(on, 4, w)
+    assert not norm_gemv_applies(Kernels(), 1, 1, w)  # off by default
+    assert norm_gemv_applies(on, 1, 1, w) and norm_gemv_applies(on, 1, 4, w) and not norm_gemv_applies(on, 1, 9, w)
     fp8 = Fp8Weight(jnp.zeros((2112, 7168), jnp.float8_e4m3fn), jnp.ones((17, 56), jnp.float32))
-    assert not norm_gemv_applies(on, 1, fp8)
+    assert not norm_gemv_applies(on, 1, 1, fp8)
 
 
-def _decode(w, cfg, kernels):
+def _step(w, cfg, kernels, batch, tokens):
     cfg = cfg.replace(kernels=kernels)
-    tokens = jnp.asarray([[7]], jnp.int32)
-    cache = init_latent_cache(cfg, 1, 16, jnp.float32)
-    out = jax.jit(functools.partial(forward, cfg=cfg))(w, tokens_BT=tokens, positions_BT=jnp.zeros((1, 1), jnp.int32),
-                                                        cache=cache)
+    tokens_BT = (7 + jnp.arange(batch * tokens, dtype=jnp.int32)).reshape(batch, tokens)
+    positions_BT = jnp.broadcast_to(3 + jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+    cache = init_latent_cache(cfg, batch, 16, jnp.float32)
+    out = jax.jit(functools.partial(forward, cfg=cfg))(w, tokens_BT=tokens_BT, positions_BT=positions_BT, cache=cache)
     return out.logits, out.cache
 
 
-def test_a_decode_step_with_it_equals_the_one_without():
-    """A tiny model's one-token step (float32), the kernel in interpret mode: the same logits and caches."""
+@pytest.mark.parametrize("batch, tokens", [(1, 1), (1, 4), (2, 1)])  # decode, a verify, a batch's decode
+def test_a_step_with_it_equals_the_one_without(batch, tokens):
+    """A tiny model's step (float32), the kernels in interpret mode: the same logits and caches."""
     cfg = tiny_target_config()
     w = fuse_attention_inputs(init_kimi_weights(cfg, np.random.default_rng(3), jnp.float32))
-    assert norm_gemv_applies(Kernels(norms="on"), 1, w.layers[1].attn.qkv_a_proj)  # the layers take it
-    want_logits, want_cache = _decode(w, cfg, Kernels())
-    got_logits, got_cache = _decode(w, cfg, Kernels(norms="on"))
+    assert norm_gemv_applies(Kernels(norms="on"), batch, tokens, w.layers[1].attn.qkv_a_proj)  # the layers take it
+    want_logits, want_cache = _step(w, cfg, Kernels(), batch, tokens)
+    got_logits, got_cache = _step(w, cfg, Kernels(norms="on"), batch, tokens)
     np.testing.assert_allclose(got_logits, want_logits, rtol=1e-5, atol=1e-5)
     for got, want in zip(jax.tree_util.tree_leaves(got_cache), jax.tree_util.tree_leaves(want_cache)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -225,3 +226,21 @@ def test_the_shared_experts_hidden_by_kernel_equals_swiglus(mesh_shape):
             got = run(x, residual, norm, w)
     assert got.shape == (1, f)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [2, 4, 8])
+def test_several_tokens_each_normed_on_its_own(tokens):
+    """Verify's tokens (or a batch's): each row normed with its own sum of squares, every weight block read once
+    for all of them; with a residual and float32 output as the router takes them."""
+    k = jax.random.split(jax.random.PRNGKey(tokens), 4)
+    x = (jax.random.normal(k[0], (tokens, 512)) * jnp.arange(1, tokens + 1)[:, None]).astype(jnp.bfloat16)
+    residual = jax.random.normal(k[1], (tokens, 512)).astype(jnp.bfloat16)
+    norm = (1 + 0.1 * jax.random.normal(k[2], (512,))).astype(jnp.bfloat16)
+    w = (jax.random.normal(k[3], (128, 512)) * 512 ** -0.5).astype(jnp.bfloat16)
+    got = np.asarray(norm_gemv(x, norm, w, 1e-6, residual_TH=residual, out_dtype=jnp.float32, interpret=True))
+    want = np.asarray(norm_gemv_reference(x, norm, w, 1e-6, residual_TH=residual, out_dtype=jnp.float32))
+    assert got.shape == (tokens, 128)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    cfg = config_for(128, 512, tokens=tokens)
+    assert cfg.block_o * cfg.block_h * tokens <= 8192  # the products' block stays in registers
+    assert config_for(128, 512, tokens=9) is None

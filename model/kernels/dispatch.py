@@ -23,7 +23,7 @@ from __future__ import annotations
 import jax
 
 from model.config import Kernels, TextConfig
-from model.kernels import moe_grouped, moe_wgmma, norm_gemv, target
+from model.kernels import latent_write, moe_grouped, moe_wgmma, norm_gemv, target
 from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, check_pages, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
@@ -165,18 +165,26 @@ def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> boo
 
 
 # --- a layer's input norm and projection -----------------------------------------------------------------------
-def norm_gemv_applies(kernels: Kernels, tokens: int, weight) -> bool:
-    """The norm + projection kernel (norm_gemv.py) for a projection of `tokens` (batch x tokens) rows after a norm
-    (`weight`: one, or a tuple projected in one launch)? norms "on" only (opt-in until timed on a GPU): one row,
-    plain (not quantized) weights that tile; off the GPU in Pallas' interpret mode."""
+def norm_gemv_applies(kernels: Kernels, batch: int, tokens: int, weight) -> bool:
+    """The norm + projection kernel (norm_gemv.py) for a projection after a norm of `batch` x `tokens` rows
+    (`weight`: one, or a tuple projected in one launch)? norms "on" only (opt-in until timed on a GPU): up to
+    norm_gemv.MAX_TOKENS rows, plain (not quantized) weights that tile; off the GPU in Pallas' interpret mode.
+    Under a mesh every device runs it on all the rows: not where a "data" axis splits a batch of several."""
     weights = tuple(weight) if isinstance(weight, (tuple, list)) else (weight,)
-    if kernels.norms != "on" or tokens != 1 or any(isinstance(w, (Fp8Weight, Int4Weight)) for w in weights):
+    if kernels.norms != "on" or any(isinstance(w, (Fp8Weight, Int4Weight)) for w in weights):
+        return False
+    mesh = sharded_mesh()
+    if batch > 1 and mesh is not None and mesh.shape.get("data", 1) > 1:
         return False
     rows = tuple(w.shape[0] for w in weights)
-    return norm_gemv.config_for(sum(rows), weights[0].shape[1], rows) is not None
+    return norm_gemv.config_for(sum(rows), weights[0].shape[1], rows, batch * tokens) is not None
 
 
 def latent_write_applies(kernels: Kernels, batch: int, tokens: int, paged: bool) -> bool:
-    """The latent cache's write with its norm and rope (latent_write.py)? norms "on" only: one token of one sequence
-    into a contiguous cache (a paged cache's pools take write_pages)."""
-    return kernels.norms == "on" and batch == 1 and tokens == 1 and not paged
+    """The latent cache's write with its norm and rope (latent_write.py)? norms "on" only: up to
+    latent_write.MAX_ROWS tokens into a contiguous cache (a paged cache's pools take write_pages); under a mesh
+    every device writes its copy: not where a "data" axis splits a batch of several."""
+    if kernels.norms != "on" or paged or not 1 <= batch * tokens <= latent_write.MAX_ROWS:
+        return False
+    mesh = sharded_mesh()
+    return batch == 1 or mesh is None or mesh.shape.get("data", 1) == 1

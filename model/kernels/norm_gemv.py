@@ -1,11 +1,12 @@
-"""A decoder layer's input norm and the projection after it, for one token, in one Pallas (Triton) kernel.
+"""An RMSNorm and the projection after it, for a few tokens (decode, verify), in one Pallas (Triton) kernel.
 
 Plain reference: `norm_gemv_reference` (model.norms.rms_norm, then model.quant.linear), which is what runs
 everywhere the kernel does not. Why: at one token XLA runs RMSNorm and a [O, H] projection after it as a chain of
 four launches (the sum of squares, the scale, a split-K GEMM and the sum of its splits), three of which read next to
 nothing; on one device of the 8-way mesh a layer is a chain of such launches (docs/performance.md, "Counting a GPU
 program's kernels without a GPU"). Here each program takes `block_o` rows of the weight: it sums x's squares itself
-(x is one row, read from L2 by every program), then streams its rows block by block against the normed x.
+(x is a few rows, read from L2 by every program), then streams its rows block by block against the normed x, each
+weight block read once for all the tokens.
 
 The norm rounds as Hugging Face's does (the normed x to the activation dtype, then times the norm weight in it), so
 the products are the reference's; only the order of the f32 summation differs.
@@ -45,17 +46,23 @@ def _pow2_divisor(n: int, most: int) -> int:
 MIN_PROGRAMS = 96
 MIN_BLOCK_O = 4
 TILE_ELEMENTS = 8192
+# the products of several tokens are a [tokens, rows, columns] block in registers: at most this many a step
+PRODUCT_ELEMENTS = 8192
+MAX_TOKENS = 8  # rows of x (batch x tokens): decode at batch 1 to 8, verify of up to 8 tokens at batch 1
 
 
-def config_for(out_features: int, hidden: int, rows: tuple[int, ...] = ()) -> NormGemvConfig | None:
-    """The tiles for a [out_features, hidden] weight (or weights of `rows` rows, `out_features` in all): blocks of
-    rows and columns that divide it (each of them; powers of two, as Triton's blocks are); None where a step would
-    hold fewer than 16 columns."""
+def config_for(out_features: int, hidden: int, rows: tuple[int, ...] = (), tokens: int = 1) -> NormGemvConfig | None:
+    """The tiles for a [out_features, hidden] weight (or weights of `rows` rows, `out_features` in all) and
+    `tokens` rows of x: blocks of rows and columns that divide it (each of them; powers of two, as Triton's blocks
+    are); None where a step would hold fewer than 16 columns, or for more than MAX_TOKENS tokens."""
+    if not 1 <= tokens <= MAX_TOKENS:
+        return None
     base = NormGemvConfig()
     block_o = min(_pow2_divisor(r, base.block_o) for r in (rows or (out_features,)))
     while block_o > MIN_BLOCK_O and out_features // block_o < MIN_PROGRAMS:
         block_o //= 2
-    block_h = min(_pow2_divisor(hidden, TILE_ELEMENTS), max(base.block_h, TILE_ELEMENTS // block_o))
+    widest = max(base.block_h, TILE_ELEMENTS // block_o) if tokens == 1 else PRODUCT_ELEMENTS // (tokens * block_o)
+    block_h = min(_pow2_divisor(hidden, TILE_ELEMENTS), widest)
     if block_h < 16:
         return None
     return dataclasses.replace(base, block_o=block_o, block_h=block_h)
@@ -68,27 +75,30 @@ def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret, weight_ro
     steps = hidden // block_h
     dt = x_ref.dtype
 
-    def x_at(cols):  # float32 x, or x + residual rounded to x's dtype (XLA's add of the two)
-        x = x_ref[0, cols].astype(jnp.float32)
-        return rounded(x + r_ref[0][0, cols].astype(jnp.float32), dt, interpret) if residual else x
+    tokens = x_ref.shape[0]
 
-    def squares(i, acc):
+    def x_at(cols):  # float32 x [T, K], or x + residual rounded to x's dtype (XLA's add of the two)
+        x = x_ref[:, cols].astype(jnp.float32)
+        return rounded(x + r_ref[0][:, cols].astype(jnp.float32), dt, interpret) if residual else x
+
+    def squares(i, acc_T):
         x = x_at(pl.ds(i * block_h, block_h))
-        return acc + jnp.sum(x * x)
+        return acc_T + jnp.sum(x * x, axis=1)
 
-    inv_rms = jax.lax.rsqrt(jax.lax.fori_loop(0, steps, squares, jnp.float32(0.0)) / hidden + eps)
+    sums_T = jax.lax.fori_loop(0, steps, squares, jnp.zeros((tokens,), jnp.float32))
+    inv_rms_T1 = jax.lax.rsqrt(sums_T / hidden + eps)[:, None]
 
     def project(w_ref, row0, out0):  # rows row0.. of w_ref into y's columns out0 + row0..
-        def products(i, acc_O):
+        def products(i, acc_TO):
             cols = pl.ds(i * block_h, block_h)
             # rms_norm's roundings: the normed x to x's dtype, then its product with the norm's weight
-            normed = rounded(x_at(cols) * inv_rms, dt, interpret)
-            normed = rounded(norm_ref[cols].astype(jnp.float32) * normed, dt, interpret)
-            w_OK = w_ref[pl.ds(row0, block_o), cols]
-            return acc_O + jnp.sum(w_OK.astype(jnp.float32) * normed[None, :], axis=1)
+            normed_TK = rounded(x_at(cols) * inv_rms_T1, dt, interpret)
+            normed_TK = rounded(norm_ref[cols].astype(jnp.float32)[None, :] * normed_TK, dt, interpret)
+            w_OK = w_ref[pl.ds(row0, block_o), cols].astype(jnp.float32)
+            return acc_TO + jnp.sum(normed_TK[:, None, :] * w_OK[None, :, :], axis=2)
 
-        acc_O = jax.lax.fori_loop(0, steps, products, jnp.zeros((block_o,), jnp.float32))
-        y_ref[0, pl.ds(out0 + row0, block_o)] = acc_O.astype(y_ref.dtype)
+        acc_TO = jax.lax.fori_loop(0, steps, products, jnp.zeros((tokens, block_o), jnp.float32))
+        y_ref[:, pl.ds(out0 + row0, block_o)] = acc_TO.astype(y_ref.dtype)
 
     if len(w_refs) == 1:
         project(w_refs[0], program * block_o, 0)
@@ -106,36 +116,36 @@ def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret, weight_ro
 
 def norm_gemv(x_TH: jax.Array, norm_H: jax.Array, weight_OH, eps: float, *, residual_TH=None,
               out_dtype=None, cfg: NormGemvConfig | None = None, interpret: bool = False) -> jax.Array:
-    """linear(rms_norm(x, norm, eps), weight) for one token: x [1, W], weight [O, H] -> [1, O] in x's dtype, the
-    norm over x's first H columns (W >= H: x may be a wider projection's output, read in place). `weight_OH` may
-    be a tuple of weights [O_i, H] (the shared expert's gate and up): one launch, their outputs side by side.
-    `residual_TH` [1, H]: the norm is of x + residual (in x's dtype), the sum a residual stream adds before its
-    norm; `out_dtype`: the output's (float32: the products summed in float32 and kept, as the router's logits);
-    `cfg`: the tiles (None: `config_for` the weight's shape)."""
+    """linear(rms_norm(x, norm, eps), weight) for up to MAX_TOKENS rows: x [T, W], weight [O, H] -> [T, O] in x's
+    dtype, the norm over x's first H columns (W >= H: x may be a wider projection's output, read in place).
+    `weight_OH` may be a tuple of weights [O_i, H] (the shared expert's gate and up): one launch, their outputs side
+    by side. `residual_TH` [T, H]: the norm is of x + residual (in x's dtype), the sum a residual stream adds
+    before its norm; `out_dtype`: the output's (float32: the products summed in float32 and kept, as the router's
+    logits); `cfg`: the tiles (None: `config_for` the weights' shapes and T)."""
     weights = tuple(weight_OH) if isinstance(weight_OH, (tuple, list)) else (weight_OH,)
     t, width = x_TH.shape
     hidden = weights[0].shape[1]
     rows = tuple(w.shape[0] for w in weights)
     out_features = sum(rows)
-    if t != 1:
-        raise ValueError(f"norm_gemv takes one token, got {t}")
+    if not 1 <= t <= MAX_TOKENS:
+        raise ValueError(f"norm_gemv takes 1 to {MAX_TOKENS} rows of x, got {t}")
     if width < hidden or norm_H.shape != (hidden,) or any(w.shape[1] != hidden for w in weights):
         raise ValueError(f"norm_gemv: x {x_TH.shape}, norm {norm_H.shape} and weights "
                          f"{[w.shape for w in weights]} disagree")
-    cfg = cfg or config_for(out_features, hidden, rows)
+    cfg = cfg or config_for(out_features, hidden, rows, t)
     if cfg is None or any(r % cfg.block_o for r in rows) or hidden % cfg.block_h:
         raise ValueError(f"norm_gemv: weights {[w.shape for w in weights]} are not in whole blocks of rows and "
                          f"columns ({cfg or 'no tiles'})")
     if not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a Python number (it is baked into the kernel), got {type(eps).__name__}")
-    if residual_TH is not None and residual_TH.shape != (1, hidden):
-        raise ValueError(f"norm_gemv: residual {residual_TH.shape} is not [1, {hidden}]")
+    if residual_TH is not None and residual_TH.shape != (t, hidden):
+        raise ValueError(f"norm_gemv: residual {residual_TH.shape} is not [{t}, {hidden}]")
     kernel = functools.partial(_kernel, hidden=hidden, block_o=cfg.block_o, block_h=cfg.block_h, eps=eps,
                                residual=residual_TH is not None, interpret=interpret, weight_rows=rows)
     residual = () if residual_TH is None else (residual_TH.astype(x_TH.dtype),)
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((1, out_features), out_dtype or x_TH.dtype),
+        out_shape=jax.ShapeDtypeStruct((t, out_features), out_dtype or x_TH.dtype),
         grid=(out_features // cfg.block_o,),
         compiler_params=pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
