@@ -11,8 +11,9 @@ for the device the description names. Nothing runs and no weight is drawn: every
 
 Rows per step (T tokens): `kernels_per_layer` = (launches at `--layers` N - launches at N - 2) / 2, as the device
 census of bench.per_device takes it from two compiled programs; `kernels_in_series_per_layer`, the same difference
-of the longest chain of kernels each waiting for the one before (`kernels_in_series`); and the middle MoE layer's
-kernels in program order (a layer ends at its routed experts' last kernel, `LAYER_END_TARGET`), each with its
+of the longest chain of kernels each waiting for the one before (`kernels_in_series`); with `--cycle-k`, the whole
+cycle's kernels and kernels in series at N layers beside the verify of K + 1 tokens alone (the difference is what
+the drafts and the acceptance launch); and the middle MoE layer's kernels in program order (a layer ends at its routed experts' last kernel, `LAYER_END_TARGET`), each with its
 fusion name and output shape. What it cannot tell: time. Autotuning needs the device, so a GEMM's tiles (not its
 count) may differ, and the XLA inside this host's jax may fuse a little differently from the GPU host's
 (docs/performance.md compares the two on the same program).
@@ -160,15 +161,23 @@ def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, pe
 def census_rows(args, device, log) -> list[dict]:
     kernels = Kernels(moe=args.moe_kernel, norms=args.norms)
     cfg = per_device.per_device_config(args.layers, False).replace(kernels=kernels)
-    rows = []
+    rows, cycle_rows = [], []
     for layers in (args.layers, args.layers - 2):
         lcfg = per_device.prefix_config(cfg, layers)
         w = jax.eval_shape(lambda c=lcfg: per_device.local_weights(c, args.shard_of, False, "repeated"))
+        cycle_k = [str(k) for k in args.cycle_k] if layers == args.layers else []
         pargs = per_device.parse_args(["--layers", str(layers), "--prefix-layers", "0", "--tokens",
-                                       *map(str, args.tokens), "--cycle-k", "--routing", "neighbour",
+                                       *map(str, args.tokens), "--cycle-k", *cycle_k, "--routing", "neighbour",
                                        "--shard-of", str(args.shard_of)])
         with compiling_for("gpu", HOPPER):
-            _, steps, _, _ = per_device.build_programs(w, lcfg, pargs, 0)
+            _, steps, cycles, _ = per_device.build_programs(w, lcfg, pargs, 0)
+        for e in cycles:  # the whole cycle at N layers: the drafts and the acceptance beside the verify
+            p = e["program"]
+            text = compile_for(p.fn, p.args, p.donate, device)
+            cycle_rows.append(dict(k=e["k"], layers=layers, kernels=len(kernels_in_order(text)),
+                                   kernels_in_series=kernels_in_series(text)))
+            log(f"cycle K = {e['k']}, {layers} layers: {cycle_rows[-1]['kernels']} kernels, "
+                f"{cycle_rows[-1]['kernels_in_series']} in series")
         for e in steps:
             p = e["program"]
             t0 = time.perf_counter()
@@ -196,6 +205,12 @@ def census_rows(args, device, log) -> list[dict]:
                            kinds_per_layer={k: v / 2 for k, v in sorted(diff.items()) if v},
                            middle_layer=[dataclasses.asdict(k) for k in middle],
                            moe_layer_segments=[len(s) for s in segments[1:-1]]))
+    for c in cycle_rows:  # beside the verify of K + 1 tokens at the same depth, where that step was counted
+        verify = next((r for r in rows if r["tokens"] == c["k"] + 1 and r["layers"] == args.layers), None)
+        result.append(dict(cycle_k=c["k"], layers=args.layers, shard_of=args.shard_of, kernels=c["kernels"],
+                           kernels_in_series=c["kernels_in_series"],
+                           beside_the_verify=None if verify is None else len(verify["kernels"]),
+                           beside_the_verify_in_series=None if verify is None else verify["series"]))
     return result
 
 
@@ -203,6 +218,12 @@ def markdown(result: dict) -> str:
     lines = [f"# GPU kernel census without a GPU ({result['target']}, jax {result['jax']}, {result['date']})", "",
              f"`{result['command']}`", ""]
     for row in result["rows"]:
+        if "cycle_k" in row:
+            lines += [f"## The cycle K = {row['cycle_k']}, one device of {row['shard_of']}, {row['layers']} layers",
+                      "", f"{row['kernels']} kernels, {row['kernels_in_series']} in series; the verify of "
+                      f"{row['cycle_k'] + 1} tokens alone: {row['beside_the_verify']}, "
+                      f"{row['beside_the_verify_in_series']} in series.", ""]
+            continue
         lines += [f"## T = {row['tokens']}, one device of {row['shard_of']}, {row['layers']} layers", "",
                   f"Kernels a layer ((N - (N - 2)) / 2): **{row['kernels_per_layer']:g}**, of them in series "
                   f"(`kernels_in_series`): **{row['kernels_in_series_per_layer']:g}**; the MoE layers' segments: "
@@ -222,6 +243,8 @@ def parse_args(argv):
                    help="devices of the 1 x N mesh this device is one of (1: the whole model on one device)")
     p.add_argument("--layers", type=int, default=6, help="target layers N (the census also compiles N - 2)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--cycle-k", type=int, nargs="*", default=[],
+                   help="also count the speculative cycle of K drafts at --layers (bench.per_device's)")
     p.add_argument("--moe-kernel", choices=per_device.KERNEL_PATH_MOE, default="auto")
     p.add_argument("--norms", choices=("off", "on"), default="off", help="model.config.Kernels.norms")
     p.add_argument("--target-config", type=Path, default=H200_TARGET)
@@ -246,7 +269,7 @@ def main(argv=None) -> dict:
     stem = f"gpu-census-shard{args.shard_of}-{now}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
-    for row in result["rows"]:
+    for row in (r for r in result["rows"] if "tokens" in r):
         log(f"T = {row['tokens']}: {row['kernels_per_layer']:g} kernels a layer, "
             f"{row['kernels_in_series_per_layer']:g} in series; the MoE layers' segments {row['moe_layer_segments']}")
     log(f"wrote {out / stem}.json and .md")
