@@ -736,6 +736,8 @@ def build_programs(w, cfg, args, m: int) -> tuple[dict, list, list, object]:
     pair = None
     if args.cycle_k:
         spec_cfg, _, sw = spec_pair(w, cfg, args.tiny, args.draft_kind)
+        # the draft takes the target's kernel choices (as bench.cycle's loops give it them)
+        spec_cfg = dataclasses.replace(spec_cfg, draft=dataclasses.replace(spec_cfg.draft, kernels=cfg.kernels))
         sw = SpecWeights(sw.target, local_block(sw.draft, DRAFT_RULES, args.shard_of))
         pair = (spec_cfg, sw)
         for k in args.cycle_k:

@@ -8,7 +8,6 @@ import jax
 from flax import struct
 from jax.sharding import PartitionSpec as P
 
-from model.config import TextConfig
 from model.kernels import target
 from model.kernels.dispatch import norm_gemv_applies
 from model.kernels.norm_gemv import norm_gemv
@@ -27,11 +26,11 @@ def swiglu(x_BTH: jax.Array, w: MLPWeights) -> jax.Array:
     return linear(jax.nn.silu(linear(x_BTH, w.gate)) * linear(x_BTH, w.up), w.down)
 
 
-def normed_swiglu_hidden(x_BTH: jax.Array, residual_BTH: jax.Array, norm_H: jax.Array, w: MLPWeights,
-                         cfg: TextConfig):
+def normed_swiglu_hidden(x_BTH: jax.Array, residual_BTH: jax.Array, norm_H: jax.Array, w: MLPWeights, cfg):
     """silu(gate(n)) * up(n) [T, F] for n = rms_norm(x + residual, norm), gate and up in one launch of the norm +
     projection kernel where it applies (`model.kernels.dispatch.norm_gemv_applies`: a few tokens), else None (the
-    caller's XLA add, norm and `swiglu`). Under a mesh each device projects onto the rows of F it holds."""
+    caller's XLA add, norm and `swiglu`). `cfg`: the model's (TextConfig) or a drafter's (DraftConfig): its kernels
+    and rms_norm_eps. Under a mesh each device projects onto the rows of F it holds."""
     b, t, h = x_BTH.shape
     if not norm_gemv_applies(cfg.kernels, b, t, (w.gate, w.up)):
         return None

@@ -244,3 +244,31 @@ def test_several_tokens_each_normed_on_its_own(tokens):
     cfg = config_for(128, 512, tokens=tokens)
     assert cfg.block_o * cfg.block_h * tokens <= 8192  # the products' block stays in registers
     assert config_for(128, 512, tokens=9) is None
+
+
+@pytest.mark.parametrize("tokens", [1, 3])  # a draft step, the draft's extend over accepted tokens
+def test_the_drafts_mlp_and_logits_by_kernel_equal_xlas(tokens):
+    """The EAGLE-3 draft's post-attention norm with its MLP's gate and up, and its final norm with its lm_head,
+    by the norm + projection kernel (Kernels(norms="on"), interpret mode): the same logits, hidden state and
+    cache as without (float32)."""
+    from model.eagle3 import draft_forward, init_draft_cache
+    from model.init import init_draft_weights
+    from tests.tiny_models import tiny_draft_config
+
+    cfg = tiny_target_config()
+    dcfg = tiny_draft_config(cfg)
+    dw = init_draft_weights(dcfg, np.random.default_rng(4), d2t=np.zeros(dcfg.draft_vocab_size, np.int64),
+                            dtype=jnp.float32)
+    tw = init_kimi_weights(cfg, np.random.default_rng(5), jnp.float32)
+    rng = np.random.default_rng(6)
+    toks = jnp.asarray(rng.integers(1, cfg.vocab_size, size=(1, tokens)), jnp.int32)
+    aux = jnp.asarray(rng.standard_normal((1, tokens, dcfg.aux_width)), jnp.float32)
+    pos = jnp.arange(tokens, dtype=jnp.int32)[None] + 5
+    outs = []
+    for kernels in (Kernels(), Kernels(norms="on")):
+        c = dataclasses.replace(dcfg, kernels=kernels)
+        outs.append(jax.jit(lambda t, h, p, cache, c=c: draft_forward(dw, c, tw.embed, tw.lm_head, t, h, p, cache))(
+            toks, aux, pos, init_draft_cache(c, 1, 16, jnp.float32)))
+    assert norm_gemv_applies(Kernels(norms="on"), 1, tokens, (dw.mlp.gate, dw.mlp.up))
+    for got, want in zip(jax.tree_util.tree_leaves(outs[1]), jax.tree_util.tree_leaves(outs[0])):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
