@@ -469,11 +469,22 @@ FREE_OPS = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "w
             "opt-barrier", "after-all", "add-dependency", "partition-id", "replica-id", "domain"}
 
 
-def kernel_census(hlo_text: str) -> Counter:
-    """The kernels an optimised HLO module launches per run of its top level (a loop's body counted once), by kind:
-    every op outside fusion bodies and reducers that does work (fusions, by their name less its number, e.g.
-    `loop_add_fusion`; custom calls, by their target: Pallas / Mosaic kernels and cuBLAS GEMMs; whatever a backend
-    runs unfused, by its op), in the entry computation and the loops, branches and calls it runs."""
+class HloInstruction(NamedTuple):
+    name: str
+    shape: str  # its output shape
+    op: str
+    rest: str  # its operands and attributes, as printed
+
+
+class Kernel(NamedTuple):
+    name: str  # the HLO instruction's name (fusions carry XLA's kind of fusion in it)
+    kind: str  # the fusion's name less its number, a custom call's target, or the op
+    shape: str  # its output shape
+
+
+def hlo_computations(hlo_text: str) -> tuple[dict[str, list[HloInstruction]], str | None]:
+    """An optimised HLO module's computations by name, each its instructions in the printed (scheduled) order,
+    and the entry computation's name."""
     comps, entry, name = {}, None, None
     for line in hlo_text.splitlines():
         m = _COMPUTATION.match(line)
@@ -484,23 +495,41 @@ def kernel_census(hlo_text: str) -> Counter:
             continue
         m = _INSTRUCTION.match(line)
         if m and name is not None:
-            comps[name].append((m.group(1), m.group(3), m.group(4)))
-    census, todo, seen = Counter(), [entry], set()
-    while todo:
-        comp = todo.pop()
+            comps[name].append(HloInstruction(*m.group(1, 2, 3, 4)))
+    return comps, entry
+
+
+def kernels_in_order(hlo_text: str) -> list[Kernel]:
+    """The kernels an optimised HLO module launches per run of its top level, in program order (a loop's body
+    once): every op outside fusion bodies and reducers that does work (fusions, named by their name less its number,
+    e.g. `loop_add_fusion`; custom calls, by their target: Pallas / Mosaic kernels and cuBLAS GEMMs; whatever a
+    backend runs unfused, by its op), in the entry computation and the loops, branches and calls it runs."""
+    comps, entry = hlo_computations(hlo_text)
+    out, seen = [], set()
+
+    def walk(comp):
         if comp is None or comp in seen or comp not in comps:
-            continue
+            return
         seen.add(comp)
-        for instr, op, rest in comps[comp]:
-            if op not in FREE_OPS:
-                target = _TARGET.search(rest) if op == "custom-call" else None
-                census[target.group(1) if target else re.sub(r"[.\d]+$", "", instr) if op == "fusion" else op] += 1
+        for ins in comps[comp]:
+            if ins.op not in FREE_OPS:
+                target = _TARGET.search(ins.rest) if ins.op == "custom-call" else None
+                kind = target.group(1) if target else re.sub(r"[.\d]+$", "", ins.name) if ins.op == "fusion" else ins.op
+                out.append(Kernel(ins.name, kind, ins.shape))
                 continue
-            for attr, called in _CALLED.findall(rest):
-                if attr == "to_apply" and op != "call":
+            for attr, called in _CALLED.findall(ins.rest):
+                if attr == "to_apply" and ins.op != "call":
                     continue
-                todo += [c.strip().lstrip("%") for c in called.strip("{}").split(",")]
-    return census
+                for c in called.strip("{}").split(","):
+                    walk(c.strip().lstrip("%"))
+
+    walk(entry)
+    return out
+
+
+def kernel_census(hlo_text: str) -> Counter:
+    """`kernels_in_order`'s kernels counted by kind."""
+    return Counter(k.kind for k in kernels_in_order(hlo_text))
 
 
 def kernel_launches(hlo_text: str) -> int:

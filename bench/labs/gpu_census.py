@@ -13,10 +13,11 @@ Rows per step (T tokens): `kernels_per_layer` = (launches at `--layers` N - laun
 census of bench.per_device takes it from two compiled programs; `kernels_in_series_per_layer`, the same difference
 of the longest chain of kernels each waiting for the one before (`kernels_in_series`); with `--cycle-k`, the whole
 cycle's kernels and kernels in series at N layers beside the verify of K + 1 tokens alone (the difference is what
-the drafts and the acceptance launch); and the middle MoE layer's kernels in program order (a layer ends at its routed experts' last kernel, `LAYER_END_TARGET`), each with its
-fusion name and output shape. What it cannot tell: time. Autotuning needs the device, so a GEMM's tiles (not its
-count) may differ, and the XLA inside this host's jax may fuse a little differently from the GPU host's
-(docs/performance.md compares the two on the same program).
+the drafts and the acceptance launch); and the middle MoE layer's kernels in program order (a layer ends at its
+routed experts' last kernel, `LAYER_END_TARGET`), each with its fusion name and output shape. What it cannot
+tell: time. Autotuning needs the device, so a GEMM's tiles (not its count) may differ, and the XLA inside this
+host's jax may fuse a little differently from the GPU host's (docs/performance.md compares the two on the same
+program).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin loads without a GPU to check
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 
 from bench import per_device  # noqa: E402
-from bench.per_device import _CALLED, _COMPUTATION, _INSTRUCTION, _TARGET, FREE_OPS  # noqa: E402
+from bench.per_device import FREE_OPS, Kernel, hlo_computations, kernels_in_order  # noqa: E402
 from model.config import Kernels  # noqa: E402
 from model.kernels.target import compiling_for  # noqa: E402
 
@@ -71,49 +71,6 @@ def compile_for(fn, args, donate, device) -> str:
     return lowered.compile().as_text()
 
 
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    name: str  # the HLO instruction's name (fusions carry XLA's kind of fusion in it)
-    kind: str  # kernel_census's key: the fusion's name less its number, a custom call's target, or the op
-    shape: str  # its output shape
-
-
-def kernels_in_order(hlo_text: str) -> list[Kernel]:
-    """Every kernel a run of the module's top level launches, in program order, a loop's body once (the ops
-    bench.per_device.kernel_census counts, in the order they are scheduled)."""
-    comps, entry, name = {}, None, None
-    for line in hlo_text.splitlines():
-        m = _COMPUTATION.match(line)
-        if m:
-            name = m.group(2)
-            comps[name] = []
-            entry = name if m.group(1) else entry
-            continue
-        m = _INSTRUCTION.match(line)
-        if m and name is not None:
-            comps[name].append((m.group(1), m.group(2), m.group(3), m.group(4)))
-    out, seen = [], set()
-
-    def walk(comp):
-        if comp is None or comp in seen or comp not in comps:
-            return
-        seen.add(comp)
-        for instr, shape, op, rest in comps[comp]:
-            if op not in FREE_OPS:
-                target = _TARGET.search(rest) if op == "custom-call" else None
-                kind = target.group(1) if target else re.sub(r"[.\d]+$", "", instr) if op == "fusion" else op
-                out.append(Kernel(instr, kind, shape))
-                continue
-            for attr, called in _CALLED.findall(rest):
-                if attr == "to_apply" and op != "call":
-                    continue
-                for c in called.strip("{}").split(","):
-                    walk(c.strip().lstrip("%"))
-
-    walk(entry)
-    return out
-
-
 _OPERAND = re.compile(r"%([\w.\-]+)")
 
 
@@ -122,23 +79,13 @@ def kernels_in_series(hlo_text: str) -> int:
     launches the most kernels (a step loop's body): each kernel is one more than the longest chain among its
     operands' producers, values, views and tuples add nothing. Kernels beside the chain (cache writes, the shared
     expert) do not count; on a GPU they overlap it."""
-    comps, name = {}, None
-    for line in hlo_text.splitlines():
-        m = _COMPUTATION.match(line)
-        if m:
-            name = m.group(2)
-            comps[name] = []
-            continue
-        m = _INSTRUCTION.match(line)
-        if m and name is not None:
-            comps[name].append((m.group(1), m.group(3), m.group(4)))
     best = 0
-    for instrs in comps.values():
-        depth, names = {}, {i for i, _, _ in instrs}
-        for instr, op, rest in instrs:  # HLO text lists an instruction after its operands
-            args = rest.split("), ")[0] if "), " in rest else rest
+    for instrs in hlo_computations(hlo_text)[0].values():
+        depth, names = {}, {ins.name for ins in instrs}
+        for ins in instrs:  # HLO text lists an instruction after its operands
+            args = ins.rest.split("), ")[0] if "), " in ins.rest else ins.rest
             before = max((depth.get(a, 0) for a in _OPERAND.findall(args) if a in names), default=0)
-            depth[instr] = before + (op not in FREE_OPS)
+            depth[ins.name] = before + (ins.op not in FREE_OPS)
         best = max(best, max(depth.values(), default=0))
     return best
 
@@ -203,7 +150,7 @@ def census_rows(args, device, log) -> list[dict]:
                            kernels_per_layer=(len(full["kernels"]) - len(short["kernels"])) / 2,
                            kernels_in_series_per_layer=(full["series"] - short["series"]) / 2,
                            kinds_per_layer={k: v / 2 for k, v in sorted(diff.items()) if v},
-                           middle_layer=[dataclasses.asdict(k) for k in middle],
+                           middle_layer=[k._asdict() for k in middle],
                            moe_layer_segments=[len(s) for s in segments[1:-1]]))
     for c in cycle_rows:  # beside the verify of K + 1 tokens at the same depth, where that step was counted
         verify = next((r for r in rows if r["tokens"] == c["k"] + 1 and r["layers"] == args.layers), None)
