@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 from flax import struct
 from jax.sharding import PartitionSpec as P
