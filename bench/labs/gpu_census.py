@@ -6,8 +6,10 @@ on a CPU-only host. The programs are bench.per_device's (`--shard-of 8`: one dev
 1`: the whole model on one device), traced as for a Hopper GPU (model.kernels.target.compiling_for) and compiled
 for the device the description names. Nothing runs and no weight is drawn: every argument is a shape.
 
-    pip install "jax[cuda12]==$(python -c 'import jax; print(jax.__version__)')"   # the CUDA plugin; no GPU needed
-    python -m bench.labs.gpu_census --shard-of 8 --tokens 1 4 --out /tmp/census
+    # a virtual environment of its own: with the CUDA plugin installed, jax looks for a GPU at every start
+    python -m venv /tmp/census-env && . /tmp/census-env/bin/activate
+    pip install "jax[cuda12]==JAX_VERSION" -e '.[test]'   # the CUDA plugin (~5 GB with its libraries); no GPU needed
+    python -m bench.labs.gpu_census --shard-of 8 --tokens 1 4 --cycle-k 3 --norms on --out /tmp/census
 
 Rows per step (T tokens): `kernels_per_layer` = (launches at `--layers` N - launches at N - 2) / 2, as the device
 census of bench.per_device takes it from two compiled programs; `kernels_in_series_per_layer`, the same difference
