@@ -272,3 +272,24 @@ def test_the_drafts_mlp_and_logits_by_kernel_equal_xlas(tokens):
     assert norm_gemv_applies(Kernels(norms="on"), 1, tokens, (dw.mlp.gate, dw.mlp.up))
     for got, want in zip(jax.tree_util.tree_leaves(outs[1]), jax.tree_util.tree_leaves(outs[0])):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 4)])
+def test_the_engine_generates_the_same_tokens_with_them(mesh_shape):
+    """Greedy generation by the engine (prefill, cycles of K = 2 drafts and a verify of 3, the drafts' extend) with
+    Kernels(norms="on") for the target and the draft, in interpret mode, on one device and on the 2 x 4 mesh: the
+    tokens it gives without them."""
+    from jaxspec.engine import Engine
+    from jaxspec.models import SpecConfig
+    from jaxspec.sampling import SamplingParams
+    from model.sharding import make_mesh
+    from tests.tiny_models import tiny_pair
+
+    cfg, w = tiny_pair(seed=4)
+    on = Kernels(norms="on")
+    cfg_on = SpecConfig(cfg.target.replace(kernels=on), dataclasses.replace(cfg.draft, kernels=on), cfg.eos_ids)
+    mesh = None if mesh_shape is None else make_mesh(mesh_shape)
+    prompts = [[3, 9, 1, 7]]
+    want = Engine(cfg, w, num_steps=2, mesh=mesh).generate(prompts, max_new_tokens=8, sampling=SamplingParams())
+    got = Engine(cfg_on, w, num_steps=2, mesh=mesh).generate(prompts, max_new_tokens=8, sampling=SamplingParams())
+    assert got.tokens == want.tokens and len(got.tokens[0]) == 8
