@@ -8,7 +8,8 @@
 #   git archive 07541c9 model jaxspec convert bench ':!bench/results' | tar -x -C .before   # before both
 #   STAGE=lab bash bench/scripts/h200_norms_ab.sh   # the attention input alone (bench.labs.attention_input_lab:
 #       XLA's formulations and norm_gemv at five tilings, 200-step device loops) and the step's agreement with the
-#       plain step (bench.kernel_agreement, 4 layers, INT4 experts, B = 1, T = 1 and 4)
+#       plain step (bench.kernel_agreement, 4 layers, INT4 experts, B = 1, T = 1 and 4), and the MLA kernels'
+#       masked query rows against XLA (bench.labs.mla_query_rows)
 #   STAGE=one bash bench/scripts/h200_norms_ab.sh   # one device holding the model: bench.loop_rows at 61 layers,
 #       decode, verify T = 4 and the K = 3 cycle, norms on then off in fresh processes; then decode again, on and
 #       off, while the call's time allows
@@ -40,6 +41,8 @@ per() {  # arm (before, off, on)
   if [ "$STAGE" = lab ]; then
     echo "== attention input $(date -u +%T)"
     timeout 200 python -m bench.labs.attention_input_lab --out "$OUT/attention-input"
+    echo "== MLA kernels at a device's 8 heads (masked query rows) $(date -u +%T)"
+    timeout 120 python -m bench.labs.mla_query_rows
     echo "== agreement $(date -u +%T)"
     timeout 240 python -m bench.kernel_agreement --layers 4 --experts int4 --batches 1 --contexts 1024 \
         --tokens 1 4 --variants norms attention engine --out "$OUT/agreement" 2>&1 | grep -E "^\||Error|error"
