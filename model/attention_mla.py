@@ -99,15 +99,15 @@ def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig, qkv_a_BTX=None):
 
 
 def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
-                  sum_squares=None):
+                  sum_squares=None, heads_split: bool = True):
     """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`: its first
     q_lora_rank columns; None without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's
     (EAGLE-3 MLA drafters build it with their rms_norm_eps); `sum_squares`: q_a's, where computed already
     (`input_projections`). Where the norm + projection kernel applies, q_a's norm and q_b run as one kernel
-    (`normed_query_by_kernel`)."""
+    (`normed_query_by_kernel`; `heads_split`: q_b is split over heads under a mesh, as the target's is)."""
     b, t = x_BTH.shape[:2]
     if q_a_BTX is not None and norm_gemv_applies(cfg.kernels, b, t, _rows(w.q_b_proj)):
-        q_BTND = normed_query_by_kernel(q_a_BTX, w, norm_eps)
+        q_BTND = normed_query_by_kernel(q_a_BTX, w, norm_eps, heads_split)
     else:
         q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX[..., :w.q_a_norm.shape[0]], w.q_a_norm, norm_eps,
                                                       sum_squares)
@@ -124,10 +124,11 @@ def _rows(q_b_NKQ):
     return jax.ShapeDtypeStruct((n * k, q), q_b_NKQ.dtype)
 
 
-def normed_query_by_kernel(q_a_BTX, w: MLAWeights, norm_eps: float):
+def normed_query_by_kernel(q_a_BTX, w: MLAWeights, norm_eps: float, heads_split: bool = True):
     """q_b(rms_norm(q_a's output, q_a_norm)) [B, T, N, K] for a few tokens by the norm + projection kernel, which
     reads q_a's output as the first columns of `q_a_BTX` (the fused projection's output, or q_a's alone); under a
-    mesh each device projects onto the heads it holds."""
+    mesh each device projects onto the heads it holds (`heads_split`), or onto all where q_b is whole on every
+    device (a draft's), so that no collective is added either way."""
     b, t, width = q_a_BTX.shape
     q = w.q_a_norm.shape[0]
 
@@ -137,8 +138,9 @@ def normed_query_by_kernel(q_a_BTX, w: MLAWeights, norm_eps: float):
         return run.reshape(-1, n, k)
 
     mesh = sharded_mesh()
-    if mesh is None:
-        return project(q_a_BTX.reshape(b * t, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
+    if mesh is None or not heads_split:
+        return per_device_replicated(project, q_a_BTX.reshape(b * t, width), w.q_a_norm, w.q_b_proj).reshape(
+            b, t, *w.q_b_proj.shape[:2])
     n_ax = axis_of("heads", w.q_b_proj.shape[0], mesh)
     return shard_map_unchecked(project, mesh, (P(), P(), P(n_ax, None, None)), P(None, n_ax, None))(
         q_a_BTX.reshape(b * t, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
@@ -228,16 +230,18 @@ def fused_attention_input(x_BTH, norm_H, w: MLAWeights, cfg: TextConfig):
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
-        norm_eps: float = LORA_NORM_EPS, pages_BM=None, qkv_a_BTX=None):
+        norm_eps: float = LORA_NORM_EPS, pages_BM=None, qkv_a_BTX=None, weights_whole: bool = False):
     """One MLA layer: write the T new tokens into the cache, attend, project out. With `pages_BM` (a paged cache,
     model.kv_cache) the caches are page pools [N, P, C|R] and the tokens are written to their pages; where the
     absorbed path takes the decode kernels (`mla_kernel_applies`), they read the pages through the table, and
     elsewhere attention reads each sequence's pages gathered into its contiguous cache (`read_pages`).
 
     `qkv_a_BTX`: the fused q_a + kv_a projection of x where `fused_attention_input` computed it (x, normed by
-    XLA, then serves only for its shape). Returns (out [B, T, H], latent cache, rope-key cache)."""
+    XLA, then serves only for its shape); `weights_whole`: every device holds all of `w` under a mesh (a draft's,
+    model.sharding.DRAFT_RULES), not its heads. Returns (out [B, T, H], latent cache, rope-key cache)."""
     q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg, qkv_a_BTX)
-    q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
+    q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares,
+                                   heads_split=not weights_whole)
     b, t = x_BTH.shape[:2]
     if latent_write_applies(cfg.kernels, b, t, paged=pages_BM is not None):
         # the kv_a projection's output read where it lies: from q_a's columns' end in the fused projection's output

@@ -316,7 +316,7 @@ def _mla_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cach
     inv_freq, multiplier = target_rope_tables(acfg)
     cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
     out_BTH, latent, k_rope = mla(x_BT2H, w.mla, acfg, cos, sin, positions_BT, cache.latent, cache.k_rope,
-                                  norm_eps=cfg.rms_norm_eps, pages_BM=pages_BM)
+                                  norm_eps=cfg.rms_norm_eps, pages_BM=pages_BM, weights_whole=True)
     return out_BTH, DraftLatentCache(latent, k_rope)
 
 
@@ -352,7 +352,7 @@ def draft_forward(
     attn, cache = attend(x, w, cfg, positions_BT, cache, pages_BM)
     b, t, hidden = attn.shape
     # at a few tokens the norms run inside the projections after them (Kernels(norms="on"), model.kernels.norm_gemv)
-    mlp_hidden = normed_swiglu_hidden(residual, attn, w.post_attention_norm, w.mlp, cfg)
+    mlp_hidden = normed_swiglu_hidden(residual, attn, w.post_attention_norm, w.mlp, cfg, ffn_split=False)  # whole
     residual = residual + attn
     if mlp_hidden is None:
         mlp_out = swiglu(rms_norm(residual, w.post_attention_norm, cfg.rms_norm_eps), w.mlp)
