@@ -62,24 +62,31 @@ def config_for(out_features: int, hidden: int, rows: tuple[int, ...] = (), token
     while block_o > MIN_BLOCK_O and out_features // block_o < MIN_PROGRAMS:
         block_o //= 2
     widest = max(base.block_h, TILE_ELEMENTS // block_o) if tokens == 1 else PRODUCT_ELEMENTS // (tokens * block_o)
-    block_h = min(_pow2_divisor(hidden, TILE_ELEMENTS), widest)
+    block_h = min(_pow2_divisor(hidden, TILE_ELEMENTS), 1 << (widest.bit_length() - 1))  # a power of two
     if block_h < 16:
         return None
     return dataclasses.replace(base, block_o=block_o, block_h=block_h)
 
 
-def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret, weight_rows):
+def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret, weight_rows, tokens, rows_held):
     x_ref, r_ref = refs[0], refs[1:1 + residual]
     norm_ref, w_refs, y_ref = refs[1 + residual], refs[2 + residual:-1], refs[-1]
     program = pl.program_id(0)
     steps = hidden // block_h
     dt = x_ref.dtype
+    # Triton's blocks are powers of two: `tokens` rows are computed, the first `rows_held` exist (3 of 4 at a verify
+    # of 3); on a GPU the rows past them load as zeros (their sums of squares 0, their outputs finite and not
+    # stored), in the interpreter, which cannot slice past an array's end, x arrives padded instead
+    real_T1 = (jnp.arange(tokens) < rows_held)[:, None] if tokens > rows_held and not interpret else None
 
-    tokens = x_ref.shape[0]
+    def load(ref, cols):
+        if real_T1 is None:
+            return ref[:, cols]
+        return pl_triton.load(ref.at[pl.ds(0, tokens), cols], mask=real_T1, other=0.0)
 
     def x_at(cols):  # float32 x [T, K], or x + residual rounded to x's dtype (XLA's add of the two)
-        x = x_ref[:, cols].astype(jnp.float32)
-        return rounded(x + r_ref[0][:, cols].astype(jnp.float32), dt, interpret) if residual else x
+        x = load(x_ref, cols).astype(jnp.float32)
+        return rounded(x + load(r_ref[0], cols).astype(jnp.float32), dt, interpret) if residual else x
 
     def squares(i, acc_T):
         x = x_at(pl.ds(i * block_h, block_h))
@@ -98,7 +105,11 @@ def _kernel(*refs, hidden, block_o, block_h, eps, residual, interpret, weight_ro
             return acc_TO + jnp.sum(normed_TK[:, None, :] * w_OK[None, :, :], axis=2)
 
         acc_TO = jax.lax.fori_loop(0, steps, products, jnp.zeros((tokens, block_o), jnp.float32))
-        y_ref[:, pl.ds(out0 + row0, block_o)] = acc_TO.astype(y_ref.dtype)
+        out_cols = pl.ds(out0 + row0, block_o)
+        if real_T1 is None:
+            y_ref[:, out_cols] = acc_TO.astype(y_ref.dtype)
+        else:
+            pl_triton.store(y_ref.at[pl.ds(0, tokens), out_cols], acc_TO.astype(y_ref.dtype), mask=real_T1)
 
     if len(w_refs) == 1:
         project(w_refs[0], program * block_o, 0)
@@ -140,17 +151,24 @@ def norm_gemv(x_TH: jax.Array, norm_H: jax.Array, weight_OH, eps: float, *, resi
         raise TypeError(f"eps must be a Python number (it is baked into the kernel), got {type(eps).__name__}")
     if residual_TH is not None and residual_TH.shape != (t, hidden):
         raise ValueError(f"norm_gemv: residual {residual_TH.shape} is not [{t}, {hidden}]")
-    kernel = functools.partial(_kernel, hidden=hidden, block_o=cfg.block_o, block_h=cfg.block_h, eps=eps,
-                               residual=residual_TH is not None, interpret=interpret, weight_rows=rows)
+    tokens = 1 << (t - 1).bit_length()  # the rows computed: a power of two (`_kernel`)
     residual = () if residual_TH is None else (residual_TH.astype(x_TH.dtype),)
-    return pl.pallas_call(
+    held = t
+    if interpret and tokens > t:  # the interpreter's slices stay inside an array: x padded to the rows computed
+        pad = lambda a: jnp.pad(a, ((0, tokens - t), (0, 0)))  # noqa: E731
+        x_TH, residual, held = pad(x_TH), tuple(pad(r) for r in residual), tokens
+    kernel = functools.partial(_kernel, hidden=hidden, block_o=cfg.block_o, block_h=cfg.block_h, eps=eps,
+                               residual=residual_TH is not None, interpret=interpret, weight_rows=rows,
+                               tokens=tokens, rows_held=held)
+    y_TO = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((t, out_features), out_dtype or x_TH.dtype),
+        out_shape=jax.ShapeDtypeStruct((held, out_features), out_dtype or x_TH.dtype),
         grid=(out_features // cfg.block_o,),
         compiler_params=pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="norm_gemv",
     )(x_TH, *residual, norm_H.astype(x_TH.dtype), *(w.astype(x_TH.dtype) for w in weights))
+    return y_TO[:t]
 
 
 def norm_gemv_reference(x_TH: jax.Array, norm_H: jax.Array, weight_OH, eps: float, *, residual_TH=None,
