@@ -14,7 +14,7 @@ Routed experts (`moe_kernel_for`):
 - above (up to MAX_KERNEL_TOKENS): moe_gather.py, Triton, tensor-core dots over the unique experts;
 - prefill buckets beyond MAX_KERNEL_TOKENS: the plain dense path.
 
-A layer's norms inside the kernels beside them, at one token, opt-in (`Kernels(norms="on")`): the projections after
+A layer's norms inside the kernels beside them, up to 8 tokens, opt-in (`Kernels(norms="on")`): the projections after
 them (norm_gemv.py, `norm_gemv_applies`) and the latent cache's write (latent_write.py, `latent_write_applies`).
 """
 
