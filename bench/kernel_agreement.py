@@ -7,8 +7,6 @@ random latent cache, per batch, context and T, one step's logits under:
 - `engine`: the engine's dispatch (every kernel where it applies);
 - `router`, `experts`, `attention`: one kernel family on, the rest plain, to say which one a difference comes from;
 - `experts_grouped`: the routed experts under `Kernels(moe="grouped")` (moe_grouped for verify), the rest plain;
-- `norms`: the layers' norms inside the kernels beside them (`Kernels(norms="on")`: norm_gemv's projections and
-  latent_write's cache write, one token at batch 1 only: elsewhere the same as `plain`), the rest plain;
 - `attention_paged`: `attention` over the same cache laid out as the server's paged cache (model.kv_cache: pool
   pages in scrambled order, one block table), which the attention kernels read through the table where they apply
   and the plain path gathers (bench.paged_attention's layout).
@@ -52,7 +50,6 @@ VARIANTS = {
     "attention": ("attention",),
     "experts_grouped": ("experts_grouped",),
     "attention_paged": ("attention",),
-    "norms": ("norms",),
 }
 CHECKED = tuple(v for v in VARIANTS if v != "plain")  # each compared with "plain"
 PAGED = ("attention_paged",)  # variants run over the cache in pages
@@ -62,8 +59,7 @@ def kernel_families(on: tuple[str, ...]) -> Kernels:
     """The kernel config of a variant: each family in `on` takes the engine's own rule ("auto"; the routed experts
     "grouped" under experts_grouped), the others the plain XLA path ("off")."""
     moe = "grouped" if "experts_grouped" in on else "auto" if "experts" in on else "off"
-    return Kernels(router="auto" if "router" in on else "off", moe=moe, mla="auto" if "attention" in on else "off",
-                   norms="on" if "norms" in on else "off")
+    return Kernels(router="auto" if "router" in on else "off", moe=moe, mla="auto" if "attention" in on else "off")
 
 
 def paged_copy(cache: LatentCache, held_positions: int, seed: int) -> LatentCache:

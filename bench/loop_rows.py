@@ -52,12 +52,9 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tiny", action="store_true", help="small dimensions (a CPU smoke run)")
     p.add_argument("--label", default="", help="a name for this tree (before, after)")
-    p.add_argument("--norms", choices=("off", "on"), default="off",
-                   help="model.config.Kernels.norms (a tree older than the kernel takes only 'off')")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     args = p.parse_args(argv)
     cfg = bench_config(args.layers, tiny=args.tiny)
-    kernels = Kernels(norms="on") if args.norms == "on" else Kernels()
     w = fuse_attention_inputs(draw_weights(cfg, args.tiny, moe_layers=args.moe_layers))
     key = jax.random.PRNGKey(1)
     rows = []
@@ -66,14 +63,14 @@ def main(argv=None):
             k = int(name[5:])
             spec_cfg, dcfg, sw = spec_pair(w, cfg, args.tiny)
             state = initial_state(cfg, dcfg, 1, CONTEXT, round_capacity(CONTEXT + 4096), key)
-            loop = make_cycle_loop(spec_cfg, k, kernels)
+            loop = make_cycle_loop(spec_cfg, k, Kernels())
             compile_s, stats = timed_loop(lambda st, n: loop(sw, st, n), (), state, (), args.iters)
             floor = None
         else:
             t = 1 if name == "decode" else int(name[6:])
             tokens_BT, positions_BT = step_inputs(cfg, 1, t, CONTEXT, key)
             cache = random_cache(cfg, 1, round_capacity(CONTEXT + 16), CONTEXT, key)
-            loop = make_step_loop(cfg, kernels)
+            loop = make_step_loop(cfg, Kernels())
 
             def run(carry, n, loop=loop, positions_BT=positions_BT):
                 return loop(w, carry[0], positions_BT, carry[1], n)
@@ -81,8 +78,7 @@ def main(argv=None):
             compile_s, stats = timed_loop(run, (), (tokens_BT, cache), (), args.iters)
             floor = floor_ms(step_bytes(w, cfg, 1, t, CONTEXT, [cfg.num_experts_per_tok * t] * (
                 cfg.num_hidden_layers - cfg.first_k_dense_replace))["total"], HBM_TBS) if t == 1 else None
-        row = dict(label=args.label, layers=args.layers, row=name, compile_s=compile_s, **stats, floor_ms_4p3=floor,
-                   norms=args.norms)
+        row = dict(label=args.label, layers=args.layers, row=name, compile_s=compile_s, **stats, floor_ms_4p3=floor)
         rows.append(row)
         print(f"{args.label} {args.layers} layers {name}: device loop {stats['device_loop_ms']:.3f} ms"
               + (f" (floor {floor:.3f} ms, x{stats['device_loop_ms'] / floor:.2f})" if floor else "")

@@ -67,9 +67,9 @@ from jaxspec.models import SpecConfig, SpecWeights  # noqa: E402
 from jaxspec.sharded import compile_programs  # noqa: E402
 from jaxspec.spec_step import commit, draft_chain  # noqa: E402
 from jaxspec.state import SpecState  # noqa: E402
-from model.attention_mla import fused_attention_input, mla  # noqa: E402
+from model.attention_mla import mla  # noqa: E402
 from model.config import Kernels  # noqa: E402
-from model.decoder import KimiWeights, LayerWeights, fuse_attention_inputs, post_attention_by_kernels  # noqa: E402
+from model.decoder import KimiWeights, LayerWeights, fuse_attention_inputs  # noqa: E402
 from model.eagle3 import draft_forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
@@ -77,7 +77,6 @@ from model.mlp import swiglu  # noqa: E402
 from model.moe import MoEWeights, routed_experts  # noqa: E402
 from model.moe_parallel import local_choices  # noqa: E402
 from model.norms import rms_norm  # noqa: E402
-from model.quant import linear  # noqa: E402
 from model.rope import cos_sin, target_rope_tables  # noqa: E402
 from model.router import route  # noqa: E402
 from model.sharding import (CACHE_RULES, DRAFT_RULES, MESH_AXES, STATE_RULES, TARGET_RULES, path_str,  # noqa: E402
@@ -236,12 +235,11 @@ def greedy_tokens(logits_BTV, vocab_size: int, cuts: CollectiveCuts):
 
 
 # --- one device's forward -------------------------------------------------------------------------------------
-def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts, logits_TE=None,
-               shared_TF=None):
+def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts):
     """The MoE block on one device: (output [B, T, H], the experts each token chose [B*T, K], global ids)."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
-    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg, logits_TE)  # the router is whole on every device
+    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)  # the router is whole on every device
     if forced_TK is not None:
         ids_TK = forced_TK.astype(ids_TK.dtype)
     n = w.experts.num_experts
@@ -254,7 +252,7 @@ def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: Collect
         y_TH = routed_experts(x_TH, w.experts, ids_TK, weights_TK, cfg.kernels)
     shared_TH = None
     if w.shared is not None:
-        shared_TH = swiglu(x_TH, w.shared) if shared_TF is None else linear(shared_TF, w.shared.down)
+        shared_TH = swiglu(x_TH, w.shared)
         if w.shared.gate.shape[0] < cfg.moe_intermediate_size * cfg.n_shared_experts:
             partial.append("shared expert down (FFN split)")
     if partial:
@@ -270,15 +268,13 @@ def device_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope
                  attention: str, cuts: CollectiveCuts):
     """model.decoder.decoder_layer as one device of the mesh runs it, its collectives cut."""
     attn_BTH, latent, k_rope = mla(rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin,
-                                   positions_BT, latent, k_rope, attention,
-                                   qkv_a_BTX=fused_attention_input(x_BTH, lw.input_norm, lw.attn, cfg))
+                                   positions_BT, latent, k_rope, attention)
     if lw.attn.o_proj.shape[1] < cfg.num_attention_heads:  # o_proj over this device's heads: a partial sum
         attn_BTH = cuts.cut_collective(attn_BTH, ALL_REDUCE, "attention output (o_proj, heads split)")
-    logits_TE, shared_TF = post_attention_by_kernels(x_BTH, attn_BTH, lw, cfg)
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
     if isinstance(lw.mlp, MoEWeights):
-        ff_BTH, ids_TK = device_moe(h_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts, logits_TE, shared_TF)
+        ff_BTH, ids_TK = device_moe(h_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts)
     else:
         ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
         if lw.mlp.gate.shape[0] < cfg.intermediate_size:
@@ -733,7 +729,6 @@ def parse_args(argv):
                         "the router)")
     p.add_argument("--draft-kind", choices=("llama", "mla"), default="llama")
     p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto")
-    p.add_argument("--norms", choices=("off", "on"), default="off", help="model.config.Kernels.norms")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--loop-steps", type=int, default=10, help="steps of the short device loop (the long runs 3x)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new timing after this")
@@ -800,7 +795,7 @@ def main(argv=None) -> dict:
     t_start = time.time()
     log = functools.partial(print, flush=True)
     cfg = per_device_config(args.layers, args.tiny)
-    cfg = cfg.replace(kernels=Kernels(moe=args.moe_kernel, norms=args.norms))
+    cfg = cfg.replace(kernels=Kernels(moe=args.moe_kernel))
     m = args.prefix_layers if args.prefix_layers is not None else max(cfg.first_k_dense_replace, args.layers // 2)
     if m and not cfg.first_k_dense_replace <= m < args.layers:
         raise SystemExit(f"--prefix-layers must be 0 or between {cfg.first_k_dense_replace} and {args.layers - 1}")

@@ -13,8 +13,6 @@ layer's whole capacity per step, which the kernels' path does not make.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,15 +21,13 @@ from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
 from model.kernels import target
-from model.kernels.dispatch import latent_write_applies, mla_kernel_applies, norm_gemv_applies
-from model.kernels.latent_write import latent_write
+from model.kernels.dispatch import mla_kernel_applies
 from model.kernels.mla_decode import mla_decode_attention
-from model.kernels.norm_gemv import norm_gemv
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
 from model.norms import rms_norm, sums_of_squares_of_parts
-from model.quant import Fp8Weight, Int4Weight, Weight, linear
+from model.quant import Weight, linear
 from model.rope import apply_interleaved
-from model.shard_local import axis_of, per_device_replicated, shard_map_unchecked, sharded_mesh
+from model.shard_local import axis_of, shard_map_unchecked, sharded_mesh
 
 # HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
 LORA_NORM_EPS = 1e-6
@@ -82,68 +78,28 @@ def split_input_projections(w: MLAWeights) -> MLAWeights:
     return w.replace(q_a_proj=w.qkv_a_proj[:q], kv_a_proj=w.qkv_a_proj[q:], qkv_a_proj=None)
 
 
-def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig, qkv_a_BTX=None):
-    """-> (q_a_proj's output [B, T, q_lora_rank] (from the fused weight: its whole output, whose first q_lora_rank
-    columns are q_a's), or None without q-LoRA; kv_a_proj's output [B, T, C+R]; the q_a and kv_a norms' sums of
-    squares (q_a's, the latent's), or (None, None)), from the one fused weight where `w` has it. With it both norms
-    read one GEMM's output, so one reduction serves them (`model.norms.sums_of_squares_of_parts`; on a GPU each
-    reduction is a kernel of its own). `qkv_a_BTX`: that GEMM's output, where the norm + projection kernel computed
-    it (`fused_attention_input`). q_a's output comes whole so that a kernel taking it reads it where it lies (a
-    slice passed to a kernel is a copy, a launch of its own)."""
+def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig):
+    """-> (q_a_proj's output [B, T, q_lora_rank], or None without q-LoRA; kv_a_proj's output [B, T, C+R]; the q_a
+    and kv_a norms' sums of squares (q_a's, the latent's), or (None, None)), from the one fused weight where `w` has
+    it. With it both norms read one GEMM's output, so one reduction serves them
+    (`model.norms.sums_of_squares_of_parts`; on a GPU each reduction is a kernel of its own)."""
     if w.qkv_a_proj is not None:
-        both_BTX = linear(x_BTH, w.qkv_a_proj) if qkv_a_BTX is None else qkv_a_BTX
+        both_BTX = linear(x_BTH, w.qkv_a_proj)
         q = w.q_a_norm.shape[0]
-        return both_BTX, both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
+        return both_BTX[..., :q], both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
     q_a_BTX = None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)
     return q_a_BTX, linear(x_BTH, w.kv_a_proj), (None, None)
 
 
 def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
-                  sum_squares=None, heads_split: bool = True):
-    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`: its first
-    q_lora_rank columns; None without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's
-    (EAGLE-3 MLA drafters build it with their rms_norm_eps); `sum_squares`: q_a's, where computed already
-    (`input_projections`). Where the norm + projection kernel applies, q_a's norm and q_b run as one kernel
-    (`normed_query_by_kernel`; `heads_split`: q_b is split over heads under a mesh, as the target's is)."""
-    b, t = x_BTH.shape[:2]
-    if q_a_BTX is not None and norm_gemv_applies(cfg.kernels, b, t, _rows(w.q_b_proj)):
-        q_BTND = normed_query_by_kernel(q_a_BTX, w, norm_eps, heads_split)
-    else:
-        q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX[..., :w.q_a_norm.shape[0]], w.q_a_norm, norm_eps,
-                                                      sum_squares)
-        q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
+                  sum_squares=None):
+    """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`; None
+    without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
+    it with their rms_norm_eps); `sum_squares`: q_a's, where computed already (`input_projections`)."""
+    q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX, w.q_a_norm, norm_eps, sum_squares)
+    q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
     q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
     return q_nope, apply_interleaved(q_rope, cos, sin)
-
-
-def _rows(q_b_NKQ):
-    """q_b_proj [N, K, Q] as the kernel's [N * K, Q] weight, as a shape (a quantized one as it is: not taken)."""
-    if isinstance(q_b_NKQ, (Fp8Weight, Int4Weight)):
-        return q_b_NKQ
-    n, k, q = q_b_NKQ.shape
-    return jax.ShapeDtypeStruct((n * k, q), q_b_NKQ.dtype)
-
-
-def normed_query_by_kernel(q_a_BTX, w: MLAWeights, norm_eps: float, heads_split: bool = True):
-    """q_b(rms_norm(q_a's output, q_a_norm)) [B, T, N, K] for a few tokens by the norm + projection kernel, which
-    reads q_a's output as the first columns of `q_a_BTX` (the fused projection's output, or q_a's alone); under a
-    mesh each device projects onto the heads it holds (`heads_split`), or onto all where q_b is whole on every
-    device (a draft's), so that no collective is added either way."""
-    b, t, width = q_a_BTX.shape
-    q = w.q_a_norm.shape[0]
-
-    def project(q_a_TX, norm_X, q_b_NKQ):
-        n, k, _ = q_b_NKQ.shape
-        run = norm_gemv(q_a_TX, norm_X, q_b_NKQ.reshape(n * k, q), norm_eps, interpret=target.interpret())
-        return run.reshape(-1, n, k)
-
-    mesh = sharded_mesh()
-    if mesh is None or not heads_split:
-        return per_device_replicated(project, q_a_BTX.reshape(b * t, width), w.q_a_norm, w.q_b_proj).reshape(
-            b, t, *w.q_b_proj.shape[:2])
-    n_ax = axis_of("heads", w.q_b_proj.shape[0], mesh)
-    return shard_map_unchecked(project, mesh, (P(), P(), P(n_ax, None, None)), P(None, n_ax, None))(
-        q_a_BTX.reshape(b * t, width), w.q_a_norm, w.q_b_proj).reshape(b, t, *w.q_b_proj.shape[:2])
 
 
 def project_latent(kv_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
@@ -219,37 +175,16 @@ ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompres
                    "absorbed_kernel": attend_absorbed_kernel}
 
 
-def fused_attention_input(x_BTH, norm_H, w: MLAWeights, cfg: TextConfig):
-    """The fused q_a + kv_a projection of rms_norm(x, norm) [B, T, Q+C+R] by the norm + projection kernel where
-    it applies (`model.kernels.dispatch.norm_gemv_applies`), else None (the caller's XLA norm and `mla`'s GEMM)."""
-    b, t, h = x_BTH.shape
-    if w.qkv_a_proj is None or not norm_gemv_applies(cfg.kernels, b, t, w.qkv_a_proj):
-        return None
-    run = functools.partial(norm_gemv, eps=cfg.rms_norm_eps, interpret=target.interpret())
-    return per_device_replicated(run, x_BTH.reshape(b * t, h), norm_H, w.qkv_a_proj).reshape(b, t, -1)
-
-
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
-        norm_eps: float = LORA_NORM_EPS, pages_BM=None, qkv_a_BTX=None, weights_whole: bool = False):
+        norm_eps: float = LORA_NORM_EPS, pages_BM=None):
     """One MLA layer: write the T new tokens into the cache, attend, project out. With `pages_BM` (a paged cache,
     model.kv_cache) the caches are page pools [N, P, C|R] and the tokens are written to their pages; where the
     absorbed path takes the decode kernels (`mla_kernel_applies`), they read the pages through the table, and
     elsewhere attention reads each sequence's pages gathered into its contiguous cache (`read_pages`).
 
-    `qkv_a_BTX`: the fused q_a + kv_a projection of x where `fused_attention_input` computed it (x, normed by
-    XLA, then serves only for its shape); `weights_whole`: every device holds all of `w` under a mesh (a draft's,
-    model.sharding.DRAFT_RULES), not its heads. Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg, qkv_a_BTX)
-    q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares,
-                                   heads_split=not weights_whole)
-    b, t = x_BTH.shape[:2]
-    if latent_write_applies(cfg.kernels, b, t, paged=pages_BM is not None):
-        # the kv_a projection's output read where it lies: from q_a's columns' end in the fused projection's output
-        kv_source, offset = (q_a_BTX, w.q_a_norm.shape[0]) if w.qkv_a_proj is not None else (kv_BTX, 0)
-        write = functools.partial(latent_write, eps=norm_eps, offset=offset, interpret=target.interpret())
-        latent_BSC, k_rope_BSR = per_device_replicated(write, kv_source, w.kv_a_norm, cos, sin, latent_BSC,
-                                                       k_rope_BSR, positions_BT)
-        return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH)
+    Returns (out [B, T, H], latent cache, rope-key cache)."""
+    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg)
+    q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     if pages_BM is not None:
         latent_pool_NPC = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)

@@ -39,7 +39,6 @@ KERNEL_CHOICES = {
     "moe": ("auto", "off", "wgmma", "grouped", "triton"),
     "mla": ("auto", "off", "on"),
     "router": ("auto", "off", "on"),
-    "norms": ("off", "on"),
 }
 
 
@@ -54,15 +53,11 @@ class Kernels:
     Hopper, or the Triton gemv / mma pair) wherever its shapes fit; moe "grouped" takes what "auto" takes but, for
     verify of 2 to 8 tokens on Hopper, the kernels that convert an expert several slots chose once for all its tokens
     (moe_grouped); mla / router "on" takes the kernel for every shape it can compute (off the GPU in Pallas' interpret
-    mode: slow, for tests). norms "on" runs a layer's RMSNorms for up to 8 tokens inside the kernels beside them: the
-    projections after them (model/kernels/norm_gemv.py: q_a + kv_a, q_b, the router, the shared expert's gate and
-    up; a draft's MLP and lm_head) and the latent cache's write (model/kernels/latent_write.py); "off", the default
-    until they are timed against XLA's launches on a GPU."""
+    mode: slow, for tests)."""
 
     moe: str = "auto"
     mla: str = "auto"
     router: str = "auto"
-    norms: str = "off"
 
     def __post_init__(self):
         for family, allowed in KERNEL_CHOICES.items():

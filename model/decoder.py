@@ -9,15 +9,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from model.attention_mla import (MLAWeights, fuse_input_projections, fused_attention_input, mla,
-                                 split_input_projections)
+from model.attention_mla import MLAWeights, fuse_input_projections, mla, split_input_projections
 from model.config import TextConfig
 from model.kv_cache import LatentCache
-from model.mlp import MLPWeights, normed_swiglu_hidden, swiglu
+from model.mlp import MLPWeights, swiglu
 from model.moe import MoEWeights, moe
 from model.norms import rms_norm
 from model.rope import cos_sin, target_rope_tables
-from model.router import normed_router_logits
 
 
 @struct.dataclass
@@ -65,28 +63,15 @@ def decoder_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rop
     or None in a dense layer). `pages_BM`: the block table of a paged cache (model.kv_cache)."""
     attn_BTH, latent, k_rope = mla(
         rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention,
-        pages_BM=pages_BM, qkv_a_BTX=fused_attention_input(x_BTH, lw.input_norm, lw.attn, cfg),
+        pages_BM=pages_BM,
     )
-    logits_TE, shared_TF = post_attention_by_kernels(x_BTH, attn_BTH, lw, cfg)
     x_BTH = x_BTH + attn_BTH
     h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
     if isinstance(lw.mlp, MoEWeights):
-        ff_BTH, ids_TK = moe(h_BTH, lw.mlp, cfg, expert_ids_TK, logits_TE, shared_TF)
+        ff_BTH, ids_TK = moe(h_BTH, lw.mlp, cfg, expert_ids_TK)
     else:
         ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
     return x_BTH + ff_BTH, latent, k_rope, ids_TK
-
-
-def post_attention_by_kernels(x_BTH, attn_BTH, lw: LayerWeights, cfg: TextConfig):
-    """A MoE layer's router logits and shared expert's silu(gate) * up of rms_norm(x + attn) by the norm +
-    projection kernel, each where it applies (else None: XLA's add and norm feed `moe`); (None, None) in a dense
-    layer. The kernels add and normalise for themselves, so they do not wait for XLA's add and norm."""
-    if not isinstance(lw.mlp, MoEWeights):
-        return None, None
-    logits_TE = normed_router_logits(x_BTH, attn_BTH, lw.post_attention_norm, lw.mlp.router, cfg)
-    shared_TF = None if lw.mlp.shared is None else normed_swiglu_hidden(x_BTH, attn_BTH, lw.post_attention_norm,
-                                                                        lw.mlp.shared, cfg)
-    return logits_TE, shared_TF
 
 
 # Each layer is a call of this one jitted function. JAX traces and lowers a jitted callee once per signature (the

@@ -22,15 +22,11 @@ from flax import struct
 
 from model.attention_mla import MLAWeights, mla
 from model.config import ConfigError, Kernels, TextConfig, YarnRope, check_field_types, parse_rope_scaling
-from model.kernels import target
-from model.kernels.dispatch import norm_gemv_applies
-from model.kernels.norm_gemv import norm_gemv
 from model.kv_cache import read_head_major_pages, visible_slots, write_head_major_pages, write_slots
-from model.mlp import MLPWeights, normed_swiglu_hidden, swiglu
+from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
 from model.quant import linear
 from model.rope import apply_neox, cos_sin, inv_frequencies, target_rope_tables
-from model.shard_local import per_device_replicated
 
 LLAMA_ARCHS = ("LlamaForCausalLMEagle3",)
 MLA_ARCHS = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
@@ -316,7 +312,7 @@ def _mla_attention(x_BT2H, w: DraftWeights, cfg: DraftConfig, positions_BT, cach
     inv_freq, multiplier = target_rope_tables(acfg)
     cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
     out_BTH, latent, k_rope = mla(x_BT2H, w.mla, acfg, cos, sin, positions_BT, cache.latent, cache.k_rope,
-                                  norm_eps=cfg.rms_norm_eps, pages_BM=pages_BM, weights_whole=True)
+                                  norm_eps=cfg.rms_norm_eps, pages_BM=pages_BM)
     return out_BTH, DraftLatentCache(latent, k_rope)
 
 
@@ -350,33 +346,9 @@ def draft_forward(
     x = jnp.concatenate([rms_norm(e_BTH, w.input_norm, cfg.rms_norm_eps), normed_h], axis=-1)
     attend = _mla_attention if cfg.attention == "mla" else _llama_attention
     attn, cache = attend(x, w, cfg, positions_BT, cache, pages_BM)
-    b, t, hidden = attn.shape
-    # at a few tokens the norms run inside the projections after them (Kernels(norms="on"), model.kernels.norm_gemv)
-    mlp_hidden = normed_swiglu_hidden(residual, attn, w.post_attention_norm, w.mlp, cfg, ffn_split=False)  # whole
     residual = residual + attn
-    if mlp_hidden is None:
-        mlp_out = swiglu(rms_norm(residual, w.post_attention_norm, cfg.rms_norm_eps), w.mlp)
-    else:
-        mlp_out = linear(mlp_hidden, w.mlp.down).reshape(b, t, hidden)
-    out_BTH = residual + mlp_out
+    out_BTH = residual + swiglu(rms_norm(residual, w.post_attention_norm, cfg.rms_norm_eps), w.mlp)
     head = target_lm_head if w.lm_head is None else w.lm_head
     normed = rms_norm(out_BTH, w.final_norm, cfg.rms_norm_eps)
-    logits = normed_logits(residual, mlp_out, w.final_norm, head, cfg)
-    if logits is None:
-        logits = jnp.einsum("bth,vh->btv", normed, head.astype(dt), preferred_element_type=jnp.float32)
+    logits = jnp.einsum("bth,vh->btv", normed, head.astype(dt), preferred_element_type=jnp.float32)
     return DraftOutput(logits, normed if cfg.norm_output else out_BTH, cache)
-
-
-def normed_logits(x_BTH, residual_BTH, norm_H, head_VH, cfg: DraftConfig):
-    """The draft's float32 logits [B, T, V] of rms_norm(x + residual, norm) by the norm + projection kernel where
-    it applies (`model.kernels.dispatch.norm_gemv_applies`: a few tokens, a plain head), else None."""
-    b, t, h = x_BTH.shape
-    if not norm_gemv_applies(cfg.kernels, b, t, head_VH):
-        return None
-
-    def logits(x_TH, residual_TH, norm_H, head_VH):
-        return norm_gemv(x_TH, norm_H, head_VH, cfg.rms_norm_eps, residual_TH=residual_TH, out_dtype=jnp.float32,
-                         interpret=target.interpret())
-
-    return per_device_replicated(logits, x_BTH.reshape(b * t, h), residual_BTH.reshape(b * t, h), norm_H,
-                                 head_VH).reshape(b, t, -1)

@@ -19,7 +19,7 @@ from model.config import Kernels, TextConfig
 from model.kernels.dispatch import fused_routed_experts, moe_kernel_for
 from model.mlp import MLPWeights, swiglu
 from model.moe_parallel import routed_experts_parallel
-from model.quant import Weight, dequantize, linear
+from model.quant import Weight, dequantize
 from model.router import route
 
 
@@ -77,25 +77,20 @@ def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, w
     return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 
-def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig, expert_ids_TK: jax.Array | None = None,
-        router_logits_TE: jax.Array | None = None, shared_hidden_TF: jax.Array | None = None
-        ) -> tuple[jax.Array, jax.Array]:
+def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig,
+        expert_ids_TK: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Routed experts (expert-parallel over the ambient mesh, if any) plus the shared expert: (output [B, T, H], the
     experts each token ran [B*T, K]).
 
     `expert_ids_TK` replaces the router's choices (each slot keeps the router's weight for that slot): benchmarks
-    time the kernels at routings a random model does not produce (`bench.routes`). `router_logits_TE`: x's router
-    logits, where the norm + projection kernel computed them (`model.router.normed_router_logits`);
-    `shared_hidden_TF`: the shared expert's silu(gate) * up of x, where it computed them
-    (`model.mlp.normed_swiglu_hidden`)."""
+    time the kernels at routings a random model does not produce (`bench.routes`)."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
-    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg, router_logits_TE)
+    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
     if expert_ids_TK is not None:
         ids_TK = expert_ids_TK.astype(ids_TK.dtype)
     per_device = functools.partial(routed_experts, kernels=cfg.kernels)
     y_TH = routed_experts_parallel(x_TH, w.experts, ids_TK, weights_TK, per_device)
     if w.shared is not None:
-        shared_TH = swiglu(x_TH, w.shared) if shared_hidden_TF is None else linear(shared_hidden_TF, w.shared.down)
-        y_TH = y_TH + shared_TH
+        y_TH = y_TH + swiglu(x_TH, w.shared)
     return y_TH.reshape(b, t, h), ids_TK

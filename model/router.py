@@ -10,8 +10,7 @@ import jax.numpy as jnp
 from model.config import TextConfig
 from model.router_weights import chosen_weights
 from model.kernels import router_gemv, target
-from model.kernels.dispatch import norm_gemv_applies, router_kernel_applies
-from model.kernels.norm_gemv import norm_gemv
+from model.kernels.dispatch import router_kernel_applies
 from model.kernels.router_topk import route_topk
 from model.shard_local import per_device_replicated
 
@@ -22,20 +21,17 @@ def router_logits(x_TH: jax.Array, router_EH: jax.Array) -> jax.Array:
                       precision=jax.lax.Precision.HIGHEST)
 
 
-def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig, logits_TE=None):
+def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig):
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
 
     With the router kernel (`cfg.kernels.router`, `model.kernels.dispatch.router_kernel_applies`): the logits by
     model/kernels/router_gemv.py between its MIN_TOKENS and MAX_TOKENS, the top-k by model/kernels/router_topk.py
-    (Pallas interpret mode off the GPU). Otherwise the plain XLA path below, which is also the kernels' reference.
-    `logits_TE`: x's router logits where the norm + projection kernel computed them (`normed_router_logits`)."""
+    (Pallas interpret mode off the GPU). Otherwise the plain XLA path below, which is also the kernels' reference."""
     if router_kernel_applies(cfg.kernels, x_TH.shape[0], cfg):
         # under a mesh every device routes every token itself (`per_device_replicated`), as the routed experts'
         # shard_map expects: all of them see all T x K choices
-        if logits_TE is not None:
-            return per_device_replicated(functools.partial(route_topk_of_logits, cfg=cfg), logits_TE, bias_E)
         return per_device_replicated(functools.partial(route_by_kernels, cfg=cfg), x_TH, router_EH, bias_E)
-    logits_TE = router_logits(x_TH, router_EH) if logits_TE is None else logits_TE
+    logits_TE = router_logits(x_TH, router_EH)
     scores_TE = jax.nn.sigmoid(logits_TE)
     choice_TE = scores_TE + bias_E.astype(jnp.float32)
     if cfg.n_group > 1:
@@ -58,27 +54,5 @@ def route_by_kernels(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, c
         logits = router_gemv.router_logit_partials(x_TH, router_EH, interpret)
     else:
         logits = router_logits(x_TH, router_EH)
-    return route_topk_of_logits(logits, bias_E, cfg)
-
-
-def route_topk_of_logits(logits_TE: jax.Array, bias_E: jax.Array, cfg: TextConfig):
-    """The top-k kernel's routing of logits already computed."""
-    return route_topk(logits_TE, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-                      target.interpret())
-
-
-def normed_router_logits(x_BTH: jax.Array, residual_BTH: jax.Array, norm_H: jax.Array, router_EH: jax.Array,
-                         cfg: TextConfig):
-    """The router's float32 logits [T, E] of rms_norm(x + residual, norm) by the norm + projection kernel where it
-    applies (`model.kernels.dispatch.norm_gemv_applies`: a few tokens), else None (the caller's XLA add and norm, and
-    `route`'s product). The sum and the norm run inside it, so the routing does not wait for XLA's add and norm;
-    under a mesh each device computes them on its copy."""
-    b, t, h = x_BTH.shape
-    if not norm_gemv_applies(cfg.kernels, b, t, router_EH):
-        return None
-
-    def logits(x_TH, residual_TH, norm_H, router_EH):
-        return norm_gemv(x_TH, norm_H, router_EH, cfg.rms_norm_eps, residual_TH=residual_TH,
-                         out_dtype=jnp.float32, interpret=target.interpret())
-
-    return per_device_replicated(logits, x_BTH.reshape(b * t, h), residual_BTH.reshape(b * t, h), norm_H, router_EH)
+    return route_topk(logits, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+                      interpret)

@@ -10,7 +10,5 @@ def test_formulations_agree_and_are_timed(tmp_path):
     assert rows["plain"]["max_rel_err"] == 0.0
     assert rows["one_weight"]["max_rel_err"] < 1e-2  # the same products, one GEMM
     assert rows["scale_after"]["max_rel_err"] < 2e-2  # the scale rounds to bf16 after the GEMM instead of before
-    for name in lab.NORM_GEMV_TILES:  # the kernel (interpret mode here): the one-weight products, summed apart
-        assert rows[name]["max_rel_err"] < 1e-2
     assert all(r["launches"] > 0 and "device_loop_ms" in r for r in rows.values())
     assert list(tmp_path.glob("attention-input-cpu-*.json"))

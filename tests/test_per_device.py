@@ -5,7 +5,6 @@ and the bench's --tiny run writes its rows."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gzip
 import json
@@ -25,7 +24,6 @@ from jaxspec.prefill import baseline_prefill, spec_prefill
 from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import lower_program, weights_to_run
 from jaxspec.spec_step import speculative_cycle
-from model.config import Kernels
 from model.decoder import forward
 from model.init import init_draft_weights, init_kimi_weights
 from model.sharding import DRAFT_RULES, make_mesh, path_str
@@ -40,20 +38,12 @@ def collectives(compiled) -> dict[str, int]:
     return dict(Counter(COLLECTIVE.findall(compiled.as_text())))
 
 
-def _with_norms(spec_cfg, norms: str):
-    """The pair's configs with Kernels(norms=...) for the target and the draft."""
-    kernels = Kernels(norms=norms)
-    return dataclasses.replace(spec_cfg, target=spec_cfg.target.replace(kernels=kernels),
-                               draft=dataclasses.replace(spec_cfg.draft, kernels=kernels))
-
-
 @functools.cache
-def engine(norms: str = "off"):
+def engine():
     """The engine's programs for the bench's tiny pair on a 1 x 8 mesh: {name: (compiled, args, the shardings its
     arguments are laid out in)}."""
     cfg = pd.per_device_config(LAYERS, tiny=True)
     spec_cfg, dcfg = spec_configs(cfg, tiny=True)
-    spec_cfg = _with_norms(spec_cfg, norms)
     target = jax.eval_shape(lambda k: init_kimi_weights(cfg, k, jnp.bfloat16, experts="int4"), jax.random.key(0))
     d2t = np.zeros(dcfg.draft_vocab_size, np.int32)  # the draft's own lm_head, as bench.cycle draws it
     draft = jax.eval_shape(lambda k: init_draft_weights(dcfg, k, jnp.bfloat16, d2t=d2t), jax.random.key(0))
@@ -82,12 +72,11 @@ def engine(norms: str = "off"):
 
 
 @functools.cache
-def bench(norms: str = "off"):
+def bench():
     """The bench's per-device programs for the same pair (traced: that records their cuts): {name: Program}."""
-    cfg = pd.per_device_config(LAYERS, tiny=True).replace(kernels=Kernels(norms=norms))
+    cfg = pd.per_device_config(LAYERS, tiny=True)
     w = pd.local_weights(cfg, pd.SHARD_OF, tiny=True)
     spec_cfg, _, sw = spec_pair(w, cfg, True)
-    spec_cfg = _with_norms(spec_cfg, norms)
     sw = SpecWeights(w, pd.local_block(sw.draft, DRAFT_RULES, pd.SHARD_OF))
     key = jax.random.PRNGKey(0)
     programs = {
@@ -133,19 +122,15 @@ def test_local_shapes_are_the_engines_shards():
         assert theirs and theirs == field(local_shapes({name: getattr(state, name)}), name)
 
 
-@pytest.mark.parametrize("norms", ["off", "on"])
 @pytest.mark.parametrize("name", ["decode", "verify", "cycle"])
-def test_collectives_cut_are_the_engines(name, norms):
+def test_collectives_cut_are_the_engines(name):
     """Every all-reduce and all-gather of the engine's compiled sharded program is one cut in the bench's (decode:
-    7 all-reduces = embed + 2 per layer, 2 all-gathers for the argmax over vocab shards); the norms inside the
-    kernels beside them (Kernels(norms="on"), per device inside shard_map) add none."""
-    compiled = engine(norms)[name][0]
-    theirs, mine = collectives(compiled), bench(norms)[name].cuts.by_kind()
+    7 all-reduces = embed + 2 per layer, 2 all-gathers for the argmax over vocab shards)."""
+    compiled = engine()[name][0]
+    theirs, mine = collectives(compiled), bench()[name].cuts.by_kind()
     assert theirs == mine
     if name == "decode":
         assert mine == {pd.ALL_REDUCE: 1 + 2 * LAYERS, pd.ALL_GATHER: 2}
-    if norms == "on":
-        assert theirs == collectives(engine("off")[name][0])
 
 
 def test_kernel_launches_counts_top_level_work():

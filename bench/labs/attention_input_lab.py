@@ -9,10 +9,7 @@ longer than XLA's, docs/performance.md); these variants only rewrite the math fo
 - `one_weight`: q_a and kv_a as one [Q + C + R, H] weight (concatenated once, as a loader would), one GEMM;
 - `scale_after`: the input norm's per-row 1 / rms applied to the GEMMs' outputs, ((x * g) @ W.T) * r, so the
   normalised x is never written (XLA may take x * g into the GEMM's prologue and r into its epilogue);
-- `one_weight_scale_after`: both;
-- `norm_gemv`, `norm_gemv_*`: the input norm and the one-weight projection as one Triton kernel
-  (model/kernels/norm_gemv.py, what `Kernels(norms="on")` runs) at its default tiles and at others
-  (`NORM_GEMV_TILES`: rows a program, loads in flight, warps), the LoRA norms by XLA as in the others.
+- `one_weight_scale_after`: both.
 Each variant's outputs are held to `plain`'s (max relative error). Run: `python -m bench.labs.attention_input_lab
 --out DIR` (`--tiny` on a CPU: a smoke run, not a timing).
 """
@@ -27,18 +24,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-import dataclasses
-
 import bench  # noqa: F401  (the engine's XLA flags)
 from bench.report import write_json
 from bench.timing import device_loop_ms
-from model.kernels.norm_gemv import config_for, norm_gemv
-from model.kernels.target import interpret
 from model.norms import rms_norm
 
 EPS, LORA_EPS = 1e-5, 1e-6  # Kimi's rms_norm_eps; the LoRA norms' (model.attention_mla.LORA_NORM_EPS)
 K25 = dict(h=7168, q=1536, c=512, r=64)
-TINY = dict(h=256, q=64, c=32, r=32)  # 128 rows of q_a + kv_a: whole blocks of every tile tried
+TINY = dict(h=256, q=64, c=32, r=16)
 
 
 def draw(dims: dict, key) -> tuple[dict, jax.Array]:
@@ -79,28 +72,13 @@ def _projections(x_BTH, w, one_weight: bool, scale_after: bool):
     return q, kv
 
 
-def _norm_gemv(x_BTH, w, tiles: dict):
-    """(q_a output, kv_a output) from the norm + projection kernel at `tiles` over its tiles for the shape."""
-    b, t, h = x_BTH.shape
-    cfg = dataclasses.replace(config_for(*w["qkv_a"].shape), **tiles)
-    both = norm_gemv(x_BTH.reshape(1, h), w["input_norm"], w["qkv_a"], EPS, cfg=cfg, interpret=interpret())
-    q = w["q_a"].shape[0]
-    return both[:, :q].reshape(b, t, q), both[:, q:].reshape(b, t, -1)
-
-
-# the kernel's tiles tried beside its defaults (block_o 16, 3 stages, 4 warps)
-NORM_GEMV_TILES = {"norm_gemv": {}, "norm_gemv_o8": dict(block_o=8), "norm_gemv_o32": dict(block_o=32),
-                   "norm_gemv_s4": dict(num_stages=4), "norm_gemv_w8": dict(num_warps=8)}
 VARIANTS = {"plain": (False, False), "one_weight": (True, False), "scale_after": (False, True),
-            "one_weight_scale_after": (True, True), **{name: None for name in NORM_GEMV_TILES}}
+            "one_weight_scale_after": (True, True)}
 
 
 def attention_input(x_BTH, w, variant: str):
     """(normed q_a output [B, T, Q], latent [B, T, C], k_pe [B, T, R]) under `variant`."""
-    if variant in NORM_GEMV_TILES:
-        q, kv = _norm_gemv(x_BTH, w, NORM_GEMV_TILES[variant])
-    else:
-        q, kv = _projections(x_BTH, w, *VARIANTS[variant])
+    q, kv = _projections(x_BTH, w, *VARIANTS[variant])
     return _lora_outputs(q, kv, w, w["kv_a_norm"].shape[0])
 
 

@@ -9,7 +9,7 @@ for the device the description names. Nothing runs and no weight is drawn: every
     # a virtual environment of its own: with the CUDA plugin installed, jax looks for a GPU at every start
     python -m venv /tmp/census-env && . /tmp/census-env/bin/activate
     pip install "jax[cuda12]==JAX_VERSION" -e '.[test]'   # the CUDA plugin (~5 GB with its libraries); no GPU needed
-    python -m bench.labs.gpu_census --shard-of 8 --tokens 1 4 --cycle-k 3 --norms on --out /tmp/census
+    python -m bench.labs.gpu_census --shard-of 8 --tokens 1 4 --cycle-k 3 --out /tmp/census
 
 Rows per step (T tokens): `kernels_per_layer` = (launches at `--layers` N - launches at N - 2) / 2, as the device
 census of bench.per_device takes it from two compiled programs; `kernels_in_series_per_layer`, the same difference
@@ -108,7 +108,7 @@ def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, pe
 
 
 def census_rows(args, device, log) -> list[dict]:
-    kernels = Kernels(moe=args.moe_kernel, norms=args.norms)
+    kernels = Kernels(moe=args.moe_kernel)
     cfg = per_device.per_device_config(args.layers, False).replace(kernels=kernels)
     rows, cycle_rows = [], []
     for layers in (args.layers, args.layers - 2):
@@ -195,7 +195,6 @@ def parse_args(argv):
     p.add_argument("--cycle-k", type=int, nargs="*", default=[],
                    help="also count the speculative cycle of K drafts at --layers (bench.per_device's)")
     p.add_argument("--moe-kernel", choices=per_device.KERNEL_PATH_MOE, default="auto")
-    p.add_argument("--norms", choices=("off", "on"), default="off", help="model.config.Kernels.norms")
     p.add_argument("--target-config", type=Path, default=H200_TARGET)
     p.add_argument("--hlo", action="store_true", help="also write each program's optimised HLO (gzipped)")
     p.add_argument("--out", default="bench/results")

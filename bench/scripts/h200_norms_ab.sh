@@ -1,4 +1,6 @@
 #!/bin/bash
+# Run 2026-12-05 01:40 at commit d5078cb (bench/results/wave3/norms-ab-0140/). The norms family lost and left the
+# code after it: its --norms flags exist only at that commit; run it there (git worktree add ... d5078cb).
 # Issues 51/52: a layer's RMSNorms inside the kernels beside them for up to 8 tokens (Kernels(norms="on"):
 # norm_gemv's projections, q_a + kv_a, q_b, the router's logits and the shared expert's gate and up, and
 # latent_write's cache writes; opt-in until this measures them) and the MLA kernel's masked query rows (a device's

@@ -13,9 +13,6 @@ Routed experts (`moe_kernel_for`):
 - otherwise up to PAIRS_MAX_TOKENS: moe_gemv.py, Triton, one slot per (token, choice) on CUDA cores;
 - above (up to MAX_KERNEL_TOKENS): moe_gather.py, Triton, tensor-core dots over the unique experts;
 - prefill buckets beyond MAX_KERNEL_TOKENS: the plain dense path.
-
-A layer's norms inside the kernels beside them, up to 8 tokens, opt-in (`Kernels(norms="on")`): the projections after
-them (norm_gemv.py, `norm_gemv_applies`) and the latent cache's write (latent_write.py, `latent_write_applies`).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from __future__ import annotations
 import jax
 
 from model.config import Kernels, TextConfig
-from model.kernels import latent_write, moe_grouped, moe_wgmma, norm_gemv, target
+from model.kernels import moe_grouped, moe_wgmma, target
 from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, check_pages, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
@@ -162,29 +159,3 @@ def router_kernel_applies(kernels: Kernels, tokens: int, cfg: TextConfig) -> boo
     if kernels.router == "on":
         return True
     return target.platform() == "gpu" and tokens <= MAX_KERNEL_TOKENS
-
-
-# --- a layer's input norm and projection -----------------------------------------------------------------------
-def norm_gemv_applies(kernels: Kernels, batch: int, tokens: int, weight) -> bool:
-    """The norm + projection kernel (norm_gemv.py) for a projection after a norm of `batch` x `tokens` rows
-    (`weight`: one, or a tuple projected in one launch)? norms "on" only (opt-in until timed on a GPU): up to
-    norm_gemv.MAX_TOKENS rows, plain (not quantized) weights that tile; off the GPU in Pallas' interpret mode.
-    Under a mesh every device runs it on all the rows: not where a "data" axis splits a batch of several."""
-    weights = tuple(weight) if isinstance(weight, (tuple, list)) else (weight,)
-    if kernels.norms != "on" or any(isinstance(w, (Fp8Weight, Int4Weight)) for w in weights):
-        return False
-    mesh = sharded_mesh()
-    if batch > 1 and mesh is not None and mesh.shape.get("data", 1) > 1:
-        return False
-    rows = tuple(w.shape[0] for w in weights)
-    return norm_gemv.config_for(sum(rows), weights[0].shape[1], rows, batch * tokens) is not None
-
-
-def latent_write_applies(kernels: Kernels, batch: int, tokens: int, paged: bool) -> bool:
-    """The latent cache's write with its norm and rope (latent_write.py)? norms "on" only: up to
-    latent_write.MAX_ROWS tokens into a contiguous cache (a paged cache's pools take write_pages); under a mesh
-    every device writes its copy: not where a "data" axis splits a batch of several."""
-    if kernels.norms != "on" or paged or not 1 <= batch * tokens <= latent_write.MAX_ROWS:
-        return False
-    mesh = sharded_mesh()
-    return batch == 1 or mesh is None or mesh.shape.get("data", 1) == 1

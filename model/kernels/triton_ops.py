@@ -22,16 +22,6 @@ def rem(a, b: int):
     return jax.lax.rem(a, jnp.int32(b))
 
 
-def rounded(v_f32, dtype, interpret: bool):
-    """float32 v rounded to `dtype`, kept in float32 (the roundings of a plain reference in bf16). Triton keeps a
-    cast's rounding; XLA's CPU compiler, which runs the interpreter, may drop a round trip through bf16 (its excess
-    precision), but not a reduce_precision."""
-    if interpret:
-        info = jnp.finfo(dtype)
-        return jax.lax.reduce_precision(v_f32, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-    return v_f32.astype(dtype).astype(jnp.float32)
-
-
 def even_splits(n: int, requested: int) -> tuple[int, int]:
     """n items (slots, cache blocks) shared by at most `requested` programs -> (programs, items per program)."""
     splits = max(1, min(requested, n))
