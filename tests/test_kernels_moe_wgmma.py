@@ -91,7 +91,7 @@ def test_zero_weight_slots_are_skipped_and_add_nothing(experts, down_splits):
 
 def test_gate_up_sums_are_the_two_products(experts):
     """The first kernel alone: gate / up rows of each slot's expert, summed over the splits of H (two slots share
-    expert 0)."""
+    expert 0), in the down kernel's column order (`permute_K`)."""
     x = jax.random.normal(jax.random.PRNGKey(5), (2, H)).astype(jnp.bfloat16)
     expert_U, token_U = jnp.asarray([4, 0, 0, 5], jnp.int32), jnp.asarray([0, 0, 1, 1], jnp.int32)
     gu = moe_wgmma.gate_up_sums(x, experts.gate, experts.up, expert_U, choices=2, splits=2, interpret=True)
@@ -99,7 +99,8 @@ def test_gate_up_sums_are_the_two_products(experts):
     xs = x.astype(jnp.float32)[token_U]
     for m, weight in enumerate((experts.gate, experts.up)):
         dense = dequantize(weight, jnp.float32)[expert_U]
-        np.testing.assert_allclose(np.asarray(gu[:, m].sum(0)), np.einsum("uh,ufh->uf", xs, dense),
+        np.testing.assert_allclose(np.asarray(gu[:, m].sum(0)),
+                                   moe_wgmma.permute_K(np.einsum("uh,ufh->uf", xs, dense)),
                                    rtol=2e-5, atol=2e-5)
 
 

@@ -192,7 +192,7 @@ def _slot_sums(x_TH, experts, ids_TK, alone_w_TK, *, gate_up_splits: int, down_s
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
     gu_Z2UF = moe_wgmma.gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
                                      splits=gate_up_splits, weight_U=alone_w_TK.reshape(t * k), interpret=interpret)
-    h_UF = moe_wgmma.swiglu_h(permute_K(gu_Z2UF), alone_w_TK)
+    h_UF = moe_wgmma.swiglu_h(gu_Z2UF, alone_w_TK)
     y_ZTH = moe_wgmma.down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
                                 k_splits=down_k_splits, weight_U=alone_w_TK.reshape(t * k),
                                 interpret=interpret)

@@ -160,6 +160,54 @@ def _store_rows(v, out_gmem):
     pl.run_scoped(store, plgpu.SMEM(v.shape, jnp.float32))
 
 
+def _store_rows_in_K_order(v, out_gmem, interpret: bool):
+    """`_store_rows` of [ROWS] rows in natural order, written in `permute_K` order: the down kernel takes h in that
+    order, and given natural rows XLA spends a kernel of its own on the permutation between the two MoE kernels
+    (SiLU, the split sum and the block-diagonal layout then fuse into one). ROWS is whole groups of 32, so the
+    block's rows stay within the block."""
+    if interpret:
+        _store_rows(permute_K(v), out_gmem)
+        return
+
+    def store(v_smem):
+        _scatter_in_K_order(v, v_smem)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(v_smem, out_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    pl.run_scoped(store, plgpu.SMEM(v.shape, jnp.float32))
+
+
+def _scatter_in_K_order(v, v_smem):
+    """Each thread stores its rows of v (the wgmma's row layout) at their `permute_K` positions of v_smem: natural
+    row 32c + 8j + 4e + p goes to 32c + 8p + 2j + e. The threads of a quad hold the same rows and store the same
+    values."""
+    from jax._src.lib.mlir import ir  # GPU-only modules: CPU interpret mode never needs them
+    from jax._src.lib.mlir.dialects import arith, memref
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA.reduce(1), plgpu.RefType()))
+    def scatter(_, rows, ref):
+        index = ir.IndexType.get()
+
+        def const(n):
+            return mgpu_utils.c(n, index)
+
+        def digit(r, unit, base):
+            return arith.remui(arith.divui(r, const(unit)), const(base))
+
+        def store(value, idx):
+            (r,) = idx
+            c32 = arith.muli(arith.divui(r, const(32)), const(32))
+            j, e, p = digit(r, 8, 4), digit(r, 4, 2), digit(r, 1, 4)
+            o = arith.addi(arith.addi(c32, arith.muli(p, const(8))), arith.addi(arith.muli(j, const(2)), e))
+            memref.store(value, ref, [o])
+
+        rows.foreach(store)
+
+    scatter(v, v_smem)
+
+
 def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
     """BlockSpecs of (block-diagonal input, weight, scales) for one pipeline step; `lead` squeezes leading axes
     (the down kernel indexes slot and expert there)."""
@@ -185,8 +233,8 @@ def _gate_up_kernel(expert_ref, weight_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_
         acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
                                            init_carry=(_zeros(interpret), _zeros(interpret)))(
             xbd_ref.at[t], gq_ref.at[e], gs_ref.at[e], uq_ref.at[e], us_ref.at[e])
-        _store_rows(jnp.sum(acc_g, axis=1), gu_ref.at[split, 0, slot, pl.ds(rb * ROWS, ROWS)])
-        _store_rows(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)])
+        _store_rows_in_K_order(jnp.sum(acc_g, axis=1), gu_ref.at[split, 0, slot, pl.ds(rb * ROWS, ROWS)], interpret)
+        _store_rows_in_K_order(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)], interpret)
 
 
 def _down_kernel(expert_ref, weight_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages,
@@ -220,7 +268,8 @@ def _down_kernel(expert_ref, weight_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k,
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
                  splits: int = 1, weight_U=None, interpret: bool = False) -> jax.Array:
     """[P, 2, U, F] f32 (P = `splits` of H): slot u's gate / up rows (expert expert_U[u], token u // choices) over
-    split p of H. Rows in natural order; the products take x in `permute_K` order. A slot whose router weight
+    split p of H. Rows in `permute_K` order (the down kernel's column order), as x's columns enter the
+    products. A slot whose router weight
     weight_U[u] is 0 is skipped and its rows hold whatever the buffer held (None: no slot skipped)."""
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
@@ -269,8 +318,8 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
     the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
-    choices across programs and `down_k_splits` its F (partial sums added by XLA). gate_up's partial sums are put
-    in the down kernel's column order before SiLU, so XLA fuses the split sum, SiLU and the layout into one."""
+    choices across programs and `down_k_splits` its F (partial sums added by XLA). gate_up writes its rows in
+    the down kernel's column order, so XLA fuses the split sum, SiLU and the block-diagonal layout into one kernel."""
     if not supports(experts):
         raise ValueError(f"moe_wgmma takes INT4 experts with bf16 scales of group size {TILE_K // GROUPS} and dims "
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
@@ -282,7 +331,7 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
     weight_U = weights_TK.reshape(t * k)
     gu_Z2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
                            splits=gate_up_splits, weight_U=weight_U, interpret=interpret)
-    h_UF = swiglu_h(permute_K(gu_Z2UF), weights_TK)
+    h_UF = swiglu_h(gu_Z2UF, weights_TK)
     y_ZTH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
                       k_splits=down_k_splits, weight_U=weight_U, interpret=interpret)
     written_ZT1 = split_active_ZT(weights_TK, down_splits, down_k_splits)[..., None]
