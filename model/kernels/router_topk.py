@@ -27,31 +27,41 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _pow2_chunks(n: int) -> list[tuple[int, int]]:
+    """(offset, size) pieces of 0..n with power-of-two sizes (Triton blocks): 384 -> (0, 256), (256, 128)."""
+    out, off = [], 0
+    for bit in reversed(range(n.bit_length())):
+        if n >> bit & 1:
+            out.append((off, 1 << bit))
+            off += 1 << bit
+    return out
+
+
+def _logits(logits_ref, t, off, size):
+    """Token t's logits [off, off + size): the sum of the router GEMV's split partials ([S, T, E])."""
+    return functools.reduce(jnp.add, [logits_ref[s, t, pl.ds(off, size)] for s in range(logits_ref.shape[0])])
+
+
 def _topk_kernel(logits_ref, bias_ref, w_ref, ids_ref, *, experts, k, norm, scale):
-    """Token t's k choices. Each round is two reductions over the token's block (the best value, the lowest index
-    holding it); the chosen experts' scores are gathered once after the rounds, all k in one reduction. On a GPU
-    the block of the next power of two past E loads its missing experts masked (the interpreter pads them)."""
     t = pl.program_id(0)
-    width = _next_pow2(experts)
-    idx_E = jnp.arange(width, dtype=jnp.int32)
-    real_E = idx_E < experts
-    block = pl.ds(0, width)
-    logit_E = functools.reduce(jnp.add, [pl_triton.load(logits_ref.at[jnp.int32(s), t, block], mask=real_E, other=0.0)
-                                         for s in range(logits_ref.shape[0])])  # the router GEMV's split partials
-    score_E = jax.nn.sigmoid(logit_E)
-    choice_E = jnp.where(real_E, score_E + pl_triton.load(bias_ref.at[block], mask=real_E, other=0.0), -jnp.inf)
+    chunks = _pow2_chunks(experts)  # E need not be a power of two: no masks, no padded copies
+    idx = [off + jnp.arange(size, dtype=jnp.int32) for off, size in chunks]
+    score = [jax.nn.sigmoid(_logits(logits_ref, t, off, size)) for off, size in chunks]
+    choice = [s + bias_ref[pl.ds(off, size)] for s, (off, size) in zip(score, chunks)]
     k_pad = _next_pow2(k)
     slot_K = jnp.arange(k_pad, dtype=jnp.int32)
     ids_K = jnp.zeros((k_pad,), jnp.int32)
+    w_K = jnp.zeros((k_pad,), jnp.float32)
     for j in range(k):
-        best = jnp.max(choice_E)
-        i = jnp.min(jnp.where(choice_E == best, idx_E, width))  # the lowest index among equals, as lax.top_k
+        best = functools.reduce(jnp.maximum, [jnp.max(c) for c in choice])
+        # the lowest index among equals, as lax.top_k
+        i = functools.reduce(jnp.minimum, [jnp.min(jnp.where(c == best, x, experts)) for c, x in zip(choice, idx)])
+        w = functools.reduce(jnp.add, [jnp.sum(jnp.where(x == i, s, 0.0)) for s, x in zip(score, idx)])
         ids_K = jnp.where(slot_K == j, i, ids_K)
-        choice_E = jnp.where(idx_E == i, -jnp.inf, choice_E)
-    chosen_KE = (idx_E[None, :] == ids_K[:, None]) & (slot_K < k)[:, None]
-    w_K = jnp.sum(jnp.where(chosen_KE, score_E[None, :], 0.0), axis=1)  # the padding slots hold 0
+        w_K = jnp.where(slot_K == j, w, w_K)
+        choice = [jnp.where(x == i, -jnp.inf, c) for c, x in zip(choice, idx)]
     if norm:
-        w_K = w_K / (jnp.sum(w_K) + 1e-20)
+        w_K = w_K / (jnp.sum(w_K) + 1e-20)  # the padding slots hold 0
     w_ref[t, :] = w_K * scale
     ids_ref[t, :] = ids_K
 
@@ -88,10 +98,6 @@ def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
     partials_ZTE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
     _, t, e = partials_ZTE.shape
     k_pad = _next_pow2(k)
-    bias_E = bias_E.astype(jnp.float32)
-    if interpret and e != _next_pow2(e):  # the interpreter cannot load past an array's end
-        partials_ZTE = jnp.pad(partials_ZTE, ((0, 0), (0, 0), (0, _next_pow2(e) - e)))
-        bias_E = jnp.pad(bias_E, (0, _next_pow2(e) - e))
     kernel = functools.partial(_topk_kernel, experts=e, k=k, norm=norm_topk_prob, scale=float(scaling))
     w_TK, ids_TK = pl.pallas_call(
         kernel,
@@ -100,5 +106,5 @@ def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
         compiler_params=pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name="router_topk",
-    )(partials_ZTE.astype(jnp.float32), bias_E)
+    )(partials_ZTE.astype(jnp.float32), bias_E.astype(jnp.float32))
     return w_TK[:, :k], ids_TK[:, :k]  # a no-op for k = 8 (every Kimi / DeepSeek config)
