@@ -269,8 +269,8 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
                  splits: int = 1, weight_U=None, interpret: bool = False) -> jax.Array:
     """[P, 2, U, F] f32 (P = `splits` of H): slot u's gate / up rows (expert expert_U[u], token u // choices) over
     split p of H. Rows in `permute_K` order (the down kernel's column order), as x's columns enter the
-    products. A slot whose router weight
-    weight_U[u] is 0 is skipped and its rows hold whatever the buffer held (None: no slot skipped)."""
+    products. A slot whose router weight weight_U[u] is 0 is skipped and its rows hold whatever the buffer held
+    (None: no slot skipped)."""
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
         raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
