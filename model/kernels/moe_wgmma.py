@@ -149,10 +149,14 @@ def _zeros(interpret: bool, cols: int = GROUPS):
     return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
 
 
-def _store_rows(v, out_gmem):
-    """Registers -> shared memory -> TMA into a slice of the output of v's shape ([ROWS] or [ROWS, cols])."""
+def _store_rows(v, out_gmem, write=None):
+    """Registers -> shared memory -> TMA into a slice of the output of v's shape ([ROWS] or [ROWS, cols]).
+    `write(v, v_smem)` puts v into shared memory where it is not stored as it is."""
     def store(v_smem):
-        v_smem[...] = v
+        if write is None:
+            v_smem[...] = v
+        else:
+            write(v, v_smem)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(v_smem, out_gmem)
         plgpu.wait_smem_to_gmem(0)
@@ -167,15 +171,8 @@ def _store_rows_in_K_order(v, out_gmem, interpret: bool):
     block's rows stay within the block."""
     if interpret:
         _store_rows(permute_K(v), out_gmem)
-        return
-
-    def store(v_smem):
-        _scatter_in_K_order(v, v_smem)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(v_smem, out_gmem)
-        plgpu.wait_smem_to_gmem(0)
-
-    pl.run_scoped(store, plgpu.SMEM(v.shape, jnp.float32))
+    else:
+        _store_rows(v, out_gmem, write=_scatter_in_K_order)
 
 
 def _scatter_in_K_order(v, v_smem):
