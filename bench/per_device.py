@@ -74,9 +74,9 @@ from model.eagle3 import draft_forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 from model.mlp import swiglu  # noqa: E402
-from model.moe import MoEWeights, routed_experts, tokens_norm_scale  # noqa: E402
+from model.moe import MoEWeights, routed_experts  # noqa: E402
 from model.moe_parallel import local_choices  # noqa: E402
-from model.norms import rms_norm, rms_norm_factors, scale_rows  # noqa: E402
+from model.norms import rms_norm  # noqa: E402
 from model.rope import cos_sin, target_rope_tables  # noqa: E402
 from model.router import route  # noqa: E402
 from model.sharding import (CACHE_RULES, DRAFT_RULES, MESH_AXES, STATE_RULES, TARGET_RULES, path_str,  # noqa: E402
@@ -235,14 +235,11 @@ def greedy_tokens(logits_BTV, vocab_size: int, cuts: CollectiveCuts):
 
 
 # --- one device's forward -------------------------------------------------------------------------------------
-def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts, norm_scale=None):
-    """The MoE block on one device: (output [B, T, H], the experts each token chose [B*T, K], global ids).
-    `norm_scale`: the norm's second factor, as model.moe.moe takes it."""
+def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: CollectiveCuts):
+    """The MoE block on one device: (output [B, T, H], the experts each token chose [B*T, K], global ids)."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
-    scale = tokens_norm_scale(norm_scale, b * t)
-    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg, scale)  # the router is whole on every device
-    xw_TH, x_TH = x_TH, scale_rows(x_TH, scale)
+    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)  # the router is whole on every device
     if forced_TK is not None:
         ids_TK = forced_TK.astype(ids_TK.dtype)
     n = w.experts.num_experts
@@ -255,7 +252,7 @@ def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: Collect
         y_TH = routed_experts(x_TH, w.experts, ids_TK, weights_TK, cfg.kernels)
     shared_TH = None
     if w.shared is not None:
-        shared_TH = swiglu(xw_TH, w.shared, scale)
+        shared_TH = swiglu(x_TH, w.shared)
         if w.shared.gate.shape[0] < cfg.moe_intermediate_size * cfg.n_shared_experts:
             partial.append("shared expert down (FFN split)")
     if partial:
@@ -270,17 +267,16 @@ def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: Collect
 def device_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rope, first_expert, forced_TK, *, cfg,
                  attention: str, cuts: CollectiveCuts):
     """model.decoder.decoder_layer as one device of the mesh runs it, its collectives cut."""
-    xw_BTH, scale = rms_norm_factors(x_BTH, lw.input_norm, cfg.rms_norm_eps)
-    attn_BTH, latent, k_rope = mla(xw_BTH, lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention,
-                                   norm_scale=scale)
+    attn_BTH, latent, k_rope = mla(rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin,
+                                   positions_BT, latent, k_rope, attention)
     if lw.attn.o_proj.shape[1] < cfg.num_attention_heads:  # o_proj over this device's heads: a partial sum
         attn_BTH = cuts.cut_collective(attn_BTH, ALL_REDUCE, "attention output (o_proj, heads split)")
     x_BTH = x_BTH + attn_BTH
-    hw_BTH, scale = rms_norm_factors(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
+    h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
     if isinstance(lw.mlp, MoEWeights):
-        ff_BTH, ids_TK = device_moe(hw_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts, scale)
+        ff_BTH, ids_TK = device_moe(h_BTH, lw.mlp, cfg, first_expert, forced_TK, cuts)
     else:
-        ff_BTH, ids_TK = swiglu(hw_BTH, lw.mlp, scale), None
+        ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
         if lw.mlp.gate.shape[0] < cfg.intermediate_size:
             ff_BTH = cuts.cut_collective(ff_BTH, ALL_REDUCE, "dense MLP down (FFN split)")
     return x_BTH + ff_BTH, latent, k_rope, ids_TK

@@ -24,7 +24,7 @@ from model.kernels import target
 from model.kernels.dispatch import mla_kernel_applies
 from model.kernels.mla_decode import mla_decode_attention
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
-from model.norms import NormScale, rms_norm, rms_norm_factors, sums_of_squares_of_parts
+from model.norms import rms_norm, sums_of_squares_of_parts
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
 from model.shard_local import axis_of, shard_map_unchecked, sharded_mesh
@@ -78,35 +78,26 @@ def split_input_projections(w: MLAWeights) -> MLAWeights:
     return w.replace(q_a_proj=w.qkv_a_proj[:q], kv_a_proj=w.qkv_a_proj[q:], qkv_a_proj=None)
 
 
-def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig, norm_scale: NormScale | None = None):
+def input_projections(x_BTH, w: MLAWeights, cfg: TextConfig):
     """-> (q_a_proj's output [B, T, q_lora_rank], or None without q-LoRA; kv_a_proj's output [B, T, C+R]; the q_a
     and kv_a norms' sums of squares (q_a's, the latent's), or (None, None)), from the one fused weight where `w` has
     it. With it both norms read one GEMM's output, so one reduction serves them
-    (`model.norms.sums_of_squares_of_parts`; on a GPU each reduction is a kernel of its own). `norm_scale`: the
-    input norm's second factor where x_BTH is its first (`model.norms.rms_norm_factors`), applied to the outputs."""
+    (`model.norms.sums_of_squares_of_parts`; on a GPU each reduction is a kernel of its own)."""
     if w.qkv_a_proj is not None:
-        both_BTX = linear(x_BTH, w.qkv_a_proj, norm_scale)
+        both_BTX = linear(x_BTH, w.qkv_a_proj)
         q = w.q_a_norm.shape[0]
         return both_BTX[..., :q], both_BTX[..., q:], sums_of_squares_of_parts(both_BTX, (q, cfg.kv_lora_rank))
-    q_a_BTX = None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj, norm_scale)
-    return q_a_BTX, linear(x_BTH, w.kv_a_proj, norm_scale), (None, None)
+    q_a_BTX = None if w.q_a_proj is None else linear(x_BTH, w.q_a_proj)
+    return q_a_BTX, linear(x_BTH, w.kv_a_proj), (None, None)
 
 
 def project_query(x_BTH, q_a_BTX, w: MLAWeights, cfg: TextConfig, cos, sin, norm_eps: float = LORA_NORM_EPS,
-                  sum_squares=None, norm_scale: NormScale | None = None):
+                  sum_squares=None):
     """-> q_nope [B, T, N, Dn], roped q_rope [B, T, N, R] from q_a_proj's output (`input_projections`; None
-    without q-LoRA, where q_b_proj is q_proj over x, scaled by `norm_scale` as in `input_projections`).
-    `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build it with their rms_norm_eps); `sum_squares`: q_a's,
-    where computed already (`input_projections`). The q_a norm is factored (`model.norms.rms_norm_factors`): q_b
-    runs on q_a times the norm's weight while its sum of squares is taken, and its rows are scaled after."""
-    if q_a_BTX is None:
-        q_in, q_scale = x_BTH, norm_scale
-    else:
-        q_in, q_scale = rms_norm_factors(q_a_BTX, w.q_a_norm, norm_eps, sum_squares)
-    q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype), preferred_element_type=jnp.float32)
-    if q_scale is not None:
-        q_BTND = q_BTND * q_scale.rows()[..., None]
-    q_BTND = q_BTND.astype(x_BTH.dtype)
+    without q-LoRA, where q_b_proj is q_proj over x). `norm_eps`: the q_a_layernorm's (EAGLE-3 MLA drafters build
+    it with their rms_norm_eps); `sum_squares`: q_a's, where computed already (`input_projections`)."""
+    q_in = x_BTH if q_a_BTX is None else rms_norm(q_a_BTX, w.q_a_norm, norm_eps, sum_squares)
+    q_BTND = jnp.einsum("btq,nkq->btnk", q_in, w.q_b_proj.astype(x_BTH.dtype))
     q_nope, q_rope = q_BTND[..., : cfg.qk_nope_head_dim], q_BTND[..., cfg.qk_nope_head_dim :]
     return q_nope, apply_interleaved(q_rope, cos, sin)
 
@@ -185,17 +176,15 @@ ATTENTION_PATHS = {"absorbed": attend_absorbed, "decompressed": attend_decompres
 
 
 def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BSC, k_rope_BSR, path="absorbed",
-        norm_eps: float = LORA_NORM_EPS, pages_BM=None, norm_scale: NormScale | None = None):
+        norm_eps: float = LORA_NORM_EPS, pages_BM=None):
     """One MLA layer: write the T new tokens into the cache, attend, project out. With `pages_BM` (a paged cache,
     model.kv_cache) the caches are page pools [N, P, C|R] and the tokens are written to their pages; where the
     absorbed path takes the decode kernels (`mla_kernel_applies`), they read the pages through the table, and
     elsewhere attention reads each sequence's pages gathered into its contiguous cache (`read_pages`).
-    `norm_scale`: where given, x_BTH is the input norm's first factor and this its second
-    (`model.norms.rms_norm_factors`); the input projections scale their outputs by it.
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
-    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg, norm_scale)
-    q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares, norm_scale)
+    q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg)
+    q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     if pages_BM is not None:
         latent_pool_NPC = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)

@@ -14,7 +14,7 @@ from model.config import TextConfig
 from model.kv_cache import LatentCache
 from model.mlp import MLPWeights, swiglu
 from model.moe import MoEWeights, moe
-from model.norms import rms_norm, rms_norm_factors
+from model.norms import rms_norm
 from model.rope import cos_sin, target_rope_tables
 
 
@@ -61,17 +61,16 @@ def decoder_layer(x_BTH, lw: LayerWeights, cos, sin, positions_BT, latent, k_rop
                   *, cfg: TextConfig, attention: str):
     """One layer: (residual stream out [B, T, H], latent cache, rope-key cache, the experts each token ran [B*T, K]
     or None in a dense layer). `pages_BM`: the block table of a paged cache (model.kv_cache)."""
-    # both norms factored (`model.norms.rms_norm_factors`): the attention's input projections and the router run
-    # beside the norms' sums of squares instead of after them
-    xw_BTH, scale = rms_norm_factors(x_BTH, lw.input_norm, cfg.rms_norm_eps)
-    attn_BTH, latent, k_rope = mla(xw_BTH, lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention,
-                                   pages_BM=pages_BM, norm_scale=scale)
+    attn_BTH, latent, k_rope = mla(
+        rms_norm(x_BTH, lw.input_norm, cfg.rms_norm_eps), lw.attn, cfg, cos, sin, positions_BT, latent, k_rope, attention,
+        pages_BM=pages_BM,
+    )
     x_BTH = x_BTH + attn_BTH
-    hw_BTH, scale = rms_norm_factors(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
+    h_BTH = rms_norm(x_BTH, lw.post_attention_norm, cfg.rms_norm_eps)
     if isinstance(lw.mlp, MoEWeights):
-        ff_BTH, ids_TK = moe(hw_BTH, lw.mlp, cfg, expert_ids_TK, scale)
+        ff_BTH, ids_TK = moe(h_BTH, lw.mlp, cfg, expert_ids_TK)
     else:
-        ff_BTH, ids_TK = swiglu(hw_BTH, lw.mlp, scale), None
+        ff_BTH, ids_TK = swiglu(h_BTH, lw.mlp), None
     return x_BTH + ff_BTH, latent, k_rope, ids_TK
 
 

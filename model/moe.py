@@ -9,7 +9,6 @@ The GPU kernels (model/kernels/, chosen by `model.kernels.dispatch` from the con
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -20,7 +19,6 @@ from model.config import Kernels, TextConfig
 from model.kernels.dispatch import fused_routed_experts, moe_kernel_for
 from model.mlp import MLPWeights, swiglu
 from model.moe_parallel import routed_experts_parallel
-from model.norms import NormScale, scale_rows
 from model.quant import Weight, dequantize
 from model.router import route
 
@@ -79,31 +77,20 @@ def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, w
     return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 
-def tokens_norm_scale(norm_scale: NormScale | None, tokens: int) -> NormScale | None:
-    """A [B, T, 1] norm scale as the [B*T, 1] one of the layer's tokens."""
-    if norm_scale is None:
-        return None
-    return dataclasses.replace(norm_scale, sum_squares=norm_scale.sum_squares.reshape(tokens, 1))
-
-
-def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig, expert_ids_TK: jax.Array | None = None,
-        norm_scale: NormScale | None = None) -> tuple[jax.Array, jax.Array]:
+def moe(x_BTH: jax.Array, w: MoEWeights, cfg: TextConfig,
+        expert_ids_TK: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Routed experts (expert-parallel over the ambient mesh, if any) plus the shared expert: (output [B, T, H], the
     experts each token ran [B*T, K]).
 
     `expert_ids_TK` replaces the router's choices (each slot keeps the router's weight for that slot): benchmarks
-    time the kernels at routings a random model does not produce (`bench.routes`). `norm_scale`: where given,
-    x_BTH is the norm's first factor and this its second (`model.norms.rms_norm_factors`): the router and the shared
-    expert scale their outputs (the layer's chain then does not wait for the norm), the routed experts take the
-    product."""
+    time the kernels at routings a random model does not produce (`bench.routes`)."""
     b, t, h = x_BTH.shape
     x_TH = x_BTH.reshape(b * t, h)
-    scale = tokens_norm_scale(norm_scale, b * t)
-    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg, scale)
+    weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)
     if expert_ids_TK is not None:
         ids_TK = expert_ids_TK.astype(ids_TK.dtype)
     per_device = functools.partial(routed_experts, kernels=cfg.kernels)
-    y_TH = routed_experts_parallel(scale_rows(x_TH, scale), w.experts, ids_TK, weights_TK, per_device)
+    y_TH = routed_experts_parallel(x_TH, w.experts, ids_TK, weights_TK, per_device)
     if w.shared is not None:
-        y_TH = y_TH + swiglu(x_TH, w.shared, scale)
+        y_TH = y_TH + swiglu(x_TH, w.shared)
     return y_TH.reshape(b, t, h), ids_TK

@@ -1,6 +1,5 @@
 """RMSNorm, computed in float32 and cast back (as HF DeepseekV3 / Llama do)."""
 
-import dataclasses
 import math
 
 import jax
@@ -15,41 +14,6 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, sum_squares: jax.Array
         sum_squares = jnp.sum(x32 * x32, axis=-1, keepdims=True)
     normed = x32 * jax.lax.rsqrt(sum_squares / x.shape[-1] + eps)
     return weight * normed.astype(x.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class NormScale:
-    """An RMSNorm's second factor, 1 / rms(x) per row, kept as x's sum of squares ([..., 1] float32) with the width
-    and eps that turn it into the scale (`rows`): a kernel that takes the sum finishes the norm itself, where XLA
-    would spend a kernel of its own on the scale between the reduction and a custom call."""
-
-    sum_squares: jax.Array
-    width: int
-    eps: float
-
-    def rows(self) -> jax.Array:
-        """1 / rms(x) [..., 1] float32."""
-        return jax.lax.rsqrt(self.sum_squares / self.width + self.eps)
-
-
-def rms_norm_factors(x: jax.Array, weight: jax.Array, eps: float,
-                     sum_squares: jax.Array | None = None) -> tuple[jax.Array, NormScale]:
-    """`rms_norm` as two factors: x * weight in x's dtype and 1 / rms(x) (`NormScale`), whose product is the norm.
-
-    A linear map of the norm is the map of the first factor with its output rows scaled by the second
-    (`model.quant.linear`'s `row_scale`), so the map does not wait for the reduction: on a GPU the norm's sum and
-    its scaling are kernels of their own, one after the other before the map; factored, the sum runs beside the map
-    and the scaling joins the kernel that sums the map's split-K parts. Rounding differs from `rms_norm`'s where x
-    is bf16 (x * weight is rounded instead of the normed x), by bf16's step."""
-    x32 = x.astype(jnp.float32)
-    if sum_squares is None:
-        sum_squares = jnp.sum(x32 * x32, axis=-1, keepdims=True)
-    return (x32 * weight.astype(jnp.float32)).astype(x.dtype), NormScale(sum_squares, x.shape[-1], eps)
-
-
-def scale_rows(x: jax.Array, scale: NormScale | None) -> jax.Array:
-    """x times a norm's second factor in x's dtype (None: x): the norm itself where x is its first factor."""
-    return x if scale is None else (x.astype(jnp.float32) * scale.rows()).astype(x.dtype)
 
 
 def sums_of_squares_of_parts(x: jax.Array, widths: tuple[int, ...]) -> tuple[jax.Array, ...]:

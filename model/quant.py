@@ -10,8 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from model.norms import NormScale
-
 Weight = jax.Array  # a dense [.., out, in] matrix, or one of the containers below
 
 
@@ -87,10 +85,6 @@ def dequantize(w: Weight, dtype=jnp.bfloat16) -> jax.Array:
     return w.astype(dtype)
 
 
-def linear(x: jax.Array, w: Weight, norm_scale: NormScale | None = None) -> jax.Array:
-    """x[..., in] @ w[out, in].T in x's dtype; with `norm_scale`, x is a norm's first factor and each output row is
-    scaled by its second before the cast (`model.norms.rms_norm_factors`): the map of the normed x."""
-    if norm_scale is None:
-        return jnp.einsum("...i,oi->...o", x, dequantize(w, x.dtype))
-    y = jnp.einsum("...i,oi->...o", x, dequantize(w, x.dtype), preferred_element_type=jnp.float32)
-    return (y * norm_scale.rows()).astype(x.dtype)
+def linear(x: jax.Array, w: Weight) -> jax.Array:
+    """x[..., in] @ w[out, in].T in x's dtype."""
+    return jnp.einsum("...i,oi->...o", x, dequantize(w, x.dtype))

@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 
 from model.config import TextConfig
-from model.norms import NormScale
 from model.router_weights import chosen_weights
 from model.kernels import router_gemv, target
 from model.kernels.dispatch import router_kernel_applies
@@ -22,12 +21,8 @@ def router_logits(x_TH: jax.Array, router_EH: jax.Array) -> jax.Array:
                       precision=jax.lax.Precision.HIGHEST)
 
 
-def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig,
-          norm_scale: NormScale | None = None):
+def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig):
     """Return (weights [T, K] float32, expert ids [T, K] int32) for T tokens.
-
-    `norm_scale` ([T, 1]): where given, x_TH is a norm's first factor and this its second
-    (`model.norms.rms_norm_factors`), and the logits are scaled by it.
 
     With the router kernel (`cfg.kernels.router`, `model.kernels.dispatch.router_kernel_applies`): the logits by
     model/kernels/router_gemv.py between its MIN_TOKENS and MAX_TOKENS, the top-k by model/kernels/router_topk.py
@@ -35,13 +30,8 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
     if router_kernel_applies(cfg.kernels, x_TH.shape[0], cfg):
         # under a mesh every device routes every token itself (`per_device_replicated`), as the routed experts'
         # shard_map expects: all of them see all T x K choices
-        if norm_scale is None:
-            return per_device_replicated(functools.partial(route_by_kernels, cfg=cfg), x_TH, router_EH, bias_E)
-        by_kernels = functools.partial(route_by_kernels, cfg=cfg, norm=(norm_scale.width, norm_scale.eps))
-        return per_device_replicated(by_kernels, x_TH, router_EH, bias_E, norm_scale.sum_squares)
+        return per_device_replicated(functools.partial(route_by_kernels, cfg=cfg), x_TH, router_EH, bias_E)
     logits_TE = router_logits(x_TH, router_EH)
-    if norm_scale is not None:
-        logits_TE = logits_TE * norm_scale.rows()
     scores_TE = jax.nn.sigmoid(logits_TE)
     choice_TE = scores_TE + bias_E.astype(jnp.float32)
     if cfg.n_group > 1:
@@ -56,17 +46,13 @@ def route(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextCon
     return chosen_weights(scores_TE, ids_TK, cfg.norm_topk_prob, cfg.routed_scaling_factor), ids_TK.astype(jnp.int32)
 
 
-def route_by_kernels(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, sum_squares_T1=None, *,
-                     cfg: TextConfig, norm: tuple[int, float] = (1, 0.0)):
+def route_by_kernels(x_TH: jax.Array, router_EH: jax.Array, bias_E: jax.Array, cfg: TextConfig):
     """`route` by the router kernels: the logits by router_gemv.py between its MIN_TOKENS and MAX_TOKENS (XLA's
-    float32 product elsewhere), the top-k by router_topk.py. With `sum_squares_T1`, x_TH is a norm's first factor,
-    and the top-k kernel scales the logits by the second from the sum and `norm` (width, eps): the norm's sum runs
-    beside the logits, not before them."""
+    float32 product elsewhere), the top-k by router_topk.py."""
     interpret = target.interpret()
     if router_gemv.MIN_TOKENS <= x_TH.shape[0] <= router_gemv.MAX_TOKENS:  # verify: the GEMV's partial sums
         logits = router_gemv.router_logit_partials(x_TH, router_EH, interpret)
     else:
         logits = router_logits(x_TH, router_EH)
-    sum_squares_T = None if sum_squares_T1 is None else sum_squares_T1[:, 0]
     return route_topk(logits, bias_E, cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-                      interpret, sum_squares_T, *norm)
+                      interpret)

@@ -37,18 +37,16 @@ def _pow2_chunks(n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _logits(logits_ref, sum_squares_ref, t, off, size, width, eps):
-    """Token t's logits [off, off + size): the sum of the router GEMV's split partials ([S, T, E]), times the token's
-    norm scale 1 / sqrt(sum_squares / width + eps) (exactly 1 for a sum of 1, width 1, eps 0)."""
-    summed = functools.reduce(jnp.add, [logits_ref[s, t, pl.ds(off, size)] for s in range(logits_ref.shape[0])])
-    return summed * jax.lax.rsqrt(sum_squares_ref[t] / width + eps)
+def _logits(logits_ref, t, off, size):
+    """Token t's logits [off, off + size): the sum of the router GEMV's split partials ([S, T, E])."""
+    return functools.reduce(jnp.add, [logits_ref[s, t, pl.ds(off, size)] for s in range(logits_ref.shape[0])])
 
 
-def _topk_kernel(logits_ref, sum_squares_ref, bias_ref, w_ref, ids_ref, *, experts, k, norm, scale, width, eps):
+def _topk_kernel(logits_ref, bias_ref, w_ref, ids_ref, *, experts, k, norm, scale):
     t = pl.program_id(0)
     chunks = _pow2_chunks(experts)  # E need not be a power of two: no masks, no padded copies
     idx = [off + jnp.arange(size, dtype=jnp.int32) for off, size in chunks]
-    score = [jax.nn.sigmoid(_logits(logits_ref, sum_squares_ref, t, off, size, width, eps)) for off, size in chunks]
+    score = [jax.nn.sigmoid(_logits(logits_ref, t, off, size)) for off, size in chunks]
     choice = [s + bias_ref[pl.ds(off, size)] for s, (off, size) in zip(score, chunks)]
     k_pad = _next_pow2(k)
     slot_K = jnp.arange(k_pad, dtype=jnp.int32)
@@ -68,56 +66,39 @@ def _topk_kernel(logits_ref, sum_squares_ref, bias_ref, w_ref, ids_ref, *, exper
     ids_ref[t, :] = ids_K
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def route_topk(logits_TE: jax.Array, bias_E: jax.Array, k: int, norm_topk_prob: bool, scaling: float,
-               interpret: bool = False, norm_sum_squares_T: jax.Array | None = None, norm_width: int = 1,
-               norm_eps: float = 0.0):
+               interpret: bool = False):
     """(weights [T, k] float32, expert ids [T, k] int32) from router logits [T, E], as `model.router.route`.
 
-    The logits may also come as [P, T, E] partial sums over P (router_gemv.py), added here as they load. With
-    `norm_sum_squares_T` [T] float32 the logits are of a norm's first factor (`model.norms.rms_norm_factors`), and
-    each token's are scaled by the second, 1 / sqrt(sum / norm_width + norm_eps), as they load: the norm's
-    reduction then runs beside the router's GEMV instead of before it, and no kernel of its own turns the sum into
-    the scale. Differentiable in the logits and the sums like the XLA path (the bias only chooses, so it gets no
-    gradient)."""
-    if norm_sum_squares_T is None:  # a scale of exactly 1
-        norm_sum_squares_T, norm_width, norm_eps = jnp.ones(logits_TE.shape[-2], jnp.float32), 1, 0.0
-    return _route_topk_scaled(logits_TE, bias_E, norm_sum_squares_T.astype(jnp.float32), k, norm_topk_prob, scaling,
-                              interpret, int(norm_width), float(norm_eps))
+    The logits may also come as [P, T, E] partial sums over P (router_gemv.py), added here as they load.
+    Differentiable in the logits like the XLA path (the bias only chooses, so it gets no gradient)."""
+    return _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
-def _route_topk_scaled(logits_TE, bias_E, sum_squares_T, k, norm_topk_prob, scaling, interpret, width, eps):
-    return _route_topk(logits_TE, bias_E, sum_squares_T, k, norm_topk_prob, scaling, interpret, width, eps)
+def _route_topk_fwd(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
+    w_TK, ids_TK = _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret)
+    return (w_TK, ids_TK), (logits_TE, bias_E, ids_TK)
 
 
-def _route_topk_fwd(logits_TE, bias_E, sum_squares_T, k, norm_topk_prob, scaling, interpret, width, eps):
-    w_TK, ids_TK = _route_topk(logits_TE, bias_E, sum_squares_T, k, norm_topk_prob, scaling, interpret, width, eps)
-    return (w_TK, ids_TK), (logits_TE, bias_E, sum_squares_T, ids_TK)
-
-
-def _route_topk_bwd(k, norm_topk_prob, scaling, interpret, width, eps, res, cotangents):
-    logits_TE, bias_E, sum_squares_T, ids_TK = res
+def _route_topk_bwd(k, norm_topk_prob, scaling, interpret, res, cotangents):
+    logits_TE, bias_E, ids_TK = res
     # the XLA path's weights: its gradient is the reference's
     summed_TE = logits_TE.sum(0) if logits_TE.ndim == 3 else logits_TE  # partials: each split adds with weight 1
-
-    def weights(lg_TE, ss_T):
-        scaled_TE = lg_TE.astype(jnp.float32) * jax.lax.rsqrt(ss_T / width + eps)[:, None]
-        return chosen_weights(jax.nn.sigmoid(scaled_TE), ids_TK, norm_topk_prob, scaling)
-
-    _, pullback = jax.vjp(weights, summed_TE, sum_squares_T)
-    g_TE, g_T = pullback(cotangents[0])
-    return jnp.broadcast_to(g_TE, logits_TE.shape).astype(logits_TE.dtype), jnp.zeros_like(bias_E), g_T
+    _, pullback = jax.vjp(lambda lg: chosen_weights(jax.nn.sigmoid(lg.astype(jnp.float32)), ids_TK, norm_topk_prob,
+                                                    scaling), summed_TE)
+    g_TE = pullback(cotangents[0])[0]
+    return jnp.broadcast_to(g_TE, logits_TE.shape).astype(logits_TE.dtype), jnp.zeros_like(bias_E)
 
 
-_route_topk_scaled.defvjp(_route_topk_fwd, _route_topk_bwd)
+route_topk.defvjp(_route_topk_fwd, _route_topk_bwd)
 
 
-def _route_topk(logits_TE, bias_E, sum_squares_T, k, norm_topk_prob, scaling, interpret, width, eps):
+def _route_topk(logits_TE, bias_E, k, norm_topk_prob, scaling, interpret):
     partials_ZTE = logits_TE if logits_TE.ndim == 3 else logits_TE[None]
     _, t, e = partials_ZTE.shape
     k_pad = _next_pow2(k)
-    kernel = functools.partial(_topk_kernel, experts=e, k=k, norm=norm_topk_prob, scale=float(scaling), width=width,
-                               eps=eps)
+    kernel = functools.partial(_topk_kernel, experts=e, k=k, norm=norm_topk_prob, scale=float(scaling))
     w_TK, ids_TK = pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((t, k_pad), jnp.float32), jax.ShapeDtypeStruct((t, k_pad), jnp.int32)),
@@ -125,5 +106,5 @@ def _route_topk(logits_TE, bias_E, sum_squares_T, k, norm_topk_prob, scaling, in
         compiler_params=pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         interpret=interpret,
         name="router_topk",
-    )(partials_ZTE.astype(jnp.float32), sum_squares_T, bias_E.astype(jnp.float32))
+    )(partials_ZTE.astype(jnp.float32), bias_E.astype(jnp.float32))
     return w_TK[:, :k], ids_TK[:, :k]  # a no-op for k = 8 (every Kimi / DeepSeek config)
