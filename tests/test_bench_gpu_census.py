@@ -4,7 +4,7 @@ CI does not install; what it reads is checked here on programs compiled for the 
 import jax
 import jax.numpy as jnp
 
-from bench.labs.gpu_census import Kernel, kernels_in_order, kernels_in_series, layer_segments
+from bench.labs.gpu_census import Kernel, graph_shape, kernels_in_order, kernels_in_series, layer_segments
 from bench.per_device import kernel_census
 
 
@@ -61,3 +61,13 @@ def test_kernels_in_series_follow_the_longest_chain():
     """a -> (a view) -> b -> (a tuple) -> c is three kernels in series; `side` runs beside them."""
     assert kernels_in_series(_HLO) == 3
     assert len(kernels_in_order(_HLO)) == 4
+
+
+def test_graph_shape_counts_edges_joins_and_forks():
+    """In _HLO a -> b -> c is a chain beside `side`: two edges, no join, no fork. Give c a second branch from a
+    (d) and a waits for nothing, feeds b and d (a fork), and c waits for both (a join)."""
+    assert graph_shape(_HLO) == dict(edges=2, joins=0, forks=0)
+    forked = _HLO.replace('%c = f32[4]{0} custom-call(%g, %x)', '%d = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_a\n'
+                          '  %c = f32[4]{0} custom-call(%g, %d)')
+    assert graph_shape(forked) == dict(edges=4, joins=1, forks=1)
+    assert kernels_in_series(forked) == 3

@@ -13,10 +13,11 @@ for the device the description names. Nothing runs and no weight is drawn: every
 
 Rows per step (T tokens): `kernels_per_layer` = (launches at `--layers` N - launches at N - 2) / 2, as the device
 census of bench.per_device takes it from two compiled programs; `kernels_in_series_per_layer`, the same difference
-of the longest chain of kernels each waiting for the one before (`kernels_in_series`); with `--cycle-k`, the whole
-cycle's kernels and kernels in series at N layers beside the verify of K + 1 tokens alone (the difference is what
-the drafts and the acceptance launch); and the middle MoE layer's kernels in program order (a layer ends at its
-routed experts' last kernel, `LAYER_END_TARGET`), each with its fusion name and output shape. What it cannot
+of the longest chain of kernels each waiting for the one before (`kernels_in_series`), and of the dependency
+graph's edges, joins and forks (`graph_shape`); with `--cycle-k`, the whole cycle's kernels and kernels in series at
+N layers beside the verify of K + 1 tokens alone (the difference is what the drafts and the acceptance launch); and
+the middle MoE layer's kernels in program order (a layer ends at its routed experts' last kernel,
+`LAYER_END_TARGET`), each with its fusion name and output shape. What it cannot
 tell: time. Autotuning needs the device, so a GEMM's tiles (not its count) may differ, and the XLA inside this
 host's jax may fuse a little differently from the GPU host's (docs/performance.md compares the two on the same
 program).
@@ -76,20 +77,44 @@ def compile_for(fn, args, donate, device) -> str:
 _OPERAND = re.compile(r"%([\w.\-]+)")
 
 
+def _kernel_predecessors(instrs) -> dict[str, set[str]]:
+    """Each kernel of one computation (instructions in printed order, an instruction after its operands) -> the
+    kernels it waits for directly: its operands' producers, looking through values, views and tuples."""
+    names, through, preds = {ins.name for ins in instrs}, {}, {}
+    for ins in instrs:
+        args = ins.rest.split("), ")[0] if "), " in ins.rest else ins.rest
+        waits = set().union(*(through.get(a, set()) for a in _OPERAND.findall(args) if a in names))
+        if ins.op in FREE_OPS:
+            through[ins.name] = waits
+        else:
+            through[ins.name], preds[ins.name] = {ins.name}, waits
+    return preds
+
+
+def _busiest(hlo_text: str) -> list:
+    """The computation of the module that launches the most kernels (a step loop's body)."""
+    return max(hlo_computations(hlo_text)[0].values(), key=lambda instrs: sum(i.op not in FREE_OPS for i in instrs))
+
+
 def kernels_in_series(hlo_text: str) -> int:
     """The most kernels one chain of data dependencies runs in series, in the computation of the module that
-    launches the most kernels (a step loop's body): each kernel is one more than the longest chain among its
-    operands' producers, values, views and tuples add nothing. Kernels beside the chain (cache writes, the shared
-    expert) do not count; on a GPU they overlap it."""
-    best = 0
-    for instrs in hlo_computations(hlo_text)[0].values():
-        depth, names = {}, {ins.name for ins in instrs}
-        for ins in instrs:  # HLO text lists an instruction after its operands
-            args = ins.rest.split("), ")[0] if "), " in ins.rest else ins.rest
-            before = max((depth.get(a, 0) for a in _OPERAND.findall(args) if a in names), default=0)
-            depth[ins.name] = before + (ins.op not in FREE_OPS)
-        best = max(best, max(depth.values(), default=0))
-    return best
+    launches the most kernels (a step loop's body): each kernel is one more than the longest chain among the
+    kernels it waits for. Kernels beside the chain (cache writes, the shared expert) do not count; on a GPU they
+    overlap it."""
+    preds, depth = _kernel_predecessors(_busiest(hlo_text)), {}
+    for name, waits in preds.items():  # in printed order: a kernel after those it waits for
+        depth[name] = 1 + max((depth[w] for w in waits), default=0)
+    return max(depth.values(), default=0)
+
+
+def graph_shape(hlo_text: str) -> dict:
+    """The dependency graph of the computation that launches the most kernels, as a CUDA graph of its kernels
+    would hold it: `edges` (a kernel waiting for another), `joins` (kernels waiting for two or more), `forks`
+    (kernels two or more wait for). Branches overlap on the device, but each join waits for all of its branches."""
+    preds = _kernel_predecessors(_busiest(hlo_text))
+    fed = Counter(w for waits in preds.values() for w in waits)
+    return dict(edges=sum(len(w) for w in preds.values()), joins=sum(len(w) >= 2 for w in preds.values()),
+                forks=sum(n >= 2 for n in fed.values()))
 
 
 def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, per_layer: int = 2) -> list[list]:
@@ -139,7 +164,8 @@ def census_rows(args, device, log) -> list[dict]:
                 out.mkdir(parents=True, exist_ok=True)
                 with gzip.open(out / f"census-shard{args.shard_of}-T{e['tokens']}-L{layers}.hlo.txt.gz", "wt") as f:
                     f.write(text)
-            rows.append(dict(tokens=e["tokens"], layers=layers, kernels=kernels, series=kernels_in_series(text)))
+            rows.append(dict(tokens=e["tokens"], layers=layers, kernels=kernels, series=kernels_in_series(text),
+                             shape=graph_shape(text)))
     result = []
     for t in args.tokens:
         full, short = (next(r for r in rows if r["tokens"] == t and r["layers"] == n)
@@ -151,6 +177,7 @@ def census_rows(args, device, log) -> list[dict]:
         result.append(dict(tokens=t, layers=args.layers, shard_of=args.shard_of,
                            kernels_per_layer=(len(full["kernels"]) - len(short["kernels"])) / 2,
                            kernels_in_series_per_layer=(full["series"] - short["series"]) / 2,
+                           graph_per_layer={k: (full["shape"][k] - short["shape"][k]) / 2 for k in full["shape"]},
                            kinds_per_layer={k: v / 2 for k, v in sorted(diff.items()) if v},
                            middle_layer=[k._asdict() for k in middle],
                            moe_layer_segments=[len(s) for s in segments[1:-1]]))
@@ -176,7 +203,9 @@ def markdown(result: dict) -> str:
         lines += [f"## T = {row['tokens']}, one device of {row['shard_of']}, {row['layers']} layers", "",
                   f"Kernels a layer ((N - (N - 2)) / 2): **{row['kernels_per_layer']:g}**, of them in series "
                   f"(`kernels_in_series`): **{row['kernels_in_series_per_layer']:g}**; the MoE layers' segments: "
-                  f"{row['moe_layer_segments']}", "", "| kind | a layer |", "|---|---|"]
+                  f"{row['moe_layer_segments']}", "", "The dependency graph a layer (`graph_shape`): "
+                  + ", ".join(f"{k} {v:g}" for k, v in row["graph_per_layer"].items()), "",
+                  "| kind | a layer |", "|---|---|"]
         lines += [f"| {k} | {v:g} |" for k, v in row["kinds_per_layer"].items()]
         lines += ["", f"The middle MoE layer, in program order ({len(row['middle_layer'])} kernels):", "",
                   "| # | kernel | kind | output |", "|---|---|---|---|"]
