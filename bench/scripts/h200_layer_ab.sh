@@ -11,6 +11,10 @@
 #   for arm in mid before; do rm -rf .$arm && mkdir .$arm; done
 #   git archive BASE model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .before
 #   STAGES="agreement rows again" bash bench/scripts/h200_layer_ab.sh; STAGES=per bash bench/scripts/h200_layer_ab.sh
+# The factored norms (docs/performance.md; the code at fd3edca), each kernel's time against this tree's:
+#   git archive fd3edca model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .factored
+#   the same into .attention, then (cd .attention && patch -p1 < ../bench/labs/norm_factors_attention_only.patch),
+#   which leaves the router's norm as before; ARMS="factored attention after" STAGES="profile again"
 # Files under $OUT: agreement/, one-<arm>-<n>.json, small-<arm>.json, profile-<arm>/, per-<arm>/, run.log.
 set -u
 export PYTHONUNBUFFERED=1
