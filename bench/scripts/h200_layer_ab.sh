@@ -29,7 +29,7 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 rows() {  # arm (of ARMS), file, layers, rows...
   local arm=$1 file=$2 layers=$3; shift 3
   (cd "$(tree "$arm")" && timeout ${ROWS_TIMEOUT:-150} python -m bench.loop_rows --label "$arm" --layers "$layers" \
-      --rows "$@" --iters ${ITERS:-10} --out "$OUT/$file.json") 2>&1 | grep -E "device loop|Error|error" | tail -4
+      --rows "$@" --iters ${ITERS:-10} --out "$OUT/$file.json") 2>&1 | grep -E "device loop|Error|error" | tail -6
 }
 per() {  # arm
   (cd "$(tree "$1")" && timeout ${PER_TIMEOUT:-200} python -m bench.per_device --layers 61 --moe-layers repeated \
