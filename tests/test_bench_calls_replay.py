@@ -1,9 +1,12 @@
-"""bench.labs.calls_replay: adaptive by call replayed over a simulated device at a flat acceptance."""
+"""bench.labs.calls_replay: adaptive by call replayed over a simulated device at a flat acceptance, or on text."""
+
+import json
 
 import numpy as np
+import pytest
 
-from bench.labs.calls_replay import H200_4_LAYERS, draw_accepted, fixed, main, replay
-from jaxspec.adaptive_calls import PerCallPolicy
+from bench.labs.calls_replay import H200_4_LAYERS, draw_accepted, fixed, flat, main, on_text, replay
+from jaxspec.adaptive_calls import PerCallPolicy, Pool
 
 COSTS, SWITCH = H200_4_LAYERS
 
@@ -18,17 +21,18 @@ def test_drafts_are_accepted_up_to_the_first_wrong_one():
 def test_the_host_rule_runs_over_the_simulated_calls():
     policy = PerCallPolicy().validate(4)
     rng = np.random.default_rng(1)
-    never = replay(0.0, policy, COSTS, SWITCH, 128, rng)
+    never = replay(flat(rng, 0.0), policy, COSTS, SWITCH, 128)
     # the prior's K for the first call's minimum, then plain decoding to the end in its plain tail (one call)
     assert never["calls"] == 1 and never["ks"][:4] == [1] * 4 and set(never["ks"][4:]) == {0}
     assert len(never["ks"]) == 127  # one token a cycle or step after the prefill's first
-    always = replay(1.0, policy, COSTS, SWITCH, 128, rng)
+    always = replay(flat(rng, 1.0), policy, COSTS, SWITCH, 128)
     # every draft right: after the prior's K, a depth nobody observed is taken where it is the fastest
     assert always["ks"][:4] == [1] * 4 and set(always["ks"][4:]) <= {3, 4}
-    plain = fixed(0.0, 0, COSTS, 128, rng)
+    plain = fixed(flat(rng, 0.0), 0, COSTS, 128)
     assert abs(plain - 127 / (127 * COSTS[0] * 1e-3)) < 1e-6
     assert never["tokens_per_s"] < plain  # the first cycles and one more call are paid for
-    untailed = replay(0.0, PerCallPolicy(plain_tails=()).validate(4), COSTS, SWITCH, 128, np.random.default_rng(1))
+    untailed = replay(flat(np.random.default_rng(1), 0.0), PerCallPolicy(plain_tails=()).validate(4), COSTS, SWITCH,
+                      128)
     assert untailed["calls"] == 2 and untailed["ks"] == never["ks"]  # plain decoding in a call of its own
     assert untailed["tokens_per_s"] < never["tokens_per_s"]  # which costs the price of one more call
 
@@ -37,3 +41,38 @@ def test_the_command_line_writes_its_rows(tmp_path, capsys):
     main(["--acceptance", "0", "--seeds", "3", "--variants", '{"min 3": {"min_cycles": 3}}', "--out",
           str(tmp_path)])
     assert "min 3" in capsys.readouterr().out and (tmp_path / "calls-replay.json").exists()
+
+
+def test_on_text_a_cycle_accepts_what_its_position_allows():
+    """N[g] read for the cycle that starts after g tokens: the oracle's row g - 1 (its prefill emits token g)."""
+    accept = [0, 2, 5, 1] + [0] * 12
+    draw = on_text(accept)
+    assert draw(4, 1) == 0 and draw(4, 2) == 2 and draw(4, 3) == 4 and draw(1, 3) == 1
+    # fixed K = 4 to 17 tokens: at 1 N is 0 (to 2), at 2 N is 2 (to 5), then N is 0: 12 cycles of one token each
+    costs = (1.0, 1.0, 1.0, 1.0, 1.0)
+    assert fixed(draw, 4, costs, 17) == pytest.approx(16 / (14 * 1e-3))
+
+
+def test_a_kept_pool_carries_what_earlier_generations_saw():
+    policy = PerCallPolicy().validate(4)
+    pool = Pool(4, float(policy.window))
+    always = on_text([8] * 127)
+    first = replay(always, policy, COSTS, SWITCH, 128, pool=pool)
+    again = replay(always, policy, COSTS, SWITCH, 128, pool=pool)
+    assert first["ks"][:4] == [1] * 4  # a fresh pool: the prior's K first
+    assert again["ks"][0] in (3, 4) and again["tokens_per_s"] > first["tokens_per_s"]  # the pool's deep K at once
+
+
+def test_the_text_replay_writes_a_row_per_prompt(tmp_path, capsys):
+    oracle = tmp_path / "oracle.json"
+    oracle.write_text(json.dumps(dict(prompts=[dict(prompt="all", accept=[8] * 63), dict(prompt="none",
+                                                                                            accept=[0] * 63)])))
+    rows = main(["--oracle", str(oracle), "--rounds", "2", "--max-new-tokens", "64", "--out", str(tmp_path)])
+    assert [r["prompt"] for r in rows] == ["all", "none"]
+    assert max(rows[0]["fixed"], key=rows[0]["fixed"].get) == 4 and max(rows[1]["fixed"], key=rows[1]["fixed"].get) == 0
+    assert rows[1]["adaptive"]["default"]["over_best"] <= 1.0 + 1e-9
+    assert "adaptive over the best fixed K" in capsys.readouterr().out
+    assert (tmp_path / "calls-replay-text.json").exists()
+    oracle.write_text("{}")
+    with pytest.raises(SystemExit, match="oracle"):
+        main(["--oracle", str(oracle)])

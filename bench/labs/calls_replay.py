@@ -1,4 +1,5 @@
-"""`python -m bench.labs.calls_replay`: adaptive speculation by call replayed offline against a flat acceptance a.
+"""`python -m bench.labs.calls_replay`: adaptive speculation by call replayed offline against a flat acceptance a,
+or against the embedded pair's own text.
 
 `bench.adaptive_acceptance` on the H200 gives one row per a for a few minutes of a GPU, and each row moves by a
 few percent between runs: too coarse to choose between versions of the host rule. This lab runs the host's own
@@ -11,6 +12,14 @@ the price of one more call. Fixed K is priced the same way (one call). What it c
 cost at the same K beyond its cycles (a few tenths of a ms a call on the H200, docs/performance.md), and any drift
 of the cost table. Per a: mean tok/s over --seeds generations of fixed K = 0..4 and of each policy variant, and
 adaptive over the best fixed K.
+
+With `--oracle` the drafts come from text instead: `bench.labs.adaptive_replay oracle`'s N[g] for each prompt of
+`bench.adaptive_prompts` (greedy decoding makes acceptance a property of the position: a cycle that starts after g
+generated tokens accepts min(K, N[g]) drafts), so acceptance runs in stretches as it does on the H200's prompt
+bench, with none of its timing noise. The generations run as that bench's engine runs them: one pool kept across
+them, --rounds passes over the prompts in rotated order after one pass of warm-up, each prompt's figure the mean
+of its passes. What this adds to the bench: the rule's choices alone, priced by the H200's cost table of the
+embedded pair, against each fixed K priced the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +39,9 @@ from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, first_call
 
 # the 4-layer K2.5-shaped model on the H200 (bench/results/wave3/adaptive-vary-seed-1723): ms per cycle, one more call
 H200_4_LAYERS = ((1.309, 2.020, 2.639, 3.287, 3.917), 2.698)
+# the embedded pair on the H200, as its prompt bench's engine measured it (bench/results/wave3/loop-test-ab-0228:
+# the cost table; one more call as run 0002's table priced it)
+H200_EMBEDDED = ((0.139, 0.212, 0.233, 0.243, 0.275), 1.95)
 
 
 @dataclasses.dataclass
@@ -51,9 +64,20 @@ def draw_accepted(rng, a: float, k: int) -> int:
     return int(k if right.all() else np.argmin(right))
 
 
-def simulated_call(rng, a: float, max_new: int, window: int, tails: tuple[int, ...]):
+def flat(rng, a: float):
+    """`draw(k, generated)`: a cycle's accepted drafts at a flat acceptance a (`draw_accepted`)."""
+    return lambda k, generated: draw_accepted(rng, a, k)
+
+
+def on_text(accept_G):
+    """`draw(k, generated)` on a prompt's text: `accept_G[i]` is N for the cycle that starts with i + 1 tokens
+    generated (the oracle's row of context prompt + y[:i], whose prefill emits y[i]; `bench.labs.adaptive_replay`)."""
+    return lambda k, generated: min(k, int(accept_G[generated - 1]))
+
+
+def simulated_call(draw, max_new: int, window: int, tails: tuple[int, ...]):
     """`call_k(k, state, rule) -> (state, summary)` for `drive`: `spec_loop`'s cycles and leaving test, and the
-    plain tail of the K in `tails`."""
+    plain tail of the K in `tails`; `draw(k, generated)` gives each cycle's accepted drafts."""
 
     def call(k, s: SimState, rule):
         rule = np.asarray(rule)
@@ -61,7 +85,7 @@ def simulated_call(rng, a: float, max_new: int, window: int, tails: tuple[int, .
         cycles, total, seen = start, 0.0, 0.0
         plain_from, plain_steps = generated, 0
         while generated < max_new:
-            n = draw_accepted(rng, a, k)
+            n = draw(k, generated)
             log[0, cycles] = n
             generated = min(generated + n + 1, max_new)
             total += n
@@ -88,13 +112,16 @@ def simulated_call(rng, a: float, max_new: int, window: int, tails: tuple[int, .
     return call
 
 
-def replay(a: float, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new: int, rng,
-           probe_first: bool = False) -> dict:
-    """One generation of `max_new` tokens by call from a fresh pool: tok/s (tokens after the first) and its K.
-    `probe_first`: the first call leaves after its minimum whatever it observed (the host then decides on them)."""
+def replay(draw, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new: int, probe_first: bool = False,
+           pool: Pool | None = None) -> dict:
+    """One generation of `max_new` tokens by call: tok/s (tokens after the first), its calls and its K a cycle.
+    `draw(k, generated)` gives each cycle's accepted drafts (`flat`, `on_text`); `pool`: the engine's, kept across
+    generations (None: a fresh one); `probe_first`: the first call leaves after its minimum whatever it observed
+    (the host then decides on them)."""
     steps = policy.resolve_steps(len(costs_ms) - 1)
-    run = Calls(steps, Pool(max(steps), float(policy.window)), np.asarray(costs_ms, np.float32) * 1e-3,
-                switch_ms * 1e-3)
+    pool = Pool(max(steps), float(policy.window)) if pool is None else pool
+    pool.new_generation()
+    run = Calls(steps, pool, np.asarray(costs_ms, np.float32) * 1e-3, switch_ms * 1e-3)
     first = first_call(run, policy, 1, max_new)
     if probe_first and first[0] > 0:
         first = (first[0], first[1], rule_array(np.inf, -np.inf, policy.min_cycles, NO_LIMIT))
@@ -109,7 +136,8 @@ def replay(a: float, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new:
                         steps=plain_steps[-1]), summary
 
     tails = policy.resolve_tails(len(costs_ms) - 1)
-    drive(state, simulated_call(rng, a, max_new, policy.window, tails), call_plain, run, policy, max_new, first)
+    drive(state, simulated_call(draw, max_new, policy.window, tails), call_plain, run, policy, max_new, first)
+    run.settle(policy, None)  # the last call's counts reach the pool, as after the engine's timing
     ks = run.k_per_cycle
     seconds = sum(costs_ms[k] for k in ks) * 1e-3 + (run.calls - 1) * switch_ms * 1e-3
     return dict(tokens_per_s=(max_new - 1) / seconds, calls=run.calls, ks=ks)
@@ -131,10 +159,11 @@ def every_depth_observed():
         calls.observed_GN = calls_run.observed_GN = kept
 
 
-def fixed(a: float, k: int, costs_ms, max_new: int, rng) -> float:
+def fixed(draw, k: int, costs_ms, max_new: int) -> float:
+    """tok/s of one generation at fixed K (K = 0: plain decoding), each cycle priced at t(K)."""
     generated, cycles = 1, 0
     while generated < max_new:
-        generated += (draw_accepted(rng, a, k) if k else 0) + 1
+        generated += (draw(k, generated) if k else 0) + 1
         cycles += 1
     return (max_new - 1) / (cycles * costs_ms[k] * 1e-3)
 
@@ -151,8 +180,14 @@ def main(argv=None):
                    help='JSON: name -> PerCallPolicy fields, and the lab\'s "probe_first" and '
                         '"every_depth_observed" (true: see `replay`, `every_depth_observed`), e.g. '
                         '\'{"prior 0.8": {"prior": 0.8}, "no plain tail": {"plain_tails": []}}\'')
+    p.add_argument("--oracle", type=Path, default=None,
+                   help="replay on text: `bench.labs.adaptive_replay oracle`'s JSON (N[g] per prompt); the costs "
+                        "then default to the embedded pair's on the H200")
+    p.add_argument("--rounds", type=int, default=5, help="with --oracle: passes over the prompts after the warm-up")
     p.add_argument("--out", default=None, help="write calls-replay.json here")
     args = p.parse_args(argv)
+    if args.oracle is not None and "--costs-ms" not in (argv if argv is not None else sys.argv[1:]):
+        args.costs_ms, args.switch_ms = list(H200_EMBEDDED[0]), H200_EMBEDDED[1]
     try:
         lab = ("probe_first", "every_depth_observed")
         variants = {name: (PerCallPolicy(**{f: tuple(v) if isinstance(v, list) else v
@@ -162,18 +197,20 @@ def main(argv=None):
                     for name, fields in json.loads(args.variants).items()}
     except (ValueError, TypeError) as e:
         p.error(f"--variants: {e}")
+    if args.oracle is not None:
+        return text_rows(args, variants)
     rows = []
     for a in args.acceptance:
         row = dict(a=a, fixed={}, adaptive={})
         for k in range(len(args.costs_ms)):
             rng = np.random.default_rng(1000 + k)
-            row["fixed"][k] = float(np.mean([fixed(a, k, args.costs_ms, args.max_new_tokens, rng)
+            row["fixed"][k] = float(np.mean([fixed(flat(rng, a), k, args.costs_ms, args.max_new_tokens)
                                              for _ in range(args.seeds)]))
         best = max(row["fixed"].values())
         for name, (policy, probe_first, old_rule) in variants.items():
             rng = np.random.default_rng(7)
             with every_depth_observed() if old_rule else contextlib.nullcontext():
-                runs = [replay(a, policy, args.costs_ms, args.switch_ms, args.max_new_tokens, rng, probe_first)
+                runs = [replay(flat(rng, a), policy, args.costs_ms, args.switch_ms, args.max_new_tokens, probe_first)
                         for _ in range(args.seeds)]
             tps = [r["tokens_per_s"] for r in runs]
             row["adaptive"][name] = dict(tokens_per_s=float(np.mean(tps)), over_best=float(np.mean(tps)) / best,
@@ -187,6 +224,55 @@ def main(argv=None):
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "calls-replay.json").write_text(json.dumps(dict(args=vars(args), rows=rows), indent=1))
+
+
+def text_rows(args, variants) -> list[dict]:
+    """Per prompt of the oracle: fixed K = 0..4 and each variant on its text, the variant's generations run as the
+    prompt bench's engine runs them (one pool, a warm-up pass, then --rounds passes in rotated order)."""
+    try:
+        prompts = json.loads(args.oracle.read_text())["prompts"]
+        accepts = [[int(n) for n in p["accept"]] for p in prompts]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"calls_replay: --oracle {args.oracle}: not an oracle JSON ({e})") from None
+    max_new = min(args.max_new_tokens, *(len(a) + 1 for a in accepts))
+    rows = [dict(prompt=p["prompt"], fixed={k: fixed(on_text(acc), k, args.costs_ms, max_new)
+                                            for k in range(len(args.costs_ms))}, adaptive={})
+            for p, acc in zip(prompts, accepts)]
+    for name, (policy, probe_first, old_rule) in variants.items():
+        pool = Pool(max(policy.resolve_steps(len(args.costs_ms) - 1)), float(policy.window))
+        runs = [[] for _ in prompts]
+        with every_depth_observed() if old_rule else contextlib.nullcontext():
+            for r in range(args.rounds + 1):  # pass 0 warms the pool up, as the bench's warm-up generations do
+                for i in np.roll(np.arange(len(prompts)), -r):
+                    run = replay(on_text(accepts[i]), policy, args.costs_ms, args.switch_ms, max_new, probe_first,
+                                 pool)
+                    if r:
+                        runs[i].append(run)
+        for row, rs in zip(rows, runs):
+            tps = float(np.mean([x["tokens_per_s"] for x in rs]))
+            row["adaptive"][name] = dict(tokens_per_s=tps, over_best=tps / max(row["fixed"].values()),
+                                         calls=float(np.mean([x["calls"] for x in rs])),
+                                         k_histogram={k: sum(x["ks"].count(k) for x in rs) / len(rs)
+                                                      for k in range(len(args.costs_ms))})
+    for row in rows:
+        best = max(row["fixed"], key=row["fixed"].get)
+        print(f"{row['prompt'][:24]!r:28s} best fixed K = {best} ({row['fixed'][best]:.0f} tok/s); "
+              + "; ".join(f"{n} {v['over_best']:.3f} (K a cycle {_ks(v['k_histogram'])}, {v['calls']:.2f} calls)"
+                          for n, v in row["adaptive"].items()), flush=True)
+    for name in variants:
+        ratios = [row["adaptive"][name]["over_best"] for row in rows]
+        print(f"{name}: adaptive over the best fixed K {min(ratios):.3f} (worst) .. {max(ratios):.3f}, median "
+              f"{float(np.median(ratios)):.3f}", flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "calls-replay-text.json").write_text(
+            json.dumps(dict(args={**vars(args), "oracle": str(args.oracle)}, max_new_tokens=max_new, rows=rows),
+                       indent=1))
+    return rows
+
+
+def _ks(histogram: dict) -> str:
+    return " ".join(f"{k}:{v:g}" for k, v in histogram.items() if v)
 
 
 if __name__ == "__main__":
