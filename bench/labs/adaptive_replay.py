@@ -169,7 +169,8 @@ def replay(args) -> None:
     names = list(POLICIES) if not args.policies else args.policies
     worst = {n: [] for n in names}
     for p in data["prompts"]:
-        n_G, total = p["accept"] + [0], len(p["tokens"])
+        # n_G[g]: N of the cycle that starts after g tokens, the oracle's row g - 1 (its prefill emits token g)
+        n_G, total = [0] + p["accept"], len(p["tokens"])
         dev = by_prompt.get(p["prompt"])
         plain_ms = 1e3 / dev["runs"]["baseline"]["tokens_per_s"] if dev else cost_ms[0]
         fixed = {k: replay_fixed(n_G, total, k, {**cost_ms, 0: plain_ms}).tokens_per_s for k in steps}
