@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -171,9 +170,10 @@ def fixed(draw, k: int, costs_ms, max_new: int) -> float:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.labs.calls_replay", description=__doc__.split("\n")[0])
     p.add_argument("--acceptance", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.8, 0.95])
-    p.add_argument("--costs-ms", type=float, nargs="+", default=list(H200_4_LAYERS[0]),
-                   help="t(K) for K = 0..len-1 (default: the 4-layer model on the H200)")
-    p.add_argument("--switch-ms", type=float, default=H200_4_LAYERS[1])
+    p.add_argument("--costs-ms", type=float, nargs="+", default=None,
+                   help="t(K) for K = 0..len-1 (default: the 4-layer model on the H200; with --oracle, the embedded "
+                        "pair on the H200)")
+    p.add_argument("--switch-ms", type=float, default=None, help="the price of one more call (default: as the costs)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seeds", type=int, default=200)
     p.add_argument("--variants", type=str, default='{"default": {}}',
@@ -186,8 +186,11 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5, help="with --oracle: passes over the prompts after the warm-up")
     p.add_argument("--out", default=None, help="write calls-replay.json here")
     args = p.parse_args(argv)
-    if args.oracle is not None and "--costs-ms" not in (argv if argv is not None else sys.argv[1:]):
-        args.costs_ms, args.switch_ms = list(H200_EMBEDDED[0]), H200_EMBEDDED[1]
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
+    costs, switch = H200_EMBEDDED if args.oracle is not None else H200_4_LAYERS
+    args.costs_ms = list(costs) if args.costs_ms is None else args.costs_ms
+    args.switch_ms = switch if args.switch_ms is None else args.switch_ms
     try:
         lab = ("probe_first", "every_depth_observed")
         variants = {name: (PerCallPolicy(**{f: tuple(v) if isinstance(v, list) else v
