@@ -11,6 +11,7 @@ from flax import struct
 
 from model.attention_mla import MLAWeights, fuse_input_projections, mla, split_input_projections
 from model.config import TextConfig
+from model.embedding import embedding_rows
 from model.kv_cache import LatentCache
 from model.mlp import MLPWeights, swiglu
 from model.moe import MoEWeights, moe
@@ -98,7 +99,7 @@ def forward(
     [B*T, K] array per MoE layer replacing the router's choices (`model.moe.moe`; benchmarks only)."""
     inv_freq, multiplier = target_rope_tables(cfg)
     cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
-    x_BTH = w.embed[tokens_BT]
+    x_BTH = embedding_rows(w.embed, tokens_BT, vocab_sharded=True)
     aux_ids = set(cfg.eagle_aux_layers)
     aux, latents, k_ropes, chosen = [], [], [], []
     for i, lw in enumerate(w.layers):

@@ -22,6 +22,7 @@ from flax import struct
 
 from model.attention_mla import MLAWeights, mla
 from model.config import ConfigError, Kernels, TextConfig, YarnRope, check_field_types, parse_rope_scaling
+from model.embedding import embedding_rows
 from model.kv_cache import read_head_major_pages, visible_slots, write_head_major_pages, write_slots
 from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
@@ -337,8 +338,8 @@ def draft_forward(
 ) -> DraftOutput:
     """Draft positions: token x[t+1] paired with h at t (aux states [A*Ht] or the draft's own output [H]).
     `pages_BM`: the block table of a paged cache (`init_paged_draft_cache`; the target cache's table)."""
-    embed = target_embed if w.embed is None else w.embed
-    e_BTH = embed[tokens_BT]
+    # the draft's own table is replicated (model/sharding.py's DRAFT_RULES); the target's is split by vocabulary
+    e_BTH = embedding_rows(target_embed, tokens_BT, vocab_sharded=True) if w.embed is None else w.embed[tokens_BT]
     dt = e_BTH.dtype
     h_BTH = project_aux(w, cfg, h_BTX.astype(dt)) if h_BTX.shape[-1] != cfg.hidden_size else h_BTX.astype(dt)
     normed_h = rms_norm(h_BTH, w.hidden_norm, cfg.rms_norm_eps)
