@@ -51,18 +51,23 @@ LAYER_END_TARGET = "mosaic_gpu"
 HOPPER = "9.0"
 
 
-def gpu_device(target_config: Path = H200_TARGET):
-    """A device of a one-GPU topology described by `target_config` (a GpuTargetConfigProto in text form): jit
-    compiles for it without the GPU present."""
+def gpu_devices(count: int = 1, target_config: Path = H200_TARGET) -> list:
+    """The devices of a one-host topology of `count` GPUs described by `target_config` (a GpuTargetConfigProto in
+    text form): jit compiles for them without the GPUs present."""
     from jax.experimental import topologies
 
     text = target_config.read_text()
     try:
-        topology = topologies.get_topology_desc("", "cuda", topology="1x1x1", target_config=text)
+        topology = topologies.get_topology_desc("", "cuda", topology=f"1x1x{count}", target_config=text)
     except Exception as e:  # the plugin is missing or cannot describe the device
         raise SystemExit(f"gpu_census: no CUDA topology from {target_config} ({type(e).__name__}: {e}); install "
                          "jax's CUDA plugin of this jax's version (no GPU is needed)") from None
-    return topology.devices[0]
+    return list(topology.devices)
+
+
+def gpu_device(target_config: Path = H200_TARGET):
+    """A device of a one-GPU topology described by `target_config` (`gpu_devices`)."""
+    return gpu_devices(1, target_config)[0]
 
 
 def compile_for(fn, args, donate, device) -> str:
