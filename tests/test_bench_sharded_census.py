@@ -41,7 +41,8 @@ ENTRY %main (w: bf16[20480,7168], x: bf16[1,7168]) -> bf16[163840,7168] {
 }
 """
 _STRATEGY = '{"collective_backend_config":{"kernel_strategy":"KERNEL_STRATEGY_%s"}}'
-_GPU_HLO = _GPU_HLO.replace("{CONFIG_ONE_SHOT}", _STRATEGY % "TRITON_ONE_SHOT").replace("{CONFIG}", _STRATEGY % "DEFAULT")
+_GPU_HLO = _GPU_HLO.replace("{CONFIG_ONE_SHOT}", _STRATEGY % "TRITON_ONE_SHOT")
+_GPU_HLO = _GPU_HLO.replace("{CONFIG}", _STRATEGY % "DEFAULT")
 
 
 def test_gpu_collectives_read_with_their_bytes_kernel_and_place():
