@@ -17,9 +17,10 @@ collective.
     python -m bench.labs.sharded_census --devices 8 --layers 6 --out /tmp/sharded-census
 
 Rows per program (prefill of --prompt tokens; decode, verify of K + 1 tokens and the K cycle, each as one step and as
-the device loop the engine runs): the collectives, each with its bytes (the largest array it produces) and XLA's
+the device loop the engine runs; the server's loop over --serve-batch slots, greedy and sampled): the collectives, each with its bytes (the largest array it produces) and XLA's
 `kernel_strategy` (a Triton one-shot or two-shot all-reduce kernel, or the default library collective); and for the
-loops at --layers and --layers - 2, a device's kernels a layer (collectives apart). What it cannot tell: time.
+loops at --layers and --layers - 2, a device's kernels a layer in one iteration (collectives apart). What it cannot
+tell: time.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from jaxspec.baseline_step import baseline_step  # noqa: E402
 from jaxspec.models import SpecWeights  # noqa: E402
 from jaxspec.prefill import baseline_prefill, spec_prefill  # noqa: E402
 from jaxspec.sampling import SamplingParams  # noqa: E402
+from jaxspec.serving.slot_cycle import run_cycles  # noqa: E402
+from jaxspec.serving.slots import init_slots  # noqa: E402
 from jaxspec.sharded import lower_program  # noqa: E402
 from jaxspec.spec_step import speculative_cycle  # noqa: E402
 from model.decoder import forward, fuse_attention_inputs  # noqa: E402
@@ -96,9 +99,11 @@ def kernels_apart_from_collectives(hlo_text: str) -> int:
     return sum(1 for k in kernels_in_order(hlo_text) if not any(k.kind.startswith(op) for op in COLLECTIVE_OPS))
 
 
-def engine_programs(layers: int, k: int, prompt: int, capacity: int, max_new: int) -> tuple[dict, object]:
-    """{name: (fn, abstract args)} of the engine's programs for a Kimi-K2.5-shaped pair of `layers` target layers
-    (bench.cycle's one-layer draft), and the mesh-free weights' shapes."""
+def engine_programs(layers: int, k: int, prompt: int, capacity: int, max_new: int, serve_batch: int = 0) -> dict:
+    """{name: (fn, abstract args, donated args)} of the engine's programs for a Kimi-K2.5-shaped pair of `layers`
+    target layers (bench.cycle's one-layer draft); the steps and loops donate their state, as the engine's do.
+    `serve_batch`: also the server's device loop over that many slots (jaxspec.serving.slot_cycle.run_cycles,
+    greedy and with sampled rows), as `serve` runs it."""
     cfg = per_device.per_device_config(layers, tiny=False)
     spec_cfg, dcfg = spec_configs(cfg, tiny=False)
     target = jax.eval_shape(lambda key: init_kimi_weights(cfg, key, jnp.bfloat16, experts="int4"), jax.random.key(0))
@@ -123,19 +128,27 @@ def engine_programs(layers: int, k: int, prompt: int, capacity: int, max_new: in
     def loop(body):  # the engine's device loop (Engine.generate): steps until every row is done
         return lambda w, s, sp: jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: body(w, s, sp), s)
 
+    served = {}
+    if serve_batch:
+        slots = jax.eval_shape(lambda w: init_slots(spec_cfg, w, serve_batch, capacity, jnp.bfloat16, True), w)
+        cancel = jax.ShapeDtypeStruct((serve_batch,), jnp.bool_)
+        for sampled in (False, True):
+            fn = functools.partial(run_cycles, cfg=spec_cfg, k=k, sampled=sampled, cycles=4)
+            served[f"serve B = {serve_batch}, {'sampled' if sampled else 'greedy'}"] = (fn, (w, slots, cancel), (1,))
     return {
-        "prefill": (functools.partial(baseline_prefill, **kw), (w, *prompt_args)),
-        "decode step": (step, (w, base, sp)),
-        "decode loop": (loop(step), (w, base, sp)),
-        f"verify T = {k + 1}": (verify, (w, tokens, tokens, base.target_cache)),
-        f"cycle K = {k}": (cycle, (w, spec, sp)),
-        f"cycle K = {k} loop": (loop(cycle), (w, spec, sp)),
+        "prefill": (functools.partial(baseline_prefill, **kw), (w, *prompt_args), ()),
+        "decode step": (step, (w, base, sp), (1,)),
+        "decode loop": (loop(step), (w, base, sp), (1,)),
+        f"verify T = {k + 1}": (verify, (w, tokens, tokens, base.target_cache), (3,)),
+        f"cycle K = {k}": (cycle, (w, spec, sp), (1,)),
+        f"cycle K = {k} loop": (loop(cycle), (w, spec, sp), (1,)),
+        **served,
     }
 
 
-def compile_text(fn, args, mesh) -> str:
+def compile_text(fn, args, mesh, donate: tuple = ()) -> str:
     with compiling_for("gpu", HOPPER):
-        lowered, _ = lower_program(fn, args, mesh=mesh)
+        lowered, _ = lower_program(fn, args, donate, mesh)
         return lowered.compile().as_text()
 
 
@@ -143,12 +156,12 @@ def census(args, log) -> dict:
     mesh = make_mesh((1, args.devices), gpu_devices(args.devices, args.target_config))
     rows, kernels = [], {}
     for layers in (args.layers, args.layers - 2):
-        programs = engine_programs(layers, args.k, args.prompt, args.capacity, args.max_new)
-        for name, (fn, fargs) in programs.items():
-            if layers != args.layers and not name.endswith("loop"):
+        programs = engine_programs(layers, args.k, args.prompt, args.capacity, args.max_new, args.serve_batch)
+        for name, (fn, fargs, donate) in programs.items():
+            if layers != args.layers and not (name.endswith("loop") or name.startswith("serve")):
                 continue
             t0 = time.perf_counter()
-            text = compile_text(fn, fargs, mesh)
+            text = compile_text(fn, fargs, mesh, donate)
             kernels[name, layers] = kernels_apart_from_collectives(text)
             if layers == args.layers:
                 found = collectives(text)
@@ -157,7 +170,7 @@ def census(args, log) -> dict:
                 log(f"{name}: {len(found)} collectives, the largest {rows[-1]['largest_mb']:.3f} MB "
                     f"(compiled in {time.perf_counter() - t0:.1f} s)")
     for row in rows:
-        if row["program"].endswith("loop"):
+        if (row["program"], args.layers - 2) in kernels:
             row["kernels_per_layer"] = (kernels[row["program"], args.layers]
                                         - kernels[row["program"], args.layers - 2]) / 2
     return dict(rows=rows)
@@ -192,6 +205,7 @@ def parse_args(argv):
     p.add_argument("--prompt", type=int, default=1024, help="prompt tokens of the prefill")
     p.add_argument("--capacity", type=int, default=1088, help="cache slots")
     p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--serve-batch", type=int, default=64, help="slots of the server's loop (0: leave it out)")
     p.add_argument("--max-step-mb", type=float, default=16.0,
                    help="exit 1 where a collective inside a device loop moves more than this")
     p.add_argument("--target-config", type=Path, default=H200_TARGET)
