@@ -4,7 +4,7 @@ Plain reference: `embed_VH[tokens_BT]`. Under a mesh that splits the table's voc
 target's `embed`), that gather is left to GSPMD, and what it makes of it depends on the backend: on the CPU it masks
 each device's ids and sums the rows with one all-reduce of [B, T, H]; compiled for GPUs, a lookup of one token is
 first simplified to a dynamic slice, which GSPMD partitions by all-gathering the whole table onto every device
-(Kimi-K2.5: 2.35 GB a decode step and a draft step, inside the device loop; `python -m bench.labs.sharded_census`
+(Kimi-K2.5: 2.35 GB every decode step and every cycle, inside the device loop; `python -m bench.labs.sharded_census`
 lists a program's collectives). Here each device takes the rows it holds inside shard_map, zeros for ids it does
 not, and one psum over the vocabulary's mesh axes gives every device the rows: the all-reduce of [B, T, H] on
 every backend.
