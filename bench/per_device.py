@@ -241,7 +241,9 @@ def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: Collect
     x_TH = x_BTH.reshape(b * t, h)
     weights_TK, ids_TK = route(x_TH, w.router, w.router_bias, cfg)  # the router is whole on every device
     if forced_TK is not None:
-        ids_TK = forced_TK.astype(ids_TK.dtype)
+        # as if this layer's router had chosen them: replayed ids are the same every step, and XLA would hoist what
+        # the engine derives from its router's ids every step (a device's local choices) out of the device loop
+        ids_TK = jax.lax.optimization_barrier((forced_TK.astype(ids_TK.dtype), weights_TK))[0]
     n = w.experts.num_experts
     partial = []  # the partial sums the engine adds up over the devices
     if n < cfg.n_routed_experts:

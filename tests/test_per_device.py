@@ -180,3 +180,26 @@ def test_tiny_run_writes_its_rows(tmp_path):
            for p in tmp_path.glob("per-device-*.hlo.txt.gz")}
     assert sorted(hlo) == ["cycle-K1", "step-T1-L1", "step-T1-L3"]
     assert all(gzip.open(p, "rt").read().startswith("HloModule") for p in hlo.values())
+
+
+def test_local_choices_run_every_step_as_the_engines():
+    """The bench replays the same expert ids every step, where the engine's router chooses them anew: what the
+    engine derives from them in every step (a device's local choices) stays in the bench's loop, not hoisted out
+    of it by XLA."""
+    program = bench()["decode"]
+    text = jax.jit(program.fn).lower(*program.args).compile().as_text()
+    comps, _ = pd.hlo_computations(text)
+    bodies = set(re.findall(r"\bbody=%?([\w.\-]+)", text))
+
+    def reached(name, seen):  # a computation and everything it calls
+        if name in seen or name not in comps:
+            return seen
+        seen.add(name)
+        for ins in comps[name]:
+            for callee in re.findall(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)", ins.rest):
+                reached(callee, seen)
+        return seen
+
+    in_loop = set().union(*(reached(b, set()) for b in bodies))
+    sites = {c for c, instrs in comps.items() for ins in instrs if "local_choices" in ins.rest}
+    assert sites and sites <= in_loop
