@@ -503,26 +503,35 @@ def kernels_in_order(hlo_text: str) -> list[Kernel]:
     e.g. `loop_add_fusion`; custom calls, by their target: Pallas / Mosaic kernels and cuBLAS GEMMs; whatever a
     backend runs unfused, by its op), in the entry computation and the loops, branches and calls it runs."""
     comps, entry = hlo_computations(hlo_text)
-    out, seen = [], set()
-
-    def walk(comp):
-        if comp is None or comp in seen or comp not in comps:
-            return
-        seen.add(comp)
+    out = []
+    for comp in launching_computations(comps, entry):
         for ins in comps[comp]:
             if ins.op not in FREE_OPS:
                 target = _TARGET.search(ins.rest) if ins.op == "custom-call" else None
                 kind = target.group(1) if target else re.sub(r"[.\d]+$", "", ins.name) if ins.op == "fusion" else ins.op
                 out.append(Kernel(ins.name, kind, ins.shape))
-                continue
-            for attr, called in _CALLED.findall(ins.rest):
-                if attr == "to_apply" and ins.op != "call":
-                    continue
-                for c in called.strip("{}").split(","):
-                    walk(c.strip().lstrip("%"))
+    return out
+
+
+def launching_computations(comps: dict, entry: str | None) -> list[str]:
+    """The computations whose instructions launch kernels, in the order a walk from the entry meets them: the entry
+    and the loops, branches and calls it runs (fusion bodies and reducers run inside the kernel that calls them)."""
+    seen: list[str] = []
+
+    def walk(comp):
+        if comp is None or comp in seen or comp not in comps:
+            return
+        seen.append(comp)
+        for ins in comps[comp]:
+            if ins.op in FREE_OPS:
+                for attr, called in _CALLED.findall(ins.rest):
+                    if attr == "to_apply" and ins.op != "call":
+                        continue
+                    for c in called.strip("{}").split(","):
+                        walk(c.strip().lstrip("%"))
 
     walk(entry)
-    return out
+    return seen
 
 
 def kernel_census(hlo_text: str) -> Counter:

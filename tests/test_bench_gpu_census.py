@@ -71,3 +71,13 @@ def test_graph_shape_counts_edges_joins_and_forks():
                           '  %c = f32[4]{0} custom-call(%g, %d)')
     assert graph_shape(forked) == dict(edges=4, joins=1, forks=1)
     assert kernels_in_series(forked) == 3
+
+
+def test_a_wide_fusion_body_is_not_the_busiest_computation():
+    """A fusion whose body holds more operations than the loop or entry launches kernels (an unrolled element-wise
+    computation) runs as one kernel: the chain is still read from the computation that launches them."""
+    ops = "\n".join(f"  %n{i} = f32[4]{{0}} negate(%n{i - 1})" for i in range(1, 9))
+    wide = _HLO.replace("  ROOT %n = f32[4]{0} negate(%p)", "  %n0 = f32[4]{0} negate(%p)\n" + ops
+                        + "\n  ROOT %n = f32[4]{0} negate(%n8)")
+    assert kernels_in_series(wide) == 3
+    assert graph_shape(wide) == dict(edges=2, joins=0, forks=0)

@@ -41,7 +41,8 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 
 from bench import per_device  # noqa: E402
-from bench.per_device import FREE_OPS, Kernel, hlo_computations, kernels_in_order  # noqa: E402
+from bench.per_device import (FREE_OPS, Kernel, hlo_computations, kernels_in_order,  # noqa: E402
+                              launching_computations)
 from model.config import Kernels  # noqa: E402
 from model.kernels.target import compiling_for  # noqa: E402
 
@@ -97,8 +98,10 @@ def _kernel_predecessors(instrs) -> dict[str, set[str]]:
 
 
 def _busiest(hlo_text: str) -> list:
-    """The computation of the module that launches the most kernels (a step loop's body)."""
-    return max(hlo_computations(hlo_text)[0].values(), key=lambda instrs: sum(i.op not in FREE_OPS for i in instrs))
+    """The computation of the module that launches the most kernels (a step loop's body; fusion bodies launch none)."""
+    comps, entry = hlo_computations(hlo_text)
+    return max((comps[c] for c in launching_computations(comps, entry)),
+               key=lambda instrs: sum(i.op not in FREE_OPS for i in instrs))
 
 
 def kernels_in_series(hlo_text: str) -> int:
