@@ -23,17 +23,35 @@ from model.shard_local import shard_map_unchecked
 from model.sharding import ambient_mesh, expert_axes
 
 
+# slots (tokens x choices) up to which the filler is found slot by slot (`first_of`): decode and verify; a batch of
+# many rows keeps the reduction, whose element-wise form would grow the program with its rows
+UNROLLED_SLOTS = 64
+
+
 def local_choices(ids_TK: jax.Array, weights_TK: jax.Array, first_expert, num_local: int):
     """Routing choices restricted to experts [first_expert, first_expert + num_local), in local ids.
 
     A choice of another device's expert keeps weight 0 and is pointed at an expert this device reads
     anyway (its first real choice), so a kernel that reads each distinct expert once reads no extra one, and
     moe_wgmma, which runs one program per (token, choice), skips the slots of weight 0."""
-    local_TK = ids_TK - first_expert
-    mine_TK = (local_TK >= 0) & (local_TK < num_local)
-    mine_P, local_P = mine_TK.reshape(-1), local_TK.reshape(-1)
-    filler = jnp.where(mine_P.any(), local_P[jnp.argmax(mine_P)], 0)
-    return jnp.where(mine_TK, local_TK, filler).astype(jnp.int32), jnp.where(mine_TK, weights_TK, 0.0)
+    with jax.named_scope("local_choices"):  # named in the compiled program (tests/test_per_device.py finds it)
+        local_TK = ids_TK - first_expert
+        mine_TK = (local_TK >= 0) & (local_TK < num_local)
+        mine_P, local_P = mine_TK.reshape(-1), local_TK.reshape(-1)
+        filler = first_of(mine_P, local_P) if mine_P.size <= UNROLLED_SLOTS else jnp.where(
+            mine_P.any(), local_P[jnp.argmax(mine_P)], 0)
+        return jnp.where(mine_TK, local_TK, filler).astype(jnp.int32), jnp.where(mine_TK, weights_TK, 0.0)
+
+
+def first_of(mine_P: jax.Array, local_P: jax.Array) -> jax.Array:
+    """local_P at the first slot where mine_P holds, else 0, as element-wise operations on each slot (a running
+    "any before"): XLA fuses them into the kernel that applies the choices, where a reduction (argmax) is a kernel
+    of its own on the layer's chain between the router and the experts."""
+    filler, seen = jnp.zeros((), local_P.dtype), jnp.zeros((), bool)
+    for p in range(mine_P.shape[0]):
+        filler = jnp.where(mine_P[p] & ~seen, local_P[p], filler)
+        seen = seen | mine_P[p]
+    return filler
 
 
 def routed_experts_parallel(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array,

@@ -19,7 +19,7 @@ from jaxspec.sharded import compile_program
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig
 from model.moe import moe
-from model.moe_parallel import routed_experts_parallel
+from model.moe_parallel import UNROLLED_SLOTS, local_choices, routed_experts_parallel
 from model.sharding import make_mesh, mesh_context, shardings_for
 from tests.sharded_pair import NUM_STEPS, PROGRAMS, run_steps, sharded_pair, single_device_run
 
@@ -121,3 +121,27 @@ def test_pallas_kernel_runs_as_the_per_device_expert_computation():
         got = jax.jit(functools.partial(routed_experts_parallel, per_device_experts=kernel))(
             x_TH, sharded, ids_TK, weights_TK)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+def _local_choices_reference(ids_TK, weights_TK, first, n):
+    """The choices restricted to experts [first, first + n) in local ids, the others at weight 0 and pointed at the
+    first local choice over all slots (row-major), or 0 where there is none."""
+    ids, w = np.asarray(ids_TK), np.asarray(weights_TK)
+    mine = (ids >= first) & (ids < first + n)
+    filler = (ids[mine][0] - first) if mine.any() else 0
+    return np.where(mine, ids - first, filler), np.where(mine, w, 0.0)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 16])  # 8, 32 slots: found slot by slot; 128: by the reduction
+def test_local_choices_point_other_devices_slots_at_a_local_choice(tokens):
+    rng = np.random.default_rng(tokens)
+    assert (tokens * 8 <= UNROLLED_SLOTS) == (tokens < 16)
+    for first in (0, 48, 336):
+        for trial in range(6):
+            ids = rng.choice(384, size=(tokens, 8), replace=False) if trial else np.full((tokens, 8), 200)
+            w = rng.random((tokens, 8)).astype(np.float32)
+            got_ids, got_w = jax.jit(local_choices, static_argnums=3)(jnp.asarray(ids, jnp.int32), jnp.asarray(w),
+                                                                      jnp.int32(first), 48)
+            want_ids, want_w = _local_choices_reference(ids, w, first, 48)
+            np.testing.assert_array_equal(np.asarray(got_ids), want_ids)
+            np.testing.assert_array_equal(np.asarray(got_w), want_w)
