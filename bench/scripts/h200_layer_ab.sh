@@ -15,6 +15,10 @@
 #   git archive fd3edca model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .factored
 #   the same into .attention, then (cd .attention && patch -p1 < ../bench/labs/norm_factors_attention_only.patch),
 #   which leaves the router's norm as before; ARMS="factored attention after" STAGES="profile again"
+# The local choices' filler slot by slot (bb5d03c) against the argmax before it, one device of eight (bench.per_device
+# runs the local choices in every step since 80c1af6, as the engine does):
+#   git archive bb5d03c^ model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .argmax
+#   ARMS="after argmax" STAGES="per" bash bench/scripts/h200_layer_ab.sh
 # Files under $OUT: agreement/, one-<arm>-<n>.json, small-<arm>.json, profile-<arm>/, per-<arm>/, run.log.
 set -u
 export PYTHONUNBUFFERED=1
