@@ -19,6 +19,9 @@
 # runs the local choices in every step since 80c1af6, as the engine does):
 #   git archive bb5d03c^ model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .argmax
 #   ARMS="after argmax" STAGES="per" bash bench/scripts/h200_layer_ab.sh
+# The LoRA norms' sums over the whole row (bench/labs/lora_norm_sums_whole_row.patch), not in main until timed:
+#   git archive HEAD model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .sums
+#   (cd .sums && patch -p1 < ../bench/labs/lora_norm_sums_whole_row.patch); ARMS="sums after" STAGES="rows per again"
 # Files under $OUT: agreement/, one-<arm>-<n>.json, small-<arm>.json, profile-<arm>/, per-<arm>/, run.log.
 set -u
 export PYTHONUNBUFFERED=1
