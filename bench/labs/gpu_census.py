@@ -241,23 +241,35 @@ def parse_args(argv):
     return a
 
 
+def log(*a):
+    print(*a, flush=True)
+
+
+def write_result(result: dict, markdown_text: str, out: str, stem: str) -> Path:
+    """`result` as <stem>.json and its markdown as <stem>.md under `out`; returns their path less the suffix."""
+    path = Path(out) / stem
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    path.with_suffix(".md").write_text(markdown_text)
+    return path
+
+
+def run_header(module: str, argv, device) -> dict:
+    """What a census result starts with: the device it compiled for, the jax, the date and the command."""
+    return dict(target=device.device_kind, jax=jax.__version__, date=time.strftime("%Y%m%d-%H%M"),
+                command=f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:]))
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    log = lambda *a: print(*a, flush=True)  # noqa: E731
     device = gpu_device(args.target_config)
-    now = time.strftime("%Y%m%d-%H%M")
-    result = dict(target=device.device_kind, jax=jax.__version__, date=now,
-                  command="python -m bench.labs.gpu_census " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  rows=census_rows(args, device, log))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"gpu-census-shard{args.shard_of}-{now}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(markdown(result))
+    result = dict(**run_header("bench.labs.gpu_census", argv, device), rows=census_rows(args, device, log))
+    stem = f"gpu-census-shard{args.shard_of}-{result['date']}"
+    path = write_result(result, markdown(result), args.out, stem)
     for row in (r for r in result["rows"] if "tokens" in r):
         log(f"T = {row['tokens']}: {row['kernels_per_layer']:g} kernels a layer, "
             f"{row['kernels_in_series_per_layer']:g} in series; the MoE layers' segments {row['moe_layer_segments']}")
-    log(f"wrote {out / stem}.json and .md")
+    log(f"wrote {path}.json and .md")
     return result
 
 

@@ -17,10 +17,10 @@ collective.
     python -m bench.labs.sharded_census --devices 8 --layers 6 --out /tmp/sharded-census
 
 Rows per program (prefill of --prompt tokens; decode, verify of K + 1 tokens and the K cycle, each as one step and as
-the device loop the engine runs; the server's loop over --serve-batch slots, greedy and sampled): the collectives, each with its bytes (the largest array it produces) and XLA's
-`kernel_strategy` (a Triton one-shot or two-shot all-reduce kernel, or the default library collective); and for the
-loops at --layers and --layers - 2, a device's kernels a layer in one iteration (collectives apart). What it cannot
-tell: time.
+the device loop the engine runs; the server's loop over --serve-batch slots, greedy and sampled): the collectives,
+each with its bytes (the largest array it produces) and XLA's `kernel_strategy` (a Triton one-shot or two-shot
+all-reduce kernel, or the default library collective); and for the loops at --layers and --layers - 2, a device's
+kernels a layer in one iteration (collectives apart). What it cannot tell: time.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -43,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from bench import per_device  # noqa: E402
 from bench.cycle import spec_configs  # noqa: E402
-from bench.labs.gpu_census import H200_TARGET, HOPPER, gpu_devices  # noqa: E402
+from bench.labs.gpu_census import H200_TARGET, HOPPER, gpu_devices, log, run_header, write_result  # noqa: E402
 from bench.per_device import hlo_computations, kernels_in_order  # noqa: E402
 from jaxspec.baseline_step import baseline_step  # noqa: E402
 from jaxspec.models import SpecWeights  # noqa: E402
@@ -220,18 +219,10 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    log = lambda *a: print(*a, flush=True)  # noqa: E731
-    now = time.strftime("%Y%m%d-%H%M")
-    result = dict(target=gpu_devices(1, args.target_config)[0].device_kind, devices=args.devices,
-                  jax=jax.__version__, date=now,
-                  command="python -m bench.labs.sharded_census " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  **census(args, log))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"sharded-census-{args.devices}gpu-{now}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(markdown(result))
-    log(f"wrote {out / stem}.json and .md")
+    result = dict(**run_header("bench.labs.sharded_census", argv, gpu_devices(1, args.target_config)[0]),
+                  devices=args.devices, **census(args, log))
+    path = write_result(result, markdown(result), args.out, f"sharded-census-{args.devices}gpu-{result['date']}")
+    log(f"wrote {path}.json and .md")
     heavy = heavy_collectives(result["rows"], args.max_step_mb)
     for program, op, mb in heavy:
         log(f"sharded_census: {program}: an {op} of {mb:.1f} MB every iteration (over --max-step-mb "
