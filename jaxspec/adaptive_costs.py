@@ -13,6 +13,7 @@ stream's would. The table is measured at the prompt's context length; the key ho
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -101,12 +102,18 @@ def parse_costs(text: str, steps: tuple[int, ...], flag: str = "--speculative-ad
 def cost_key(*parts) -> str:
     """A stable key: the device, jaxlib and a digest of everything that shapes the programs (`parts`)."""
     dev = jax.devices()[0]
-    try:
-        jaxlib = metadata.version("jaxlib")
-    except metadata.PackageNotFoundError:
-        jaxlib = "unknown"
     digest = hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
-    return f"{dev.platform}-{dev.device_kind}-jaxlib{jaxlib}-{digest}".replace(" ", "_").replace("/", "_")
+    return f"{dev.platform}-{dev.device_kind}-jaxlib{_jaxlib_version()}-{digest}".replace(" ", "_").replace("/", "_")
+
+
+@functools.cache
+def _jaxlib_version() -> str:
+    """Read once a process: a generation asks for a key while its prefill runs, and each read of the installed
+    packages' metadata goes to the disk."""
+    try:
+        return metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def disk_dir(environ=os.environ) -> Path | None:
