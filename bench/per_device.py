@@ -12,7 +12,8 @@ What one device runs:
   the norms, the MLA latent cache and the EAGLE-3 draft whole. Weights are drawn at those shapes (the full model
   never exists here); caches and states are built whole and cut to device 0's block;
 - routed experts as the engine's shard_map body runs them (model/moe_parallel.py): the router over all E experts,
-  `local_choices` (other devices' choices at weight 0), the engine's per-device kernel over the E/N local experts.
+  then `model.moe.routed_experts` over the E/N local experts from the global choices (other devices' choices
+  skipped by moe_wgmma itself, or given weight 0 by `local_choices` on the other paths).
   Each MoE layer plays the device that received the most (token, choice) pairs in that layer: a step waits at
   every layer's all-reduce for the busiest device;
 - kernels as the sharded engine dispatches them: the same as one device running these local shapes alone (the
@@ -75,7 +76,6 @@ from model.init import init_kimi_weights  # noqa: E402
 from model.kv_cache import round_capacity  # noqa: E402
 from model.mlp import swiglu  # noqa: E402
 from model.moe import MoEWeights, routed_experts  # noqa: E402
-from model.moe_parallel import local_choices  # noqa: E402
 from model.norms import rms_norm  # noqa: E402
 from model.rope import cos_sin, target_rope_tables  # noqa: E402
 from model.router import route  # noqa: E402
@@ -247,8 +247,7 @@ def device_moe(x_BTH, w: MoEWeights, cfg, first_expert, forced_TK, cuts: Collect
     n = w.experts.num_experts
     partial = []  # the partial sums the engine adds up over the devices
     if n < cfg.n_routed_experts:
-        local_ids_TK, local_weights_TK = local_choices(ids_TK, weights_TK, first_expert, n)
-        y_TH = routed_experts(x_TH, w.experts, local_ids_TK, local_weights_TK, cfg.kernels)
+        y_TH = routed_experts(x_TH, w.experts, ids_TK, weights_TK, cfg.kernels, first_expert=first_expert)
         partial.append("routed experts (psum)")
     else:
         y_TH = routed_experts(x_TH, w.experts, ids_TK, weights_TK, cfg.kernels)
@@ -309,8 +308,9 @@ class DeviceForward(NamedTuple):
 def device_forward(w: KimiWeights, cfg, tokens_BT, positions_BT, cache, first_expert_L, cuts: CollectiveCuts, *,
                    expert_ids=None, attention: str = "absorbed") -> DeviceForward:
     """model.decoder.forward as one device runs it, with the greedy token choice the engine makes after it.
-    `first_expert_L` [MoE layers]: the first global expert id of the device each MoE layer plays; `expert_ids` [MoE
-    layers, B*T, K] (or one [B*T, K] per MoE layer) replaces the router's choices, as model.moe.moe's does."""
+    `first_expert_L` [MoE layers] (or one scalar per MoE layer): the first global expert id of the device each MoE
+    layer plays; `expert_ids` [MoE layers, B*T, K] (or one [B*T, K] per MoE layer) replaces the router's choices,
+    as model.moe.moe's does."""
     inv_freq, multiplier = target_rope_tables(cfg)
     cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
     x_BTH = embedding_rows(w.embed, cfg.vocab_size, cuts, "embedding rows (embed split over the vocabulary)")[tokens_BT]
@@ -430,9 +430,9 @@ def step_loop(w, cfg, step_args: tuple) -> Program:
         return jax.lax.fori_loop(0, steps, body, (tokens_BT, cache))
 
     tokens_BT = step_args[0]
-    moe_layers = moe_layer_count(cfg)
-    ids_LTK = jnp.zeros((moe_layers, tokens_BT.size, cfg.num_experts_per_tok), jnp.int32)
-    return Program(loop, (w, *step_args, ids_LTK, jnp.zeros((moe_layers,), jnp.int32), jnp.int32(1)), (3,), cuts)
+    ids_L, first_L = per_layer(np.zeros((moe_layer_count(cfg), tokens_BT.size, cfg.num_experts_per_tok)),
+                               np.zeros(moe_layer_count(cfg)))
+    return Program(loop, (w, *step_args, ids_L, first_L, jnp.int32(1)), (3,), cuts)
 
 
 def cycle_loop(sw: SpecWeights, spec_cfg: SpecConfig, k: int, batch: int, context: int, capacity: int, key,
@@ -452,8 +452,17 @@ def cycle_loop(sw: SpecWeights, spec_cfg: SpecConfig, k: int, batch: int, contex
 
     state = local_block(initial_state(cfg, spec_cfg.draft, batch, context, capacity, key), STATE_RULES, shard_of)
     state = state.replace(pending=device_rows(state.pending, sw.target.embed.shape[0]))
-    ids_LTK = jnp.zeros((moe_layers, batch * (k + 1), cfg.num_experts_per_tok), jnp.int32)
-    return Program(loop, (sw, state, ids_LTK, jnp.zeros((moe_layers,), jnp.int32), jnp.int32(1)), (1,), cuts)
+    ids_L, first_L = per_layer(np.zeros((moe_layers, batch * (k + 1), cfg.num_experts_per_tok)),
+                               np.zeros(moe_layers))
+    return Program(loop, (sw, state, ids_L, first_L, jnp.int32(1)), (1,), cuts)
+
+
+def per_layer(ids_LTK, first_L) -> tuple[tuple, tuple]:
+    """The experts each MoE layer runs and the first expert of the device it plays, one array a layer: the engine
+    hands each layer its router's ids and its device's first expert, where slices of stacked arrays would be kernels
+    of their own (the routed-experts kernels take them as operands)."""
+    return (tuple(jnp.asarray(ids, jnp.int32) for ids in np.asarray(ids_LTK)),
+            tuple(jnp.int32(f) for f in np.asarray(first_L)))
 
 
 # --- what a program runs --------------------------------------------------------------------------------------
@@ -591,7 +600,7 @@ class Timed:
 
     def route(self, ids_LTK, first_L):
         """The experts every MoE layer runs and the devices the layers play (the two arguments before the count)."""
-        self.args[-3], self.args[-2] = jnp.asarray(ids_LTK, jnp.int32), jnp.asarray(first_L, jnp.int32)
+        self.args[-3], self.args[-2] = per_layer(ids_LTK, first_L)
 
     def __call__(self, n: int):
         """Run `n` steps (or cycles); returns the first output (what a timing waits for)."""
