@@ -18,7 +18,7 @@ from flax import struct
 from model.config import Kernels, TextConfig
 from model.kernels.dispatch import fused_routed_experts, moe_kernel_for
 from model.mlp import MLPWeights, swiglu
-from model.moe_parallel import routed_experts_parallel
+from model.moe_parallel import local_choices, routed_experts_parallel
 from model.quant import Weight, dequantize
 from model.router import route
 
@@ -69,11 +69,18 @@ def plain_routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Ar
 
 
 def routed_experts(x_TH: jax.Array, experts: ExpertWeights, ids_TK: jax.Array, weights_TK: jax.Array,
-                   kernels: Kernels = Kernels()) -> jax.Array:
-    """Per-device routed experts: the GPU kernel `kernels` and the shapes select, else a plain reference path."""
+                   kernels: Kernels = Kernels(), first_expert=None) -> jax.Array:
+    """Per-device routed experts: the GPU kernel `kernels` and the shapes select, else a plain reference path.
+
+    `first_expert`: the ids are global and `experts` this device's, [first_expert, first_expert + E) (expert
+    parallelism, model.moe_parallel): moe_wgmma keeps to them itself, every other path is given the choices
+    restricted to them (`local_choices`)."""
     kernel = moe_kernel_for(x_TH.shape[0], experts, kernels)
+    if first_expert is not None and kernel != "wgmma":
+        ids_TK, weights_TK = local_choices(ids_TK, weights_TK, first_expert, experts.num_experts)
+        first_expert = None
     if kernel is not None:
-        return fused_routed_experts(x_TH, experts, ids_TK, weights_TK, kernel)
+        return fused_routed_experts(x_TH, experts, ids_TK, weights_TK, kernel, first_expert)
     return plain_routed_experts(x_TH, experts, ids_TK, weights_TK)
 
 

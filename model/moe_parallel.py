@@ -57,17 +57,17 @@ def first_of(mine_P: jax.Array, local_P: jax.Array) -> jax.Array:
 def routed_experts_parallel(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array,
                             per_device_experts: Callable) -> jax.Array:
     """`per_device_experts(x_TH, experts, ids_TK, weights_TK)` over all experts, computed expert-parallel over the
-    ambient mesh (each device over the experts it holds); without a mesh, that function on all experts."""
+    ambient mesh (each device over the experts it holds); without a mesh, that function on all experts. On a
+    device it is called with the global ids and `first_expert=`, the first of the device's experts: it keeps to
+    them itself (model.moe.routed_experts: moe_wgmma's own test, or `local_choices`)."""
     mesh = ambient_mesh()
     axes = None if mesh is None else expert_axes(experts.num_experts, mesh)
     if axes is None:
         return per_device_experts(x_TH, experts, ids_TK, weights_TK)
 
     def per_device(x_TH, local_experts, ids_TK, weights_TK):
-        n = local_experts.num_experts
-        first = jax.lax.axis_index(axes) * n  # experts are split over `axes`, the first axis major
-        local_ids_TK, local_weights_TK = local_choices(ids_TK, weights_TK, first, n)
-        y_TH = per_device_experts(x_TH, local_experts, local_ids_TK, local_weights_TK)
+        first = jax.lax.axis_index(axes) * local_experts.num_experts  # split over `axes`, the first axis major
+        y_TH = per_device_experts(x_TH, local_experts, ids_TK, weights_TK, first_expert=first)
         return jax.lax.psum(y_TH, axes)
 
     expert_specs = jax.tree_util.tree_map(lambda _: P(axes), experts)

@@ -18,6 +18,7 @@ from model.config import Kernels
 from model.kernels import moe_wgmma
 from model.kernels.dispatch import moe_kernel_for, wgmma_config_for
 from model.moe import ExpertWeights, experts_gather
+from model.moe_parallel import local_choices
 from model.quant import Int4Weight, dequantize
 
 E, F, H, K = 6, 256, 512, 4
@@ -87,6 +88,25 @@ def test_zero_weight_slots_are_skipped_and_add_nothing(experts, down_splits):
     assert np.all(np.asarray(h)[np.asarray(w.reshape(-1)) == 0] == 0.0)
     written = np.asarray(moe_wgmma.split_active_ZT(w, down_splits, 1))
     assert written.shape == (down_splits, t) and not written[:, 1].any()
+
+
+@pytest.mark.parametrize("first", [0, 6, 18])
+def test_global_choices_keep_to_the_devices_experts(experts, first):
+    """With `first_expert` the kernels take the router's global ids over 24 experts and hold experts [first, first
+    + 6): each token's sum over the choices of those experts, as the reference gives it with the choices restricted
+    to them (`local_choices`); a token with none of them gets zeros."""
+    t, e_global = 3, 4 * E
+    rng = np.random.default_rng(first)
+    ids = np.stack([rng.permutation(e_global)[:K] for _ in range(t)]).astype(np.int32)
+    ids[0, 0], ids[1] = first + 1, [(first + E + j) % e_global for j in range(K)]  # token 1: none of this device's
+    w = jnp.asarray(rng.uniform(0.1, 1.0, size=(t, K)).astype(np.float32))
+    ids = jnp.asarray(ids)
+    x = jax.random.normal(jax.random.PRNGKey(first), (t, H)).astype(jnp.bfloat16)
+    fn = jax.jit(functools.partial(moe_wgmma.routed_experts_wgmma, gate_up_splits=2, down_splits=2, interpret=True))
+    out = fn(x, experts, ids, w, first_expert=jnp.int32(first))
+    ref = experts_gather(x.astype(jnp.float32), experts, *local_choices(ids, w, first, E))
+    assert np.all(np.asarray(out[1], np.float32) == 0.0)
+    assert _rel_err(out, ref) < 1e-2
 
 
 def test_gate_up_sums_are_the_two_products(experts):
@@ -197,7 +217,8 @@ def test_gate_up_splits_follow_the_token_count():
     assert [wgmma_config_for(k2, 8, t)["down_k_splits"] for t in (1, 2, 4)] == [2, 1, 1]
 
 
-@pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (32, {}), (1, {"gate_up_splits": 7, "down_k_splits": 2})])
+@pytest.mark.parametrize("t,options", [(1, {}), (4, {}), (32, {}), (1, {"gate_up_splits": 7, "down_k_splits": 2}),
+                                       (1, {"first_expert": 48}), (4, {"first_expert": 48})])
 def test_lowers_to_mosaic_gpu_at_kimi_shapes(t, options):
     e, f, h = 384, 2048, 7168
     sd = jax.ShapeDtypeStruct

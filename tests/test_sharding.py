@@ -113,8 +113,12 @@ def test_pallas_kernel_runs_as_the_per_device_expert_computation():
     weights_TK = jnp.asarray(rng.uniform(0.1, 1.0, (t, k)).astype(np.float32))
     want = moe_module.experts_gather(x_TH, experts, ids_TK, weights_TK)
 
-    kernel = functools.partial(routed_experts_pallas, cfg=MoEKernelConfig(block_f=16, block_h=16, block_k=16),
+    pallas = functools.partial(routed_experts_pallas, cfg=MoEKernelConfig(block_f=16, block_h=16, block_k=16),
                                interpret=True)
+
+    def kernel(x_TH, local, ids_TK, weights_TK, first_expert):  # the global choices, as a device is given them
+        return pallas(x_TH, local, *local_choices(ids_TK, weights_TK, first_expert, local.num_experts))
+
     mesh = make_mesh((2, 4))
     sharded = jax.device_put(experts, shardings_for(experts, mesh, ((r".", ("experts", None, None)),)))
     with mesh_context(mesh):

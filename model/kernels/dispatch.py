@@ -104,11 +104,15 @@ def moe_kernel_for(tokens: int, experts, kernels: Kernels = Kernels()) -> str | 
     return None
 
 
-def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array, kernel: str) -> jax.Array:
-    """The kernel `moe_kernel_for` named, with its tuned tiles for this token count: [T, H] -> [T, H]."""
+def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK: jax.Array, kernel: str,
+                         first_expert=None) -> jax.Array:
+    """The kernel `moe_kernel_for` named, with its tuned tiles for this token count: [T, H] -> [T, H].
+    `first_expert` (moe_wgmma only): the ids are global, the experts one device's (`routed_experts_wgmma`)."""
     tokens = x_TH.shape[0]
+    if first_expert is not None and kernel != "wgmma":
+        raise ValueError(f"the {kernel} routed-experts kernel takes local expert ids, not a first expert")
     if kernel == "wgmma":
-        return moe_wgmma.routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK,
+        return moe_wgmma.routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, first_expert=first_expert,
                                               **wgmma_config_for(experts, ids_TK.shape[1], tokens))
     if kernel == "grouped":
         return moe_grouped.routed_experts_grouped(x_TH, experts, ids_TK, weights_TK,

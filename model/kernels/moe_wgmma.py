@@ -214,18 +214,27 @@ def _specs(interpret: bool, b_index, ws_index, lead: tuple = ()):
     return b, w, s
 
 
-def _gate_up_kernel(expert_ref, weight_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k, choices, stages,
-                    interpret):
+def _local_expert(expert_ref, weight_ref, first_ref, slot, num_local: int):
+    """(slot's expert among this device's [first, first + num_local), whether the slot runs here): a slot runs where
+    its router weight is not 0 and its expert is this device's; the index is clipped into range for the slots that
+    do not run (an index map computes it for them too)."""
+    e = expert_ref[slot] - first_ref[0]
+    runs = (weight_ref[slot] != 0) & (e >= 0) & (e < num_local)
+    return jnp.minimum(jnp.maximum(e, 0), num_local - 1), runs
+
+
+def _gate_up_kernel(expert_ref, weight_ref, first_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_ref, gu_ref, *, n_k,
+                    choices, num_local, stages, interpret):
     """gu[split, 0 / 1, slot, rows]: slot's gate / up rows summed over the split's share of H; a slot of router
-    weight 0 is skipped and its rows are not written (the caller masks them)."""
+    weight 0 or of another device's expert is skipped and its rows are not written (the caller masks them)."""
     slot, rb, split = jax.lax.axis_index("slot"), jax.lax.axis_index("rows"), jax.lax.axis_index("split")
-    e, t = expert_ref[slot], slot // choices  # slot t * choices + c: token t, choice c
+    (e, runs), t = _local_expert(expert_ref, weight_ref, first_ref, slot, num_local), slot // choices
     b, w, s = _specs(interpret, lambda k: (split * n_k + k, 0, 0), lambda k: (rb, split * n_k + k))
 
     def step(_, xbd_smem, gq_smem, gs_smem, uq_smem, us_smem, carry):
         return _tile_products(((gq_smem, gs_smem), (uq_smem, us_smem)), xbd_smem, carry, interpret)
 
-    @pl.when(weight_ref[slot] != 0)
+    @pl.when(runs)
     def _():
         acc_g, acc_u = plgpu.emit_pipeline(step, grid=(n_k,), in_specs=[b, w, s, w, s], max_concurrent_steps=stages,
                                            init_carry=(_zeros(interpret), _zeros(interpret)))(
@@ -234,10 +243,10 @@ def _gate_up_kernel(expert_ref, weight_ref, xbd_ref, gq_ref, gs_ref, uq_ref, us_
         _store_rows_in_K_order(jnp.sum(acc_u, axis=1), gu_ref.at[split, 1, slot, pl.ds(rb * ROWS, ROWS)], interpret)
 
 
-def _down_kernel(expert_ref, weight_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits, stages,
-                 interpret):
-    """y[split * k_splits + ks, t, rows]; not written where every choice of the split has router weight 0 (the
-    caller masks those rows, `split_active_ZT`)."""
+def _down_kernel(expert_ref, weight_ref, first_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k, choices, splits, k_splits,
+                 num_local, stages, interpret):
+    """y[split * k_splits + ks, t, rows]; not written where no choice of the split runs here (router weight 0 or
+    another device's expert; the caller masks those rows, `split_active_ZT`)."""
     rb, ts = jax.lax.axis_index("rows"), jax.lax.axis_index("token_split")
     t, rest = ts // (splits * k_splits), ts % (splits * k_splits)
     split, ks = rest // k_splits, rest % k_splits  # k_splits fastest: a row block's F shares run side by side
@@ -248,12 +257,14 @@ def _down_kernel(expert_ref, weight_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k,
     def step(_, hbd_smem, dq_smem, ds_smem, carry):
         return _tile_products(((dq_smem, ds_smem),), hbd_smem, carry, interpret)
 
-    # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block
+    # one pipeline over (choice, k tile): the expert id read in the index map picks the weights' leading block (a
+    # choice that does not run reads some local expert's tiles against its h of zeros)
     b, w, s = _specs(interpret, lambda c, kk: (first + c, k0 + kk, 0, 0),
-                     lambda c, kk: (expert_ref[first + c], rb, k0 + kk), lead=(None,))
-    any_active = weight_ref[first] != 0
+                     lambda c, kk: (_local_expert(expert_ref, weight_ref, first_ref, first + c, num_local)[0], rb,
+                                    k0 + kk), lead=(None,))
+    any_active = _local_expert(expert_ref, weight_ref, first_ref, first, num_local)[1]
     for c in range(1, per_split):
-        any_active = any_active | (weight_ref[first + c] != 0)
+        any_active = any_active | _local_expert(expert_ref, weight_ref, first_ref, first + c, num_local)[1]
 
     @pl.when(any_active)
     def _():
@@ -263,11 +274,12 @@ def _down_kernel(expert_ref, weight_ref, hbd_ref, dq_ref, ds_ref, y_ref, *, n_k,
 
 
 def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: int, stages: int = STAGES,
-                 splits: int = 1, weight_U=None, interpret: bool = False) -> jax.Array:
+                 splits: int = 1, weight_U=None, first_expert=None, interpret: bool = False) -> jax.Array:
     """[P, 2, U, F] f32 (P = `splits` of H): slot u's gate / up rows (expert expert_U[u], token u // choices) over
     split p of H. Rows in `permute_K` order (the down kernel's column order), as x's columns enter the
     products. A slot whose router weight weight_U[u] is 0 is skipped and its rows hold whatever the buffer held
-    (None: no slot skipped)."""
+    (None: no slot skipped). `first_expert`: expert_U are global ids and the weights hold experts [first_expert,
+    first_expert + E); a slot of another expert is skipped too (None: expert_U index the weights)."""
     hidden = x_TH.shape[1]
     if (hidden // TILE_K) % splits:
         raise ValueError(f"gate_up_splits={splits} must divide the {hidden // TILE_K} tiles of H")
@@ -275,30 +287,31 @@ def gate_up_sums(x_TH, gate: Int4Weight, up: Int4Weight, expert_U, *, choices: i
     if slots % choices or slots // choices != x_TH.shape[0]:
         raise ValueError(f"{slots} slots are not {choices} choices for each of {x_TH.shape[0]} tokens")
     return plgpu.kernel(
-        functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, choices=choices, stages=stages,
-                          interpret=interpret),
+        functools.partial(_gate_up_kernel, n_k=hidden // TILE_K // splits, choices=choices,
+                          num_local=gate.shape[0], stages=stages, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits, 2, slots, f), jnp.float32),
         grid=(slots, f // ROWS, splits), grid_names=("slot", "rows", "split"),  # the last is CUDA's x
         **_interpret_kw(interpret),
-    )(expert_U, _weights(weight_U, slots), block_diagonal_UNGK(permute_K(x_TH)), *_operands(gate), *_operands(up))
+    )(expert_U, _weights(weight_U, slots), _first(first_expert), block_diagonal_UNGK(permute_K(x_TH)),
+      *_operands(gate), *_operands(up))
 
 
 def down_sums(h_UF, down: Int4Weight, expert_U, *, choices: int, stages: int = STAGES, splits: int = 2,
-              k_splits: int = 1, weight_U=None, interpret: bool = False) -> jax.Array:
+              k_splits: int = 1, weight_U=None, first_expert=None, interpret: bool = False) -> jax.Array:
     """[P, T, H] f32 (P = splits * k_splits): token t's sum over split s of its `choices` slots t * choices + c of
-    down(h), over share ks of F (row s * k_splits + ks). h's columns come in `permute_K` order. A split whose
-    slots all have router weight weight_U == 0 is skipped and its row is not written (`split_active_ZT` says which
-    rows hold sums; None: no split skipped)."""
+    down(h), over share ks of F (row s * k_splits + ks). h's columns come in `permute_K` order. A split none of
+    whose slots runs (router weight weight_U 0, or with `first_expert` another device's expert, as `gate_up_sums`)
+    is skipped and its row is not written (`split_active_ZT` says which rows hold sums; None: no split skipped)."""
     slots, f = h_UF.shape
     check_down_splits(choices, splits, f, k_splits)
     t, hidden = slots // choices, down.shape[1]
     return plgpu.kernel(
         functools.partial(_down_kernel, n_k=f // TILE_K // k_splits, choices=choices, splits=splits,
-                          k_splits=k_splits, stages=stages, interpret=interpret),
+                          k_splits=k_splits, num_local=down.shape[0], stages=stages, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((splits * k_splits, t, hidden), jnp.float32),
         grid=(hidden // ROWS, t * splits * k_splits), grid_names=("rows", "token_split"),
         **_interpret_kw(interpret),
-    )(expert_U, _weights(weight_U, slots), block_diagonal_UNGK(h_UF), *_operands(down))
+    )(expert_U, _weights(weight_U, slots), _first(first_expert), block_diagonal_UNGK(h_UF), *_operands(down))
 
 
 def check_down_splits(choices: int, splits: int, f: int, k_splits: int) -> None:
@@ -310,8 +323,11 @@ def check_down_splits(choices: int, splits: int, f: int, k_splits: int) -> None:
 
 
 def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STAGES, gate_up_splits: int = 1,
-                         down_splits: int = 2, down_k_splits: int = 1, interpret: bool = False) -> jax.Array:
-    """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`).
+                         down_splits: int = 2, down_k_splits: int = 1, first_expert=None,
+                         interpret: bool = False) -> jax.Array:
+    """Same contract as `model.moe.experts_gather` for INT4 experts (`supports(experts)`); with `first_expert`, the
+    ids are global and `experts` are one device's, [first_expert, first_expert + E): the sum over the token's
+    choices of this device's experts (expert parallelism, model.moe_parallel).
 
     `gate_up_splits` splits H across programs (more programs in flight at one token; the partial sums meet in
     the XLA fusion that applies SiLU and lays h out block-diagonally), `down_splits` splits each token's
@@ -322,16 +338,18 @@ def routed_experts_wgmma(x_TH, experts, ids_TK, weights_TK, *, stages: int = STA
                          f"in whole {TILE_K}-wide tiles, got gate {experts.gate.shape}")
     t, k = ids_TK.shape
     expert_U = ids_TK.reshape(t * k).astype(jnp.int32)
-    # a slot whose router weight is 0 adds nothing: under expert parallelism (model.moe_parallel) that is every
-    # choice of an expert another device holds, so its programs are skipped rather than run on a filler expert.
-    # The kernels read the router's weights themselves (no flag array for XLA to compute first).
+    # a slot whose router weight is 0 adds nothing, and under expert parallelism neither does a choice of an expert
+    # another device holds: the kernels skip both, reading the router's ids and weights themselves, so nothing
+    # stands between the router's top-k and gate_up (no kernel of XLA's to restrict the choices to this device)
     weight_U = weights_TK.reshape(t * k)
     gu_Z2UF = gate_up_sums(x_TH, experts.gate, experts.up, expert_U, choices=k, stages=stages,
-                           splits=gate_up_splits, weight_U=weight_U, interpret=interpret)
-    h_UF = swiglu_h(gu_Z2UF, weights_TK)
+                           splits=gate_up_splits, weight_U=weight_U, first_expert=first_expert, interpret=interpret)
+    runs_TK = weights_TK if first_expert is None else jnp.where(
+        (ids_TK >= first_expert) & (ids_TK < first_expert + experts.num_experts), weights_TK, 0.0)
+    h_UF = swiglu_h(gu_Z2UF, runs_TK)
     y_ZTH = down_sums(h_UF, experts.down, expert_U, choices=k, stages=stages, splits=down_splits,
-                      k_splits=down_k_splits, weight_U=weight_U, interpret=interpret)
-    written_ZT1 = split_active_ZT(weights_TK, down_splits, down_k_splits)[..., None]
+                      k_splits=down_k_splits, weight_U=weight_U, first_expert=first_expert, interpret=interpret)
+    written_ZT1 = split_active_ZT(runs_TK, down_splits, down_k_splits)[..., None]
     return _sum_leading(jnp.where(written_ZT1, y_ZTH, 0.0)).astype(x_TH.dtype)
 
 
@@ -358,6 +376,11 @@ def _sum_leading(v: jax.Array) -> jax.Array:
     for i in range(1, v.shape[0]):
         out = out + v[i]
     return out
+
+
+def _first(first_expert) -> jax.Array:
+    """[1] int32: the first expert the weights hold (0: expert ids index the weights)."""
+    return jnp.zeros((1,), jnp.int32) if first_expert is None else jnp.reshape(first_expert, (1,)).astype(jnp.int32)
 
 
 def _weights(weight_U, slots: int) -> jax.Array:
