@@ -15,10 +15,10 @@
 #   git archive fd3edca model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .factored
 #   the same into .attention, then (cd .attention && patch -p1 < ../bench/labs/norm_factors_attention_only.patch),
 #   which leaves the router's norm as before; ARMS="factored attention after" STAGES="profile again"
-# The local choices' filler slot by slot (bb5d03c) against the argmax before it, one device of eight (bench.per_device
-# runs the local choices in every step since 80c1af6, as the engine does):
-#   git archive bb5d03c^ model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .argmax
-#   ARMS="after argmax" STAGES="per" bash bench/scripts/h200_layer_ab.sh
+# The device's choices taken by moe_wgmma itself and the local choices' filler slot by slot (2026-12-05) against
+# both in XLA as before, one device of eight (bench.per_device holds the engine's per-step local choices since then):
+#   git archive HEAD model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .xla
+#   (cd .xla && patch -p1 < ../bench/labs/local_choices_in_xla.patch); ARMS="after xla" STAGES="per"
 # The LoRA norms' sums over the whole row (bench/labs/lora_norm_sums_whole_row.patch), not in main until timed:
 #   git archive HEAD model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .sums
 #   (cd .sums && patch -p1 < ../bench/labs/lora_norm_sums_whole_row.patch); ARMS="sums after" STAGES="rows per again"
