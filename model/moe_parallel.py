@@ -32,8 +32,8 @@ def local_choices(ids_TK: jax.Array, weights_TK: jax.Array, first_expert, num_lo
     """Routing choices restricted to experts [first_expert, first_expert + num_local), in local ids.
 
     A choice of another device's expert keeps weight 0 and is pointed at an expert this device reads
-    anyway (its first real choice), so a kernel that reads each distinct expert once reads no extra one, and
-    moe_wgmma, which runs one program per (token, choice), skips the slots of weight 0."""
+    anyway (its first real choice), so a kernel that reads each distinct expert once reads no extra one. moe_wgmma
+    takes the global choices instead and skips other devices' itself (`routed_experts_wgmma(first_expert=)`)."""
     with jax.named_scope("local_choices"):  # named in the compiled program (tests/test_per_device.py finds it)
         local_TK = ids_TK - first_expert
         mine_TK = (local_TK >= 0) & (local_TK < num_local)
