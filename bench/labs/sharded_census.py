@@ -20,7 +20,8 @@ Rows per program (prefill of --prompt tokens; decode, verify of K + 1 tokens and
 the device loop the engine runs; the server's loop over --serve-batch slots, greedy and sampled): the collectives,
 each with its bytes (the largest array it produces) and XLA's `kernel_strategy` (a Triton one-shot or two-shot
 all-reduce kernel, or the default library collective); and for the loops at --layers and --layers - 2, a device's
-kernels a layer in one iteration (collectives apart). What it cannot tell: time.
+kernels a layer in one iteration (collectives apart) and the longest chain of them each waiting for the one before
+(`kernels_in_series`, the collectives' start and done in it). What it cannot tell: time.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ import numpy as np  # noqa: E402
 
 from bench import per_device  # noqa: E402
 from bench.cycle import spec_configs  # noqa: E402
-from bench.labs.gpu_census import H200_TARGET, HOPPER, gpu_devices, log, run_header, write_result  # noqa: E402
+from bench.labs.gpu_census import (H200_TARGET, HOPPER, gpu_devices, kernels_in_series, log,  # noqa: E402
+                                   run_header, write_result)
 from bench.per_device import hlo_computations, kernels_in_order  # noqa: E402
 from jaxspec.baseline_step import baseline_step  # noqa: E402
 from jaxspec.models import SpecWeights  # noqa: E402
@@ -161,7 +163,7 @@ def census(args, log) -> dict:
                 continue
             t0 = time.perf_counter()
             text = compile_text(fn, fargs, mesh, donate)
-            kernels[name, layers] = kernels_apart_from_collectives(text)
+            kernels[name, layers] = kernels_apart_from_collectives(text), kernels_in_series(text)
             if layers == args.layers:
                 found = collectives(text)
                 rows.append(dict(program=name, layers=layers, collectives=found,
@@ -170,8 +172,10 @@ def census(args, log) -> dict:
                     f"(compiled in {time.perf_counter() - t0:.1f} s)")
     for row in rows:
         if (row["program"], args.layers - 2) in kernels:
-            row["kernels_per_layer"] = (kernels[row["program"], args.layers]
-                                        - kernels[row["program"], args.layers - 2]) / 2
+            (n_full, series_full), (n_short, series_short) = (kernels[row["program"], n]
+                                                              for n in (args.layers, args.layers - 2))
+            row["kernels_per_layer"] = (n_full - n_short) / 2
+            row["kernels_in_series_per_layer"] = (series_full - series_short) / 2
     return dict(rows=rows)
 
 
@@ -185,7 +189,8 @@ def markdown(result: dict) -> str:
     lines = [f"# The sharded engine's programs on {result['devices']} x {result['target']}, compiled on a CPU "
              f"(jax {result['jax']}, {result['date']})", "", f"`{result['command']}`", ""]
     for row in result["rows"]:
-        per_layer = (f"; a device's kernels a layer, collectives apart: {row['kernels_per_layer']:g}"
+        per_layer = (f"; a device's kernels a layer, collectives apart: {row['kernels_per_layer']:g} "
+                     f"({row['kernels_in_series_per_layer']:g} in series, collectives included)"
                      if "kernels_per_layer" in row else "")
         lines += [f"## {row['program']}, {row['layers']} layers", "",
                   f"{len(row['collectives'])} collectives, the largest {row['largest_mb']:.3f} MB{per_layer}", "",
