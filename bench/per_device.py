@@ -215,7 +215,7 @@ class VocabShardRows:
         return self.cuts.cut_collective(rows_BTH.astype(self.rows_VH.dtype), ALL_REDUCE, self.where)
 
 
-def embedding_rows(embed_VH, vocab_size: int, cuts: CollectiveCuts, where: str):
+def embedding_table(embed_VH, vocab_size: int, cuts: CollectiveCuts, where: str):
     """The token-indexed table a device reads embeddings from: its vocab shard, or the whole table when unsplit."""
     if embed_VH.shape[0] == vocab_size:
         return embed_VH
@@ -313,7 +313,8 @@ def device_forward(w: KimiWeights, cfg, tokens_BT, positions_BT, cache, first_ex
     as model.moe.moe's does."""
     inv_freq, multiplier = target_rope_tables(cfg)
     cos, sin = cos_sin(positions_BT, inv_freq, multiplier)
-    x_BTH = embedding_rows(w.embed, cfg.vocab_size, cuts, "embedding rows (embed split over the vocabulary)")[tokens_BT]
+    table = embedding_table(w.embed, cfg.vocab_size, cuts, "embedding rows (embed split over the vocabulary)")
+    x_BTH = table[tokens_BT]
     traced = {}
     aux_ids = set(cfg.eagle_aux_layers)
     aux, latents, k_ropes, chosen = [], [], [], []
@@ -357,7 +358,7 @@ def device_cycle(w: SpecWeights, state: SpecState, first_expert_L, expert_ids_LT
     if w.draft.lm_head is None:
         raise ValueError("bench.per_device: the draft needs its own lm_head (the target's is split over devices)")
     key, k_draft, _ = jax.random.split(state.key, 3)
-    embed = embedding_rows(w.target.embed, cfg.target.vocab_size, cuts,
+    embed = embedding_table(w.target.embed, cfg.target.vocab_size, cuts,
                            "draft input embedding (the target's embed, split over the vocabulary)")
     drafts_BM, _, draft_cache = draft_chain(k_draft, SpecWeights(DraftInputs(embed), w.draft), cfg, state, k, True, {})
     lengths_B = state.target_cache.lengths
@@ -430,8 +431,8 @@ def step_loop(w, cfg, step_args: tuple) -> Program:
         return jax.lax.fori_loop(0, steps, body, (tokens_BT, cache))
 
     tokens_BT = step_args[0]
-    ids_L, first_L = per_layer(np.zeros((moe_layer_count(cfg), tokens_BT.size, cfg.num_experts_per_tok)),
-                               np.zeros(moe_layer_count(cfg)))
+    moe_layers = moe_layer_count(cfg)
+    ids_L, first_L = per_layer(np.zeros((moe_layers, tokens_BT.size, cfg.num_experts_per_tok)), np.zeros(moe_layers))
     return Program(loop, (w, *step_args, ids_L, first_L, jnp.int32(1)), (3,), cuts)
 
 
