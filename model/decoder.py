@@ -17,6 +17,7 @@ from model.mlp import MLPWeights, swiglu
 from model.moe import MoEWeights, moe
 from model.norms import rms_norm
 from model.rope import cos_sin, target_rope_tables
+from model.shard_local import held_to_rules
 
 
 @struct.dataclass
@@ -121,6 +122,9 @@ def forward(
     if logits_at is not None:
         head_in = jnp.take_along_axis(final_BTH, logits_at[:, None, None].astype(jnp.int32), axis=1)
     logits = jnp.einsum("bth,vh->btv", head_in, w.lm_head.astype(head_in.dtype), preferred_element_type=jnp.float32)
+    # the logits leave split over the vocabulary, as lm_head is; held there, a consumer laying them out otherwise
+    # (sampling by rows) reshards them rather than reshaping the forward behind them
+    logits = held_to_rules(logits, (None, None, "vocab"))
     aux_BTA = jnp.concatenate(aux, axis=-1) if aux else jnp.zeros((*x_BTH.shape[:2], 0), x_BTH.dtype)
     new_cache = LatentCache(latent=tuple(latents), k_rope=tuple(k_ropes), lengths=cache.lengths, pages_BM=cache.pages_BM)
     return ForwardOutput(logits, aux_BTA, new_cache, final_BTH, tuple(chosen))

@@ -28,6 +28,7 @@ from model.mlp import MLPWeights, swiglu
 from model.norms import rms_norm
 from model.quant import linear
 from model.rope import apply_neox, cos_sin, inv_frequencies, target_rope_tables
+from model.shard_local import held_to_rules
 
 LLAMA_ARCHS = ("LlamaForCausalLMEagle3",)
 MLA_ARCHS = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
@@ -325,6 +326,13 @@ def project_aux(w: DraftWeights, cfg: DraftConfig, aux_BTA: jax.Array) -> jax.Ar
     return linear(aux_BTA, w.fc)
 
 
+def held_as_head(logits_XV: jax.Array, w: DraftWeights) -> jax.Array:
+    """Draft logits held in the layout their head gives them (model.shard_local.held_to_rules): split over the
+    vocabulary when the head is the target's lm_head, whole on every device when it is the draft's own (replicated,
+    DRAFT_RULES). So sampling's layout by rows does not spread back into the draft's forward."""
+    return held_to_rules(logits_XV, (*(None,) * (logits_XV.ndim - 1), "vocab") if w.lm_head is None else ())
+
+
 def draft_forward(
     w: DraftWeights,
     cfg: DraftConfig,
@@ -352,4 +360,4 @@ def draft_forward(
     head = target_lm_head if w.lm_head is None else w.lm_head
     normed = rms_norm(out_BTH, w.final_norm, cfg.rms_norm_eps)
     logits = jnp.einsum("bth,vh->btv", normed, head.astype(dt), preferred_element_type=jnp.float32)
-    return DraftOutput(logits, normed if cfg.norm_output else out_BTH, cache)
+    return DraftOutput(held_as_head(logits, w), normed if cfg.norm_output else out_BTH, cache)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
 from jax.sharding import PartitionSpec as P
 
 from model.sharding import ambient_mesh, spec_for
@@ -53,3 +54,32 @@ def per_device_replicated(fn: Callable, *args):
     if mesh is None:
         return fn(*args)
     return shard_map_unchecked(fn, mesh, in_specs=tuple(P() for _ in args), out_specs=P())(*args)
+
+
+def held_to_rules(x: jax.Array, logical: tuple) -> jax.Array:
+    """`x` held to the layout model.sharding's rules give a value of these logical axes (`()`: whole on every
+    device) under the ambient mesh; as it is without one. GSPMD lays out what nothing holds by what its producers
+    and consumers ask, backwards too: a value held where one computation hands it to another keeps a consumer's
+    layout (sampling's rows split over the devices) from spreading into the producer (the forward)."""
+    mesh = sharded_mesh()
+    return x if mesh is None else jax.lax.with_sharding_constraint(x, spec_for(logical, x.shape, mesh))
+
+
+def held_whole(tree):
+    """Every array of `tree` held whole on every device (`held_to_rules(x, ())`)."""
+    return jax.tree_util.tree_map(lambda x: held_to_rules(x, ()), tree)
+
+
+def per_device_rows(fn: Callable, *args):
+    """`fn(*args)` with the leading (row) axis of every operand and output split over all the mesh's devices and
+    the rest of each row whole on its device: each device runs `fn` over its share of the rows, so `fn` must treat
+    rows independently. Where the devices do not divide the rows, or without a mesh, `fn` runs as it is.
+
+    For work along a split axis that GSPMD cannot split (sampling's sort and running sums along the vocabulary,
+    which it would otherwise run on rows gathered whole onto every device): the operands are laid out by rows
+    on the way in, one all-to-all for an operand split along another axis."""
+    mesh = sharded_mesh()
+    if mesh is None or args[0].shape[0] % mesh.size:
+        return fn(*args)
+    rows = P(tuple(mesh.axis_names))
+    return shard_map_unchecked(fn, mesh, in_specs=tuple(rows for _ in args), out_specs=rows)(*args)

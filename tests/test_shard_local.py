@@ -1,6 +1,7 @@
 """Kernels in sharded programs (model/shard_local.py): on 8 simulated CPU devices, the MLA decode kernels and the
 router's kernels run per device inside shard_map (interpret mode here) and equal the plain XLA reference, with no
-collective of their own; the dispatch rules read one device's batch and heads."""
+collective of their own; the dispatch rules read one device's batch and heads; per_device_rows runs a row-wise
+computation on each device's rows and equals it whole."""
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from model.kernels.dispatch import mla_kernel_applies
 from model.kernels.target import compiling_for
 from model.kv_cache import read_pages
 from model.router import route
+from model.shard_local import held_to_rules, held_whole, per_device_rows
 from model.sharding import make_mesh, mesh_context
 
 B, T, N, D, C, R, V, S = 2, 2, 8, 16, 32, 16, 16, 64
@@ -122,3 +124,36 @@ def test_sharded_mla_lowers_to_gpu_kernels_at_local_shapes():
         restore()
     assert text.count("triton") >= 2 and "all_gather" not in text
     assert f"tensor<1x{T}x{N // 4}x{C}xbf16>" in text  # q_lat as one device holds it
+
+
+@pytest.mark.parametrize("rows", [8, 16, 6])  # 6: the devices do not divide the rows
+def test_per_device_rows_runs_each_devices_rows_and_equals_the_whole(rows):
+    """A row-wise computation along a vocabulary-split axis (a sort and a running sum, as sampling's processing)
+    over rows split by per_device_rows equals it over the whole array; the rows split over every device of the
+    mesh where they divide, and the computation is left as it is where they do not."""
+    x = jax.random.normal(jax.random.PRNGKey(rows), (rows, 3, 64))
+    scale = jnp.linspace(0.5, 2.0, rows)
+
+    def row_wise(x_RXV, scale_R):
+        return jnp.cumsum(-jnp.sort(-x_RXV, axis=-1), axis=-1) * scale_R[:, None, None]
+
+    want = row_wise(x, scale)
+    mesh = make_mesh((2, 4))
+    vocab_split = NamedSharding(mesh, P(None, None, "model"))
+    with mesh_context(mesh):
+        traced = str(jax.make_jaxpr(lambda *a: per_device_rows(row_wise, *a))(x, scale))
+        assert ("shard_map" in traced) == (rows % 8 == 0)
+        got = jax.jit(lambda x, s: per_device_rows(row_wise, held_to_rules(x, (None, None, "vocab")), held_whole(s)))(
+            jax.device_put(x, vocab_split), scale)
+    if rows % 8 == 0:  # each device runs the whole rows it holds as one device would: the same floats
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        assert got.sharding.spec[0] == ("data", "model")
+    else:  # GSPMD's own partitioning of the sum along the split axis: its float order
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-5)
+
+
+def test_held_to_rules_is_the_value_itself_without_a_mesh():
+    x = jnp.arange(12.0).reshape(3, 4)
+    assert held_to_rules(x, (None, "vocab")) is x
+    assert held_whole((x,))[0] is x
+    assert per_device_rows(lambda a: a * 2, x).tolist() == (x * 2).tolist()

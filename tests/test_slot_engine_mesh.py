@@ -1,7 +1,12 @@
 """The server's device side (`jaxspec.serving.slot_engine.SlotEngine`) over 8 simulated CPU devices: its warm-up
-compiles every program it serves with (side by side, `jaxspec.sharded.compile_programs`), and greedy requests
-answer on a mesh exactly as on one device."""
+compiles every program it serves with (side by side, `jaxspec.sharded.compile_programs`), greedy and sampled
+requests answer on a mesh exactly as on one device, and the sampled loop gathers no vocabulary rows."""
 
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -81,3 +86,55 @@ def test_the_prefix_cache_on_a_mesh_answers_as_one_device(pair):
     sharded.free_slots([0])
     assert answer(sharded) == want
     assert sharded.prefix.stats()["hits"] == 1
+
+
+def _serve_sampled(engine: SlotEngine) -> list[list[int]]:
+    """Every slot busy, each with its own sampling values and seed (one greedy among them)."""
+    params = [SamplingParams(0.9, 0, 0.8), SamplingParams(1.0, 5, 1.0), SamplingParams(), SamplingParams(0.7, 3, 0.9)]
+    prompts = [[(3 * s + j) % 50 + 1 for j in range(4 + s)] for s in range(engine.max_batch)]
+    out = []
+    for slot, prompt in enumerate(prompts):
+        first, _ = engine.prefill(slot, prompt, MAX_NEW, params[slot % len(params)], seed=100 + slot)
+        out.append([first])
+    busy = set(range(engine.max_batch))
+    for _ in range(64):
+        result = engine.step(np.zeros((engine.max_batch,), bool), any_sampled=True)
+        for slot in busy:
+            out[slot] += result.tokens[slot]
+        busy = {s for s in busy if not result.done[s]}
+        if not busy:
+            return out
+    raise AssertionError(f"slots {busy} never finished")
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (2, 4)])
+def test_sampled_slots_answer_on_a_mesh_as_on_one_device(pair, shape):
+    """Sampled slots (their processing, draws and acceptance split by slot over the devices, model.shard_local's
+    per_device_rows) emit on a mesh what they emit on one device, token for token."""
+    cfg, w = pair
+    kw = dict(num_steps=NUM_STEPS, max_batch=8, max_context=64, cycles_per_step=2)
+    want = _serve_sampled(SlotEngine(cfg, w, **kw))
+    assert [len(t) for t in want] == [MAX_NEW] * 8
+    assert _serve_sampled(SlotEngine(cfg, w, mesh=make_mesh(shape), **kw)) == want
+
+
+def test_the_sampled_loop_moves_no_vocabulary_row_between_devices(pair):
+    """The server's sampled loop on a 1 x 8 mesh (the draft reading the target's lm_head, so both its logits and
+    the target's arrive split over the vocabulary): no collective of a cycle gathers rows of the vocabulary. Each
+    device processes, samples and accepts its own slots' rows, whole, after an all-to-all hands them to it.
+    Before, GSPMD gathered the draft's [B, V] and the target's [B, K + 1, V] probabilities every cycle."""
+    from jaxspec.serving.slot_cycle import run_cycles
+    from jaxspec.serving.slots import init_slots
+    from jaxspec.sharded import lower_program
+
+    from bench.labs.sharded_census import collectives
+
+    cfg, w = pair
+    assert w.draft.lm_head is None
+    b, v = 8, cfg.target.vocab_size
+    slots = jax.eval_shape(lambda w: init_slots(cfg, w, b, 64, jnp.float32, True), w)
+    fn = functools.partial(run_cycles, cfg=cfg, k=NUM_STEPS, sampled=True, cycles=2)
+    lowered, _ = lower_program(fn, (w, slots, jax.ShapeDtypeStruct((b,), jnp.bool_)), (1,), make_mesh((1, 8)))
+    found = [c for c in collectives(lowered.compile().as_text()) if c["in_loop"]]
+    assert found  # the forward's all-reduces at least
+    assert not [c for c in found if re.search(rf"\[[\d,]*\b{v}\]", c["shape"])]

@@ -24,16 +24,25 @@ from jaxspec.serving.slots import SlotState
 from jaxspec.spec_step import draft_logits_in_target_vocab
 from jaxspec.state import on_host
 from model.decoder import forward
-from model.eagle3 import draft_forward, draft_to_target_ids
+from model.eagle3 import draft_forward, draft_to_target_ids, held_as_head
+from model.shard_local import held_whole, per_device_rows
 
 
-def _probs(logits_BXV, state: SlotState):
-    """Each slot's logits processed with its own temperature / top-k / top-p."""
-    return jax.vmap(processed_probs)(logits_BXV, *state.sampling())
+def _probs(logits_BXV, state: SlotState, to_target_vocab=None):
+    """Each slot's logits processed with its own temperature / top-k / top-p, each device processing its share of
+    the slots (`per_device_rows`: the processing sorts and sums along the vocabulary, which the target's logits
+    arrive split over). `to_target_vocab`: first maps draft logits into the target's vocabulary, by rows too."""
+    def rows(logits_bXV, *params):
+        if to_target_vocab is not None:
+            logits_bXV = to_target_vocab(logits_bXV)
+        return jax.vmap(processed_probs)(logits_bXV, *params)
+
+    return per_device_rows(rows, logits_BXV, *held_whole(state.sampling()))
 
 
 def _sample_rows(keys_B, probs_BV):
-    return jax.vmap(sample)(keys_B, probs_BV)
+    """One token a slot, drawn where its row lies, then held whole on every device as the engine's state is."""
+    return held_whole(per_device_rows(jax.vmap(sample), held_whole(keys_B), probs_BV))
 
 
 def _propose(keys_B, w: SpecWeights, cfg: SpecConfig, logits_BVd, state: SlotState, sampled: bool):
@@ -41,7 +50,8 @@ def _propose(keys_B, w: SpecWeights, cfg: SpecConfig, logits_BVd, state: SlotSta
     greedy_B = draft_to_target_ids(w.draft, jnp.argmax(logits_BVd, axis=-1).astype(jnp.int32))
     if not sampled:
         return greedy_B, None
-    q_BV = _probs(draft_logits_in_target_vocab(w.draft, cfg.draft, logits_BVd), state)
+    q_BV = _probs(held_as_head(logits_BVd, w.draft), state,
+                  lambda logits: draft_logits_in_target_vocab(w.draft, cfg.draft, logits))
     return jnp.where(state.greedy, greedy_B, _sample_rows(keys_B, q_BV)), q_BV
 
 
@@ -100,7 +110,8 @@ def slot_cycle(w: SpecWeights, state: SlotState, *, cfg: SpecConfig, k: int, sam
     accepted_B, emitted_BK1 = greedy_accept(drafts_BM, verify.logits)
     if sampled:
         p_BK1V = _probs(verify.logits, state)
-        acc_s, emit_s = jax.vmap(_accept_row)(keys_BN[:, k], drafts_BM, q_BMV, p_BK1V)
+        acc_s, emit_s = held_whole(per_device_rows(jax.vmap(_accept_row), *held_whole((keys_BN[:, k], drafts_BM)),
+                                                   q_BMV, p_BK1V))
         accepted_B = jnp.where(state.greedy, accepted_B, acc_s)
         emitted_BK1 = jnp.where(state.greedy[:, None], emitted_BK1, emit_s)
     ext = draft_forward(w.draft, cfg.draft, w.target.embed, w.target.lm_head, emitted_BK1, verify.aux_hidden,
