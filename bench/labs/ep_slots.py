@@ -8,7 +8,10 @@ one device's share of a K2.5 layer (384 / `--devices` experts of INT4 K2.5 shape
 tokens over all 384 experts at random, keeps device 0's choices (`local_choices`), and times the engine's routed
 experts (`model.moe.routed_experts`) as they are and with the other devices' slots given a weight of 1e-30
 instead of 0 (the same work as before the skip, the same result to float precision). Each is held to the plain
-reference on the same inputs. Timing: bench.moe_layer's chained device loop (per call, two chain lengths).
+reference on the same inputs. A third arm, `global_ids`, gives the kernels the router's global ids and the
+device's first expert (`routed_experts(first_expert=)`, as `model.moe_parallel` calls it): moe_wgmma keeps to
+the device's experts itself, other paths restrict the choices first. The device is the one whose experts start at
+each of --first-experts. Timing: bench.moe_layer's chained device loop (per call, two chain lengths).
 Writes ep-slots-<platform>-<date>.json to --out.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import sys
 from pathlib import Path
 
@@ -49,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--f", type=int, default=F, help="expert rows (small values for a CPU smoke run)")
     ap.add_argument("--h", type=int, default=H)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--first-experts", type=int, nargs="+", default=[0, 240],
+                    help="the modelled device's first expert (a multiple of 384 / --devices)")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
     num = EXPERTS // args.devices
@@ -58,20 +64,27 @@ def main(argv=None) -> int:
     for t in args.tokens:
         ids = jnp.asarray(np.stack([rng.permutation(EXPERTS)[:CHOICES] for _ in range(t)]), jnp.int32)
         weights = jnp.asarray(rng.uniform(0.05, 0.3, (t, CHOICES)), jnp.float32)
-        local_ids, local_w = local_choices(ids, weights, 0, num)
         x = jax.random.normal(jax.random.PRNGKey(t), (t, args.h), jnp.float32).astype(jnp.bfloat16)
-        ref = jax.jit(experts_gather)(x, experts, local_ids, local_w)
-        row = {"tokens": t, "local_slots": int((np.asarray(local_w) != 0).sum()), "slots": t * CHOICES,
-               "local_unique_experts": int(np.unique(np.asarray(local_ids)[np.asarray(local_w) != 0]).size)}
-        for name, w in (("skip", local_w), ("weight_1e-30", jnp.where(local_w == 0, 1e-30, local_w))):
-            out = jax.jit(routed_experts)(x, experts, local_ids, w)
-            timing = time_moe(routed_experts, x, experts, local_ids, w, iters=args.iters)
-            row[name] = {"ms": timing["ms"], "chained_ms": timing["chained_ms"], "spread_ms": timing["spread_ms"],
-                         "rel_err": _rel_err(out, ref)}
-        print(f"T={t}: {row['local_slots']} of {row['slots']} slots local ({row['local_unique_experts']} experts); "
-              f"skip {row['skip']['ms'] * 1e3:.1f} us (rel err {row['skip']['rel_err']:.1e}), weight 1e-30 "
-              f"{row['weight_1e-30']['ms'] * 1e3:.1f} us (rel err {row['weight_1e-30']['rel_err']:.1e})", flush=True)
-        rows.append(row)
+        for first in args.first_experts:
+            local_ids, local_w = local_choices(ids, weights, first, num)
+            ref = jax.jit(experts_gather)(x, experts, local_ids, local_w)
+            row = {"tokens": t, "first_expert": first, "local_slots": int((np.asarray(local_w) != 0).sum()),
+                   "slots": t * CHOICES,
+                   "local_unique_experts": int(np.unique(np.asarray(local_ids)[np.asarray(local_w) != 0]).size)}
+            arms = {"skip": (local_ids, local_w, None),
+                    "weight_1e-30": (local_ids, jnp.where(local_w == 0, 1e-30, local_w), None),
+                    "global_ids": (ids, weights, jnp.int32(first))}
+            for name, (arm_ids, arm_w, first_expert) in arms.items():
+                fn = functools.partial(routed_experts, first_expert=first_expert)
+                out = jax.jit(fn)(x, experts, arm_ids, arm_w)
+                timing = time_moe(fn, x, experts, arm_ids, arm_w, iters=args.iters)
+                row[name] = {"ms": timing["ms"], "chained_ms": timing["chained_ms"],
+                             "spread_ms": timing["spread_ms"], "rel_err": _rel_err(out, ref)}
+            print(f"T={t}, experts from {first}: {row['local_slots']} of {row['slots']} slots local "
+                  f"({row['local_unique_experts']} experts); "
+                  + "; ".join(f"{n} {row[n]['ms'] * 1e3:.1f} us (rel err {row[n]['rel_err']:.1e})" for n in arms),
+                  flush=True)
+            rows.append(row)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     write_json({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "devices_modelled": args.devices,
                 "local_experts": num, "f": args.f, "h": args.h, "rows": rows},
