@@ -1,4 +1,6 @@
-"""Kernels in a sharded program: each device runs a Pallas kernel over its own block, inside shard_map.
+"""Work GSPMD cannot split, run per device: a Pallas kernel over each device's own block, inside shard_map, and
+row-wise work along a split axis over each device's own rows (`per_device_rows`, with `held_to_rules` keeping the
+layouts on either side where they were).
 
 A Pallas kernel is one custom call that GSPMD cannot split: left to it, every operand would be gathered whole onto
 each device (for MLA attention, the cache and every head's query) and the kernel run on all of it everywhere. Inside
