@@ -19,15 +19,17 @@ PROMPTS = [[3, 9, 4, 1, 7], [5, 5, 2, 8, 1, 6, 2, 9, 4, 4, 3]]
 MAX_NEW = 12
 
 
-def _serve(engine: SlotEngine) -> list[list[int]]:
+def _serve(engine: SlotEngine, prompts=PROMPTS, params=(SamplingParams(),), seed0: int = 0) -> list[list[int]]:
+    """Each prompt in its slot (sampling values `params` in turn, seeds from `seed0`), stepped until all are done."""
     out = []
-    for slot, prompt in enumerate(PROMPTS):
-        first, done = engine.prefill(slot, prompt, MAX_NEW, SamplingParams(), seed=slot)
+    for slot, prompt in enumerate(prompts):
+        first, done = engine.prefill(slot, prompt, MAX_NEW, params[slot % len(params)], seed=seed0 + slot)
         out.append([first])
         assert not done
-    busy = set(range(len(PROMPTS)))
+    busy = set(range(len(prompts)))
+    any_sampled = any(not p.greedy for p in params)
     for _ in range(64):
-        result = engine.step(np.zeros((engine.max_batch,), bool), any_sampled=False)
+        result = engine.step(np.zeros((engine.max_batch,), bool), any_sampled=any_sampled)
         for slot in busy:
             out[slot] += result.tokens[slot]
         busy = {s for s in busy if not result.done[s]}
@@ -90,21 +92,9 @@ def test_the_prefix_cache_on_a_mesh_answers_as_one_device(pair):
 
 def _serve_sampled(engine: SlotEngine) -> list[list[int]]:
     """Every slot busy, each with its own sampling values and seed (one greedy among them)."""
-    params = [SamplingParams(0.9, 0, 0.8), SamplingParams(1.0, 5, 1.0), SamplingParams(), SamplingParams(0.7, 3, 0.9)]
+    params = (SamplingParams(0.9, 0, 0.8), SamplingParams(1.0, 5, 1.0), SamplingParams(), SamplingParams(0.7, 3, 0.9))
     prompts = [[(3 * s + j) % 50 + 1 for j in range(4 + s)] for s in range(engine.max_batch)]
-    out = []
-    for slot, prompt in enumerate(prompts):
-        first, _ = engine.prefill(slot, prompt, MAX_NEW, params[slot % len(params)], seed=100 + slot)
-        out.append([first])
-    busy = set(range(engine.max_batch))
-    for _ in range(64):
-        result = engine.step(np.zeros((engine.max_batch,), bool), any_sampled=True)
-        for slot in busy:
-            out[slot] += result.tokens[slot]
-        busy = {s for s in busy if not result.done[s]}
-        if not busy:
-            return out
-    raise AssertionError(f"slots {busy} never finished")
+    return _serve(engine, prompts, params, seed0=100)
 
 
 @pytest.mark.parametrize("shape, slots", [((1, 8), 8), ((2, 4), 8), ((2, 4), 4)])
