@@ -70,11 +70,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.sampling import processed_probs, sample
+from jaxspec.sampling import processed_probs_by_rows, sample
 from jaxspec.spec_step import commit, draft_logits_in_target_vocab, speculative_cycle_accepting
 from jaxspec.state import SpecState
 from model.decoder import forward
-from model.eagle3 import draft_forward, draft_to_target_ids
+from model.eagle3 import draft_forward, draft_to_target_ids, held_as_head
+from model.shard_local import held_whole
 
 DEFAULT_STEPS = (0, 1, 2, 3, 4, 6, 8)
 SCHEDULE_SLOTS = 64  # longest forced schedule (a fixed shape, so any schedule runs in the same program)
@@ -346,9 +347,10 @@ def catch_up(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Backlog,
         at_BX = jnp.clip(idx_BX, 0, width - 1)
         pred_BXVd = jnp.take_along_axis(pred_BWVd, at_BX[..., None], axis=1)
         tok_BX = jnp.take_along_axis(backlog.tokens_BW, at_BX, axis=1)
-        q_BXV = processed_probs(draft_logits_in_target_vocab(w.draft, cfg.draft, pred_BXVd), **sp)
+        q_BXV = processed_probs_by_rows(
+            draft_logits_in_target_vocab(w.draft, cfg.draft, held_as_head(pred_BXVd, w.draft)), **sp)
         q_y = jnp.take_along_axis(q_BXV, tok_BX[..., None], axis=-1)[..., 0]
-        obs_BX = jnp.minimum(1.0, q_y / jnp.take_along_axis(backlog.p_BW, at_BX, axis=1))
+        obs_BX = held_whole(jnp.minimum(1.0, q_y / jnp.take_along_axis(backlog.p_BW, at_BX, axis=1)))
     return spec, backlog, probe_observe(est, obs_BX, idx_BX, n_B, ema)
 
 
@@ -379,9 +381,9 @@ def plain_decode(w: SpecWeights, cfg: SpecConfig, spec: SpecState, backlog: Back
         tok_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
         p_tok_B = jnp.ones((b,), jnp.float32)
     else:
-        p_BV = processed_probs(logits_BV, **sp)
-        tok_B = sample(k_tok, p_BV)
-        p_tok_B = jnp.take_along_axis(p_BV, tok_B[:, None], axis=1)[:, 0]
+        p_BV = processed_probs_by_rows(logits_BV, **sp)
+        tok_B = held_whole(sample(k_tok, p_BV))
+        p_tok_B = held_whole(jnp.take_along_axis(p_BV, tok_B[:, None], axis=1)[:, 0])
     live_B = ~spec.done
     slot_B = jnp.where(live_B, backlog.count_B, backlog.tokens_BW.shape[1])  # finished rows write nothing
     rows = jnp.arange(b)

@@ -6,9 +6,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.sampling import processed_probs, sample
+from jaxspec.sampling import processed_probs_by_rows, sample
 from jaxspec.state import BaselineState
 from model.decoder import forward
+from model.shard_local import held_to_table, held_whole
+from model.sharding import STATE_RULES
 
 
 def baseline_step(w: SpecWeights, state: BaselineState, sp: dict, *, cfg: SpecConfig, greedy: bool,
@@ -17,7 +19,8 @@ def baseline_step(w: SpecWeights, state: BaselineState, sp: dict, *, cfg: SpecCo
     lengths_B = state.target_cache.lengths
     out = forward(w.target, cfg.target, state.pending[:, None], lengths_B[:, None], state.target_cache)
     logits_BV = out.logits[:, 0]
-    tok_B = jnp.argmax(logits_BV, -1).astype(jnp.int32) if greedy else sample(k_tok, processed_probs(logits_BV, **sp))
+    tok_B = (jnp.argmax(logits_BV, -1).astype(jnp.int32) if greedy
+             else held_whole(sample(k_tok, processed_probs_by_rows(logits_BV, **sp))))
     live_B = ~state.done
     b = tok_B.shape[0]
     col_B = jnp.where(live_B, state.generated, state.out_tokens.shape[1])
@@ -25,7 +28,7 @@ def baseline_step(w: SpecWeights, state: BaselineState, sp: dict, *, cfg: SpecCo
     done = state.done | (generated >= max_new_tokens)
     if cfg.eos_ids:
         done = done | (live_B & jnp.isin(tok_B, jnp.asarray(cfg.eos_ids)))
-    return state.replace(
+    return held_to_table(state.replace(
         target_cache=out.cache.replace(lengths=lengths_B + live_B.astype(jnp.int32)),
         pending=jnp.where(live_B, tok_B, state.pending),
         done=done,
@@ -33,4 +36,4 @@ def baseline_step(w: SpecWeights, state: BaselineState, sp: dict, *, cfg: SpecCo
         out_tokens=state.out_tokens.at[jnp.arange(b), col_B].set(tok_B, mode="drop"),
         steps=state.steps + jnp.any(live_B).astype(state.steps.dtype),  # none live: a no-op step
         key=key,
-    )
+    ), STATE_RULES)

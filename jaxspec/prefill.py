@@ -14,11 +14,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.sampling import processed_probs, sample
+from jaxspec.sampling import processed_probs_by_rows, sample
 from jaxspec.state import BaselineState, SpecState
 from model.decoder import forward
 from model.eagle3 import draft_forward, init_draft_cache
 from model.kv_cache import init_latent_cache
+from model.shard_local import held_whole
 
 MIN_BUCKET = 16
 # Prompt positions per prefill chunk (a power of two, so it divides every larger bucket): attention's
@@ -40,7 +41,7 @@ def prompt_bucket(length: int) -> int:
 def _first_token(key, logits_BV, greedy, sp):
     if greedy:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    return sample(key, processed_probs(logits_BV, **sp))
+    return held_whole(sample(key, processed_probs_by_rows(logits_BV, **sp)))
 
 
 def next_tokens(tokens_BT):

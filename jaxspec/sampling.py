@@ -10,6 +10,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from model.shard_local import split_by_rows
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -57,6 +59,14 @@ def processed_probs(logits_XV: jax.Array, temperature, top_k, top_p) -> jax.Arra
     # the last kept logit: a token tied with it is kept too, whatever order the sort gave the tie
     cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
     return jax.nn.softmax(jnp.where(scaled >= cutoff, scaled, -jnp.inf), axis=-1)
+
+
+def processed_probs_by_rows(logits_XV: jax.Array, temperature, top_k, top_p) -> jax.Array:
+    """`processed_probs` with its rows split over the devices of the ambient mesh (`split_by_rows`; the
+    parameters are whole). The target's logits arrive split over the vocabulary, along which the processing sorts
+    and sums: left to GSPMD, the processed rows are gathered whole onto every device. By rows, one all-to-all
+    brings each device its rows, and draws and acceptance tests on them stay there."""
+    return split_by_rows(processed_probs(split_by_rows(logits_XV), temperature, top_k, top_p))
 
 
 def sample(key, probs_XV: jax.Array) -> jax.Array:

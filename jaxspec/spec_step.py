@@ -20,10 +20,12 @@ import jax.numpy as jnp
 
 from jaxspec.acceptance import greedy_accept, speculative_sampling_accept
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.sampling import processed_probs, sample
+from jaxspec.sampling import processed_probs_by_rows, sample
 from jaxspec.state import SpecState
 from model.decoder import forward
-from model.eagle3 import draft_forward, draft_to_target_ids
+from model.eagle3 import draft_forward, draft_to_target_ids, held_as_head
+from model.shard_local import held_to_table, held_whole
+from model.sharding import STATE_RULES
 
 
 def draft_logits_in_target_vocab(dw, dcfg, logits_BXVd):
@@ -40,8 +42,8 @@ def propose(key, dw, dcfg, logits_BVd, greedy, sp):
     if greedy:
         tok = draft_to_target_ids(dw, jnp.argmax(logits_BVd, axis=-1).astype(jnp.int32))
         return tok, None
-    q_BV = processed_probs(draft_logits_in_target_vocab(dw, dcfg, logits_BVd), **sp)
-    return sample(key, q_BV), q_BV
+    q_BV = processed_probs_by_rows(draft_logits_in_target_vocab(dw, dcfg, held_as_head(logits_BVd, dw)), **sp)
+    return held_whole(sample(key, q_BV)), q_BV
 
 
 def draft_chain(key, w: SpecWeights, cfg: SpecConfig, state: SpecState, k: int, greedy: bool, sp):
@@ -95,8 +97,8 @@ def speculative_cycle_accepting(w: SpecWeights, state: SpecState, sp: dict, *, c
     if greedy:
         accepted_B, emitted_BK1 = greedy_accept(drafts_BM, verify.logits)
     else:
-        p_BK1V = processed_probs(verify.logits, **sp)
-        accepted_B, emitted_BK1 = speculative_sampling_accept(k_accept, drafts_BM, q_BMV, p_BK1V)
+        p_BK1V = processed_probs_by_rows(verify.logits, **sp)
+        accepted_B, emitted_BK1 = held_whole(speculative_sampling_accept(k_accept, drafts_BM, q_BMV, p_BK1V))
 
     ext = draft_forward(
         w.draft, dcfg, w.target.embed, w.target.lm_head, emitted_BK1, verify.aux_hidden, positions_BK1, draft_cache
@@ -138,7 +140,7 @@ def commit(state: SpecState, cfg: SpecConfig, key, accepted_B, emitted_BK1, targ
     accepted_log = state.accepted_log.at[jnp.arange(b), log_col].set(accepted_B, mode="drop")
 
     keep = lambda new, old: jnp.where(live_B.reshape((b,) + (1,) * (new.ndim - 1)), new, old)  # noqa: E731
-    return state.replace(
+    return held_to_table(state.replace(
         target_cache=target_cache.replace(lengths=new_len_B),
         draft_cache=draft_cache,
         pending=keep(pending_B, state.pending),
@@ -150,4 +152,4 @@ def commit(state: SpecState, cfg: SpecConfig, key, accepted_B, emitted_BK1, targ
         accepted_log=accepted_log,
         cycles=state.cycles + jnp.any(live_B).astype(state.cycles.dtype),  # none live: a no-op cycle
         key=key,
-    )
+    ), STATE_RULES)

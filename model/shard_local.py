@@ -19,7 +19,7 @@ from typing import Callable
 import jax
 from jax.sharding import PartitionSpec as P
 
-from model.sharding import ambient_mesh, spec_for
+from model.sharding import ambient_mesh, spec_for, specs_for
 
 try:  # jax >= 0.7 exports shard_map at the top level
     from jax import shard_map as _shard_map
@@ -67,6 +67,15 @@ def held_to_rules(x: jax.Array, logical: tuple) -> jax.Array:
     return x if mesh is None else jax.lax.with_sharding_constraint(x, spec_for(logical, x.shape, mesh))
 
 
+def held_to_table(tree, rules):
+    """Every array of `tree` held to the layout a table of model.sharding (`rules`, by the array's path in the
+    tree) gives it, under the ambient mesh; as it is without one. The state a step returns is held so to the layout
+    the engine keeps between steps (STATE_RULES): inside a device loop nothing else holds the loop's carry, and a
+    layout by rows inside the step (`split_by_rows`) would spread into it and on into the next step's forward."""
+    mesh = sharded_mesh()
+    return tree if mesh is None else jax.lax.with_sharding_constraint(tree, specs_for(tree, mesh, rules))
+
+
 def held_whole(tree):
     """Every array of `tree` held whole on every device (`held_to_rules(x, ())`)."""
     return jax.tree_util.tree_map(lambda x: held_to_rules(x, ()), tree)
@@ -85,3 +94,13 @@ def per_device_rows(fn: Callable, *args):
         return fn(*args)
     rows = P(tuple(mesh.axis_names))
     return shard_map_unchecked(fn, mesh, in_specs=tuple(rows for _ in args), out_specs=rows)(*args)
+
+
+def split_by_rows(x: jax.Array) -> jax.Array:
+    """`x` held with its leading (row) axis split over all the mesh's devices and the rest of each row whole on its
+    device, where the devices divide the rows (as it is otherwise): GSPMD then partitions row-wise work on it by
+    rows, as `per_device_rows` does explicitly, and keeps what JAX's partitionable random bits give one device."""
+    mesh = sharded_mesh()
+    if mesh is None or x.shape[0] % mesh.size:
+        return x
+    return jax.lax.with_sharding_constraint(x, P(tuple(mesh.axis_names)))

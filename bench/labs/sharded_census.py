@@ -101,11 +101,13 @@ def kernels_apart_from_collectives(hlo_text: str) -> int:
     return sum(1 for k in kernels_in_order(hlo_text) if not any(k.kind.startswith(op) for op in COLLECTIVE_OPS))
 
 
-def engine_programs(layers: int, k: int, prompt: int, capacity: int, max_new: int, serve_batch: int = 0) -> dict:
+def engine_programs(layers: int, k: int, prompt: int, capacity: int, max_new: int, serve_batch: int = 0,
+                    sampled_batch: int = 0) -> dict:
     """{name: (fn, abstract args, donated args)} of the engine's programs for a Kimi-K2.5-shaped pair of `layers`
     target layers (bench.cycle's one-layer draft); the steps and loops donate their state, as the engine's do.
     `serve_batch`: also the server's device loop over that many slots (jaxspec.serving.slot_cycle.run_cycles,
-    greedy and with sampled rows), as `serve` runs it."""
+    greedy and with sampled rows), as `serve` runs it. `sampled_batch`: also the engine's sampled cycle loop over
+    a batch of that many prompts (`generate --batch-file` with a temperature)."""
     cfg = per_device.per_device_config(layers, tiny=False)
     spec_cfg, dcfg = spec_configs(cfg, tiny=False)
     target = jax.eval_shape(lambda key: init_kimi_weights(cfg, key, jnp.bfloat16, experts="int4"), jax.random.key(0))
@@ -137,6 +139,16 @@ def engine_programs(layers: int, k: int, prompt: int, capacity: int, max_new: in
         for sampled in (False, True):
             fn = functools.partial(run_cycles, cfg=spec_cfg, k=k, sampled=sampled, cycles=4)
             served[f"serve B = {serve_batch}, {'sampled' if sampled else 'greedy'}"] = (fn, (w, slots, cancel), (1,))
+    if sampled_batch:
+        sp_sampled = SamplingParams(0.8, 0, 0.9).as_arrays()
+        batch_args = (jax.ShapeDtypeStruct((sampled_batch, prompt), jnp.int32),
+                      jax.ShapeDtypeStruct((sampled_batch,), jnp.int32), jax.random.key(0), sp_sampled)
+        sampled_kw = dict(kw, greedy=False)
+        batch_spec = jax.eval_shape(functools.partial(spec_prefill, **sampled_kw, k=k, max_cycles=max_new), w,
+                                    *batch_args)
+        sampled_cycle = functools.partial(speculative_cycle, cfg=spec_cfg, k=k, greedy=False, max_new_tokens=max_new)
+        served[f"cycle K = {k} loop, B = {sampled_batch}, sampled"] = (loop(sampled_cycle),
+                                                                       (w, batch_spec, sp_sampled), (1,))
     return {
         "prefill": (functools.partial(baseline_prefill, **kw), (w, *prompt_args), ()),
         "decode step": (step, (w, base, sp), (1,)),
@@ -158,9 +170,10 @@ def census(args, log) -> dict:
     mesh = make_mesh((1, args.devices), gpu_devices(args.devices, args.target_config))
     rows, kernels = [], {}
     for layers in (args.layers, args.layers - 2):
-        programs = engine_programs(layers, args.k, args.prompt, args.capacity, args.max_new, args.serve_batch)
+        programs = engine_programs(layers, args.k, args.prompt, args.capacity, args.max_new, args.serve_batch,
+                                   args.sampled_batch)
         for name, (fn, fargs, donate) in programs.items():
-            if layers != args.layers and not (name.endswith("loop") or name.startswith("serve")):
+            if layers != args.layers and not ("loop" in name or name.startswith("serve")):
                 continue
             t0 = time.perf_counter()
             text = compile_text(fn, fargs, mesh, donate)
@@ -211,6 +224,8 @@ def parse_args(argv):
     p.add_argument("--capacity", type=int, default=1088, help="cache slots")
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--serve-batch", type=int, default=64, help="slots of the server's loop (0: leave it out)")
+    p.add_argument("--sampled-batch", type=int, default=8,
+                   help="prompts of the engine's sampled cycle loop (0: leave it out)")
     # the sampled server's one all-to-all of its target logits ([B, K + 1, V / N] f32 a device, 20 MB at B = 64,
     # K = 3) is what exact sampling over a split vocabulary has to move; a gathered vocabulary is 8x that
     p.add_argument("--max-step-mb", type=float, default=32.0,
