@@ -89,10 +89,9 @@ def per_device_rows(fn: Callable, *args):
     For work along a split axis that GSPMD cannot split (sampling's sort and running sums along the vocabulary,
     which it would otherwise run on rows gathered whole onto every device): the operands are laid out by rows
     on the way in, one all-to-all for an operand split along another axis."""
-    mesh = sharded_mesh()
-    if mesh is None or args[0].shape[0] % mesh.size:
+    mesh, rows = _rows_split(args[0].shape[0])
+    if rows is None:
         return fn(*args)
-    rows = P(tuple(mesh.axis_names))
     return shard_map_unchecked(fn, mesh, in_specs=tuple(rows for _ in args), out_specs=rows)(*args)
 
 
@@ -100,7 +99,12 @@ def split_by_rows(x: jax.Array) -> jax.Array:
     """`x` held with its leading (row) axis split over all the mesh's devices and the rest of each row whole on its
     device, where the devices divide the rows (as it is otherwise): GSPMD then partitions row-wise work on it by
     rows, as `per_device_rows` does explicitly, and keeps what JAX's partitionable random bits give one device."""
+    _, rows = _rows_split(x.shape[0])
+    return x if rows is None else jax.lax.with_sharding_constraint(x, rows)
+
+
+def _rows_split(rows: int):
+    """(the ambient mesh, the spec splitting a leading axis of `rows` over all its devices), the spec None where
+    there is no mesh or its devices do not divide the rows."""
     mesh = sharded_mesh()
-    if mesh is None or x.shape[0] % mesh.size:
-        return x
-    return jax.lax.with_sharding_constraint(x, P(tuple(mesh.axis_names)))
+    return mesh, (None if mesh is None or rows % mesh.size else P(tuple(mesh.axis_names)))
