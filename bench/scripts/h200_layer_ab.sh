@@ -15,11 +15,12 @@
 #   git archive fd3edca model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .factored
 #   the same into .attention, then (cd .attention && patch -p1 < ../bench/labs/norm_factors_attention_only.patch),
 #   which leaves the router's norm as before; ARMS="factored attention after" STAGES="profile again"
-# The device's choices taken by moe_wgmma itself and the local choices' filler slot by slot (2026-12-05) against
-# both in XLA as before, one device of eight (bench.per_device holds the engine's per-step local choices since then):
+# The device's choices taken by moe_wgmma itself and the local choices' filler slot by slot (kept after this A/B,
+# 2026-12-05 12:33) against both in XLA as before, one device of eight (bench.per_device holds the engine's per-step
+# local choices since then):
 #   git archive HEAD model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .xla
 #   (cd .xla && patch -p1 < ../bench/labs/local_choices_in_xla.patch); ARMS="after xla" STAGES="per"
-# The LoRA norms' sums over the whole row (bench/labs/lora_norm_sums_whole_row.patch), not in main until timed:
+# The LoRA norms' sums over the whole row (bench/labs/lora_norm_sums_whole_row.patch; timed 12:38, not kept):
 #   git archive HEAD model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C .sums
 #   (cd .sums && patch -p1 < ../bench/labs/lora_norm_sums_whole_row.patch); ARMS="sums after" STAGES="rows per again"
 # Files under $OUT: agreement/, one-<arm>-<n>.json, small-<arm>.json, profile-<arm>/, per-<arm>/, run.log.
