@@ -3,9 +3,8 @@
 A 16-layer checkpoint with big-ish bf16 experts (64 experts x 3 x [1024, 64]: 25.2 MB per layer, 400 MB
 in all) is converted in a fresh process. Bound on what the conversion's data adds to resident memory:
 4 x one layer + 48 MB (one layer stacked by the builder, up to two more transiently inside orbax /
-tensorstore while the item is written, plus allocator slack and the mapped pages of the file being read, which
-together moved the peak between 108 and 133 MB from run to run at 12 layers). Loading the model whole would
-need 400 MB.
+tensorstore while the item is written, plus slack: at 12 layers the peak moved between 108 and 133 MB from run
+to run, once past 32 MB of slack). Loading the model whole would need 400 MB.
 """
 
 import json
