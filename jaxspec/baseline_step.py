@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.sampling import processed_probs_by_rows, sample
+from jaxspec.sampling import next_token
 from jaxspec.state import BaselineState
 from model.decoder import forward
-from model.shard_local import held_to_table, held_whole
+from model.shard_local import held_to_table
 from model.sharding import STATE_RULES
 
 
@@ -19,8 +19,7 @@ def baseline_step(w: SpecWeights, state: BaselineState, sp: dict, *, cfg: SpecCo
     lengths_B = state.target_cache.lengths
     out = forward(w.target, cfg.target, state.pending[:, None], lengths_B[:, None], state.target_cache)
     logits_BV = out.logits[:, 0]
-    tok_B = (jnp.argmax(logits_BV, -1).astype(jnp.int32) if greedy
-             else held_whole(sample(k_tok, processed_probs_by_rows(logits_BV, **sp))))
+    tok_B = next_token(k_tok, logits_BV, greedy, sp)
     live_B = ~state.done
     b = tok_B.shape[0]
     col_B = jnp.where(live_B, state.generated, state.out_tokens.shape[1])

@@ -14,12 +14,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.models import SpecConfig, SpecWeights
-from jaxspec.sampling import processed_probs_by_rows, sample
+from jaxspec.sampling import next_token
 from jaxspec.state import BaselineState, SpecState
 from model.decoder import forward
 from model.eagle3 import draft_forward, init_draft_cache
 from model.kv_cache import init_latent_cache
-from model.shard_local import held_whole
 
 MIN_BUCKET = 16
 # Prompt positions per prefill chunk (a power of two, so it divides every larger bucket): attention's
@@ -36,12 +35,6 @@ def prompt_bucket(length: int) -> int:
     while bucket < length:
         bucket *= 2
     return bucket
-
-
-def _first_token(key, logits_BV, greedy, sp):
-    if greedy:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    return held_whole(sample(key, processed_probs_by_rows(logits_BV, **sp)))
 
 
 def next_tokens(tokens_BT):
@@ -62,7 +55,7 @@ def prefill_chunk(w, cfg: SpecConfig, toks_BT, nxt_BT, lengths_B, key, sp, greed
     mine_B = (last_B >= start) & (last_B < start + size)
     local_B = jnp.clip(last_B - start, 0, size - 1)
     out = forward(w.target, cfg.target, toks_BT, positions_BT, target_cache, logits_at=local_B)
-    first_B = jnp.where(mine_B, _first_token(key, out.logits[:, 0], greedy, sp), first_B)
+    first_B = jnp.where(mine_B, next_token(key, out.logits[:, 0], greedy, sp), first_B)
     if draft_cache is not None:
         # the draft's entry at position p pairs token x[p+1] with the target's feature at p; x[last+1] is `first`
         nxt_BT = jnp.where(positions_BT == last_B[:, None], first_B[:, None], nxt_BT)

@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from model.shard_local import split_by_rows
+from model.shard_local import held_whole, split_by_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,3 +71,11 @@ def processed_probs_by_rows(logits_XV: jax.Array, temperature, top_k, top_p) -> 
 
 def sample(key, probs_XV: jax.Array) -> jax.Array:
     return jax.random.categorical(key, jnp.log(probs_XV), axis=-1).astype(jnp.int32)
+
+
+def next_token(key, logits_BV: jax.Array, greedy: bool, sp: dict) -> jax.Array:
+    """[B] int32: each row's argmax where greedy, else a draw from its processed probabilities (split by rows on a
+    mesh, `processed_probs_by_rows`), held whole on every device as the state keeps tokens."""
+    if greedy:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    return held_whole(sample(key, processed_probs_by_rows(logits_BV, **sp)))
