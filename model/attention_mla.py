@@ -21,7 +21,8 @@ from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
 from model.kernels import target
-from model.kernels.dispatch import mla_kernel_applies
+from model.kernels.dispatch import mla_kernel_applies, o_proj_prefetch_rows
+from model.kernels.l2_prefetch import DEP, joined, l2_prefetch
 from model.kernels.mla_decode import mla_decode_attention
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
 from model.norms import rms_norm, sums_of_squares_of_parts
@@ -186,6 +187,7 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg)
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
+    prefetched = prefetch_o_proj(q_rope, w, cfg)
     if pages_BM is not None:
         latent_pool_NPC = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)
         k_rope_pool_NPR = write_pages(k_rope_BSR, k_rope_BTR, positions_BT, pages_BM)
@@ -195,23 +197,45 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
                                                      page_tokens=page_tokens):
             out_BTND = attend_absorbed_kernel(q_nope, q_rope, latent_pool_NPC, k_rope_pool_NPR, positions_BT, w, cfg,
                                               pages_BM=pages_BM)
-            return project_out(out_BTND, w, x_BTH), latent_pool_NPC, k_rope_pool_NPR
+            return project_out(out_BTND, w, x_BTH, prefetched, cfg), latent_pool_NPC, k_rope_pool_NPR
         out_BTH, _, _ = mla_attend(q_nope, q_rope, read_pages(latent_pool_NPC, pages_BM),
-                                   read_pages(k_rope_pool_NPR, pages_BM), positions_BT, w, cfg, path, x_BTH)
+                                   read_pages(k_rope_pool_NPR, pages_BM), positions_BT, w, cfg, path, x_BTH, prefetched)
         return out_BTH, latent_pool_NPC, k_rope_pool_NPR
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
-    return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH)
+    return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH, prefetched)
 
 
-def mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig, path, x_BTH):
-    """Attention over the written caches and the output projection: (out [B, T, H], latent, rope key)."""
+def prefetch_o_proj(q_rope, w: MLAWeights, cfg: TextConfig):
+    """o_proj's leading rows read into L2 while the attention runs, started by the roped query (model.kernels.
+    l2_prefetch; `Kernels.prefetch`): the kernel's output for `joined`, or None where nothing is read ahead."""
+    o_proj = w.o_proj
+    if not isinstance(getattr(o_proj, "dtype", None), np.dtype) or o_proj.ndim != 3:
+        return None  # a quantized weight object: not read ahead
+    h, n, dv = o_proj.shape
+    rows = o_proj_prefetch_rows(cfg.kernels, (h, n * dv), o_proj.dtype.itemsize, q_rope.shape[0] * q_rope.shape[1])
+    if not rows or q_rope.size < DEP:
+        return None
+    return l2_prefetch(q_rope.reshape(1, -1), o_proj.reshape(h, n * dv), rows, interpret=target.interpret())
+
+
+def mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig, path, x_BTH,
+               prefetched=None):
+    """Attention over the written caches and the output projection: (out [B, T, H], latent, rope key).
+    `prefetched`: `prefetch_o_proj`'s output, joined to o_proj's."""
     if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
     out_BTND = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
-    return project_out(out_BTND, w, x_BTH), latent_BSC, k_rope_BSR
+    return project_out(out_BTND, w, x_BTH, prefetched, cfg), latent_BSC, k_rope_BSR
 
 
-def project_out(out_BTNV, w: MLAWeights, x_BTH):
-    """The heads' attention outputs through o_proj -> [B, T, H] in the layer input's dtype."""
-    return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype))
+def project_out(out_BTNV, w: MLAWeights, x_BTH, prefetched=None, cfg: TextConfig | None = None):
+    """The heads' attention outputs through o_proj -> [B, T, H] in the layer input's dtype; made to wait for the
+    read-ahead kernel's output where one ran (`prefetch_o_proj`). Where the join costs no kernel, by XLA's GPU
+    programs (bench.labs.gpu_census): the whole o_proj is a GEMM whose split-K sum takes it after; one device's
+    block of heads is a reduction whose output the heads' all-reduce reads, so there it joins the input."""
+    block = prefetched is not None and cfg is not None and w.o_proj.shape[1] < cfg.num_attention_heads
+    if block:
+        out_BTNV = joined(out_BTNV, prefetched)
+    out_BTH = jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype))
+    return out_BTH if prefetched is None or block else joined(out_BTH, prefetched)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 
 from model.config import Kernels, TextConfig
-from model.kernels import moe_grouped, moe_wgmma, target
+from model.kernels import l2_prefetch, moe_grouped, moe_wgmma, target
 from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, check_pages, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
@@ -118,6 +118,26 @@ def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK
         return moe_grouped.routed_experts_grouped(x_TH, experts, ids_TK, weights_TK,
                                                   **wgmma_config_for(experts, ids_TK.shape[1], tokens))
     return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=triton_config_for(tokens, experts))
+
+
+# --- o_proj's weight read into L2 ahead of it ----------------------------------------------------------------------
+# Read-ahead budgets by `Kernels.prefetch` (MB of o_proj's weight); the GPU's L2 holds 50 MB on an H100 / H200.
+PREFETCH_BUDGET_MB = {"o_proj16": 16, "o_proj32": 32}
+# The stretch before o_proj is latency-bound at decode and verify shapes only; a prefill's o_proj is a GEMM that
+# streams its weight once for many tokens.
+PREFETCH_MAX_TOKENS = 64
+
+
+def o_proj_prefetch_rows(kernels: Kernels, o_proj_shape: tuple[int, ...], itemsize: int, tokens: int) -> int:
+    """Leading rows of o_proj's weight ([H, N * Dv], `itemsize` bytes an element) to read into L2 during the
+    attention (0: none). Not under a mesh (each device would read its heads' block inside shard_map: not built)."""
+    budget = PREFETCH_BUDGET_MB.get(kernels.prefetch)
+    if budget is None or tokens > PREFETCH_MAX_TOKENS or sharded_mesh() is not None or len(o_proj_shape) != 2:
+        return 0
+    rows, cols = o_proj_shape
+    if l2_prefetch.block_cols(cols) is None:
+        return 0
+    return l2_prefetch.prefetch_rows(rows, cols * itemsize, budget * l2_prefetch.MB)
 
 
 # --- MLA attention ---------------------------------------------------------------------------------------------
