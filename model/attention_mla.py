@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
 from model.kernels import target
-from model.kernels.dispatch import mla_kernel_applies, o_proj_prefetch_rows
+from model.kernels.dispatch import mla_kernel_applies, prefetch_rows_for
 from model.kernels.l2_prefetch import DEP, joined, l2_prefetch
 from model.kernels.mla_decode import mla_decode_attention
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
@@ -185,7 +185,10 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
     q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg)
+    q_b_read = prefetch_weight(kv_BTX, w.q_b_proj, cfg, "q_b")
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
+    if q_b_read is not None:
+        q_rope = joined(q_rope, q_b_read)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     prefetched = prefetch_o_proj(q_rope, w, cfg)
     if pages_BM is not None:
@@ -206,17 +209,23 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH, prefetched)
 
 
-def prefetch_o_proj(q_rope, w: MLAWeights, cfg: TextConfig):
-    """o_proj's leading rows read into L2 while the attention runs, started by the roped query (model.kernels.
-    l2_prefetch; `Kernels.prefetch`): the kernel's output for `joined`, or None where nothing is read ahead."""
-    o_proj = w.o_proj
-    if not isinstance(getattr(o_proj, "dtype", None), np.dtype) or o_proj.ndim != 3:
+def prefetch_weight(start_BT, weight, cfg: TextConfig, which: str):
+    """A projection's leading rows read into L2 (model.kernels.l2_prefetch; `Kernels.prefetch`) once `start_BT`
+    ([B, T, ...]) exists: o_proj's while the attention runs, q_b's while the LoRA norms run. Returns the kernel's
+    output for `joined`, or None where nothing is read ahead."""
+    if not isinstance(getattr(weight, "dtype", None), np.dtype) or weight.ndim != 3:
         return None  # a quantized weight object: not read ahead
-    h, n, dv = o_proj.shape
-    rows = o_proj_prefetch_rows(cfg.kernels, (h, n * dv), o_proj.dtype.itemsize, q_rope.shape[0] * q_rope.shape[1])
-    if not rows or q_rope.size < DEP:
+    a, b, c = weight.shape  # o_proj [H, N, Dv]: rows of N * Dv; q_b [N, Dn + R, Q]: rows of Q
+    shape = (a, b * c) if which == "o_proj" else (a * b, c)
+    rows = prefetch_rows_for(which, cfg.kernels, shape, weight.dtype.itemsize, start_BT.shape[0] * start_BT.shape[1])
+    if not rows or start_BT.size < DEP:
         return None
-    return l2_prefetch(q_rope.reshape(1, -1), o_proj.reshape(h, n * dv), rows, interpret=target.interpret())
+    return l2_prefetch(start_BT.reshape(1, -1), weight.reshape(shape), rows, interpret=target.interpret())
+
+
+def prefetch_o_proj(q_rope, w: MLAWeights, cfg: TextConfig):
+    """o_proj's leading rows read into L2 while the attention runs, started by the roped query."""
+    return prefetch_weight(q_rope, w.o_proj, cfg, "o_proj")
 
 
 def mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig, path, x_BTH,

@@ -15,7 +15,7 @@ from model.config import ConfigError, Kernels
 from model.decoder import forward
 from model.init import init_kimi_weights
 from model.kernels import l2_prefetch as lp
-from model.kernels.dispatch import PREFETCH_MAX_TOKENS, o_proj_prefetch_rows
+from model.kernels.dispatch import PREFETCH_MAX_TOKENS, prefetch_rows_for
 from model.kv_cache import init_latent_cache
 from tests.tiny_models import tiny_target_config
 
@@ -43,12 +43,12 @@ def test_kernel_refuses_what_it_cannot_tile():
 
 def test_rows_follow_the_budget():
     # Kimi-K2.5's o_proj [7168, 64 * 128] bf16: 16 KB a row
-    assert o_proj_prefetch_rows(Kernels(prefetch="o_proj16"), (7168, 8192), 2, 1) == 976
-    assert o_proj_prefetch_rows(Kernels(prefetch="o_proj32"), (7168, 8192), 2, 1) == 1952
+    assert prefetch_rows_for("o_proj", Kernels(prefetch="o_proj16"), (7168, 8192), 2, 1) == 976
+    assert prefetch_rows_for("o_proj", Kernels(prefetch="o_proj32"), (7168, 8192), 2, 1) == 1952
     # one device of eight: [7168, 8 * 128], 14.7 MB, read whole
-    assert o_proj_prefetch_rows(Kernels(prefetch="o_proj16"), (7168, 1024), 2, 4) == 7168
-    assert o_proj_prefetch_rows(Kernels(), (7168, 8192), 2, 1) == 0  # off by default
-    assert o_proj_prefetch_rows(Kernels(prefetch="o_proj16"), (7168, 8192), 2, PREFETCH_MAX_TOKENS + 1) == 0
+    assert prefetch_rows_for("o_proj", Kernels(prefetch="o_proj16"), (7168, 1024), 2, 4) == 7168
+    assert prefetch_rows_for("o_proj", Kernels(), (7168, 8192), 2, 1) == 0  # off by default
+    assert prefetch_rows_for("o_proj", Kernels(prefetch="o_proj16"), (7168, 8192), 2, PREFETCH_MAX_TOKENS + 1) == 0
     with pytest.raises(ConfigError, match="kernels.prefetch"):
         Kernels(prefetch="o_proj64")
 

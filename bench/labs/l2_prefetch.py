@@ -42,7 +42,8 @@ def make_layers(n: int, key) -> list[dict]:
     layers = []
     for i in range(n):
         k = jax.random.split(jax.random.fold_in(key, i), 6)
-        draw = lambda kk, shape, fan: (jax.random.normal(kk, shape, jnp.float32) / fan ** 0.5).astype(jnp.bfloat16)  # noqa: E731
+        def draw(kk, shape, fan):
+            return (jax.random.normal(kk, shape, jnp.float32) / fan ** 0.5).astype(jnp.bfloat16)
         layers.append(dict(w_qb=draw(k[0], (Q_LORA, HEADS * NOPE), Q_LORA),
                            w_uk=draw(k[1], (HEADS, NOPE, LATENT), NOPE),
                            cache=draw(k[2], (CONTEXT, LATENT), 1.0),

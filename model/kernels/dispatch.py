@@ -121,20 +121,22 @@ def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK
 
 
 # --- o_proj's weight read into L2 ahead of it ----------------------------------------------------------------------
-# Read-ahead budgets by `Kernels.prefetch` (MB of o_proj's weight); the GPU's L2 holds 50 MB on an H100 / H200.
-PREFETCH_BUDGET_MB = {"o_proj16": 16, "o_proj32": 32}
+# Read-ahead budgets by `Kernels.prefetch`: {weight: MB of it}; the GPU's L2 holds 50 MB on an H100 / H200.
+PREFETCH_BUDGET_MB = {"o_proj16": {"o_proj": 16}, "o_proj32": {"o_proj": 32},
+                      "q_b16_o_proj16": {"q_b": 16, "o_proj": 16}}
 # The stretch before o_proj is latency-bound at decode and verify shapes only; a prefill's o_proj is a GEMM that
 # streams its weight once for many tokens.
 PREFETCH_MAX_TOKENS = 64
 
 
-def o_proj_prefetch_rows(kernels: Kernels, o_proj_shape: tuple[int, ...], itemsize: int, tokens: int) -> int:
-    """Leading rows of o_proj's weight ([H, N * Dv], `itemsize` bytes an element) to read into L2 during the
-    attention (0: none). Not under a mesh (each device would read its heads' block inside shard_map: not built)."""
-    budget = PREFETCH_BUDGET_MB.get(kernels.prefetch)
-    if budget is None or tokens > PREFETCH_MAX_TOKENS or sharded_mesh() is not None or len(o_proj_shape) != 2:
+def prefetch_rows_for(which: str, kernels: Kernels, shape: tuple[int, ...], itemsize: int, tokens: int) -> int:
+    """Leading rows of a weight (`which`: "o_proj" [H, N * Dv], "q_b" [N * (Dn + R), Q]; `itemsize` bytes an
+    element) to read into L2 before its GEMV (0: none). Not under a mesh (each device would read its heads' block
+    inside shard_map: not built)."""
+    budget = PREFETCH_BUDGET_MB.get(kernels.prefetch, {}).get(which)
+    if budget is None or tokens > PREFETCH_MAX_TOKENS or sharded_mesh() is not None or len(shape) != 2:
         return 0
-    rows, cols = o_proj_shape
+    rows, cols = shape
     if l2_prefetch.block_cols(cols) is None:
         return 0
     return l2_prefetch.prefetch_rows(rows, cols * itemsize, budget * l2_prefetch.MB)
