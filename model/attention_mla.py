@@ -29,6 +29,7 @@ from model.norms import rms_norm, sums_of_squares_of_parts
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
 from model.shard_local import axis_of, shard_map_unchecked, sharded_mesh
+from model.sharding import shard_shape
 
 # HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
 LORA_NORM_EPS = 1e-6
@@ -188,7 +189,7 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
     q_b_read = prefetch_weight(kv_BTX, w.q_b_proj, cfg, "q_b")
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
     if q_b_read is not None:
-        q_rope = joined(q_rope, q_b_read)
+        q_rope = join_prefetch(q_rope, _heads_spec(q_rope, cfg), q_b_read, cfg)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
     prefetched = prefetch_o_proj(q_rope, w, cfg)
     if pages_BM is not None:
@@ -211,16 +212,57 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
 
 def prefetch_weight(start_BT, weight, cfg: TextConfig, which: str):
     """A projection's leading rows read into L2 (model.kernels.l2_prefetch; `Kernels.prefetch`) once `start_BT`
-    ([B, T, ...]) exists: o_proj's while the attention runs, q_b's while the LoRA norms run. Returns the kernel's
-    output for `joined`, or None where nothing is read ahead."""
+    ([B, T, ...]: the roped query [B, T, N, R] for o_proj, kv_a's output [B, T, C + R] for q_b) exists: o_proj's
+    while the attention runs, q_b's while the LoRA norms run. Under a mesh each device reads its own block of heads
+    (`_per_device`). Returns the kernel's output for `join_prefetch`, or None where nothing is read ahead."""
     if not isinstance(getattr(weight, "dtype", None), np.dtype) or weight.ndim != 3:
         return None  # a quantized weight object: not read ahead
-    a, b, c = weight.shape  # o_proj [H, N, Dv]: rows of N * Dv; q_b [N, Dn + R, Q]: rows of Q
+    mesh = sharded_mesh()
+    specs = None if mesh is None else _prefetch_specs(which, start_BT, cfg, mesh)
+    local_w = weight.shape if mesh is None else shard_shape(specs[1], weight.shape, mesh)
+    local_start = start_BT.shape if mesh is None else shard_shape(specs[0], start_BT.shape, mesh)
+    a, b, c = local_w  # o_proj [H, N, Dv]: rows of N * Dv; q_b [N, Dn + R, Q]: rows of Q
     shape = (a, b * c) if which == "o_proj" else (a * b, c)
-    rows = prefetch_rows_for(which, cfg.kernels, shape, weight.dtype.itemsize, start_BT.shape[0] * start_BT.shape[1])
-    if not rows or start_BT.size < DEP:
+    rows = prefetch_rows_for(which, cfg.kernels, shape, weight.dtype.itemsize, local_start[0] * local_start[1])
+    if not rows or int(np.prod(local_start)) < DEP:
         return None
-    return l2_prefetch(start_BT.reshape(1, -1), weight.reshape(shape), rows, interpret=target.interpret())
+
+    def read(start, w_):
+        return l2_prefetch(start.reshape(1, -1), w_.reshape(shape), rows, interpret=target.interpret())
+
+    if mesh is None:
+        return read(start_BT, weight)
+    return shard_map_unchecked(read, mesh, specs[:2], specs[2])(start_BT, weight)
+
+
+def _prefetch_specs(which: str, start_BT, cfg: TextConfig, mesh):
+    """(the starting array's, the weight's, the read's output's) specs under `mesh`: the blocks the model's
+    sharding places (model.sharding), and one output block per device."""
+    b_ax = axis_of("batch", start_BT.shape[0], mesh)
+    n_ax = axis_of("heads", cfg.num_attention_heads, mesh)
+    if which == "o_proj":
+        start, weight = P(b_ax, None, n_ax, None), P(None, n_ax, None)
+    else:
+        start, weight = P(b_ax, None, None), P(n_ax, None, None)
+    return start, weight, P(tuple(mesh.axis_names), None)
+
+
+def join_prefetch(x, spec, token, cfg: TextConfig):
+    """`x` made to wait for a read-ahead's output (`l2_prefetch.joined`); under a mesh on each device, `x` split by
+    `spec` (the read's output is one block a device: `_prefetch_specs`)."""
+    mesh = sharded_mesh()
+    if mesh is None:
+        return joined(x, token)
+    return shard_map_unchecked(joined, mesh, (spec, P(tuple(mesh.axis_names), None)), spec)(x, token)
+
+
+def _heads_spec(x_BTN_, cfg: TextConfig):
+    """The spec of a [B, T, N, ...] array split by heads as model.sharding places it (None without a mesh)."""
+    mesh = sharded_mesh()
+    if mesh is None:
+        return None
+    return P(axis_of("batch", x_BTN_.shape[0], mesh), None, axis_of("heads", cfg.num_attention_heads, mesh),
+             *([None] * (x_BTN_.ndim - 3)))
 
 
 def prefetch_o_proj(q_rope, w: MLAWeights, cfg: TextConfig):
@@ -242,9 +284,10 @@ def project_out(out_BTNV, w: MLAWeights, x_BTH, prefetched=None, cfg: TextConfig
     """The heads' attention outputs through o_proj -> [B, T, H] in the layer input's dtype; made to wait for the
     read-ahead kernel's output where one ran (`prefetch_o_proj`). Where the join costs no kernel, by XLA's GPU
     programs (bench.labs.gpu_census): the whole o_proj is a GEMM whose split-K sum takes it after; one device's
-    block of heads is a reduction whose output the heads' all-reduce reads, so there it joins the input."""
-    block = prefetched is not None and cfg is not None and w.o_proj.shape[1] < cfg.num_attention_heads
+    block of heads (one device of eight, or any device of a mesh) is a reduction whose output the heads' all-reduce
+    reads, so there it joins the input."""
+    block = prefetched is not None and (w.o_proj.shape[1] < cfg.num_attention_heads or sharded_mesh() is not None)
     if block:
-        out_BTNV = joined(out_BTNV, prefetched)
+        out_BTNV = join_prefetch(out_BTNV, _heads_spec(out_BTNV, cfg), prefetched, cfg)
     out_BTH = jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype))
     return out_BTH if prefetched is None or block else joined(out_BTH, prefetched)

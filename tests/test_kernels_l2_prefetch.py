@@ -70,5 +70,30 @@ def test_forward_with_the_read_ahead_is_the_forward_without(t):
     on = dataclasses.replace(cfg, kernels=Kernels(prefetch="o_proj16"))
     got, read_ahead = _logits(on, w, tokens)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    assert "l2_prefetch" in str(read_ahead) and "l2_prefetch" not in str(plain)
-    assert str(read_ahead).count("l2_prefetch") >= cfg.num_hidden_layers  # every layer's o_proj
+    assert "l2_prefetch" not in str(plain)
+    assert str(read_ahead).count("name=l2_prefetch") == 2  # o_proj's in each kind of layer, dense and MoE
+
+
+def test_a_mesh_reads_each_devices_block_and_generates_the_same_tokens():
+    """On a (2, 4) mesh each device reads its own heads' block of o_proj and q_b (inside shard_map, as the MLA
+    kernels run), and greedy decoding emits the tokens it emits without the read-ahead."""
+    from jaxspec.engine import Engine
+    from jaxspec.sampling import SamplingParams
+    from model.sharding import make_mesh, mesh_context
+    from tests.tiny_models import tiny_pair
+
+    # heads split 4 ways: a device's o_proj block [32, 1 * 16] and roped query [1, 1, 1, 16] are the least the
+    # kernel reads
+    cfg, w = tiny_pair(seed=6, num_attention_heads=4, qk_rope_head_dim=16, v_head_dim=16)
+    mesh = make_mesh((2, 4))
+    plain = Engine(cfg, w, num_steps=2, mesh=mesh).generate([[3, 9, 1, 7]], 6, SamplingParams())
+    on = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, kernels=Kernels(prefetch="q_b16_o_proj16")))
+    eng = Engine(on, w, num_steps=2, mesh=mesh)
+    got = eng.generate([[3, 9, 1, 7]], 6, SamplingParams())
+    assert got.tokens == plain.tokens
+    tokens = jnp.asarray([[3]], jnp.int32)
+    with mesh_context(mesh):
+        text = str(jax.make_jaxpr(lambda w_: forward(w_, on.target, tokens, tokens, init_latent_cache(
+            on.target, 1, 16, jnp.float32)).logits)(eng.weights.target))
+    # q_b's and o_proj's in each kind of layer, dense and MoE (model.decoder traces a kind of layer once)
+    assert text.count("name=l2_prefetch") == 2 * 2

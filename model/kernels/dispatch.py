@@ -131,10 +131,9 @@ PREFETCH_MAX_TOKENS = 64
 
 def prefetch_rows_for(which: str, kernels: Kernels, shape: tuple[int, ...], itemsize: int, tokens: int) -> int:
     """Leading rows of a weight (`which`: "o_proj" [H, N * Dv], "q_b" [N * (Dn + R), Q]; `itemsize` bytes an
-    element) to read into L2 before its GEMV (0: none). Not under a mesh (each device would read its heads' block
-    inside shard_map: not built)."""
+    element; under a mesh one device's block) to read into L2 before its GEMV (0: none)."""
     budget = PREFETCH_BUDGET_MB.get(kernels.prefetch, {}).get(which)
-    if budget is None or tokens > PREFETCH_MAX_TOKENS or sharded_mesh() is not None or len(shape) != 2:
+    if budget is None or tokens > PREFETCH_MAX_TOKENS or len(shape) != 2:
         return 0
     rows, cols = shape
     if l2_prefetch.block_cols(cols) is None:
