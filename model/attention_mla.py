@@ -244,7 +244,7 @@ def _prefetch_specs(which: str, start_BT, cfg: TextConfig, mesh):
         start, weight = P(b_ax, None, n_ax, None), P(None, n_ax, None)
     else:
         start, weight = P(b_ax, None, None), P(n_ax, None, None)
-    return start, weight, P(tuple(mesh.axis_names), None)
+    return start, weight, P(tuple(mesh.axis_names))
 
 
 def join_prefetch(x, spec, token, cfg: TextConfig):
@@ -253,7 +253,7 @@ def join_prefetch(x, spec, token, cfg: TextConfig):
     mesh = sharded_mesh()
     if mesh is None:
         return joined(x, token)
-    return shard_map_unchecked(joined, mesh, (spec, P(tuple(mesh.axis_names), None)), spec)(x, token)
+    return shard_map_unchecked(joined, mesh, (spec, P(tuple(mesh.axis_names))), spec)(x, token)
 
 
 def _heads_spec(x_BTN_, cfg: TextConfig):

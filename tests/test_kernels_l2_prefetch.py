@@ -24,10 +24,11 @@ from tests.tiny_models import tiny_target_config
 def test_kernel_equals_its_reference(rows, cols):
     w = jax.random.normal(jax.random.key(rows + cols), (rows + 16, cols), jnp.float32).astype(jnp.bfloat16)
     dep = jnp.arange(32, dtype=jnp.float32).reshape(1, 32)
-    got = lp.l2_prefetch(dep, w, rows, interpret=True)
+    got = lp.l2_prefetch_tiles(dep, w, rows, interpret=True)
     want = lp.l2_prefetch_reference(dep, w, rows)
     assert got.shape == want.shape == (rows // lp.BLOCK_ROWS * (cols // lp.block_cols(cols)), lp.DEP)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(lp.l2_prefetch(dep, w, rows, interpret=True)), np.asarray(want[0, :1]))
 
 
 def test_kernel_refuses_what_it_cannot_tile():

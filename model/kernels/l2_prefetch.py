@@ -12,7 +12,7 @@ evicted before them. Each program writes the largest value of its tile: an outpu
 added where XLA fuses it into the split-K sum): XLA removes a kernel nobody reads, and a join at o_proj's input
 would be a kernel of its own. Adding 0 * (a finite weight) changes no value.
 
-`l2_prefetch_reference` is the plain jnp form of what the kernel returns (the tile maxima); what the kernel is for,
+`l2_prefetch_reference` is the plain jnp form of what the kernel computes (the tile maxima, `l2_prefetch_tiles`); what the kernel is for,
 time, only a GPU measures (`python -m bench.labs.l2_prefetch`; docs/performance.md).
 """
 
@@ -47,18 +47,34 @@ def prefetch_rows(rows: int, row_bytes: int, budget_bytes: float) -> int:
     return fit - fit % BLOCK_ROWS
 
 
-def _kernel(dep_ref, w_ref, out_ref, *, col_blocks: int, width: int):
+def _kernel(dep_ref, w_ref, out_ref, first_ref, *, col_blocks: int, width: int):
     pid = pl.program_id(0)
     i, j = jax.lax.div(pid, jnp.int32(col_blocks)), jax.lax.rem(pid, jnp.int32(col_blocks))
     tile = pl_triton.load(w_ref.at[pl.ds(i * BLOCK_ROWS, BLOCK_ROWS), pl.ds(j * width, width)],
                           eviction_policy="evict_last")
     dep = dep_ref[0, pl.ds(0, DEP)].astype(jnp.float32)
-    out_ref[pid, :] = jnp.zeros((DEP,), jnp.float32) + jnp.max(tile.astype(jnp.float32)) + 0.0 * dep
+    peak = jnp.max(tile.astype(jnp.float32)) + 0.0 * jnp.sum(dep)
+    out_ref[pid, :] = jnp.zeros((DEP,), jnp.float32) + peak
+
+    @pl.when(pid == 0)
+    def _():
+        first_ref[...] = jnp.zeros((1,), jnp.float32) + peak
 
 
 def l2_prefetch(dep_1D: jax.Array, w_RC: jax.Array, rows: int, interpret: bool = False) -> jax.Array:
-    """Reads w's first `rows` rows into L2 once `dep` ([1, >= DEP], the stretch's input) exists. Returns
-    [programs, DEP] float32: each program's tile maximum (`l2_prefetch_reference`)."""
+    """Reads w's first `rows` rows into L2 once `dep` ([1, >= DEP], the stretch's input) exists. Returns [1]
+    float32, the first tile's maximum, for `joined` (a value of its own: a slice of the per-program output would be a
+    kernel of its own); every program writes its tile's maximum (`l2_prefetch_tiles`), so its loads are kept."""
+    return _l2_prefetch(dep_1D, w_RC, rows, interpret)[1]
+
+
+def l2_prefetch_tiles(dep_1D: jax.Array, w_RC: jax.Array, rows: int, interpret: bool = False) -> jax.Array:
+    """The kernel's per-program output: [programs, DEP] float32, each program's tile maximum
+    (`l2_prefetch_reference`)."""
+    return _l2_prefetch(dep_1D, w_RC, rows, interpret)[0]
+
+
+def _l2_prefetch(dep_1D, w_RC, rows: int, interpret: bool):
     width = block_cols(w_RC.shape[1])
     if width is None or rows <= 0 or rows % BLOCK_ROWS or rows > w_RC.shape[0] or dep_1D.shape[-1] < DEP:
         raise ValueError(f"l2_prefetch: {rows} rows of a {tuple(w_RC.shape)} weight (dep {tuple(dep_1D.shape)})")
@@ -66,7 +82,7 @@ def l2_prefetch(dep_1D: jax.Array, w_RC: jax.Array, rows: int, interpret: bool =
     programs = rows // BLOCK_ROWS * col_blocks
     return pl.pallas_call(
         functools.partial(_kernel, col_blocks=col_blocks, width=width),
-        out_shape=jax.ShapeDtypeStruct((programs, DEP), jnp.float32),
+        out_shape=(jax.ShapeDtypeStruct((programs, DEP), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.float32)),
         grid=(programs,),
         compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
@@ -83,6 +99,6 @@ def l2_prefetch_reference(dep_1D: jax.Array, w_RC: jax.Array, rows: int) -> jax.
     return jnp.broadcast_to(maxima + 0.0 * dep_1D[0, :DEP].astype(jnp.float32), (maxima.shape[0], DEP))
 
 
-def joined(y: jax.Array, token: jax.Array) -> jax.Array:
-    """y, made to wait for the prefetch kernel's output (0 times its first value added)."""
-    return y + (0.0 * token[0, 0]).astype(y.dtype)
+def joined(y: jax.Array, token_1: jax.Array) -> jax.Array:
+    """y, made to wait for the prefetch kernel's output (`l2_prefetch`'s [1]: 0 times it added)."""
+    return y + (0.0 * token_1).astype(y.dtype)
