@@ -69,7 +69,7 @@ from jaxspec.sharded import compile_programs  # noqa: E402
 from jaxspec.spec_step import commit, draft_chain  # noqa: E402
 from jaxspec.state import SpecState  # noqa: E402
 from model.attention_mla import mla  # noqa: E402
-from model.config import KERNEL_CHOICES, Kernels  # noqa: E402
+from model.config import Kernels  # noqa: E402
 from model.decoder import KimiWeights, LayerWeights, fuse_attention_inputs  # noqa: E402
 from model.eagle3 import draft_forward  # noqa: E402
 from model.init import init_kimi_weights  # noqa: E402
@@ -750,8 +750,6 @@ def parse_args(argv):
                         "the router)")
     p.add_argument("--draft-kind", choices=("llama", "mla"), default="llama")
     p.add_argument("--moe-kernel", choices=KERNEL_PATH_MOE, default="auto")
-    p.add_argument("--prefetch-kernel", choices=KERNEL_CHOICES["prefetch"], default="off",
-                   help="model.config.Kernels.prefetch")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--loop-steps", type=int, default=10, help="steps of the short device loop (the long runs 3x)")
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new timing after this")
@@ -818,7 +816,7 @@ def main(argv=None) -> dict:
     t_start = time.time()
     log = functools.partial(print, flush=True)
     cfg = per_device_config(args.layers, args.tiny)
-    cfg = cfg.replace(kernels=Kernels(moe=args.moe_kernel, prefetch=args.prefetch_kernel))
+    cfg = cfg.replace(kernels=Kernels(moe=args.moe_kernel))
     m = args.prefix_layers if args.prefix_layers is not None else max(cfg.first_k_dense_replace, args.layers // 2)
     if m and not cfg.first_k_dense_replace <= m < args.layers:
         raise SystemExit(f"--prefix-layers must be 0 or between {cfg.first_k_dense_replace} and {args.layers - 1}")

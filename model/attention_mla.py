@@ -21,15 +21,13 @@ from jax.sharding import PartitionSpec as P
 
 from model.config import TextConfig
 from model.kernels import target
-from model.kernels.dispatch import mla_kernel_applies, prefetch_rows_for
-from model.kernels.l2_prefetch import DEP, joined, l2_prefetch
+from model.kernels.dispatch import mla_kernel_applies
 from model.kernels.mla_decode import mla_decode_attention
 from model.kv_cache import read_pages, visible_slots, write_pages, write_slots
 from model.norms import rms_norm, sums_of_squares_of_parts
 from model.quant import Weight, linear
 from model.rope import apply_interleaved
 from model.shard_local import axis_of, shard_map_unchecked, sharded_mesh
-from model.sharding import shard_shape
 
 # HF DeepseekV3 builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
 LORA_NORM_EPS = 1e-6
@@ -186,12 +184,8 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
 
     Returns (out [B, T, H], latent cache, rope-key cache)."""
     q_a_BTX, kv_BTX, (q_sum_squares, latent_sum_squares) = input_projections(x_BTH, w, cfg)
-    q_b_read = prefetch_weight(kv_BTX, w.q_b_proj, cfg, "q_b")
     q_nope, q_rope = project_query(x_BTH, q_a_BTX, w, cfg, cos, sin, norm_eps, q_sum_squares)
-    if q_b_read is not None:
-        q_rope = join_prefetch(q_rope, _heads_spec(q_rope, cfg), q_b_read, cfg)
     latent_BTC, k_rope_BTR = project_latent(kv_BTX, w, cfg, cos, sin, norm_eps, latent_sum_squares)
-    prefetched = prefetch_o_proj(q_rope, w, cfg)
     if pages_BM is not None:
         latent_pool_NPC = write_pages(latent_BSC, latent_BTC, positions_BT, pages_BM)
         k_rope_pool_NPR = write_pages(k_rope_BSR, k_rope_BTR, positions_BT, pages_BM)
@@ -201,93 +195,23 @@ def mla(x_BTH, w: MLAWeights, cfg: TextConfig, cos, sin, positions_BT, latent_BS
                                                      page_tokens=page_tokens):
             out_BTND = attend_absorbed_kernel(q_nope, q_rope, latent_pool_NPC, k_rope_pool_NPR, positions_BT, w, cfg,
                                               pages_BM=pages_BM)
-            return project_out(out_BTND, w, x_BTH, prefetched, cfg), latent_pool_NPC, k_rope_pool_NPR
+            return project_out(out_BTND, w, x_BTH), latent_pool_NPC, k_rope_pool_NPR
         out_BTH, _, _ = mla_attend(q_nope, q_rope, read_pages(latent_pool_NPC, pages_BM),
-                                   read_pages(k_rope_pool_NPR, pages_BM), positions_BT, w, cfg, path, x_BTH, prefetched)
+                                   read_pages(k_rope_pool_NPR, pages_BM), positions_BT, w, cfg, path, x_BTH)
         return out_BTH, latent_pool_NPC, k_rope_pool_NPR
     latent_BSC = write_slots(latent_BSC, latent_BTC, positions_BT)
     k_rope_BSR = write_slots(k_rope_BSR, k_rope_BTR, positions_BT)
-    return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH, prefetched)
+    return mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg, path, x_BTH)
 
 
-def prefetch_weight(start_BT, weight, cfg: TextConfig, which: str):
-    """A projection's leading rows read into L2 (model.kernels.l2_prefetch; `Kernels.prefetch`) once `start_BT`
-    ([B, T, ...]: the roped query [B, T, N, R] for o_proj, kv_a's output [B, T, C + R] for q_b) exists: o_proj's
-    while the attention runs, q_b's while the LoRA norms run. Under a mesh each device reads its own block of heads
-    (`_per_device`). Returns the kernel's output for `join_prefetch`, or None where nothing is read ahead."""
-    if not isinstance(getattr(weight, "dtype", None), np.dtype) or weight.ndim != 3:
-        return None  # a quantized weight object: not read ahead
-    mesh = sharded_mesh()
-    specs = None if mesh is None else _prefetch_specs(which, start_BT, cfg, mesh)
-    local_w = weight.shape if mesh is None else shard_shape(specs[1], weight.shape, mesh)
-    local_start = start_BT.shape if mesh is None else shard_shape(specs[0], start_BT.shape, mesh)
-    a, b, c = local_w  # o_proj [H, N, Dv]: rows of N * Dv; q_b [N, Dn + R, Q]: rows of Q
-    shape = (a, b * c) if which == "o_proj" else (a * b, c)
-    rows = prefetch_rows_for(which, cfg.kernels, shape, weight.dtype.itemsize, local_start[0] * local_start[1])
-    if not rows or int(np.prod(local_start)) < DEP:
-        return None
-
-    def read(start, w_):
-        return l2_prefetch(start.reshape(1, -1), w_.reshape(shape), rows, interpret=target.interpret())
-
-    if mesh is None:
-        return read(start_BT, weight)
-    return shard_map_unchecked(read, mesh, specs[:2], specs[2])(start_BT, weight)
-
-
-def _prefetch_specs(which: str, start_BT, cfg: TextConfig, mesh):
-    """(the starting array's, the weight's, the read's output's) specs under `mesh`: the blocks the model's
-    sharding places (model.sharding), and one output block per device."""
-    b_ax = axis_of("batch", start_BT.shape[0], mesh)
-    n_ax = axis_of("heads", cfg.num_attention_heads, mesh)
-    if which == "o_proj":
-        start, weight = P(b_ax, None, n_ax, None), P(None, n_ax, None)
-    else:
-        start, weight = P(b_ax, None, None), P(n_ax, None, None)
-    return start, weight, P(tuple(mesh.axis_names))
-
-
-def join_prefetch(x, spec, token, cfg: TextConfig):
-    """`x` made to wait for a read-ahead's output (`l2_prefetch.joined`); under a mesh on each device, `x` split by
-    `spec` (the read's output is one block a device: `_prefetch_specs`)."""
-    mesh = sharded_mesh()
-    if mesh is None:
-        return joined(x, token)
-    return shard_map_unchecked(joined, mesh, (spec, P(tuple(mesh.axis_names))), spec)(x, token)
-
-
-def _heads_spec(x_BTN_, cfg: TextConfig):
-    """The spec of a [B, T, N, ...] array split by heads as model.sharding places it (None without a mesh)."""
-    mesh = sharded_mesh()
-    if mesh is None:
-        return None
-    return P(axis_of("batch", x_BTN_.shape[0], mesh), None, axis_of("heads", cfg.num_attention_heads, mesh),
-             *([None] * (x_BTN_.ndim - 3)))
-
-
-def prefetch_o_proj(q_rope, w: MLAWeights, cfg: TextConfig):
-    """o_proj's leading rows read into L2 while the attention runs, started by the roped query."""
-    return prefetch_weight(q_rope, w.o_proj, cfg, "o_proj")
-
-
-def mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig, path, x_BTH,
-               prefetched=None):
-    """Attention over the written caches and the output projection: (out [B, T, H], latent, rope key).
-    `prefetched`: `prefetch_o_proj`'s output, joined to o_proj's."""
+def mla_attend(q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w: MLAWeights, cfg: TextConfig, path, x_BTH):
+    """Attention over the written caches and the output projection: (out [B, T, H], latent, rope key)."""
     if path == "absorbed" and mla_kernel_applies(cfg.kernels, x_BTH.shape[0], x_BTH.shape[1], latent_BSC.shape[1], cfg):
         path = "absorbed_kernel"
     out_BTND = ATTENTION_PATHS[path](q_nope, q_rope, latent_BSC, k_rope_BSR, positions_BT, w, cfg)
-    return project_out(out_BTND, w, x_BTH, prefetched, cfg), latent_BSC, k_rope_BSR
+    return project_out(out_BTND, w, x_BTH), latent_BSC, k_rope_BSR
 
 
-def project_out(out_BTNV, w: MLAWeights, x_BTH, prefetched=None, cfg: TextConfig | None = None):
-    """The heads' attention outputs through o_proj -> [B, T, H] in the layer input's dtype; made to wait for the
-    read-ahead kernel's output where one ran (`prefetch_o_proj`). Where the join costs no kernel, by XLA's GPU
-    programs (bench.labs.gpu_census): the whole o_proj is a GEMM whose split-K sum takes it after; one device's
-    block of heads (one device of eight, or any device of a mesh) is a reduction whose output the heads' all-reduce
-    reads, so there it joins the input."""
-    block = prefetched is not None and (w.o_proj.shape[1] < cfg.num_attention_heads or sharded_mesh() is not None)
-    if block:
-        out_BTNV = join_prefetch(out_BTNV, _heads_spec(out_BTNV, cfg), prefetched, cfg)
-    out_BTH = jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype))
-    return out_BTH if prefetched is None or block else joined(out_BTH, prefetched)
+def project_out(out_BTNV, w: MLAWeights, x_BTH):
+    """The heads' attention outputs through o_proj -> [B, T, H] in the layer input's dtype."""
+    return jnp.einsum("btnv,hnv->bth", out_BTNV, w.o_proj.astype(x_BTH.dtype))

@@ -39,7 +39,6 @@ KERNEL_CHOICES = {
     "moe": ("auto", "off", "wgmma", "grouped", "triton"),
     "mla": ("auto", "off", "on"),
     "router": ("auto", "off", "on"),
-    "prefetch": ("off", "o_proj16", "o_proj32", "q_b16_o_proj16"),
 }
 
 
@@ -54,14 +53,11 @@ class Kernels:
     Hopper, or the Triton gemv / mma pair) wherever its shapes fit; moe "grouped" takes what "auto" takes but, for
     verify of 2 to 8 tokens on Hopper, the kernels that convert an expert several slots chose once for all its tokens
     (moe_grouped); mla / router "on" takes the kernel for every shape it can compute (off the GPU in Pallas' interpret
-    mode: slow, for tests). prefetch "o_proj<MB>" reads up to that many MB of o_proj's weight into L2 while the
-    attention runs (model.kernels.l2_prefetch), "q_b16_o_proj16" also q_b's while the LoRA norms run, at decode and
-    verify shapes without a mesh; "off" reads nothing ahead."""
+    mode: slow, for tests)."""
 
     moe: str = "auto"
     mla: str = "auto"
     router: str = "auto"
-    prefetch: str = "off"
 
     def __post_init__(self):
         for family, allowed in KERNEL_CHOICES.items():

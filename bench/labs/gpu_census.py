@@ -141,7 +141,7 @@ def layer_segments(kernels: list[Kernel], end_marker: str = LAYER_END_TARGET, pe
 
 
 def census_rows(args, device, log) -> list[dict]:
-    kernels = Kernels(moe=args.moe_kernel, prefetch=args.prefetch_kernel)
+    kernels = Kernels(moe=args.moe_kernel)
     cfg = per_device.per_device_config(args.layers, False).replace(kernels=kernels)
     rows, cycle_rows = [], []
     for layers in (args.layers, args.layers - 2):
@@ -232,7 +232,6 @@ def parse_args(argv):
     p.add_argument("--cycle-k", type=int, nargs="*", default=[],
                    help="also count the speculative cycle of K drafts at --layers (bench.per_device's)")
     p.add_argument("--moe-kernel", choices=per_device.KERNEL_PATH_MOE, default="auto")
-    p.add_argument("--prefetch-kernel", choices=per_device.KERNEL_CHOICES["prefetch"], default="off")
     p.add_argument("--target-config", type=Path, default=H200_TARGET)
     p.add_argument("--hlo", action="store_true", help="also write each program's optimised HLO (gzipped)")
     p.add_argument("--out", default="bench/results")

@@ -2,9 +2,11 @@
 it run, so that the GEMV, which is bandwidth-bound, finishes sooner?
 
 A decode layer's chain has stretches where the HBM idles: between q_b and o_proj the absorption, the MLA kernels and
-w_uv read ~20 MB in ~20 us, then o_proj streams 117 MB. Here the engine's read-ahead kernel
-(`model.kernels.l2_prefetch`, evict_last), started by q_b's output, loads o_proj's first `rows` rows while that
-stretch runs, joined after o_proj as the engine joins it. H200 L2: 50 MB.
+w_uv read ~20 MB in ~20 us, then o_proj streams 117 MB. Here a Triton kernel (`l2_prefetch`), started by q_b's
+output, loads o_proj's first `rows` rows with L2 eviction priority evict_last while that stretch runs, and its
+output is joined after o_proj (0 times it added in the split-K sum XLA runs anyway). H100 / H200 L2: 50 MB. The
+engine carried it as `Kernels(prefetch=...)` at commit 2d1ca24; it gained nothing there and cost this lab's layer
+1.5-8.9% (docs/performance.md, "o_proj read into L2 while the attention runs"), so only the lab keeps it.
 
 The lab's layer, `--layers` of them with their own weights so no layer finds another's rows in L2:
     q = x[:1536] @ w_qb [1536, 8192]                                  (q_b, 25 MB)
@@ -30,10 +32,85 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-
-from model.kernels.l2_prefetch import BLOCK_ROWS, joined, l2_prefetch
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 
 HIDDEN, HEADS, NOPE, LATENT, V_DIM, CONTEXT, Q_LORA = 7168, 64, 128, 512, 128, 1024, 1536
+
+# --- the read-ahead kernel (`Kernels(prefetch=...)` at 2d1ca24) ------------------------------------------------
+BLOCK_ROWS = 16  # rows of a program's tile
+MAX_BLOCK_COLS = 1024  # columns of a program's tile at most (32 KB of bf16 with BLOCK_ROWS)
+DEP = 16  # elements of the starting input each program reads (the kernel waits for it)
+
+
+def block_cols(cols: int) -> int | None:
+    """The widest power-of-two tile width up to MAX_BLOCK_COLS that divides `cols` (None below 16: too narrow)."""
+    width = MAX_BLOCK_COLS
+    while width >= 16:
+        if cols % width == 0:
+            return width
+        width //= 2
+    return None
+
+
+def _kernel(dep_ref, w_ref, out_ref, first_ref, *, col_blocks: int, width: int):
+    pid = pl.program_id(0)
+    i, j = jax.lax.div(pid, jnp.int32(col_blocks)), jax.lax.rem(pid, jnp.int32(col_blocks))
+    tile = pl_triton.load(w_ref.at[pl.ds(i * BLOCK_ROWS, BLOCK_ROWS), pl.ds(j * width, width)],
+                          eviction_policy="evict_last")
+    dep = dep_ref[0, pl.ds(0, DEP)].astype(jnp.float32)
+    peak = jnp.max(tile.astype(jnp.float32)) + 0.0 * jnp.sum(dep)
+    out_ref[pid, :] = jnp.zeros((DEP,), jnp.float32) + peak
+
+    @pl.when(pid == 0)
+    def _():
+        first_ref[...] = jnp.zeros((1,), jnp.float32) + peak
+
+
+def l2_prefetch(dep_1D: jax.Array, w_RC: jax.Array, rows: int, interpret: bool = False) -> jax.Array:
+    """Reads w's first `rows` rows into L2 once `dep` ([1, >= DEP], the stretch's input) exists. Returns [1]
+    float32, the first tile's maximum, for `joined` (a value of its own: a slice of the per-program output would be a
+    kernel of its own); every program writes its tile's maximum (`l2_prefetch_tiles`), so its loads are kept."""
+    return _l2_prefetch(dep_1D, w_RC, rows, interpret)[1]
+
+
+def l2_prefetch_tiles(dep_1D: jax.Array, w_RC: jax.Array, rows: int, interpret: bool = False) -> jax.Array:
+    """The kernel's per-program output: [programs, DEP] float32, each program's tile maximum
+    (`l2_prefetch_reference`)."""
+    return _l2_prefetch(dep_1D, w_RC, rows, interpret)[0]
+
+
+def _l2_prefetch(dep_1D, w_RC, rows: int, interpret: bool):
+    width = block_cols(w_RC.shape[1])
+    if width is None or rows <= 0 or rows % BLOCK_ROWS or rows > w_RC.shape[0] or dep_1D.shape[-1] < DEP:
+        raise ValueError(f"l2_prefetch: {rows} rows of a {tuple(w_RC.shape)} weight (dep {tuple(dep_1D.shape)})")
+    col_blocks = w_RC.shape[1] // width
+    programs = rows // BLOCK_ROWS * col_blocks
+    return pl.pallas_call(
+        functools.partial(_kernel, col_blocks=col_blocks, width=width),
+        out_shape=(jax.ShapeDtypeStruct((programs, DEP), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.float32)),
+        grid=(programs,),
+        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="l2_prefetch",
+    )(dep_1D, w_RC)
+
+
+def l2_prefetch_reference(dep_1D: jax.Array, w_RC: jax.Array, rows: int) -> jax.Array:
+    """What `l2_prefetch_tiles` returns, in jnp: the maximum of each [BLOCK_ROWS, width] tile of the first `rows`
+    rows, row-block major."""
+    width = block_cols(w_RC.shape[1])
+    tiles = w_RC[:rows].astype(jnp.float32).reshape(rows // BLOCK_ROWS, BLOCK_ROWS, -1, width)
+    maxima = tiles.max(axis=(1, 3)).reshape(-1, 1)
+    return jnp.broadcast_to(maxima + 0.0 * dep_1D[0, :DEP].astype(jnp.float32), (maxima.shape[0], DEP))
+
+
+def joined(y: jax.Array, token_1: jax.Array) -> jax.Array:
+    """y, made to wait for the prefetch kernel's output (`l2_prefetch`'s [1]: 0 times it added)."""
+    return y + (0.0 * token_1).astype(y.dtype)
+
+
+# --- the lab ---------------------------------------------------------------------------------------------------
 BIG = 2 * HIDDEN
 ROW_BYTES = HEADS * V_DIM * 2  # one row of o_proj's weight [H, N * Dv], bf16
 

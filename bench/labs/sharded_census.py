@@ -55,7 +55,6 @@ from jaxspec.serving.slot_cycle import run_cycles  # noqa: E402
 from jaxspec.serving.slots import init_slots  # noqa: E402
 from jaxspec.sharded import lower_program  # noqa: E402
 from jaxspec.spec_step import speculative_cycle  # noqa: E402
-from model.config import KERNEL_CHOICES, Kernels  # noqa: E402
 from model.decoder import forward, fuse_attention_inputs  # noqa: E402
 from model.init import init_draft_weights, init_kimi_weights  # noqa: E402
 from model.kernels.target import compiling_for  # noqa: E402
@@ -103,14 +102,13 @@ def kernels_apart_from_collectives(hlo_text: str) -> int:
 
 
 def engine_programs(layers: int, k: int, prompt: int, capacity: int, max_new: int, serve_batch: int = 0,
-                    sampled_batch: int = 0, kernels: Kernels = Kernels()) -> dict:
+                    sampled_batch: int = 0) -> dict:
     """{name: (fn, abstract args, donated args)} of the engine's programs for a Kimi-K2.5-shaped pair of `layers`
     target layers (bench.cycle's one-layer draft); the steps and loops donate their state, as the engine's do.
     `serve_batch`: also the server's device loop over that many slots (jaxspec.serving.slot_cycle.run_cycles,
     greedy and with sampled rows), as `serve` runs it. `sampled_batch`: also the engine's sampled cycle loop over
-    a batch of that many prompts (`generate --batch-file` with a temperature). `kernels`: the target's
-    (`model.config.Kernels`)."""
-    cfg = per_device.per_device_config(layers, tiny=False).replace(kernels=kernels)
+    a batch of that many prompts (`generate --batch-file` with a temperature)."""
+    cfg = per_device.per_device_config(layers, tiny=False)
     spec_cfg, dcfg = spec_configs(cfg, tiny=False)
     target = jax.eval_shape(lambda key: init_kimi_weights(cfg, key, jnp.bfloat16, experts="int4"), jax.random.key(0))
     draft = jax.eval_shape(lambda key: init_draft_weights(dcfg, key, jnp.bfloat16,
@@ -173,7 +171,7 @@ def census(args, log) -> dict:
     rows, kernels = [], {}
     for layers in (args.layers, args.layers - 2):
         programs = engine_programs(layers, args.k, args.prompt, args.capacity, args.max_new, args.serve_batch,
-                                   args.sampled_batch, Kernels(prefetch=args.prefetch_kernel))
+                                   args.sampled_batch)
         for name, (fn, fargs, donate) in programs.items():
             if layers != args.layers and not ("loop" in name or name.startswith("serve")):
                 continue
@@ -233,8 +231,6 @@ def parse_args(argv):
     p.add_argument("--max-step-mb", type=float, default=32.0,
                    help="exit 1 where a collective inside a device loop moves more than this")
     p.add_argument("--target-config", type=Path, default=H200_TARGET)
-    p.add_argument("--prefetch-kernel", choices=KERNEL_CHOICES["prefetch"], default="off",
-                   help="model.config.Kernels.prefetch of the target")
     p.add_argument("--out", default="bench/results")
     a = p.parse_args(argv)
     if a.layers < 5:

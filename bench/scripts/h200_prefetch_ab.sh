@@ -1,6 +1,8 @@
 #!/bin/bash
-# Issues 51/52: o_proj's leading rows read into L2 while the attention runs (model.kernels.l2_prefetch,
-# `Kernels.prefetch`), against none, in one tree. STAGES: `lab` (bench.labs.l2_prefetch: the kernel on a lab layer of
+# Issues 51/52: o_proj's leading rows read into L2 while the attention runs (`Kernels.prefetch`, not kept: the
+# stages rows / small / per need the tree of commit 2d1ca24, run from DIR after
+#   git archive 2d1ca24 model jaxspec convert bench ':!bench/results' ':!jaxspec/default_model' | tar -x -C DIR
+# `lab` runs in this tree), against none. STAGES: `lab` (bench.labs.l2_prefetch: the kernel on a lab layer of
 # K2.5's shapes, 16 / 32 / 48 MB read ahead, and whether the outputs stay bit-identical), `rows` (bench.loop_rows,
 # one device holding the model, 61 layers: decode, verify T = 4, the K = 3 cycle, each choice of ARMS in a fresh
 # process), `per` (bench.per_device, one device of eight, 61 layers, neighbour routing: its o_proj block is 14.7 MB,

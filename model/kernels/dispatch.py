@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 
 from model.config import Kernels, TextConfig
-from model.kernels import l2_prefetch, moe_grouped, moe_wgmma, target
+from model.kernels import moe_grouped, moe_wgmma, target
 from model.kernels.mla_decode import LONG_CACHE_MIN_BATCH, check_config, check_pages, config_for
 from model.kernels.moe_gather import routed_experts_pallas
 from model.kernels.moe_tiles import MoEKernelConfig, check_shapes
@@ -118,27 +118,6 @@ def fused_routed_experts(x_TH: jax.Array, experts, ids_TK: jax.Array, weights_TK
         return moe_grouped.routed_experts_grouped(x_TH, experts, ids_TK, weights_TK,
                                                   **wgmma_config_for(experts, ids_TK.shape[1], tokens))
     return routed_experts_pallas(x_TH, experts, ids_TK, weights_TK, cfg=triton_config_for(tokens, experts))
-
-
-# --- o_proj's weight read into L2 ahead of it ----------------------------------------------------------------------
-# Read-ahead budgets by `Kernels.prefetch`: {weight: MB of it}; the GPU's L2 holds 50 MB on an H100 / H200.
-PREFETCH_BUDGET_MB = {"o_proj16": {"o_proj": 16}, "o_proj32": {"o_proj": 32},
-                      "q_b16_o_proj16": {"q_b": 16, "o_proj": 16}}
-# The stretch before o_proj is latency-bound at decode and verify shapes only; a prefill's o_proj is a GEMM that
-# streams its weight once for many tokens.
-PREFETCH_MAX_TOKENS = 64
-
-
-def prefetch_rows_for(which: str, kernels: Kernels, shape: tuple[int, ...], itemsize: int, tokens: int) -> int:
-    """Leading rows of a weight (`which`: "o_proj" [H, N * Dv], "q_b" [N * (Dn + R), Q]; `itemsize` bytes an
-    element; under a mesh one device's block) to read into L2 before its GEMV (0: none)."""
-    budget = PREFETCH_BUDGET_MB.get(kernels.prefetch, {}).get(which)
-    if budget is None or tokens > PREFETCH_MAX_TOKENS or len(shape) != 2:
-        return 0
-    rows, cols = shape
-    if l2_prefetch.block_cols(cols) is None:
-        return 0
-    return l2_prefetch.prefetch_rows(rows, cols * itemsize, budget * l2_prefetch.MB)
 
 
 # --- MLA attention ---------------------------------------------------------------------------------------------
