@@ -76,3 +76,17 @@ def test_the_text_replay_writes_a_row_per_prompt(tmp_path, capsys):
     oracle.write_text("{}")
     with pytest.raises(SystemExit, match="oracle"):
         main(["--oracle", str(oracle)])
+
+
+def test_in_the_prompt_benchs_order_each_prompt_follows_its_own_generations(tmp_path):
+    """`--order sequential` runs a prompt's warm-up and rounds in a row, as bench.adaptive_prompts does: the pool a
+    generation starts from is then its own prompt's, where the rotated passes start each from another prompt's."""
+    oracle = tmp_path / "oracle.json"
+    oracle.write_text(json.dumps(dict(prompts=[dict(prompt="all", accept=[8] * 63), dict(prompt="none",
+                                                                                            accept=[0] * 63)])))
+    args = ["--oracle", str(oracle), "--rounds", "3", "--max-new-tokens", "64"]
+    rotated = main(args + ["--order", "rotated"])
+    sequential = main(args + ["--order", "sequential"])
+    for r, s in zip(rotated, sequential):
+        assert s["adaptive"]["default"]["over_best"] >= r["adaptive"]["default"]["over_best"] - 1e-9
+    assert sequential[0]["adaptive"]["default"]["over_best"] > rotated[0]["adaptive"]["default"]["over_best"]

@@ -17,8 +17,8 @@ With `--oracle` the drafts come from text instead: `bench.labs.adaptive_replay o
 `bench.adaptive_prompts` (greedy decoding makes acceptance a property of the position: a cycle that starts after g
 generated tokens accepts min(K, N[g]) drafts), so acceptance runs in stretches as it does on the H200's prompt
 bench, with none of its timing noise. The generations run as that bench's engine runs them: one pool kept across
-them, --rounds passes over the prompts in rotated order after one pass of warm-up, each prompt's figure the mean
-of its passes. What this adds to the bench: the rule's choices alone, priced by the H200's cost table of the
+them, --rounds passes over the prompts in rotated order after one pass of warm-up (`--order sequential`: each prompt's
+warm-up and rounds in a row, the order of `bench.adaptive_prompts`), each prompt's figure the mean of its passes. What this adds to the bench: the rule's choices alone, priced by the H200's cost table of the
 embedded pair, against each fixed K priced the same way.
 """
 
@@ -184,6 +184,9 @@ def main(argv=None):
                    help="replay on text: `bench.labs.adaptive_replay oracle`'s JSON (N[g] per prompt); the costs "
                         "then default to the embedded pair's on the H200")
     p.add_argument("--rounds", type=int, default=5, help="with --oracle: passes over the prompts after the warm-up")
+    p.add_argument("--order", choices=("rotated", "sequential"), default="rotated",
+                   help="with --oracle: passes over all prompts in rotated order, or each prompt's warm-up and rounds "
+                        "in a row (as bench.adaptive_prompts runs them)")
     p.add_argument("--out", default=None, help="write calls-replay.json here")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -244,13 +247,15 @@ def text_rows(args, variants) -> list[dict]:
     for name, (policy, probe_first, old_rule) in variants.items():
         pool = Pool(max(policy.resolve_steps(len(args.costs_ms) - 1)), float(policy.window))
         runs = [[] for _ in prompts]
+        # `bench.adaptive_prompts` runs a prompt's warm-up and rounds before the next prompt's ("sequential"); the
+        # rotated passes over all prompts are the order of a server's mixed traffic
+        order = ([(r, i) for i in range(len(prompts)) for r in range(args.rounds + 1)] if args.order == "sequential"
+                 else [(r, i) for r in range(args.rounds + 1) for i in np.roll(np.arange(len(prompts)), -r)])
         with every_depth_observed() if old_rule else contextlib.nullcontext():
-            for r in range(args.rounds + 1):  # pass 0 warms the pool up, as the bench's warm-up generations do
-                for i in np.roll(np.arange(len(prompts)), -r):
-                    run = replay(on_text(accepts[i]), policy, args.costs_ms, args.switch_ms, max_new, probe_first,
-                                 pool)
-                    if r:
-                        runs[i].append(run)
+            for r, i in order:  # round 0 warms the pool up, as the bench's warm-up generations do
+                run = replay(on_text(accepts[i]), policy, args.costs_ms, args.switch_ms, max_new, probe_first, pool)
+                if r:
+                    runs[i].append(run)
         for row, rs in zip(rows, runs):
             tps = float(np.mean([x["tokens_per_s"] for x in rs]))
             row["adaptive"][name] = dict(tokens_per_s=tps, over_best=tps / max(row["fixed"].values()),
