@@ -69,10 +69,6 @@ class PerCallPolicy:
     window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
     margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
     plain_tails: tuple[int, ...] = (1,)  # the K whose loop goes on with plain decoding in its call (see above)
-    # how a generation's first choice weighs a K below the one the pool's last generation ran: "positions" (the
-    # per-position counts, as every other choice) or "stretches" (`stretch_tokens`: that generation's cycles replayed
-    # at the smaller K over the positions its rejections fell at)
-    first_estimate: str = "positions"
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     switch_s: float | None = None  # the price of one more call; None: the measured table's (0 with given costs)
 
@@ -95,8 +91,6 @@ class PerCallPolicy:
             raise ValueError(f"adaptive prior must be in [0, 1], got {self.prior}")
         if self.min_cycles < 1 or self.window < 1:
             raise ValueError("adaptive min_cycles and window must be >= 1")
-        if self.first_estimate not in ("positions", "stretches"):
-            raise ValueError(f"adaptive first_estimate must be 'positions' or 'stretches', got {self.first_estimate!r}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"adaptive margin must be in [0, 1), got {self.margin}")
         if self.costs is not None:
@@ -156,36 +150,9 @@ def expected_tokens_BN(c_BJ, steps: tuple[int, ...]):
     return np.stack([1.0 + (reach_BJ[:, k - 1] if k > 0 else 0.0 * reach_BJ[:, 0]) for k in steps], axis=1)
 
 
-def stretch_tokens(accepted_C, k_ran: int, ks) -> dict:
-    """{K: tokens a cycle} for each K of `ks` up to `k_ran`, from one run of cycles at `k_ran` (drafts accepted per
-    cycle, in order; -1: no cycle): the run's rejections fixed where they fell (a cycle that accepted a < k_ran
-    drafts rejected the draft of its position a + 1), every draft between two rejections taken as right, and the
-    same tokens emitted by cycles of K. Acceptance comes in stretches on real text, so a smaller K's cycles are not
-    the larger K's truncated: after a cycle that accepted every draft, the next one starts inside the same stretch
-    (docs/performance.md, "The estimate behind the choice between K = 3 and 4")."""
-    rejections, position = [], 0
-    for a in (int(x) for x in accepted_C if x >= 0):
-        if a < k_ran:
-            rejections.append(position + a + 1)
-        position += a + 1
-    total, out = position, {}
-    for k in (k for k in ks if 1 <= k <= k_ran):
-        at, cycles, nxt = 0, 0, 0
-        while at < total:
-            while nxt < len(rejections) and rejections[nxt] <= at:
-                nxt += 1
-            right = rejections[nxt] - at - 1 if nxt < len(rejections) else k
-            at += min(k, right) + 1
-            cycles += 1
-        if cycles:
-            out[k] = total / cycles
-    return out
-
-
-def finish_times_N(c_BJ, remaining_B, live_B, cost_N, steps: tuple[int, ...], e_BN=None):
-    """T(K) for each K of `steps`: t(K) times the cycles the slowest live row needs for the tokens it still wants
-    (`e_BN`: tokens a cycle per row and K, where not `expected_tokens_BN`'s)."""
-    e_BN = expected_tokens_BN(c_BJ, steps) if e_BN is None else e_BN
+def finish_times_N(c_BJ, remaining_B, live_B, cost_N, steps: tuple[int, ...]):
+    """T(K) for each K of `steps`: t(K) times the cycles the slowest live row needs for the tokens it still wants."""
+    e_BN = expected_tokens_BN(c_BJ, steps)
     cycles_BN = np.where(live_B[:, None], remaining_B[:, None].astype(np.float32) / e_BN, 0.0)
     return np.max(cycles_BN, axis=0) * cost_N
 
@@ -392,7 +359,6 @@ class Pool:
 
     def __init__(self, j_max: int, cap: float):
         self.hits, self.trials, self.cap = np.zeros(j_max, np.float32), np.zeros(j_max, np.float32), cap
-        self.last_run = None  # (K, accepted drafts per cycle of each row [B, C]) of the last generation's last call
 
     def new_generation(self) -> None:
         self.hits *= POOL_DECAY

@@ -16,7 +16,6 @@ import numpy as np
 from jaxspec import adaptive_costs
 from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
                                     observed_GN, plain_loop, read_plain_summary, read_summary, rule_array, spec_loop,
-                                    stretch_tokens,
                                     stay_band, to_plain, window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
@@ -41,20 +40,11 @@ class Calls:
     expected_tokens: float = 0.0
     expected_s: float = 0.0
 
-    def choose(self, hits_BJ, trials_BJ, remaining_B, live_B, prior, margin, current, first_estimate="positions"):
+    def choose(self, hits_BJ, trials_BJ, remaining_B, live_B, prior, margin, current):
         """(the K to run next, the rows' acceptance estimate): the fastest K, or `current` where leaving it does
-        not pay (None: no K runs yet, the fastest is taken; `first_estimate` "stretches": a K below the one the
-        pool's last run ran is weighed by `stretch_tokens` over that run)."""
+        not pay (None: no K runs yet, the fastest is taken)."""
         c_BJ = acceptance_BJ(hits_BJ, trials_BJ, self.pool.hits, self.pool.trials, np.float32(prior))
-        e_BN = expected_tokens_BN(c_BJ, self.steps)
-        if current is None and first_estimate == "stretches" and self.pool.last_run is not None:
-            k_ran, log_BC = self.pool.last_run
-            for row in log_BC:
-                for k, e in stretch_tokens(row, k_ran, self.steps).items():
-                    if k < k_ran:
-                        e_BN[:, self.steps.index(k)] = e
-                break  # the batch's first row: the pool's counts are the batch's too
-        times = finish_times_N(c_BJ, remaining_B, live_B, self.costs, self.steps, e_BN)
+        times = finish_times_N(c_BJ, remaining_B, live_B, self.costs, self.steps)
         observed = observed_GN((trials_BJ.sum(axis=0) + self.pool.trials)[None], self.steps)[0]
         best, leave = better_k(times, None if current is None else self.steps.index(current), self.switch_s,
                                margin, observed)
@@ -68,7 +58,6 @@ class Calls:
         log, start, cycles, k = self.unsettled
         self.unsettled = None
         log = np.asarray(jax.device_get(log))
-        self.pool.last_run = (k, log[:, int(start):int(cycles)])
         hits, trials = window_counts(log, start, cycles, k, max(self.steps), policy.window)
         c_BJ = acceptance_BJ(hits, trials, self.pool.hits, self.pool.trials, np.float32(policy.prior))
         self.pool.add(*window_counts(log, start, cycles, k, max(self.steps), NO_LIMIT))
@@ -241,7 +230,7 @@ def first_call(run: Calls, policy, b: int, max_new_tokens: int):
     the first call, which runs nothing for it), so the prefill need not be read back."""
     zeros = np.zeros((b, max(run.steps)), np.float32)
     remaining, live = np.full(b, max_new_tokens - 1, np.int64), np.ones(b, bool)
-    k, c_BJ = run.choose(zeros, zeros, remaining, live, policy.prior, policy.margin, None, policy.first_estimate)
+    k, c_BJ = run.choose(zeros, zeros, remaining, live, policy.prior, policy.margin, None)
     rule = None if k == 0 else rule_inputs(run, k, remaining, live, policy, policy.min_cycles, NO_LIMIT)
     return k, c_BJ, rule
 
