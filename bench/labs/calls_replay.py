@@ -17,9 +17,10 @@ With `--oracle` the drafts come from text instead: `bench.labs.adaptive_replay o
 `bench.adaptive_prompts` (greedy decoding makes acceptance a property of the position: a cycle that starts after g
 generated tokens accepts min(K, N[g]) drafts), so acceptance runs in stretches as it does on the H200's prompt
 bench, with none of its timing noise. The generations run as that bench's engine runs them: one pool kept across
-them, --rounds passes over the prompts in rotated order after one pass of warm-up (`--order sequential`: each prompt's
-warm-up and rounds in a row, the order of `bench.adaptive_prompts`), each prompt's figure the mean of its passes. What this adds to the bench: the rule's choices alone, priced by the H200's cost table of the
-embedded pair, against each fixed K priced the same way.
+them, --rounds passes over the prompts in rotated order after one pass of warm-up (`--order sequential`: each
+prompt's warm-up and rounds in a row, the order of `bench.adaptive_prompts`), each prompt's figure the mean of its
+passes. What this adds to the bench: the rule's choices alone, priced by the H200's cost table of the embedded pair,
+against each fixed K priced the same way.
 """
 
 from __future__ import annotations
