@@ -218,11 +218,14 @@ def test_overload_gets_429_and_the_server_recovers(server, solo, monkeypatch):
     their clients at once (a dropped request leaves the queue without a prefill), and the server serves on.
 
     The engine thread is held in its first prefill until every client has its answer, so the queue fills however
-    fast the machine drains it (on a loaded machine the requests can otherwise arrive slower than they are served)."""
-    engine, release = server["service"].engine, threading.Event()
+    fast the machine drains it (on a loaded machine the requests can otherwise arrive slower than they are served);
+    the rest are sent once that first request is in the prefill, so they find the queue's whole room however slowly
+    the engine thread took it (a burst that arrived first filled the queue with the first request in it)."""
+    engine, release, entered = server["service"].engine, threading.Event(), threading.Event()
     prefill = engine.prefill
 
     def held_prefill(*args, **kw):
+        entered.set()
         release.wait(timeout=120)
         return prefill(*args, **kw)
 
@@ -239,7 +242,10 @@ def test_overload_gets_429_and_the_server_recovers(server, solo, monkeypatch):
 
     async def run():
         c = aclient(server)
-        return await asyncio.gather(*(one(c, i) for i in range(MAX_BATCH + MAX_QUEUE + 8)))
+        first = asyncio.ensure_future(one(c, 0))
+        assert await asyncio.to_thread(entered.wait, 60), "the first request never reached the prefill"
+        rest = await asyncio.gather(*(one(c, i) for i in range(1, MAX_BATCH + MAX_QUEUE + 8)))
+        return [await first, *rest]
 
     try:
         statuses = asyncio.run(run())

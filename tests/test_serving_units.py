@@ -59,3 +59,31 @@ def test_serve_flag_errors_are_one_line_exit_2(argv, capsys):
     assert serve_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_requests_whose_clients_gave_up_hold_no_place_in_the_queue():
+    """A full queue of cancelled requests takes a new one at once, though the engine thread (not started here: busy
+    in a long prefill) has not dropped them; a full queue of live ones refuses it."""
+    import types
+
+    from jaxspec.sampling import SamplingParams
+    from jaxspec.serving.metrics import Metrics
+    from jaxspec.serving.scheduler import QueueFull, Request, Scheduler
+
+    engine = types.SimpleNamespace(cfg=types.SimpleNamespace(eos_ids=()))
+    scheduler = Scheduler(engine, Metrics(max_batch=2), max_queue=3)
+
+    def request():
+        return Request([1, 2], 4, SamplingParams(), 0, lambda event: None)
+
+    waiting = [request() for _ in range(3)]
+    for r in waiting:
+        scheduler.submit(r)
+    with pytest.raises(QueueFull, match="3 requests are already waiting"):
+        scheduler.submit(request())
+    for r in waiting[:2]:
+        scheduler.cancel(r)
+    scheduler.submit(request())  # two places free: the cancelled requests left the queue
+    scheduler.submit(request())
+    with pytest.raises(QueueFull):
+        scheduler.submit(request())

@@ -115,6 +115,10 @@ class Scheduler:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
             if len(self._waiting) >= self.max_queue:
+                # requests whose clients gave up hold no place, even while the engine thread is busy (a long
+                # prefill) and has not dropped them yet
+                self._forget_cancelled_waiting()
+            if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are already waiting (the limit is {self.max_queue})")
             self._waiting.append(request)
             self._wake.notify()
@@ -156,13 +160,17 @@ class Scheduler:
             self._report_occupancy()
         self._end_all("the server shut down before the request finished")
 
+    def _forget_cancelled_waiting(self) -> None:
+        """The waiting requests less the cancelled ones (the caller holds `_wake`)."""
+        kept = [r for r in self._waiting if not r.cancelled]
+        self._waiting.clear()
+        self._waiting.extend(kept)
+
     def _drop_cancelled(self) -> list[int]:
         """Forget cancelled requests (waiting ones too, so they stop counting against the queue's bound); returns
         the slots they held."""
         with self._wake:
-            kept = [r for r in self._waiting if not r.cancelled]
-            self._waiting.clear()
-            self._waiting.extend(kept)
+            self._forget_cancelled_waiting()
         freed = [slot for slot, r in self._active.items() if r.cancelled]
         for slot in freed:
             del self._active[slot]
