@@ -1,9 +1,15 @@
-"""The server's host-side pieces without a model: stop strings over streamed text, request validation, flags."""
+"""The server's host-side pieces without a model: stop strings over streamed text, request validation, flags, the
+queue's bound."""
+
+import types
 
 import pytest
 
+from jaxspec.sampling import SamplingParams
 from jaxspec.serve import main as serve_main
+from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.protocol import BadRequest, parse_chat, parse_completion
+from jaxspec.serving.scheduler import QueueFull, Request, Scheduler
 from jaxspec.serving.stop import StopMatcher
 
 
@@ -64,12 +70,6 @@ def test_serve_flag_errors_are_one_line_exit_2(argv, capsys):
 def test_requests_whose_clients_gave_up_hold_no_place_in_the_queue():
     """A full queue of cancelled requests takes a new one at once, though the engine thread (not started here: busy
     in a long prefill) has not dropped them; a full queue of live ones refuses it."""
-    import types
-
-    from jaxspec.sampling import SamplingParams
-    from jaxspec.serving.metrics import Metrics
-    from jaxspec.serving.scheduler import QueueFull, Request, Scheduler
-
     engine = types.SimpleNamespace(cfg=types.SimpleNamespace(eos_ids=()))
     scheduler = Scheduler(engine, Metrics(max_batch=2), max_queue=3)
 
