@@ -49,22 +49,24 @@ JSON_SCHEMA = {
     }],
     "timings": {
         "compile_s": "float: ahead-of-time compilation of prefill and decode programs",
-        "prefill_ms": "float", "decode_s": "float", "decode_tokens_per_s": "float: tokens after the first / decode_s",
-        "cycles": "int: speculative cycles (or decode steps)", "ms_per_cycle": "float",
+        "prefill_ms": "float", "decode_s": "float",
+        "decode_tokens_per_s": "float | null: tokens after the first / decode_s (null where decode_s is 0)",
+        "cycles": "int: speculative cycles (or decode steps)", "ms_per_cycle": "float | null: null without a cycle",
     },
     "acceptance": {
         "mean_acceptance_length": "float | null: accepted drafts + 1 per cycle",
         "histogram": "[int]: cycles that accepted 0..K drafts",
-        "per_position": "[float]: P(draft i accepted), i = 1..K",
+        "per_position": "[float | null]: P(draft i accepted), i = 1..K (null where no cycle drafted)",
     },
     "adaptive": "null, or when K was chosen adaptively (--speculative-adaptive; the default): {kind: "
                 "'per_call' | 'per_cycle' (--speculative-adaptive-kind), calls: int: the decode's device calls "
                 "(per_call; null per_cycle), steps: "
-                "[int]: the compiled K set, costs_ms: {K: float}: t(K) per cycle, first_run_ms: float: the price of "
-                "a branch's first run in a call, cost_source: 'measured' | 'cached' | 'given', measure_s: float, "
-                "k_per_cycle: [int], "
-                "k_histogram: {K: int}, expected_tokens_per_s: float: the model's E[tokens] / t over the cycles run, "
-                "achieved_tokens_per_s: float}",
+                "[int]: the compiled K set, costs_ms: {K: float} | null: t(K) per cycle, first_run_ms: float | null: "
+                "the price of a branch's first run in a call (both null where cost_source is 'none': nothing was left "
+                "to decode after the prefill's token, so nothing was timed), cost_source: 'measured' | 'cached' | "
+                "'given' | 'none', measure_s: float, k_per_cycle: [int], k_histogram: {K: int}, "
+                "expected_tokens_per_s: float | null: the model's E[tokens] / t over the cycles run (null without a "
+                "cycle), achieved_tokens_per_s: float | null}",
     "baseline": "null, or with --baseline (jaxspec/speedup.py): {decode_tokens_per_s, decode_s, steps, "
                 "speculative_decode_tokens_per_s, speculative_decode_s, speculative_cycles, speedup, speedup_min, "
                 "speedup_max, rounds, mode: 'stream' | 'device loop'}: medians over interleaved rounds of both runs, "
@@ -364,8 +366,8 @@ def run(argv: list[str] | None = None) -> int:
         chats = [parse_assistant(tokenizer.decode([i for i in t if i not in eos]), _tool_names(tools),
                                  prompt_opens_reasoning(p)) for t, p in zip(result.tokens, prompts_text)]
     report = _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline, stream, chats)
-    if a.json:
-        print(json.dumps(report, ensure_ascii=False))
+    if a.json:  # NaN / Infinity (a rate with no time, an average of no cycle) are not JSON: null says "none"
+        print(json.dumps(_json_safe(report), ensure_ascii=False, allow_nan=False))
     else:
         if batch:
             for i, text in enumerate(texts):
@@ -379,6 +381,17 @@ def run(argv: list[str] | None = None) -> int:
                     print()
         _print_stats(report, k)
     return 0
+
+
+def _json_safe(x):
+    """`x` with every non-finite float as None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
 
 
 def _tool_names(tools) -> frozenset[str] | None:
@@ -436,12 +449,13 @@ def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, resu
     }
     if result.adaptive is not None:
         ad = result.adaptive
+        timed = ad.cost_source != "none"  # "none": nothing left to decode; the policy's table is a placeholder
         out["adaptive"] = {
             "kind": a.speculative_adaptive_kind,
             "calls": ad.calls if a.speculative_adaptive_kind == "per_call" else None,
             "steps": list(ad.steps),
-            "costs_ms": {str(k_): 1000 * c for k_, c in zip(ad.steps, ad.costs_s)},
-            "first_run_ms": 1000 * ad.first_run_s,
+            "costs_ms": {str(k_): 1000 * c for k_, c in zip(ad.steps, ad.costs_s)} if timed else None,
+            "first_run_ms": 1000 * ad.first_run_s if timed else None,
             "cost_source": ad.cost_source,
             "measure_s": ad.measure_s,
             "k_per_cycle": ad.k_per_cycle,
@@ -467,10 +481,15 @@ def _print_stats(r: dict, k: int) -> None:
     ]
     ad = r["adaptive"]
     if ad:
-        costs = ", ".join(f"{k_}: {ms:.2f}" for k_, ms in ad["costs_ms"].items())
         hist = ", ".join(f"K={k_}: {n}" for k_, n in ad["k_histogram"].items())
-        lines.append(f"adaptive: cycles per K {{{hist}}}; cost table ms/cycle {{{costs}}} ({ad['cost_source']}); "
-                     f"expected {ad['expected_tokens_per_s']:.1f} tok/s, achieved {ad['achieved_tokens_per_s']:.1f}")
+        if ad["costs_ms"] is None:
+            lines.append(f"adaptive: cycles per K {{{hist}}}; no cost table (nothing was left to decode after the "
+                         "prefill's token)")
+        else:
+            costs = ", ".join(f"{k_}: {ms:.2f}" for k_, ms in ad["costs_ms"].items())
+            lines.append(f"adaptive: cycles per K {{{hist}}}; cost table ms/cycle {{{costs}}} ({ad['cost_source']}); "
+                         f"expected {ad['expected_tokens_per_s']:.1f} tok/s, "
+                         f"achieved {ad['achieved_tokens_per_s']:.1f}")
     if k and acc["mean_acceptance_length"] is not None:
         lines.append(
             f"speculation: K={k}{' (largest)' if ad else ''}, "

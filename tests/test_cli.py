@@ -163,6 +163,28 @@ def test_cpu_default_is_adaptive(ckpt, library, capsys):
     assert len(ad["k_per_cycle"]) == doc["timings"]["cycles"]
 
 
+def _strict_json(text: str):
+    """json.loads refusing NaN and Infinity: Python writes them, JSON (RFC 8259) has no such values."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_with_nothing_to_decode_is_valid_json(ckpt, capsys):
+    """--max-new-tokens 1: the one token comes out of the prefill and no cycle runs, so there is no acceptance to
+    average and no cycle cost to time. The document says so with nulls (NaN is not JSON) and shows no cost table
+    (the placeholder the policy runs on is not a measurement)."""
+    code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", 1,
+                              "--speculative-num-steps", 1, "--json")
+    assert code == 0, err
+    doc = _strict_json(out)
+    _check_schema(doc, JSON_SCHEMA)
+    assert doc["timings"]["cycles"] == 0 and len(doc["results"][0]["tokens"]) == 1
+    assert doc["acceptance"]["per_position"] == [None]
+    ad = doc["adaptive"]
+    assert ad["cost_source"] == "none" and ad["costs_ms"] is None and ad["expected_tokens_per_s"] is None
+
+
 def _printed_speedup(stderr: str) -> tuple[float, float, float, float]:
     """(mean acceptance length, speedup, its min, its max) as the statistics lines print them."""
     mal = float(re.search(r"mean acceptance length ([0-9.]+)", stderr).group(1))
