@@ -217,7 +217,9 @@ def _read_prompts(a) -> tuple[list[str], bool]:
             except (OSError, UnicodeDecodeError) as e:
                 raise UsageError(f"{flag} {path}: cannot read ({e.__class__.__name__}: {e})") from None
             if flag == "--batch-file":
-                prompts = [line for line in text.splitlines() if line.strip()]
+                # lines end at "\n" only (read_text made CRLF "\n"): str.splitlines() also splits at form feeds,
+                # vertical tabs and U+2028, which sit inside lines of source code and text
+                prompts = [line for line in text.split("\n") if line.strip()]
                 if not prompts:
                     raise UsageError(f"--batch-file {path}: no prompts in it")
                 return prompts, True

@@ -158,3 +158,14 @@ def test_flag_beyond_64_bits(capsys, flag):
 def test_drafter_repeating_an_aux_layer_is_refused_at_the_fit_check(ckpt, capsys):
     code, err = run_in_process(capsys, "--model", ckpt / "model", "--draft", ckpt / "draft_repeats", "--prompt", "x")
     one_error_line(code, err, "[0, 1, 1]", "repeat a layer")
+
+
+def test_batch_file_splits_at_newlines_only(tmp_path):
+    """One prompt per line: a form feed (Python sources hold them between sections), a vertical tab or U+2028 inside
+    a line stays in its prompt (str.splitlines() would split there too); CRLF files read as LF."""
+    from jaxspec.generate import _read_prompts, build_parser
+
+    f = tmp_path / "prompts.txt"
+    f.write_bytes("def f():\f    return\r\n\r\nx = 1\v2 \u2028 3\n".encode())
+    prompts, batch = _read_prompts(build_parser().parse_args(["--batch-file", str(f)]))
+    assert batch and prompts == ["def f():\f    return", "x = 1\v2 \u2028 3"]
