@@ -70,7 +70,8 @@ JSON_SCHEMA = {
     "baseline": "null, or with --baseline (jaxspec/speedup.py): {decode_tokens_per_s, decode_s, steps, "
                 "speculative_decode_tokens_per_s, speculative_decode_s, speculative_cycles, speedup, speedup_min, "
                 "speedup_max, rounds, mode: 'stream' | 'device loop'}: medians over interleaved rounds of both runs, "
-                "speedup_min/max the rounds' extremes",
+                "speedup_min/max the rounds' extremes (a speedup is null where a plain run decoded no token after "
+                "the prefill's)",
     "speculation": {  # null without speculation (K = 0)
         "paid": "bool | null: whether speculation paid, where the figures decide it (jaxspec/speculation_verdict.py)",
         "reason": "str | null: the line printed where it did not pay, with the figures that decided it",
@@ -184,6 +185,9 @@ def _check_flags(a) -> int:
                          "--speculative-num-steps >= 1 (with 0 the run is already the baseline)")
     if a.baseline_rounds < 1:
         raise UsageError(f"--baseline-rounds must be >= 1, got {a.baseline_rounds}")
+    if a.baseline and a.max_new_tokens < 2:  # the first token comes out of the prefill: no decoding to time
+        raise UsageError(f"--baseline needs --max-new-tokens >= 2 (it times decoding after the prefill's token), "
+                         f"got {a.max_new_tokens}")
     if not a.chat and (a.chat_template_kwargs is not None or a.thinking is not None or a.tools is not None):
         raise UsageError("--chat-template-kwargs, --thinking and --tools shape a chat prompt: they need --chat")
     chat_template_kwargs(a)

@@ -41,7 +41,9 @@ class SpeedupMeasurement:
 
     @property
     def speedups(self) -> tuple[float, ...]:
-        return tuple(s / b for s, b in zip(self.speculative_tokens_per_s, self.baseline_tokens_per_s))
+        # a plain run that decoded nothing after the prefill's token (EOS first) has rate 0: that round has no ratio
+        return tuple(s / b if b > 0 else float("nan")
+                     for s, b in zip(self.speculative_tokens_per_s, self.baseline_tokens_per_s))
 
     @property
     def speedup(self) -> float:

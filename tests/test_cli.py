@@ -255,6 +255,7 @@ ERRORS = [
     (["--speculative-adaptive", "--speculative-adaptive-costs", "/nonexistent/costs.json"], "readable file"),
     (["--baseline", "--speculative-num-steps", "0"], "--baseline compares speculative decoding with plain"),
     (["--baseline", "--baseline-rounds", "0"], "--baseline-rounds"),
+    (["--baseline", "--max-new-tokens", "1"], "--baseline needs --max-new-tokens >= 2"),
     (["--moe-kernel", "fast"], "--moe-kernel"),
     (["--mesh", "3x"], "--mesh"),
     (["--mesh", "64"], "needs 64 devices"),

@@ -53,3 +53,14 @@ def test_refuses_what_it_cannot_compare():
     eng.k = 0
     with pytest.raises(ValueError, match="speculation"):
         measure_speedup(eng, [[1]], 4, None, 0, streamed=False)
+
+
+def test_runs_with_nothing_to_decode_give_no_speedup_not_a_crash():
+    """A plain run that decoded no token after the prefill's (EOS first, or one new token) has a rate of 0: its
+    round has no speedup (NaN), where a division by it raised ZeroDivisionError."""
+    eng = _RecordingEngine()
+    eng._result = lambda how, speculative: types.SimpleNamespace(decode_tokens_per_s=0.0, decode_s=1e-4, cycles=0)
+    m = measure_speedup(eng, [[1]], 1, None, 0, streamed=False, rounds=2)
+    assert all(s != s for s in m.speedups)  # NaN
+    d = m.as_dict()
+    assert d["speedup"] != d["speedup"] and d["speedup_min"] != d["speedup_min"]
