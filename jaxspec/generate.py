@@ -188,6 +188,8 @@ def _check_flags(a) -> int:
     if a.baseline and a.max_new_tokens < 2:  # the first token comes out of the prefill: no decoding to time
         raise UsageError(f"--baseline needs --max-new-tokens >= 2 (it times decoding after the prefill's token), "
                          f"got {a.max_new_tokens}")
+    if a.max_context is not None and a.max_context < 2:  # the engine would read 0 as "no cap"
+        raise UsageError(f"--max-context must be >= 2, got {a.max_context}")
     if not a.chat and (a.chat_template_kwargs is not None or a.thinking is not None or a.tools is not None):
         raise UsageError("--chat-template-kwargs, --thinking and --tools shape a chat prompt: they need --chat")
     chat_template_kwargs(a)
@@ -307,6 +309,9 @@ def run(argv: list[str] | None = None) -> int:
         _status(f"loading drafter {draft_dir}", quiet)
         dcfg, dw = load_draft(draft_dir, mesh=mesh, dtype=dtype, verify=verify)
         cfg = check_draft_fits(cfg, dcfg, dw)
+    if a.max_context is not None and a.max_context > cfg.max_position_embeddings:
+        # a cap, as the server takes it: it never lifts the model's own limit (positions it has no rotary range for)
+        raise UsageError(f"--max-context {a.max_context} exceeds the model's {cfg.max_position_embeddings} positions")
     tokenizer = load_tokenizer(model_dir)
     eos = eos_ids(model_dir, cfg, tokenizer)
     _status(f"loaded in {time.perf_counter() - t0:.1f} s", quiet)

@@ -256,6 +256,7 @@ ERRORS = [
     (["--baseline", "--speculative-num-steps", "0"], "--baseline compares speculative decoding with plain"),
     (["--baseline", "--baseline-rounds", "0"], "--baseline-rounds"),
     (["--baseline", "--max-new-tokens", "1"], "--baseline needs --max-new-tokens >= 2"),
+    (["--max-context", "0"], "--max-context must be >= 2"),
     (["--moe-kernel", "fast"], "--moe-kernel"),
     (["--mesh", "3x"], "--mesh"),
     (["--mesh", "64"], "needs 64 devices"),
@@ -292,6 +293,7 @@ def test_checkpoint_and_draft_errors(ckpt, tmp_path, capsys):
         (["--model", ckpt / "model", "--max-context", 40, "--max-new-tokens", 30, "--prompt", "the " * 12],
          "exceeds the context"),
         (["--model", ckpt / "model", "--draft", ckpt / "model"], "not a draft"),
+        (["--model", ckpt / "model", "--max-context", 10**6], "exceeds the model's"),
     ]
     for args, needle in cases:
         code, err = cli_in_process(capsys, *args, *([] if "--prompt" in args else ["--prompt", "x"]))
