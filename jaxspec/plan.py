@@ -351,7 +351,7 @@ def format_plan(p: Plan) -> str:
 
 
 def parse_bytes(text: str) -> int:
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*", text, re.IGNORECASE)
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([KMGT]i?B?|B)?\s*", text, re.IGNORECASE)  # 1.5e11 too
     if not m:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 141GB, 80GiB, 1.5e11)")
     unit = (m.group(2) or "B").upper().rstrip("B") or "B"
@@ -394,8 +394,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the least each flag may be: below it the planner divides by zero, or counts negative bytes into a plan that "fits"
+FLAG_MINIMUMS = {"devices": 1, "batch": 1, "context": 1, "num_steps": 0, "prefix_cache_tokens": 0, "cache_pages": 1,
+                 "device_memory": 1}
+
+
 def main(argv=None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    for name, least in FLAG_MINIMUMS.items():
+        value = getattr(a, name)
+        if value is not None and value < least:
+            parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
     try:
         plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
                          draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps,

@@ -112,3 +112,20 @@ def test_a_paged_cache_is_counted_as_its_pool():
     # ... but each draft step gathers every sequence's pages into its contiguous K and V (batch x context)
     view = p.working["draft cache pages read contiguous"]
     assert view == 16 * 8192 * 2 * dcfg.num_key_value_heads * dcfg.head_dim * 2
+
+
+def test_sizes_in_exponent_notation_and_out_of_range_flags(capsys):
+    """--device-memory takes 1.5e11, the form its own error message gives as an example; counts that are zero or
+    negative are refused with the flag named (they raised a traceback, or printed a plan with negative bytes that
+    FITS)."""
+    assert plan.parse_bytes("1.5e11") == 150 * plan.GB and plan.parse_bytes("1E3KB") == 10**6
+    capsys.readouterr()
+    bad = [("--devices", "0"), ("--devices", "-8"), ("--batch", "0"), ("--batch", "-1"), ("--context", "0"),
+           ("--num-steps", "-1"), ("--prefix-cache-tokens", "-64"), ("--cache-pages", "0"), ("--cache-pages", "-3"),
+           ("--device-memory", "0")]
+    for flag, value in bad:
+        with pytest.raises(SystemExit) as e:
+            plan.main([flag, value])
+        err = capsys.readouterr().err
+        assert e.value.code == 2, (flag, value)
+        assert f"{flag} must be" in err and "Traceback" not in err, (flag, value, err)
