@@ -17,7 +17,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-from convert.checkpoint import load_item_numpy, read_metadata
+from convert.checkpoint import METADATA_FILE, load_item_numpy, read_metadata
+from convert.errors import CheckpointError
 from convert.integrity import verify_manifest
 from convert.hf_draft_weights import build_draft, plan_draft
 from convert.hf_weights import WeightBuilder
@@ -166,6 +167,9 @@ def check_conversion(src: str | Path, dst: str | Path, samples: int = 24, seed: 
     if bad or samples <= 0:
         return bad
     raw = read_config(src)
+    # the metadata file is not in its own manifest: the digests above vouch for everything but it
+    if meta.get("kind") not in ("target", "draft"):
+        raise CheckpointError(f"{dst / METADATA_FILE}: 'kind' must be 'target' or 'draft', got {meta.get('kind')!r}")
     if meta["kind"] == "draft":
         return check_draft(src, dst, raw, log)
     return check_target(src, dst, raw, samples, seed, log)

@@ -334,3 +334,22 @@ def test_nonfinite_weights_convert_when_allowed(base_src, tmp_path, capsys):
     nan_in("model.layers.1.self_attn.kv_a_layernorm.weight")(src, tmp_path)
     assert main([str(src), str(tmp_path / "dst"), "--no-progress", "--allow-nonfinite"]) == 0
     assert (tmp_path / "dst" / "CONVERSION_COMPLETE").exists()
+
+
+def test_check_source_names_metadata_without_a_kind(base_src, tmp_path, capsys):
+    """jaxspec_checkpoint.json is not in its own manifest, so the digests pass whatever it says; a `kind` that is
+    missing or unknown ends in one line naming the file (it was a KeyError traceback)."""
+    dst = tmp_path / "dst"
+    assert main([str(base_src), str(dst), "--no-progress"]) == 0
+    meta = json.loads((dst / "jaxspec_checkpoint.json").read_text())
+    for kind in (None, "vision"):
+        meta.pop("kind", None)
+        if kind is not None:
+            meta["kind"] = kind
+        (dst / "jaxspec_checkpoint.json").write_text(json.dumps(meta))
+        capsys.readouterr()
+        rc = main([str(base_src), str(dst), "--no-progress", "--check-source"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2, err
+        assert err[-1].startswith("convert: error: ") and "jaxspec_checkpoint.json" in err[-1] and "'kind'" in err[-1]
+        assert not any("Traceback" in line for line in err)
