@@ -99,8 +99,10 @@ def run(args, on_item_saved=None) -> int:
 
 def _kept(args) -> str:
     """What a failed run leaves: a DST.partial holding converted items, which a rerun resumes."""
+    if not getattr(args, "holds_lock", False):  # before the destination was checked (it may have no name)
+        return ""
     work = partial_dir(args.dst.absolute())
-    if getattr(args, "holds_lock", False) and work.is_dir() and not work.is_symlink() and (work / "convert_options.json").is_file():
+    if work.is_dir() and not work.is_symlink() and (work / "convert_options.json").is_file():
         return f" ({work} is kept: rerun to resume it, or pass --restart to discard it)"
     return ""
 

@@ -353,3 +353,12 @@ def test_check_source_names_metadata_without_a_kind(base_src, tmp_path, capsys):
         assert rc == 2, err
         assert err[-1].startswith("convert: error: ") and "jaxspec_checkpoint.json" in err[-1] and "'kind'" in err[-1]
         assert not any("Traceback" in line for line in err)
+
+
+def test_the_root_directory_as_destination(base_src, capsys):
+    """DST.partial and DST.lock are named after DST, and `/` has no name: one line (it was a ValueError traceback)."""
+    capsys.readouterr()
+    rc = main([str(base_src), "/", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("convert: error: /: "), err
+    assert "Traceback" not in "\n".join(err)
