@@ -37,7 +37,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from convert import tree_schema
-from convert.destination import partial_dir
+from convert.destination import partial_dir, replaced_dir
 from convert.errors import CheckpointError
 from convert.hf_config import draft_config_to_hf, text_config_to_hf
 from convert.integrity import describe_files, describe_tree, verify_manifest
@@ -127,6 +127,12 @@ class CheckpointWriter:
             if not is_checkpoint_dir(self.dst):
                 raise CheckpointError(f"{self.dst}: not a jaxspec checkpoint, so --overwrite will not replace it "
                                       "(remove it yourself, or choose another destination)")
+            # `finish` moves the old checkpoint there: anything else in the way would fail that rename only after
+            # the whole conversion, leaving a finished DST.partial that cannot be resumed
+            aside = replaced_dir(self.dst)
+            if (aside.exists() or aside.is_symlink()) and not is_checkpoint_dir(aside):
+                raise CheckpointError(f"{aside}: not a jaxspec checkpoint, and --overwrite moves the old checkpoint "
+                                      "there while the new one takes its place (remove it yourself)")
         if self.work.is_symlink() or (self.work.exists() and not self.work.is_dir()):
             raise CheckpointError(f"{self.work}: exists and is not a conversion's work directory; remove it yourself")
         if self.work.exists() and restart:
@@ -249,7 +255,7 @@ class CheckpointWriter:
         (self.work / COMPLETE_MARKER).write_text("complete\n")
         if self.dst.exists() and self.overwrite:
             # move the old checkpoint aside first: DST is, at every instant, the old or the new checkpoint
-            old = self.dst.with_name(self.dst.name + ".replaced")
+            old = replaced_dir(self.dst)
             if is_checkpoint_dir(old):
                 shutil.rmtree(old)
             os.replace(self.dst, old)

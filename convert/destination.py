@@ -20,6 +20,12 @@ def lock_path(dst: str | Path) -> Path:
     return dst.with_name(dst.name + ".lock")
 
 
+def replaced_dir(dst: str | Path) -> Path:
+    """Where `--overwrite` moves the old checkpoint while the new one is renamed into place."""
+    dst = Path(dst)
+    return dst.with_name(dst.name + ".replaced")
+
+
 def check_destination(src: str | Path, dst: str | Path) -> None:
     """Refuse a DST (or DST.partial / DST.lock) that is SRC, is inside it, or contains it (resolved paths)."""
     source = Path(src).resolve()

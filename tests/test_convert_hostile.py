@@ -362,3 +362,20 @@ def test_the_root_directory_as_destination(base_src, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("convert: error: /: "), err
     assert "Traceback" not in "\n".join(err)
+
+
+def test_overwrite_refuses_a_user_directory_where_the_old_checkpoint_goes(base_src, tmp_path, capsys):
+    """--overwrite moves the old checkpoint to DST.replaced before renaming the new one into place. A DST.replaced
+    that is not a jaxspec checkpoint is refused before converting: the rename failed only at the very end, naming
+    DST, and left a finished DST.partial that no rerun could resume (only --restart, discarding it)."""
+    dst = tmp_path / "dst"
+    assert main([str(base_src), str(dst), "--no-progress"]) == 0
+    (tmp_path / "dst.replaced").mkdir()
+    (tmp_path / "dst.replaced" / "notes.txt").write_text("mine\n")
+    before = tree_digest(tmp_path)
+    capsys.readouterr()
+    rc = main([str(base_src), str(dst), "--no-progress", "--overwrite"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("convert: error: "), err
+    assert "dst.replaced" in err[0] and "not a jaxspec checkpoint" in err[0], err
+    assert tree_digest(tmp_path) == before  # the old checkpoint, the user's directory, and no dst.partial
