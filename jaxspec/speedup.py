@@ -13,6 +13,7 @@ acceptance length; a figure above it means the two runs were not timed alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,12 @@ class SpeedupMeasurement:
 
     @property
     def speedup(self) -> float:
-        return statistics.median(self.speedups)
+        return statistics.median(self._finite_speedups) if self._finite_speedups else float("nan")
+
+    @property
+    def _finite_speedups(self) -> tuple[float, ...]:
+        """The rounds that have a ratio (min, max and the median of NaN depend on the rounds' order)."""
+        return tuple(x for x in self.speedups if math.isfinite(x))
 
     def as_dict(self) -> dict:
         return {
@@ -58,8 +64,8 @@ class SpeedupMeasurement:
             "speculative_decode_s": self.speculative_decode_s,
             "speculative_cycles": self.speculative_cycles,
             "speedup": self.speedup,
-            "speedup_min": min(self.speedups),
-            "speedup_max": max(self.speedups),
+            "speedup_min": min(self._finite_speedups, default=float("nan")),
+            "speedup_max": max(self._finite_speedups, default=float("nan")),
             "rounds": self.rounds,
             "mode": self.mode,
         }

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from jaxspec.speedup import measure_speedup
+from jaxspec.speedup import SpeedupMeasurement, measure_speedup
 
 
 class _RecordingEngine:
@@ -64,3 +64,17 @@ def test_runs_with_nothing_to_decode_give_no_speedup_not_a_crash():
     assert all(s != s for s in m.speedups)  # NaN
     d = m.as_dict()
     assert d["speedup"] != d["speedup"] and d["speedup_min"] != d["speedup_min"]
+
+
+def test_rounds_without_a_ratio_do_not_set_the_median_or_the_range():
+    """Where some rounds have no speedup (NaN) the median and the range come from the others, in any order of rounds:
+    a NaN among the values makes min, max and the median depend on where it stands."""
+    def measured(baseline):
+        return SpeedupMeasurement(mode="device loop", speculative_tokens_per_s=(20.0, 30.0, 40.0),
+                                  baseline_tokens_per_s=baseline, baseline_steps=3, baseline_decode_s=0.1)
+
+    for baseline in ((0.0, 10.0, 10.0), (10.0, 0.0, 10.0), (10.0, 10.0, 0.0)):
+        d = measured(baseline).as_dict()
+        finite = [s / b for s, b in zip((20.0, 30.0, 40.0), baseline) if b > 0]
+        assert (d["speedup_min"], d["speedup_max"]) == (min(finite), max(finite))
+        assert d["speedup"] == sum(finite) / 2
