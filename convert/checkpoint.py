@@ -251,18 +251,19 @@ class CheckpointWriter:
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "tokenizer_files": copied, **metadata,
                 "manifest": manifest}
         _write_json_atomic(self.work / METADATA_FILE, meta)
-        (self.work / OPTIONS_FILE).unlink(missing_ok=True)
         (self.work / COMPLETE_MARKER).write_text("complete\n")
+        old = replaced_dir(self.dst)
         if self.dst.exists() and self.overwrite:
-            # move the old checkpoint aside first: DST is, at every instant, the old or the new checkpoint
-            old = replaced_dir(self.dst)
+            # the old checkpoint goes aside first, then the new one takes its place: between the two renames DST is
+            # absent, the old checkpoint whole at DST.replaced and the new one at DST.partial, which a rerun finishes
+            # (its options file stays until the rename, so the rerun can tell it is the same conversion)
             if is_checkpoint_dir(old):
                 shutil.rmtree(old)
             os.replace(self.dst, old)
-            os.replace(self.work, self.dst)
+        os.replace(self.work, self.dst)
+        (self.dst / OPTIONS_FILE).unlink(missing_ok=True)
+        if self.overwrite and is_checkpoint_dir(old):  # this run's, or a run stopped between the two renames
             shutil.rmtree(old)
-        else:
-            os.replace(self.work, self.dst)
         return self.dst
 
 

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,6 +84,34 @@ def test_killed_run_resumes_to_the_uninterrupted_result(int4_src, tmp_path):
     meta = lambda d: {k: v for k, v in json.loads((d / "jaxspec_checkpoint.json").read_text()).items()  # noqa: E731
                       if k != "manifest"}
     assert meta(dst) == meta(reference)
+
+
+def test_overwrite_stopped_between_its_renames_is_finished_by_a_rerun(int4_src, tmp_path, monkeypatch, capsys):
+    """--overwrite moves the old checkpoint to DST.replaced, then renames DST.partial to DST. A run stopped between
+    the two leaves both whole and no DST; the same command again puts the new checkpoint in place and drops the
+    old one (the partial's options stay until its rename, so the rerun can tell it is the same conversion)."""
+    dst = tmp_path / "dst"
+    convert_checkpoint(int4_src, dst, ConvertOptions(progress=False, dtype="bfloat16"), lambda m: None)
+    real_replace = os.replace
+
+    def replace_stopping_before_the_second(a, b):
+        if Path(a) == partial_dir(dst):
+            raise KeyboardInterrupt  # where a kill would land
+        return real_replace(a, b)
+
+    monkeypatch.setattr("convert.checkpoint.os.replace", replace_stopping_before_the_second)
+    assert main([str(int4_src), str(dst), "--no-progress", "--dtype", "float32", "--overwrite"]) != 0
+    monkeypatch.setattr("convert.checkpoint.os.replace", real_replace)
+    replaced = dst.with_name(dst.name + ".replaced")
+    assert not dst.exists()
+    assert (partial_dir(dst) / COMPLETE_MARKER).is_file() and (replaced / COMPLETE_MARKER).is_file()
+    capsys.readouterr()
+
+    assert main([str(int4_src), str(dst), "--no-progress", "--dtype", "float32", "--overwrite"]) == 0
+    assert "6 of 6 items already converted" in capsys.readouterr().err
+    assert json.loads((dst / "jaxspec_checkpoint.json").read_text())["dtype"] == "float32"
+    assert not replaced.exists() and not partial_dir(dst).exists() and not (dst / "convert_options.json").exists()
+    assert main([str(int4_src), str(dst), "--check"]) == 0
 
 
 def test_resume_refuses_other_options_unless_restarted(int4_src, tmp_path, capsys):
