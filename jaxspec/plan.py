@@ -25,7 +25,7 @@ from jax.sharding import AbstractMesh
 
 from convert.help_format import DefaultsHelpFormatter
 from jaxspec.defaults import DEFAULT_NUM_STEPS
-from jaxspec.prefill import DEFAULT_CHUNK
+from jaxspec.prefill import DEFAULT_CHUNK, MIN_BUCKET
 from jaxspec.serving.prefix_pages import PAGE_TOKENS
 from model.config import TextConfig
 from model.configs import KNOWN, known_config
@@ -284,14 +284,19 @@ def make_plan(config: str, devices: int, device_memory: int, context: int, batch
 
     fixed = sum(target.values()) + sum(draft_w.values()) + sum(kv.values())
     experts_local = cfg.n_routed_experts // _size(mesh, "experts", cfg.n_routed_experts) if cfg.n_routed_experts else 0
-    prompt, best = 16, 0
-    while prompt <= context:
+    prompt, best = MIN_BUCKET, 0
+    while prompt <= longest_chunk(context):
         need = fixed + sum(prefill_working_bytes(cfg, dcfg, mesh, batch, prompt, capacity, experts_local).values())
         if need > device_memory:
             break
         best, prompt = prompt, prompt * 2
     return Plan(config, draft, experts, dict(zip(MESH_AXES, mesh_shape)), context, batch, num_steps, device_memory,
                 target, draft_w, kv, working, best)
+
+
+def longest_chunk(context: int) -> int:
+    """The chunk a prompt filling `context` runs in unchunked: its power-of-two bucket, at least MIN_BUCKET."""
+    return max(MIN_BUCKET, 1 << (context - 1).bit_length())
 
 
 # --- printing ---------------------------------------------------------------------------------------------
@@ -344,8 +349,11 @@ def format_plan(p: Plan) -> str:
             f"{math.ceil(100 * p.total / p.device_memory) / 100:.2f}",
             (f"prefill fits chunks up to {p.prefill_max_chunk} tokens (estimate: [chunk, S] attention scores over "
              f"the whole cache); the engine's default chunk of {DEFAULT_CHUNK} "
-             + ("fits" if p.prefill_max_chunk >= DEFAULT_CHUNK else
-                f"does not: pass Engine(prefill_chunk=...) / --prefill-chunk <= {p.prefill_max_chunk}")),
+             + ("fits" if p.prefill_max_chunk >= min(DEFAULT_CHUNK, longest_chunk(p.context)) else
+                f"does not: pass Engine(prefill_chunk=...) / --prefill-chunk <= {p.prefill_max_chunk}"))
+            if p.prefill_max_chunk else
+            (f"no prefill chunk fits, not even the smallest ({MIN_BUCKET} tokens; estimate: [chunk, S] attention "
+             "scores over the whole cache): the prompt cannot be run"),
         ]
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ import pytest
 
 from jaxspec import plan
 from jaxspec.models import SpecWeights
+from jaxspec.prefill import MIN_BUCKET
 from jaxspec.sharded import place, place_weights
 from model.sharding import CACHE_RULES, DRAFT_RULES, TARGET_RULES, make_mesh, path_str, shardings_for
 from tests.sharded_pair import numpy_like, sharded_config
@@ -129,3 +130,17 @@ def test_sizes_in_exponent_notation_and_out_of_range_flags(capsys):
         err = capsys.readouterr().err
         assert e.value.code == 2, (flag, value)
         assert f"{flag} must be" in err and "Traceback" not in err, (flag, value, err)
+
+
+def test_short_contexts_get_the_prefill_chunk_they_run_in():
+    """A prompt shorter than the smallest bucket runs as one chunk of MIN_BUCKET tokens, and one filling a short
+    context as one chunk of its bucket: the plan tests those (it printed "chunks up to 0 tokens ... --prefill-chunk
+    <= 0" for a context under 16), and the default chunk only has to fit where a prompt can be that long."""
+    for context, chunk in ((1000, 1024), (100, 128), (8, MIN_BUCKET)):
+        p = plan.make_plan("kimi-k2.5", devices=8, device_memory=141 * plan.GB, context=context, batch=1)
+        assert p.prefill_max_chunk == chunk, context
+        assert "does not" not in plan.format_plan(p).splitlines()[-1]
+    # a device that holds the weights, caches and a cycle's buffers, and no prefill chunk's
+    tight = plan.make_plan("kimi-k2.5", devices=8, device_memory=p.total + 1, context=8, batch=1)
+    assert tight.fits and tight.prefill_max_chunk == 0
+    assert "no prefill chunk fits" in plan.format_plan(tight).splitlines()[-1]
