@@ -79,6 +79,13 @@ def parse_mesh(spec: str | None):
     return make_mesh(dims)
 
 
+def require_checkpoint_dir(flag: str, path: Path) -> None:
+    """A UsageError naming `flag` unless `path` is a directory (one that exists but is not says so)."""
+    if not path.is_dir():
+        why = "not a directory (a checkpoint is one)" if path.exists() else "no such checkpoint directory"
+        raise UsageError(f"{flag} {path}: {why}")
+
+
 def find_draft(model_dir: Path, draft: Path | None) -> Path | None:
     if draft is not None:
         return draft

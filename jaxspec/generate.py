@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
-                                 parse_mesh, run_with_exit_codes, with_moe_kernel)
+                                 parse_mesh, require_checkpoint_dir, run_with_exit_codes, with_moe_kernel)
 from jaxspec.defaults import ADAPTIVE_KINDS, DEFAULT_NUM_STEPS, default_adaptive_kind, default_dtype
 from jaxspec.generate_display import ChatDisplay, echo_prompt, format_speedup
 from jaxspec.speculation_verdict import speculation_verdict
@@ -166,7 +166,8 @@ def _check_flags(a) -> int:
     if k is None:
         k = a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else DEFAULT_NUM_STEPS
     if k < 0:
-        raise UsageError(f"--speculative-num-steps must be >= 0, got {k}")
+        raise UsageError(f"--speculative-num-steps must be >= 0, got {k}" if a.speculative_num_steps is not None else
+                         f"--speculative-num-draft-tokens must be >= 1, got {a.speculative_num_draft_tokens}")
     if a.speculative_adaptive and k < 1:
         raise UsageError("--speculative-adaptive needs --speculative-num-steps >= 1 (the largest K it may choose)")
     if a.speculative_adaptive_kind is not None and (a.speculative_adaptive is False or k < 1):
@@ -288,14 +289,13 @@ def run(argv: list[str] | None = None) -> int:
             except CostTableError as e:
                 raise UsageError(str(e)) from None
     model_dir = a.model or DEFAULT_MODEL_DIR / "target"
-    if not model_dir.is_dir():
-        raise UsageError(f"--model {model_dir}: no such checkpoint directory")
+    require_checkpoint_dir("--model", model_dir)
     read_metadata(model_dir, "target")  # a broken target is the first thing to report
     draft_dir = find_draft(model_dir, a.draft) if k > 0 else None
     if k > 0 and draft_dir is None:
         raise UsageError(f"no drafter found beside {model_dir} (pass --draft DIR, or --speculative-num-steps 0)")
-    if draft_dir is not None and not draft_dir.is_dir():
-        raise UsageError(f"--draft {draft_dir}: no such checkpoint directory")
+    if draft_dir is not None:
+        require_checkpoint_dir("--draft", draft_dir)
     a.dtype = a.dtype or default_dtype(jax.default_backend())
     dtype = jnp.dtype(a.dtype)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.defaults import default_dtype
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
-                                 parse_mesh, run_with_exit_codes, with_moe_kernel)
+                                 parse_mesh, require_checkpoint_dir, run_with_exit_codes, with_moe_kernel)
 
 # A server admits a prompt longer than this a chunk per device step. Smaller chunks cut how long running streams
 # wait and lengthen a long prompt's time to its first token (docs/serving.md; bench.admission_gaps).
@@ -129,14 +129,13 @@ def build_service(a, k: int, buckets: list[int], log=print):
 
     mesh = parse_mesh(a.mesh)
     model_dir = a.model or DEFAULT_MODEL_DIR / "target"
-    if not model_dir.is_dir():
-        raise UsageError(f"--model {model_dir}: no such checkpoint directory")
+    require_checkpoint_dir("--model", model_dir)
     read_metadata(model_dir, "target")
     draft_dir = find_draft(model_dir, a.draft) if k > 0 else None
     if k > 0 and draft_dir is None:
         raise UsageError(f"no drafter found beside {model_dir} (pass --draft DIR, or --speculative-num-steps 0)")
-    if draft_dir is not None and not draft_dir.is_dir():
-        raise UsageError(f"--draft {draft_dir}: no such checkpoint directory")
+    if draft_dir is not None:
+        require_checkpoint_dir("--draft", draft_dir)
     template = None
     if a.chat_template is not None:
         try:

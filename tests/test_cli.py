@@ -263,6 +263,9 @@ ERRORS = [
     (["--no-such-flag"], "unrecognized arguments"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "--prompt-file"),
     (["--model", "/nonexistent/model"], "no such checkpoint"),
+    (["--model", __file__], "not a directory"),
+    (["--draft", __file__], "--draft"),
+    (["--speculative-num-draft-tokens", "-3"], "--speculative-num-draft-tokens must be >= 1"),
 ]
 
 
