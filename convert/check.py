@@ -25,6 +25,7 @@ from convert.hf_weights import WeightBuilder
 from convert.kimi_tensors import LinearSpec, PlainSpec, layer_prefix, target_items
 from convert.safetensors_reader import CheckpointReader
 from convert.stream import read_config
+from convert.tokenizer_files import tokenizer_files
 from model.config import TextConfig, text_config_from_dict
 from model.decoder import LayerWeights
 from model.eagle3 import draft_config_from_dict
@@ -150,11 +151,17 @@ def check_digests(dst: Path, meta: dict, log) -> int:
             "--check-source compares it with the source instead")
         return 1
     problems = verify_manifest(dst, manifest, full=True)
+    n = len(manifest) if isinstance(manifest, dict) else 0
+    # the engine reads these beside the weights (eos ids, the chat template, the tokenizer) whether or not the
+    # conversion wrote them: one added later would change what a load does with no digest to show it
+    unlisted = [p for p in tokenizer_files(dst) if p.name not in manifest] if isinstance(manifest, dict) else []
     for p in problems:
         log(f"check: BAD {p}")
-    n = len(manifest) if isinstance(manifest, dict) else 0
+    for p in unlisted:
+        log(f"check: BAD {p}: a tokenizer, template or generation file beside the weights that the manifest does "
+            "not list (added after the conversion?)")
     log(f"check: {n - len(problems)} of {n} files match their recorded SHA-256")
-    return len(problems)
+    return len(problems) + len(unlisted)
 
 
 def check_conversion(src: str | Path, dst: str | Path, samples: int = 24, seed: int = 0,

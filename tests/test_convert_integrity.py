@@ -128,6 +128,24 @@ def test_check_verifies_every_digest(src, converted, tmp_path, capsys):
     assert err.strip().splitlines()[-1].startswith("convert: error: ") and "--check found 1 problem" in err
 
 
+def test_check_names_files_the_engine_reads_that_the_manifest_does_not_list(src, converted, tmp_path, capsys):
+    """A template, tokenizer or generation file put beside the weights after the conversion (the names the converter
+    copies, which the engine reads there) has no digest to vouch for it: --check names it; other files do not
+    count."""
+    dst = tmp_path / "dst"
+    shutil.copytree(converted, dst)
+    (dst / "NOTES.txt").write_text("mine\n")
+    capsys.readouterr()
+    assert main([str(src), str(dst), "--check"]) == 0
+    added = dst / "tool_use.jinja"  # another template (`*.jinja`), as some Hugging Face repos carry
+    assert not added.exists()
+    added.write_text("{{ messages[0]['content'] }}")
+    assert main([str(src), str(dst), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"check: BAD {added}: a tokenizer, template or generation file" in err and "not list" in err
+    assert "--check found 1 problem" in err
+
+
 def test_loading_verifies_sizes_always_and_digests_on_request(converted, tmp_path):
     dst = tmp_path / "dst"
     shutil.copytree(converted, dst)
