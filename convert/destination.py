@@ -27,12 +27,13 @@ def replaced_dir(dst: str | Path) -> Path:
 
 
 def check_destination(src: str | Path, dst: str | Path) -> None:
-    """Refuse a DST (or DST.partial / DST.lock) that is SRC, is inside it, or contains it (resolved paths)."""
+    """Refuse a DST (or DST.partial / DST.lock / DST.replaced, where `--overwrite` moves the old checkpoint) that is
+    SRC, is inside it, or contains it (resolved paths)."""
     source = Path(src).resolve()
     dst = Path(dst).absolute()
     if not dst.name:  # "/": DST.partial and DST.lock are named after DST
         raise CheckpointError(f"{dst}: the destination needs a name of its own (DST.partial and DST.lock go beside it)")
-    for path in (dst, partial_dir(dst), lock_path(dst)):
+    for path in (dst, partial_dir(dst), lock_path(dst), replaced_dir(dst)):
         real = path.resolve()
         if is_within(real, source):
             raise CheckpointError(f"{path}: is {'SRC' if real == source else 'inside SRC'} ({source}); "

@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from convert.__main__ import main
+from convert.destination import check_destination
+from convert.errors import CheckpointError
 from tests import convert_fixtures as fx
 
 
@@ -334,6 +336,16 @@ def test_nonfinite_weights_convert_when_allowed(base_src, tmp_path, capsys):
     nan_in("model.layers.1.self_attn.kv_a_layernorm.weight")(src, tmp_path)
     assert main([str(src), str(tmp_path / "dst"), "--no-progress", "--allow-nonfinite"]) == 0
     assert (tmp_path / "dst" / "CONVERSION_COMPLETE").exists()
+
+
+def test_a_destinations_aside_place_leading_into_src_is_refused(tmp_path):
+    """--overwrite moves the old checkpoint to DST.replaced and removes it there: a DST.replaced that resolves into
+    SRC is refused like a DST.partial or DST.lock would be."""
+    src = tmp_path / "src"
+    (src / "inside").mkdir(parents=True)
+    (tmp_path / "dst.replaced").symlink_to(src / "inside")
+    with pytest.raises(CheckpointError, match="dst.replaced: is inside SRC"):
+        check_destination(src, tmp_path / "dst")
 
 
 def test_check_source_names_metadata_without_a_kind(base_src, tmp_path, capsys):
