@@ -40,6 +40,7 @@ def test_completion_fields_and_defaults():
     ({"prompt": "x", "seed": -1}, "seed"), ({"prompt": "x", "n": 3}, "n"), ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
     ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "top_k": 2 ** 31}, "top_k"),  # past the int32 it travels as: a 400, not a failed prefill
 ])
 def test_bad_completion_fields_name_the_field(body, param):
     with pytest.raises(BadRequest) as e:
