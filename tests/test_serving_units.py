@@ -7,6 +7,7 @@ import pytest
 
 from jaxspec.sampling import SamplingParams
 from jaxspec.serve import main as serve_main
+from jaxspec.serving.app import _Text
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.protocol import BadRequest, parse_chat, parse_completion
 from jaxspec.serving.scheduler import QueueFull, Request, Scheduler
@@ -88,3 +89,23 @@ def test_requests_whose_clients_gave_up_hold_no_place_in_the_queue():
     scheduler.submit(request())
     with pytest.raises(QueueFull):
         scheduler.submit(request())
+
+
+def _text(stops, pieces):
+    """A request's _Text over a tokenizer whose token i decodes to pieces[i]."""
+    tokenizer = types.SimpleNamespace(decode=lambda ids: "".join(pieces[i] for i in ids))
+    service = types.SimpleNamespace(tokenizer=tokenizer, scheduler=types.SimpleNamespace(eos_ids=frozenset()))
+    return _Text(service, stops)
+
+
+def test_a_stop_string_ends_the_count_and_the_text_at_the_token_that_completes_it():
+    """A device step hands over several tokens at once: usage counts those up to the token that completed the stop
+    string (not the ones decoded past it, which the client never sees), and which stop string wins does not depend
+    on how the tokens were grouped into steps."""
+    pieces = ["im", "port", " sys", "\n", "import", " os", "\n"]
+    text = _text(("sys",), pieces)
+    assert text.push([0]) == ("im", False)
+    assert text.push([1, 2, 3, 4, 5]) == ("port ", True) and text.tokens == 3
+    grouped, one_by_one = _text(("abcd", "c"), ["a", "b", "c", "d"]), _text(("abcd", "c"), ["a", "b", "c", "d"])
+    assert grouped.push([0, 1, 2, 3]) == ("ab", True) and grouped.tokens == 3
+    assert [one_by_one.push([i]) for i in range(3)] == [("", False), ("", False), ("ab", True)]
