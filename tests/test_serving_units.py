@@ -10,6 +10,7 @@ from jaxspec.serve import main as serve_main
 from jaxspec.serving.app import _Text
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.protocol import BadRequest, parse_chat, parse_completion
+from jaxspec.serving.reasoning import prompt_opens_reasoning
 from jaxspec.serving.scheduler import QueueFull, Request, Scheduler
 from jaxspec.serving.stop import StopMatcher
 
@@ -109,3 +110,11 @@ def test_a_stop_string_ends_the_count_and_the_text_at_the_token_that_completes_i
     grouped, one_by_one = _text(("abcd", "c"), ["a", "b", "c", "d"]), _text(("abcd", "c"), ["a", "b", "c", "d"])
     assert grouped.push([0, 1, 2, 3]) == ("ab", True) and grouped.tokens == 3
     assert [one_by_one.push([i]) for i in range(3)] == [("", False), ("", False), ("ab", True)]
+
+
+def test_a_think_tag_in_a_message_does_not_open_the_reasoning():
+    """Only a prompt that ends in an open <think> (K2.5's generation prompt) starts the answer inside the reasoning:
+    a user who writes the tag in a message gets the answer as content."""
+    assert prompt_opens_reasoning("<|im_assistant|>assistant<|im_middle|><think>")
+    assert not prompt_opens_reasoning("<|im_assistant|>assistant<|im_middle|><think></think>")
+    assert not prompt_opens_reasoning("# user: what does <think> do?\n# assistant:\n")
