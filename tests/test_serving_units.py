@@ -1,6 +1,7 @@
 """The server's host-side pieces without a model: stop strings over streamed text, request validation, flags, the
 queue's bound."""
 
+import time
 import types
 
 import pytest
@@ -25,6 +26,17 @@ def test_stop_matcher_holds_back_a_possible_start_and_cuts_at_the_first_stop():
     assert m.push("tail EN") == ("tail ", False)
     assert m.flush() == "EN"
     assert StopMatcher(()).push("free") == ("free", False)
+
+
+def test_a_long_stop_string_costs_a_push_no_more_than_the_text_it_sees():
+    """Stop strings are matched on the event loop, per token: a client's 2 MB stop string (well within the body's
+    limit) must not cost each push time in its length squared, which froze every other request for minutes."""
+    stop = "a" * 2 * 10 ** 6
+    m = StopMatcher((stop, "END"))
+    t0 = time.perf_counter()
+    assert [m.push(t) for t in ("x", "aa", "E", "b")] == [("x", False), ("", False), ("aa", False), ("Eb", False)]
+    assert m.push("aa") == ("", False) and m.flush() == "aa"
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_completion_fields_and_defaults():
