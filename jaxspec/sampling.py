@@ -54,8 +54,11 @@ def processed_probs(logits_XV: jax.Array, temperature, top_k, top_p) -> jax.Arra
     sorted_probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=-1)
     # nucleus: keep tokens whose preceding cumulative mass (in descending order) is < top_p. top_p = 1 keeps every
     # token: the float32 running mass reaches 1.0 before the end of a long tail, which `< 1` alone would cut off.
+    # The most likely token is always kept: a top_p > 0 that float32 holds as 0 (or flushes to 0 as a subnormal)
+    # would otherwise keep none, and the softmax over no token is NaN.
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = in_top_k & ((mass_before < top_p) | (top_p >= 1.0))
+    first = jnp.arange(v) == 0
+    keep_sorted = in_top_k & ((mass_before < top_p) | (top_p >= 1.0) | first)
     # the last kept logit: a token tied with it is kept too, whatever order the sort gave the tie
     cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
     return jax.nn.softmax(jnp.where(scaled >= cutoff, scaled, -jnp.inf), axis=-1)

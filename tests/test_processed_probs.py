@@ -102,3 +102,12 @@ def test_minus_infinity_logits_stay_impossible():
         ref = np.stack([reference_probs(row, sampling.temperature, sampling.top_k, sampling.top_p) for row in logits])
         assert (got[:, ::3] == 0).all()
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("top_p", [1e-40, 1e-50])  # a float32 subnormal, and a value float32 rounds to 0
+def test_a_top_p_too_small_for_float32_still_keeps_the_top_token(top_p):
+    """The nucleus is never empty: a top_p that is > 0 (so valid) but 0 or subnormal in float32 keeps the most
+    likely token, as the definition does, instead of leaving no token and sampling from NaN."""
+    logits = np.random.default_rng(3).standard_normal((3, 64))
+    got = _jax_probs(logits, SamplingParams(1.0, top_p=top_p))
+    np.testing.assert_array_equal(got, np.eye(64)[logits.argmax(-1)])

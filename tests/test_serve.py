@@ -112,12 +112,16 @@ def test_stop_string_cuts_the_text(server, solo, stream):
     assert stop.strip()
     kw = dict(model="jaxspec", prompt=prompt, max_tokens=SOLO_TOKENS, temperature=0, stop=[stop, "never-seen"])
     if stream:
-        chunks = [c.choices[0] for c in client(server).completions.create(stream=True, **kw)]
+        chunks = list(client(server).completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+        usage, chunks = chunks[-1].usage, [c.choices[0] for c in chunks if c.choices]
         text, reason = "".join(c.text for c in chunks), chunks[-1].finish_reason
     else:
-        r = client(server).completions.create(**kw).choices[0]
-        text, reason = r.text, r.finish_reason
+        r = client(server).completions.create(**kw)
+        usage, text, reason = r.usage, r.choices[0].text, r.choices[0].finish_reason
     assert text == full[: full.index(stop)] and reason == "stop"
+    # usage counts the tokens up to the one that completed the stop string, not the rest of its device step
+    decode = server["service"].tokenizer.decode
+    assert usage.completion_tokens == next(n for n in range(1, SOLO_TOKENS + 1) if stop in decode(solo[prompt][:n]))
 
 
 def test_chat_uses_the_template(server, solo):

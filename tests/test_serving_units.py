@@ -1,14 +1,17 @@
 """The server's host-side pieces without a model: stop strings over streamed text, request validation, flags, the
 queue's bound."""
 
+import time
 import types
 
 import pytest
 
 from jaxspec.sampling import SamplingParams
 from jaxspec.serve import main as serve_main
+from jaxspec.serving.app import _Text
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.protocol import BadRequest, parse_chat, parse_completion
+from jaxspec.serving.reasoning import prompt_opens_reasoning
 from jaxspec.serving.scheduler import QueueFull, Request, Scheduler
 from jaxspec.serving.stop import StopMatcher
 
@@ -23,6 +26,17 @@ def test_stop_matcher_holds_back_a_possible_start_and_cuts_at_the_first_stop():
     assert m.push("tail EN") == ("tail ", False)
     assert m.flush() == "EN"
     assert StopMatcher(()).push("free") == ("free", False)
+
+
+def test_a_long_stop_string_costs_a_push_no_more_than_the_text_it_sees():
+    """Stop strings are matched on the event loop, per token: a client's 2 MB stop string (well within the body's
+    limit) must not cost each push time in its length squared, which froze every other request for minutes."""
+    stop = "a" * 2 * 10 ** 6
+    m = StopMatcher((stop, "END"))
+    t0 = time.perf_counter()
+    assert [m.push(t) for t in ("x", "aa", "E", "b")] == [("x", False), ("", False), ("aa", False), ("Eb", False)]
+    assert m.push("aa") == ("", False) and m.flush() == "aa"
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_completion_fields_and_defaults():
@@ -40,6 +54,7 @@ def test_completion_fields_and_defaults():
     ({"prompt": "x", "seed": -1}, "seed"), ({"prompt": "x", "n": 3}, "n"), ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
     ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "top_k": 2 ** 31}, "top_k"),  # past the int32 it travels as: a 400, not a failed prefill
 ])
 def test_bad_completion_fields_name_the_field(body, param):
     with pytest.raises(BadRequest) as e:
@@ -87,3 +102,31 @@ def test_requests_whose_clients_gave_up_hold_no_place_in_the_queue():
     scheduler.submit(request())
     with pytest.raises(QueueFull):
         scheduler.submit(request())
+
+
+def _text(stops, pieces):
+    """A request's _Text over a tokenizer whose token i decodes to pieces[i]."""
+    tokenizer = types.SimpleNamespace(decode=lambda ids: "".join(pieces[i] for i in ids))
+    service = types.SimpleNamespace(tokenizer=tokenizer, scheduler=types.SimpleNamespace(eos_ids=frozenset()))
+    return _Text(service, stops)
+
+
+def test_a_stop_string_ends_the_count_and_the_text_at_the_token_that_completes_it():
+    """A device step hands over several tokens at once: usage counts those up to the token that completed the stop
+    string (not the ones decoded past it, which the client never sees), and which stop string wins does not depend
+    on how the tokens were grouped into steps."""
+    pieces = ["im", "port", " sys", "\n", "import", " os", "\n"]
+    text = _text(("sys",), pieces)
+    assert text.push([0]) == ("im", False)
+    assert text.push([1, 2, 3, 4, 5]) == ("port ", True) and text.tokens == 3
+    grouped, one_by_one = _text(("abcd", "c"), ["a", "b", "c", "d"]), _text(("abcd", "c"), ["a", "b", "c", "d"])
+    assert grouped.push([0, 1, 2, 3]) == ("ab", True) and grouped.tokens == 3
+    assert [one_by_one.push([i]) for i in range(3)] == [("", False), ("", False), ("ab", True)]
+
+
+def test_a_think_tag_in_a_message_does_not_open_the_reasoning():
+    """Only a prompt that ends in an open <think> (K2.5's generation prompt) starts the answer inside the reasoning:
+    a user who writes the tag in a message gets the answer as content."""
+    assert prompt_opens_reasoning("<|im_assistant|>assistant<|im_middle|><think>")
+    assert not prompt_opens_reasoning("<|im_assistant|>assistant<|im_middle|><think></think>")
+    assert not prompt_opens_reasoning("# user: what does <think> do?\n# assistant:\n")

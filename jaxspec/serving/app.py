@@ -90,7 +90,27 @@ class _Text:
         self.tokens = 0
 
     def push(self, ids: list[int]) -> tuple[str, bool]:
-        self.tokens += len(ids)
+        mark = (len(self.decoder.ids), self.decoder.emitted, self.stopper.held)
+        out, stopped = self._push(ids)
+        if not stopped or len(ids) == 1:
+            self.tokens += len(ids)
+            return out, stopped
+        # A device step hands over several tokens at once. Where a stop string completes among them, they are
+        # pushed again one at a time, so that the text ends at the first token that completes one (as generated
+        # token by token, whatever K or the step's length) and usage counts the tokens up to it, not those decoded
+        # past it that the client never sees.
+        del self.decoder.ids[mark[0]:]
+        self.decoder.emitted, self.stopper.held = mark[1], mark[2]
+        pieces = []
+        for n, t in enumerate(ids, 1):
+            piece, stopped = self._push([t])
+            pieces.append(piece)
+            if stopped:
+                break
+        self.tokens += n
+        return "".join(pieces), stopped
+
+    def _push(self, ids: list[int]) -> tuple[str, bool]:
         return self.stopper.push(self.decoder.push([t for t in ids if t not in self.eos]))
 
     def finish(self) -> tuple[str, bool]:

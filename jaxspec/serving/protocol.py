@@ -27,6 +27,8 @@ DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 MAX_TOOLS = 128  # OpenAI's limit
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 TOOL_CHOICES = ("auto", "none")  # "required" and a named function would need constrained decoding
+# top-k travels as an int32 (generate's --top-k has the same bound); any k >= the vocabulary keeps every token
+TOP_K_MAX = 2 ** 31 - 1
 
 
 class BadRequest(ValueError):
@@ -94,8 +96,8 @@ def _sampling(body: dict) -> tuple[SamplingParams, int]:
         raise BadRequest(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
     top_k = _typed(body, "top_k", (int,), "an integer")
     top_k = 0 if top_k in (None, -1) else top_k  # -1 is vLLM's "off"
-    if top_k < 0:
-        raise BadRequest(f"'top_k' must be >= 0 (or -1 for off), got {top_k}", "top_k")
+    if not 0 <= top_k <= TOP_K_MAX:
+        raise BadRequest(f"'top_k' must be in [0, {TOP_K_MAX}] (or -1 for off), got {top_k}", "top_k")
     seed = _typed(body, "seed", (int,), "an integer")
     if seed is None:
         seed = secrets.randbits(31)

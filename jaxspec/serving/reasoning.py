@@ -15,5 +15,7 @@ THINK_CLOSE = "</think>"
 
 
 def prompt_opens_reasoning(prompt_text: str) -> bool:
-    """Whether the rendered prompt leaves a `<think>` open, so the completion starts inside the reasoning."""
-    return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
+    """Whether the rendered prompt ends in an open `<think>`, so the completion starts inside the reasoning. Only its
+    end is read: a `<think>` that a user wrote in a message (or an earlier turn left) is text, not the template's
+    opening of this answer's reasoning."""
+    return prompt_text.rstrip().endswith(THINK_OPEN)

@@ -15,7 +15,10 @@ class StopMatcher:
         if hits:
             self.held = ""
             return buf[: min(hits)], True
-        hold = max((n for s in self.stops for n in range(1, len(s)) if buf.endswith(s[:n])), default=0)
+        # only a prefix no longer than the text can end it: a client's stop string may be megabytes long, and trying
+        # every prefix of it on each push would take time in its length squared, on the server's event loop
+        hold = max((n for s in self.stops for n in range(1, min(len(s), len(buf) + 1)) if buf.endswith(s[:n])),
+                   default=0)
         self.held = buf[len(buf) - hold:] if hold else ""
         return buf[: len(buf) - hold], False
 
