@@ -81,7 +81,14 @@ def aclient(server):
 def test_models_and_health(server):
     ids = [m.id for m in client(server).models.list()]
     assert ids == ["jaxspec"]
+    assert client(server).models.retrieve("jaxspec").id == "jaxspec"
+    with pytest.raises(openai.NotFoundError):
+        client(server).models.retrieve("gpt-4")
     assert httpx.get(server["base"].replace("/v1", "/health")).json() == {"status": "ok"}
+    # an unknown path or a wrong method: the API's JSON error, as every other refusal
+    for r, status in ((httpx.get(server["base"] + "/no-such-route"), 404),
+                      (httpx.get(server["base"] + "/completions"), 405)):
+        assert r.status_code == status and r.json()["error"]["code"] == status
 
 
 def test_completion_equals_solo_generate(server, solo):

@@ -65,11 +65,23 @@ def test_completion_fields_and_defaults():
     ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
     ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
     ({"prompt": "x", "top_k": 2 ** 31}, "top_k"),  # past the int32 it travels as: a 400, not a failed prefill
+    # what would change or constrain the sampled tokens, refused rather than ignored
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"prompt": "x", "min_tokens": 8}, "min_tokens"),
+    ({"prompt": "x", "stop_token_ids": [5]}, "stop_token_ids"), ({"prompt": "x", "ignore_eos": True}, "ignore_eos"),
+    ({"prompt": "x", "guided_regex": "[0-9]+"}, "guided_regex"),
 ])
 def test_bad_completion_fields_name_the_field(body, param):
     with pytest.raises(BadRequest) as e:
         parse_completion(body)
     assert e.value.param == param
+
+
+def test_neutral_values_of_the_refused_fields_are_taken():
+    r = parse_completion({"prompt": "x", "response_format": {"type": "text"}, "repetition_penalty": 1, "min_tokens": 0,
+                          "stop_token_ids": [], "ignore_eos": False})
+    assert r.prompt == "x"
 
 
 def test_chat_messages():

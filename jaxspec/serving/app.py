@@ -18,6 +18,7 @@ import time
 import uuid
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -139,6 +140,11 @@ class _EventStream(StreamingResponse):
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+def _not_served(service, model) -> JSONResponse:
+    return _error(404, f"model {model!r} is not served here (this server serves {service.model_name!r})",
+                  "invalid_request_error", "model")
 
 
 class BodyTooLarge(Exception):
@@ -329,8 +335,7 @@ def _endpoint(service: Service, chat: bool):
             model = body.get("model")
             if model is not None and model != service.model_name:
                 service.metrics.request_done("rejected")
-                return _error(404, f"model {model!r} is not served here (this server serves {service.model_name!r})",
-                              "invalid_request_error", "model")
+                return _not_served(service, model)
             if not chat:
                 return await _generate(service, http, gen, service.encode(gen.prompt), chat)
             prompt_ids, prompt_text = service.chat_prompt(gen)
@@ -361,10 +366,21 @@ def _endpoint(service: Service, chat: bool):
 
 
 def create_app(service: Service) -> Starlette:
+    def model_card() -> dict:
+        return {"id": service.model_name, "object": "model", "created": 0, "owned_by": "jaxspec",
+                "max_model_len": service.engine.max_context}
+
     async def models(_):
-        return JSONResponse({"object": "list", "data": [{
-            "id": service.model_name, "object": "model", "created": 0, "owned_by": "jaxspec",
-            "max_model_len": service.engine.max_context}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(request):  # what the OpenAI clients' models.retrieve(id) reads
+        name = request.path_params["name"]
+        if name != service.model_name:
+            return _not_served(service, name)
+        return JSONResponse(model_card())
+
+    async def http_error(_request, e: HTTPException):  # an unknown path or method: the API's JSON error, not text
+        return _error(e.status_code, e.detail, "invalid_request_error")
 
     async def health(_):
         if service.scheduler.alive:
@@ -385,7 +401,8 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/completions", _endpoint(service, chat=False), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(service, chat=True), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})

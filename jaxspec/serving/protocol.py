@@ -1,9 +1,10 @@
 """OpenAI request bodies -> validated generation requests; every refusal names the field (HTTP 400).
 
 Fields the engine does not implement (n > 1, logprobs, echo, penalties, logit_bias, best_of, suffix, the legacy
-functions, a tool_choice that would force a call, parallel_tool_calls false) are refused when set to anything but
-their neutral value, rather than silently ignored: nothing constrains what the model samples, so a call cannot be
-forced. Unknown fields are ignored, as the OpenAI clients send extras.
+functions, a response_format other than text, other servers' sampling extensions such as stop_token_ids, min_tokens
+or guided decoding, a tool_choice that would force a call, parallel_tool_calls false) are refused when set to
+anything but their neutral value, rather than silently ignored: nothing constrains what the model samples, so a call
+cannot be forced. Unknown fields are ignored, as the OpenAI clients send extras.
 
 Chat messages and tools go into the checkpoint's chat template (jinja, as transformers renders it), so they are
 checked here for the shapes the OpenAI API gives them and passed on as given.
@@ -29,6 +30,10 @@ FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a functi
 TOOL_CHOICES = ("auto", "none")  # "required" and a named function would need constrained decoding
 # top-k travels as an int32 (generate's --top-k has the same bound); any k >= the vocabulary keeps every token
 TOP_K_MAX = 2 ** 31 - 1
+# what other OpenAI-compatible servers take beyond the API (vLLM's, SGLang's) to change or constrain the sampled
+# tokens: refused when set, like the API's own such fields, since ignoring them would answer another request
+CONSTRAINTS = ("stop_token_ids", "ignore_eos", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+               "structured_outputs", "regex", "json_schema", "ebnf")
 
 
 class BadRequest(ValueError):
@@ -80,9 +85,18 @@ def _neutral(body: dict) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name) not in (None, 0):
             raise BadRequest(f"'{name}' is not supported (only 0)", name)
-    for name in ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix", "functions", "function_call"):
+    for name in ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix", "functions", "function_call",
+                 *CONSTRAINTS):
         if body.get(name) not in (None, False, {}, [], ""):
             raise BadRequest(f"'{name}' is not supported", name)
+    if _number(body, "repetition_penalty") not in (None, 1):
+        raise BadRequest("'repetition_penalty' is not supported (only 1)", "repetition_penalty")
+    if _typed(body, "min_tokens", (int,), "an integer") not in (None, 0):
+        raise BadRequest("'min_tokens' is not supported (only 0)", "min_tokens")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise BadRequest("'response_format' is not supported (only {\"type\": \"text\"}): nothing constrains what "
+                         "the model samples", "response_format")
 
 
 def _sampling(body: dict) -> tuple[SamplingParams, int]:
