@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from convert.checkpoint import load_target, save_draft, save_target
+from jaxspec import adaptive_costs
 from jaxspec.engine import Engine
 from jaxspec.defaults import default_adaptive_kind
 from jaxspec.generate import JSON_SCHEMA
@@ -170,10 +171,11 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def test_json_with_nothing_to_decode_is_valid_json(ckpt, capsys):
+def test_json_with_nothing_to_decode_is_valid_json(ckpt, capsys, monkeypatch):
     """--max-new-tokens 1: the one token comes out of the prefill and no cycle runs, so there is no acceptance to
     average and no cycle cost to time. The document says so with nulls (NaN is not JSON) and shows no cost table
-    (the placeholder the policy runs on is not a measurement)."""
+    (the placeholder the policy runs on is not a measurement) where no earlier run kept one."""
+    monkeypatch.setattr(adaptive_costs, "_MEMORY", {})  # the tables earlier tests' runs kept in this process
     code, out, err = cli_json(capsys, "--model", ckpt / "model", "--prompt", PROMPT, "--max-new-tokens", 1,
                               "--speculative-num-steps", 1, "--json")
     assert code == 0, err
@@ -182,7 +184,8 @@ def test_json_with_nothing_to_decode_is_valid_json(ckpt, capsys):
     assert doc["timings"]["cycles"] == 0 and len(doc["results"][0]["tokens"]) == 1
     assert doc["acceptance"]["per_position"] == [None]
     ad = doc["adaptive"]
-    assert ad["cost_source"] == "none" and ad["costs_ms"] is None and ad["expected_tokens_per_s"] is None
+    assert ad["cost_source"] == "none" and ad["costs_ms"] is None and ad["first_run_ms"] is None
+    assert ad["expected_tokens_per_s"] is None
 
 
 def _printed_speedup(stderr: str) -> tuple[float, float, float, float]:
