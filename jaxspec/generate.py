@@ -498,9 +498,10 @@ def _print_stats(r: dict, k: int) -> None:
                          "prefill's token)")
         else:
             costs = ", ".join(f"{k_}: {ms:.2f}" for k_, ms in ad["costs_ms"].items())
+            rates = (f"expected {ad['expected_tokens_per_s']:.1f} tok/s, achieved {ad['achieved_tokens_per_s']:.1f}"
+                     if math.isfinite(ad["expected_tokens_per_s"]) else "no cycle ran")
             lines.append(f"adaptive: cycles per K {{{hist}}}; cost table ms/cycle {{{costs}}} ({ad['cost_source']}); "
-                         f"expected {ad['expected_tokens_per_s']:.1f} tok/s, "
-                         f"achieved {ad['achieved_tokens_per_s']:.1f}")
+                         f"{rates}")
     if k and acc["mean_acceptance_length"] is not None:
         lines.append(
             f"speculation: K={k}{' (largest)' if ad else ''}, "
