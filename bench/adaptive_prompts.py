@@ -19,6 +19,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -112,6 +113,14 @@ def best_copy_over_best(rounds_by_engine: dict) -> float | None:
     return statistics.mean(scores)
 
 
+def paired_ratio(rounds: list[float], against: list[float]) -> float | None:
+    """Median over rounds of one engine's rate over another's in the same round. A round runs every engine once, in
+    a rotated order, so a slow moment of the host or device falls on both of a pair and divides out, where a ratio
+    of medians keeps it. None without rounds."""
+    ratios = [a / b for a, b in zip(rounds, against) if b > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def summarise(row: dict) -> dict:
     base = row["runs"]["baseline"]["tokens_per_s"]
     fixed = {name: r["tokens_per_s"] for name, r in row["runs"].items() if name.startswith("K=")}
@@ -123,12 +132,15 @@ def summarise(row: dict) -> dict:
     ran = max(hist, key=lambda k: hist[k]) if hist else None
     same = None if ran is None else "baseline" if ran == "0" else f"K={ran}"
     same_tps = row["runs"][same]["tokens_per_s"] if same in row["runs"] else None
+    rounds = {name: r.get("tokens_per_s_rounds") or [] for name, r in row["runs"].items()}
     return dict(speedup={name: r["tokens_per_s"] / base for name, r in row["runs"].items()}, best_fixed=best,
                 adaptive_over_best=ad / fixed[best], adaptive_over_baseline=ad / base,
                 adaptive_k=None if ran is None else int(ran),
                 adaptive_over_same_k=None if same_tps is None else ad / same_tps,
-                best_copy_over_best=best_copy_over_best({name: row["runs"][name]["tokens_per_s_rounds"]
-                                                         for name in fixed}),
+                adaptive_over_best_paired=paired_ratio(rounds["adaptive"], rounds[best]),
+                adaptive_over_same_k_paired=None if same_tps is None else paired_ratio(rounds["adaptive"],
+                                                                                        rounds[same]),
+                best_copy_over_best=best_copy_over_best({name: rounds[name] for name in fixed}),
                 every_fixed_k_loses=all(v < base for v in fixed.values()))
 
 
@@ -141,22 +153,53 @@ def markdown(result: dict) -> str:
         f"time in the on-device loop; median of {result['repeats']} interleaved runs. Cells: speed-up over plain "
         "decoding (its tok/s in the first column).", "",
         "| prompt | kind | plain tok/s | " + " | ".join(names) + " | best fixed | adaptive / best | adaptive / "
-        "fixed at its K | adaptive K histogram |",
-        "|---" * (len(names) + 7) + "|",
+        "fixed at its K | the two, paired by round | adaptive K histogram |",
+        "|---" * (len(names) + 8) + "|",
     ]
     for row in result["prompts"]:
         s = row["summary"]
         same = s.get("adaptive_over_same_k")
+        paired = [s.get("adaptive_over_best_paired"), s.get("adaptive_over_same_k_paired")]
         lines.append(f"| {row['prompt'][:24]!r} | {row['kind']} | {row['runs']['baseline']['tokens_per_s']:.1f} | "
                      + " | ".join(f"{s['speedup'][n]:.2f}x" for n in names)
                      + f" | {s['best_fixed']} | {s['adaptive_over_best']:.3f} | "
-                       f"{'-' if same is None else f'{same:.3f}'} | {row['runs']['adaptive']['k_histogram']} |")
+                       f"{'-' if same is None else f'{same:.3f}'} | "
+                     + " / ".join("-" if x is None else f"{x:.3f}" for x in paired)
+                     + f" | {row['runs']['adaptive']['k_histogram']} |")
     copies = [row["summary"].get("best_copy_over_best") for row in result["prompts"]]
     if copies and None not in copies:
         lines += ["", "The bench's own noise: the best fixed engine's median over half the rounds against the best "
                   f"median of the other half (`best_copy_over_best`): {min(copies):.3f}-{max(copies):.3f} "
                   f"(median {statistics.median(copies):.3f})."]
+    lines += ["", "Paired by round: the median over rounds of adaptive's rate over the other engine's in the same round "
+              "(`paired_ratio`)."]
     return "\n".join(lines) + "\n"
+
+
+def add_totals(result: dict) -> None:
+    """The figures over all prompts, from each prompt's summary."""
+    rows = [r["summary"] for r in result["prompts"]]
+
+    def present(key):
+        return [s[key] for s in rows if s.get(key) is not None]
+
+    result["worst_adaptive_over_best"] = min(s["adaptive_over_best"] for s in rows)
+    result["median_adaptive_over_same_k"] = statistics.median(present("adaptive_over_same_k") or [None])
+    result["worst_adaptive_over_best_paired"] = min(present("adaptive_over_best_paired"), default=None)
+    result["median_adaptive_over_same_k_paired"] = statistics.median(present("adaptive_over_same_k_paired") or [None])
+    result["worst_best_copy_over_best"] = min(present("best_copy_over_best"), default=None)
+    losing = [r for r in result["prompts"] if r["summary"]["every_fixed_k_loses"]]
+    result["adaptive_over_baseline_where_every_k_loses"] = [r["summary"]["adaptive_over_baseline"] for r in losing]
+
+
+def summarise_file(path: Path) -> dict:
+    """A bench JSON's result with its summaries and totals computed again from its rounds (figures added since the
+    run included): what `--summarise` prints."""
+    result = json.loads(Path(path).read_text())
+    for row in result["prompts"]:
+        row["summary"] = summarise(row)
+    add_totals(result)
+    return result
 
 
 def parse_args(argv):
@@ -171,8 +214,12 @@ def parse_args(argv):
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    p.add_argument("--out", required=True, help="results folder (JSON, markdown)")
+    p.add_argument("--out", help="results folder (JSON, markdown)")
+    p.add_argument("--summarise", type=Path, metavar="JSON",
+                   help="print an earlier run's table again, its figures recomputed from its rounds; nothing runs")
     a = p.parse_args(argv)
+    if (a.out is None) == (a.summarise is None):
+        p.error("pass --out (a run) or --summarise JSON (an earlier run's table)")
     if any(k < 1 for k in a.k) or a.adaptive_max < 1:
         p.error("--k and --adaptive-max must be >= 1")
     if not 1 <= a.prompts <= len(PROMPTS):
@@ -184,6 +231,10 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.summarise is not None:
+        result = summarise_file(args.summarise)
+        print(markdown(result), end="")
+        return result
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     stamp = run_stamp()
     cfg, w, tok = load_pair(jnp.dtype(args.dtype))
@@ -206,14 +257,7 @@ def main(argv=None):
         log(f"{prompt_kind} {text[:24]!r}: plain {runs['baseline']['tokens_per_s']:.1f} tok/s; "
             + ", ".join(f"{n} {s:.2f}x" for n, s in row["summary"]["speedup"].items() if n != "baseline")
             + f"; adaptive K {runs['adaptive'].get('k_histogram')}")
-    rows = [r["summary"] for r in result["prompts"]]
-    result["worst_adaptive_over_best"] = min(s["adaptive_over_best"] for s in rows)
-    same_k = [s["adaptive_over_same_k"] for s in rows if s["adaptive_over_same_k"] is not None]
-    result["median_adaptive_over_same_k"] = statistics.median(same_k) if same_k else None
-    copies = [s["best_copy_over_best"] for s in rows if s["best_copy_over_best"] is not None]
-    result["worst_best_copy_over_best"] = min(copies) if copies else None
-    losing = [r for r in result["prompts"] if r["summary"]["every_fixed_k_loses"]]
-    result["adaptive_over_baseline_where_every_k_loses"] = [r["summary"]["adaptive_over_baseline"] for r in losing]
+    add_totals(result)
     out = Path(args.out)
     stem = f"adaptive-prompts-{stamp.suffix}"
     publish(result, out, stem, markdown, log)

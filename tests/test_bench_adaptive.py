@@ -67,6 +67,26 @@ def test_prompts_cli_compares_plain_fixed_and_adaptive(tmp_path):
     assert result["median_adaptive_over_same_k"] == row["summary"]["adaptive_over_same_k"]
     assert len(row["runs"]["K=1"]["tokens_per_s_rounds"]) == 1 and row["summary"]["best_copy_over_best"] is None
     assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md"}
+    # the table again from the JSON alone, its figures recomputed from the rounds it keeps
+    again = adaptive_prompts.main(["--summarise", str(next(tmp_path.glob("*.json")))])
+    assert again["prompts"][0]["summary"] == row["summary"]
+    assert again["worst_adaptive_over_best"] == result["worst_adaptive_over_best"]
+
+
+def test_ratios_paired_by_round_divide_out_what_a_round_shares():
+    # a slow second round (the host busy) slows every engine of it: the ratio of medians keeps part of it, the
+    # median of per-round ratios does not
+    adaptive, fixed = [98.0, 49.0, 97.0], [100.0, 50.0, 100.0]
+    assert adaptive_prompts.paired_ratio(adaptive, fixed) == pytest.approx(0.98)
+    assert adaptive_prompts.paired_ratio([], []) is None
+    row = {"runs": {"baseline": {"tokens_per_s": 50.0, "tokens_per_s_rounds": [50.0, 25.0, 50.0]},
+                    "K=3": {"tokens_per_s": 100.0, "tokens_per_s_rounds": fixed},
+                    "adaptive": {"tokens_per_s": 97.0, "tokens_per_s_rounds": adaptive, "k_histogram": {"3": 9}}}}
+    s = adaptive_prompts.summarise(row)
+    assert s["adaptive_over_best"] == pytest.approx(0.97)
+    assert s["adaptive_over_best_paired"] == s["adaptive_over_same_k_paired"] == pytest.approx(0.98)
+    del row["runs"]["K=3"]["tokens_per_s_rounds"]  # a run from before the rounds were kept
+    assert adaptive_prompts.summarise(row)["adaptive_over_best_paired"] is None
 
 
 def test_a_copy_of_the_best_engine_is_scored_against_the_best_of_the_other_half():
@@ -92,6 +112,13 @@ def test_bad_flags_are_refused(module, argv, needle, capsys, tmp_path):
     with pytest.raises(SystemExit):
         module.main(argv + ["--out", str(tmp_path)])
     assert needle in capsys.readouterr().err
+
+
+def test_prompts_takes_a_run_or_a_summary_not_both(capsys, tmp_path):
+    for argv in ([], ["--out", str(tmp_path), "--summarise", str(tmp_path / "x.json")]):
+        with pytest.raises(SystemExit):
+            adaptive_prompts.main(argv)
+        assert "--summarise" in capsys.readouterr().err
 
 
 def test_the_sweep_reports_other_first_tests_beside_the_tables_adaptive():
