@@ -171,8 +171,8 @@ def markdown(result: dict) -> str:
         lines += ["", "The bench's own noise: the best fixed engine's median over half the rounds against the best "
                   f"median of the other half (`best_copy_over_best`): {min(copies):.3f}-{max(copies):.3f} "
                   f"(median {statistics.median(copies):.3f})."]
-    lines += ["", "Paired by round: the median over rounds of adaptive's rate over the other engine's in the same round "
-              "(`paired_ratio`)."]
+    lines += ["", "Paired by round: the median over rounds of adaptive's rate over the other engine's in the same "
+              "round (`paired_ratio`)."]
     return "\n".join(lines) + "\n"
 
 
