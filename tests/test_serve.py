@@ -91,6 +91,23 @@ def test_models_and_health(server):
         assert r.status_code == status and r.json()["error"]["code"] == status
 
 
+def test_prompts_are_tokenized_off_the_event_loop(server, monkeypatch):
+    """A prompt of megabytes takes its tokenizer seconds: on the event loop that would hold every other stream."""
+    service, seen = server["service"], []
+
+    def encode(prompt, real=service.encode):
+        try:
+            asyncio.get_running_loop()
+            seen.append("event loop")
+        except RuntimeError:
+            seen.append("elsewhere")
+        return real(prompt)
+
+    monkeypatch.setattr(service, "encode", encode)
+    client(server).completions.create(model="jaxspec", prompt=PROMPTS[0], max_tokens=1, temperature=0)
+    assert seen == ["elsewhere"]
+
+
 def test_completion_equals_solo_generate(server, solo):
     prompt = PROMPTS[0]
     r = client(server).completions.create(model="jaxspec", prompt=prompt, max_tokens=SOLO_TOKENS, temperature=0)

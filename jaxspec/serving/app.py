@@ -336,9 +336,11 @@ def _endpoint(service: Service, chat: bool):
             if model is not None and model != service.model_name:
                 service.metrics.request_done("rejected")
                 return _not_served(service, model)
+            # tokenizing and rendering take time in the prompt's length (a body may hold megabytes of text): off the
+            # event loop, which serves every other stream, and where the tokenizer lets go of the GIL, beside it
             if not chat:
-                return await _generate(service, http, gen, service.encode(gen.prompt), chat)
-            prompt_ids, prompt_text = service.chat_prompt(gen)
+                return await _generate(service, http, gen, await asyncio.to_thread(service.encode, gen.prompt), chat)
+            prompt_ids, prompt_text = await asyncio.to_thread(service.chat_prompt, gen)
             parser = AssistantOutputParser(gen.tool_names, in_reasoning=prompt_opens_reasoning(prompt_text))
             return await _generate(service, http, gen, prompt_ids, chat, parser)
         except BadRequest as e:
