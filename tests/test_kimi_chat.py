@@ -221,3 +221,14 @@ def test_tool_choice_none_and_auto():
     none = parse_chat({"messages": USER, "tools": TOOLS, "tool_choice": "none"})
     assert none.tools is None and none.tool_names is None
     assert json.dumps(parse_chat({"messages": USER, "tools": []}).tools) == "null"
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_arguments_with_non_json_numbers_return_as_content(constant):
+    """Python's json.loads takes NaN and Infinity, but they are not JSON: a client's JSON.parse (JavaScript, Go,
+    ...) fails on such arguments, so the call is malformed, not a call to run."""
+    raw = (f'<|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{{"offset": {constant}}}'
+           "<|tool_call_end|>")
+    m = parse_assistant(f"<|tool_calls_section_begin|>{raw}<|tool_calls_section_end|>", NAMES)
+    assert _summary(m) == ("", raw, [], [ARGUMENTS_NOT_JSON])
+
