@@ -232,3 +232,17 @@ def test_arguments_with_non_json_numbers_return_as_content(constant):
     m = parse_assistant(f"<|tool_calls_section_begin|>{raw}<|tool_calls_section_end|>", NAMES)
     assert _summary(m) == ("", raw, [], [ARGUMENTS_NOT_JSON])
 
+
+@pytest.mark.parametrize("in_reasoning", [False, True], ids=["answer", "after thinking"])
+def test_a_think_tag_inside_the_answer_is_text(in_reasoning):
+    """`<think>` opens the reasoning only as the model's first words (K2-Thinking writes it itself): an answer that
+    mentions the tag keeps it, and the rest of the answer does not vanish into reasoning_content."""
+    answer = "Strip everything between <think> and </think> first.<think>"
+    text = ("Thought.</think>" if in_reasoning else "") + answer
+    want = ("Thought." if in_reasoning else "", answer, [], [])
+    assert _summary(parse_assistant(text, NAMES, in_reasoning)) == want
+    for cut in range(len(text) + 1):
+        p = AssistantOutputParser(NAMES, in_reasoning)
+        assert _summary(collect(p, p.push(text[:cut]) + p.push(text[cut:]) + p.finish())) == want, cut
+    # the model's own opening, after nothing or whitespace, still opens it
+    assert _summary(parse_assistant("\n<think>r</think>a <think>", NAMES)) == ("r", "\na <think>", [], [])
