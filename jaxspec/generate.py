@@ -417,10 +417,12 @@ def _chat_parser(a, tools, prompt_text: str):
 
 
 def parse_assistant_deltas(m) -> list:
-    """A parsed answer as the deltas ChatDisplay writes: thinking, answer, then the calls."""
+    """A parsed answer as the deltas ChatDisplay writes: thinking, answer, then the calls. Empty text is left out,
+    as the streaming parser leaves it out: ChatDisplay starts a dimmed block or a new line for every delta."""
     from jaxspec.serving.assistant_output import Content, Reasoning
 
-    return [Reasoning(m.reasoning), Content(m.content), *m.tool_calls]
+    text = [d for d in (Reasoning(m.reasoning), Content(m.content)) if d.text]
+    return [*text, *m.tool_calls]
 
 
 def _report(a, model_dir, draft_dir, k, mesh, prompts_text, prompts, texts, result, baseline, stream, chats) -> dict:

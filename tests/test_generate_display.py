@@ -54,3 +54,30 @@ def test_chat_answer_thinking_apart_and_tool_calls_as_json(monkeypatch):
             assert out.getvalue() == f"{DIM}Need the weather.{RESET}\nChecking.\n{call}" and err.getvalue() == ""
         else:  # a pipe gets the answer and the call; the thinking goes to stderr, undimmed
             assert out.getvalue() == f"Checking.\n{call}" and err.getvalue() == "Need the weather.\n"
+
+
+def test_a_batch_answer_shows_as_the_streamed_one(monkeypatch):
+    """`--batch-file --chat` writes each whole parsed answer: an answer without thinking (thinking off, or a plain
+    tool call) gets no empty dimmed block, no blank line on stderr and no blank line before its call's JSON line."""
+    from jaxspec.generate import parse_assistant_deltas
+    from jaxspec.generate_display import ChatDisplay
+    from jaxspec.serving.assistant_output import AssistantOutputParser, parse_assistant
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    call = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.w:0<|tool_call_argument_begin|>{}"
+            "<|tool_call_end|><|tool_calls_section_end|>")
+    for answer, in_reasoning in (("Hello.", False), (call, False), ("Hm.</think>Hello.", True)):
+        for make in (_Terminal, io.StringIO):
+            shown = []
+            for batch in (False, True):
+                out, err = make(), io.StringIO()
+                display = ChatDisplay(out, err)
+                if batch:
+                    display.write(parse_assistant_deltas(parse_assistant(answer, frozenset({"w"}), in_reasoning)))
+                else:
+                    parser = AssistantOutputParser(frozenset({"w"}), in_reasoning)
+                    display.write(parser.push(answer) + parser.finish())
+                display.end()
+                shown.append((out.getvalue(), err.getvalue()))
+            assert shown[0] == shown[1], (answer, make)

@@ -221,3 +221,28 @@ def test_tool_choice_none_and_auto():
     none = parse_chat({"messages": USER, "tools": TOOLS, "tool_choice": "none"})
     assert none.tools is None and none.tool_names is None
     assert json.dumps(parse_chat({"messages": USER, "tools": []}).tools) == "null"
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_arguments_with_non_json_numbers_return_as_content(constant):
+    """Python's json.loads takes NaN and Infinity, but they are not JSON: a client's JSON.parse (JavaScript, Go,
+    ...) fails on such arguments, so the call is malformed, not a call to run."""
+    raw = (f'<|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{{"offset": {constant}}}'
+           "<|tool_call_end|>")
+    m = parse_assistant(f"<|tool_calls_section_begin|>{raw}<|tool_calls_section_end|>", NAMES)
+    assert _summary(m) == ("", raw, [], [ARGUMENTS_NOT_JSON])
+
+
+@pytest.mark.parametrize("in_reasoning", [False, True], ids=["answer", "after thinking"])
+def test_a_think_tag_inside_the_answer_is_text(in_reasoning):
+    """`<think>` opens the reasoning only as the model's first words (K2-Thinking writes it itself): an answer that
+    mentions the tag keeps it, and the rest of the answer does not vanish into reasoning_content."""
+    answer = "Strip everything between <think> and </think> first.<think>"
+    text = ("Thought.</think>" if in_reasoning else "") + answer
+    want = ("Thought." if in_reasoning else "", answer, [], [])
+    assert _summary(parse_assistant(text, NAMES, in_reasoning)) == want
+    for cut in range(len(text) + 1):
+        p = AssistantOutputParser(NAMES, in_reasoning)
+        assert _summary(collect(p, p.push(text[:cut]) + p.push(text[cut:]) + p.finish())) == want, cut
+    # the model's own opening, after nothing or whitespace, still opens it
+    assert _summary(parse_assistant("\n<think>r</think>a <think>", NAMES)) == ("r", "\na <think>", [], [])

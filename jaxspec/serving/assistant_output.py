@@ -58,6 +58,10 @@ class AssistantOutputParser:
     def __init__(self, tools: frozenset[str] | None, in_reasoning: bool = False):
         self.tools = tools
         self.mode = "reasoning" if in_reasoning else "content"  # or "section"
+        # A `<think>` opens the reasoning only as the model's first words (K2-Thinking writes its own): once the
+        # answer has begun, or a reasoning or a section has come and gone, the tag is the answer's text (an answer
+        # about think tags must not vanish into reasoning_content), as peers read only one leading reasoning block.
+        self.may_open_reasoning = not in_reasoning
         self.held = ""  # a tail that may be the start of a marker
         self.calls: list[ToolCall] = []
         self.malformed: list[str] = []
@@ -73,7 +77,9 @@ class AssistantOutputParser:
         if self.mode == "section":
             return (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END)
         tools = (SECTION_BEGIN,) if self.tools is not None else ()
-        return ((THINK_CLOSE,) if self.mode == "reasoning" else (THINK_OPEN,)) + tools
+        if self.mode == "reasoning":
+            return (THINK_CLOSE,) + tools
+        return ((THINK_OPEN,) if self.may_open_reasoning else ()) + tools
 
     def push(self, text: str) -> list[Delta]:
         out: list[Delta] = []
@@ -115,6 +121,7 @@ class AssistantOutputParser:
             return
         if self.mode == "content":
             out.append(Content(text))
+            self.may_open_reasoning = self.may_open_reasoning and not text.strip()
         elif self.mode == "reasoning":
             out.append(Reasoning(text))
         elif self._call is None:
@@ -136,6 +143,11 @@ class AssistantOutputParser:
 
     def _marker(self, marker: str, out: list[Delta]) -> None:
         if self.mode != "section":
+            if marker == THINK_OPEN and not self.may_open_reasoning:
+                # found before the text ahead of it (scanned in the same piece) showed that the answer had begun
+                self._text(marker, out)
+                return
+            self.may_open_reasoning = False
             if marker == SECTION_BEGIN:
                 self.mode, self._call, self._between, self._section_calls = "section", None, "", 0
             else:  # <think> opens the reasoning, </think> closes it

@@ -57,9 +57,15 @@ def call_name(header: str, known: frozenset[str]) -> str | None:
     return m["name"]
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
 def arguments_are_an_object(arguments: str) -> bool:
-    """OpenAI clients json.loads a call's arguments into keyword arguments: they must be one JSON object."""
+    """OpenAI clients json.loads a call's arguments into keyword arguments: they must be one JSON object. Python's
+    json.loads also takes NaN, Infinity and -Infinity, which are not JSON (RFC 8259): a client that parses them
+    with a strict parser (JavaScript's JSON.parse, Go's encoding/json) would fail, so they are refused here."""
     try:
-        return isinstance(json.loads(arguments), dict)
+        return isinstance(json.loads(arguments, parse_constant=_not_json), dict)
     except (ValueError, RecursionError):
         return False
