@@ -41,6 +41,7 @@ from convert.destination import partial_dir, replaced_dir
 from convert.errors import CheckpointError
 from convert.hf_config import draft_config_to_hf, text_config_to_hf
 from convert.integrity import describe_files, describe_tree, verify_manifest
+from convert.json_input import parse_json
 from convert.tokenizer_files import copy_tokenizer_files
 from model.config import TextConfig, load_text_config
 from model.attention_mla import split_input_projections
@@ -83,7 +84,7 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 def _read_json(path: Path, what: str):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: {what} is missing") from None
     except (ValueError, UnicodeDecodeError) as e:

@@ -13,7 +13,6 @@ Every problem raises CheckpointError naming the file and tensor.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -23,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from convert.errors import CheckpointError
+from convert.json_input import parse_json
 from convert.safe_paths import file_inside
 
 DTYPES = {
@@ -53,7 +53,7 @@ def _is_int(x) -> bool:
 def parse_header(path: Path, raw: bytes, data_bytes: int) -> tuple[dict, dict]:
     """The JSON header of a safetensors file -> ({name: entry}, metadata); refuses anything off-spec."""
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        header = parse_json(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not a safetensors file (header: {e})") from None
     if not isinstance(header, dict):
@@ -158,7 +158,7 @@ class SafetensorsFile:
 
 def read_weight_map(index: Path) -> dict[str, str]:
     try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
+        doc = parse_json(index.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{index}: invalid index ({e})") from None
     except IsADirectoryError:

@@ -11,7 +11,6 @@ import contextlib
 import ctypes
 import dataclasses
 import hashlib
-import json
 import struct
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from convert.destination import check_destination
 from convert.dst_lock import DestinationLock
 from convert.errors import CheckpointError
 from convert.finite import refuse_nonfinite
+from convert.json_input import parse_json
 from convert.observed_source import ObservedSource
 from convert.hf_draft_weights import build_draft, plan_draft
 from convert.hf_weights import WeightBuilder
@@ -68,7 +68,7 @@ def read_config(src: Path) -> dict:
                           "(SRC is a HF checkpoint directory holding config.json)")
     path = file_inside(src, "config.json", "config file")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = parse_json(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):

@@ -26,6 +26,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from convert.json_input import parse_json
+
 COST_CACHE_ENV = "JAXSPEC_COST_CACHE"
 # cycles of the two timed calls whose difference gives t(K): what one call costs beyond its cycles (launching
 # the loop, moving its state) cancels; 32 cycles apart, the plain branch's difference holds a whole number of
@@ -80,9 +82,11 @@ def parse_costs(text: str, steps: tuple[int, ...], flag: str = "--speculative-ad
             raise CostTableError(f"{flag} {text}: neither inline JSON nor a readable file ({e.__class__.__name__})") \
                 from None
     try:
-        table = json.loads(source)
+        table = parse_json(source)
     except json.JSONDecodeError as e:
         raise CostTableError(f"{flag}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except ValueError as e:
+        raise CostTableError(f"{flag}: not valid JSON ({e})") from None
     if not isinstance(table, dict):
         raise CostTableError(f"{flag}: expected a JSON object {{\"K\": ms per cycle}}")
     out = {}

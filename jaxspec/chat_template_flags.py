@@ -7,8 +7,7 @@ no reasoning), anything else `<think>` (the model reasons first). Other template
 
 from __future__ import annotations
 
-import json
-
+from convert.json_input import parse_json
 from jaxspec.cli_common import UsageError
 
 # variables the renderer itself sets: neither a flag nor a request may replace them
@@ -33,7 +32,7 @@ def chat_template_kwargs(a) -> dict:
     kwargs = {}
     if a.chat_template_kwargs is not None:
         try:
-            kwargs = json.loads(a.chat_template_kwargs)
+            kwargs = parse_json(a.chat_template_kwargs)
         except ValueError as e:
             raise UsageError(f"--chat-template-kwargs: not valid JSON ({e})") from None
         if not isinstance(kwargs, dict):

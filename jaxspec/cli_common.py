@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Callable
+
+from convert.json_input import parse_json
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 EXIT_USAGE = 2
@@ -100,7 +101,7 @@ def eos_ids(model_dir: Path, cfg, tokenizer) -> tuple[int, ...]:
     gen = model_dir / "generation_config.json"
     if gen.exists():
         try:
-            doc = json.loads(gen.read_text(encoding="utf-8"))
+            doc = parse_json(gen.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise UsageError(f"{gen}: not valid JSON ({e})") from None
         eos = doc.get("eos_token_id") if isinstance(doc, dict) else None

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from convert.json_input import parse_json
 from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
                                  parse_mesh, require_checkpoint_dir, run_with_exit_codes, with_moe_kernel)
@@ -204,7 +205,7 @@ def _read_tools(a) -> list[dict] | None:
     from jaxspec.serving.protocol import BadRequest, parse_chat
 
     try:
-        tools = json.loads(a.tools.read_text(encoding="utf-8"))
+        tools = parse_json(a.tools.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise UsageError(f"--tools {a.tools}: cannot read a JSON document ({e.__class__.__name__}: {e})") from None
     try:  # the server's checks, so both take the same tools

@@ -11,6 +11,7 @@ import jinja2.ext
 import jinja2.meta
 import jinja2.sandbox
 
+from convert.json_input import parse_json
 from jaxspec.serving.kimi_tool_declaration import InvalidToolSchema, UnsupportedToolSchema, tools_declaration
 
 # Kimi K2's pre-tokenizer split pattern (tokenization_kimi.py): Han runs, cased words, 1-3 digit numbers,
@@ -141,7 +142,7 @@ def sorted_keys(value):
 
 def _read_json(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = parse_json(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise TokenizerError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(doc, dict):

@@ -169,3 +169,22 @@ def test_batch_file_splits_at_newlines_only(tmp_path):
     f.write_bytes("def f():\f    return\r\n\r\nx = 1\v2 \u2028 3\n".encode())
     prompts, batch = _read_prompts(build_parser().parse_args(["--batch-file", str(f)]))
     assert batch and prompts == ["def f():\f    return", "x = 1\v2 \u2028 3"]
+
+
+def test_json_nested_past_the_decoders_depth_is_one_error_line(ckpt, tmp_path, capsys):
+    """A tools file, template kwargs, a cost table or a checkpoint's generation_config.json nested deeper than
+    json.loads recurses: one error line naming it, not a RecursionError traceback."""
+    deep = "[" * 200_000
+    tools = tmp_path / "tools.json"
+    tools.write_text(deep)
+    code, err = run_in_process(capsys, "--chat", "--tools", tools, "--prompt", "x")
+    one_error_line(code, err, "--tools", "nested too deeply")
+    code, err = run_in_process(capsys, "--chat", "--chat-template-kwargs", deep, "--prompt", "x")
+    one_error_line(code, err, "--chat-template-kwargs", "nested too deeply")
+    code, err = run_in_process(capsys, "--speculative-adaptive-costs", deep, "--prompt", "x")
+    one_error_line(code, err, "--speculative-adaptive-costs", "nested too deeply")
+    model = tmp_path / "model"
+    shutil.copytree(ckpt / "model", model)
+    (model / "generation_config.json").write_text(deep)
+    code, err = run_in_process(capsys, "--model", model, "--speculative-num-steps", 0, "--prompt", "x")
+    one_error_line(code, err, "generation_config.json", "nested too deeply")
