@@ -126,6 +126,42 @@ def test_a_cancelled_admission_gives_its_pages_back(cached):
     assert cached.prefix.stats()["pages_referenced"] == 0
 
 
+def test_an_admission_outlives_a_prefix_cache_emptied_by_a_failed_save(plain):
+    """A save that fails empties the prefix cache (its pool was given to the failed program). An admission that
+    restored pages from the old cache still finishes, answers right and releases nothing in the new one (its
+    holds went with the old index), so the engine thread that finishes or cancels it does not fail."""
+    small = _engine(prefix_pages=4)
+    long = PROMPTS[1] + [int(t) for t in np.random.default_rng(3).integers(1, 60, size=40)]  # past one chunk
+    want = _answer(plain, long, GREEDY)
+    _answer(small, PROMPTS[1], GREEDY)  # caches SYSTEM's two pages
+    small.reset()
+    admissions = [small.begin_admission(long, GREEDY, seed=5) for _ in range(2)]
+    assert all(a.cached_pages for a in admissions)
+    save = small._programs[("prefix_save",)]
+
+    def failing_save(*args):
+        raise RuntimeError("device out of memory")
+
+    small._programs[("prefix_save",)] = failing_save
+    with pytest.raises(RuntimeError, match="out of memory"):
+        small.prefill(1, [int(t) for t in np.random.default_rng(9).integers(1, 60, size=150)], 4, GREEDY, 0)
+    small._programs[("prefix_save",)] = save
+    assert small.prefix.stats()["pages_cached"] == 0
+    small.release_admission(admissions[1])  # cancelled
+    a = admissions[0]
+    while not a.prefilled:
+        small.admit_chunk(a)
+    first, done = small.finish_admission(0, a, 12)  # its whole pages are saved into the new cache
+    small.prefix.check_invariants()
+    assert small.prefix.stats()["pages_referenced"] == 0 and small.cached_prefix_tokens(long) == 3 * PAGE_TOKENS
+    out = [first]
+    while not done and len(out) < 12:
+        result = small.step(np.array([False, True]), any_sampled=False)
+        out += result.tokens[0]
+        done = bool(result.done[0])
+    assert out[:12] == want
+
+
 def test_metrics_report_the_prefix_cache(cached):
     from jaxspec.serving.metrics import Metrics
 

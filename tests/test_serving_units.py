@@ -3,6 +3,7 @@ queue's bound."""
 
 import types
 
+import numpy as np
 import pytest
 
 from jaxspec.sampling import SamplingParams
@@ -124,6 +125,87 @@ def test_requests_whose_clients_gave_up_hold_no_place_in_the_queue():
     scheduler.submit(request())
     with pytest.raises(QueueFull):
         scheduler.submit(request())
+
+
+class _DeviceSlots:
+    """An engine without a model that keeps which slots the device would compute as live (admitted, not yet done
+    or cancelled), and notes every step that runs a live slot the scheduler holds no request in."""
+
+    max_batch = 2
+    cache_pages = None
+
+    def __init__(self):
+        self.cfg = types.SimpleNamespace(eos_ids=())
+        self.prefix = types.SimpleNamespace(stats=lambda: {})
+        self.choose_k = lambda last: 0
+        self.live, self.left, self.orphans, self.scheduler = [False] * 2, [0] * 2, [], None
+
+    def admits_in_chunks(self, tokens):
+        return False
+
+    def has_room(self, prompt_len, max_new):
+        return True
+
+    def pages_short(self):
+        return 0
+
+    def slots_to_preempt(self):
+        return []
+
+    def free_slots(self, slots):
+        pass
+
+    def prefill(self, slot, tokens, max_new, sampling, seed):
+        self.live[slot], self.left[slot] = max_new > 1, max_new - 1
+        return 1, max_new <= 1
+
+    def step(self, cancel, any_sampled):
+        from jaxspec.serving.slot_engine import StepResult
+
+        self.live = [live and not c for live, c in zip(self.live, cancel)]
+        self.orphans += [s for s, live in enumerate(self.live) if live and s not in self.scheduler._active]
+        tokens = [[1] if live else [] for live in self.live]
+        self.left = [n - len(t) for n, t in zip(self.left, tokens)]
+        self.live = [live and n > 0 for live, n in zip(self.live, self.left)]
+        return StepResult(tokens, np.array([not live for live in self.live]), 0, sum(map(len, tokens)), 1, 0)
+
+
+def test_a_cancelled_slot_stops_on_the_device_though_no_step_ran_when_it_was_freed():
+    """The last running request is cancelled: its slot is freed with no step to end it on the device. The next
+    step, once a new request arrives in another slot, must still end it, or the device goes on decoding the
+    cancelled request (its whole budget of cycles, counted in the acceptance figures the adaptive K reads)."""
+    import threading
+
+    from jaxspec.serving.scheduler import Finished, Tokens
+
+    engine = _DeviceSlots()
+    requests, ended = {}, threading.Event()
+
+    class _Metrics(Metrics):
+        def occupancy(self, queued, active):  # the late request arrives once the cancelled one's slot is freed
+            super().occupancy(queued, active)
+            if requests["b"].cancelled and not active and "c" not in requests:
+                requests["c"] = Request([1], 3, SamplingParams(), 0, deliver("c"))
+                scheduler.submit(requests["c"])
+
+    def deliver(name):
+        def on(event):
+            if name == "b" and isinstance(event, Tokens) and len(requests["b"].generated) > 1:
+                scheduler.cancel(requests["b"])  # the client leaves after its second token
+            if name == "c" and isinstance(event, Finished):
+                ended.set()
+        return on
+
+    scheduler = engine.scheduler = Scheduler(engine, _Metrics(max_batch=2), max_queue=4)
+    requests["a"] = Request([1], 2, SamplingParams(), 0, deliver("a"))  # slot 0: done after one step
+    requests["b"] = Request([1], 100, SamplingParams(), 0, deliver("b"))  # slot 1: cancelled after that step
+    scheduler.submit(requests["a"])
+    scheduler.submit(requests["b"])
+    scheduler.start()
+    assert ended.wait(30)
+    scheduler.stop(10)
+    assert requests["c"].generated == [1, 1, 1]
+    assert engine.orphans == []
 
 
 def _text(stops, pieces):

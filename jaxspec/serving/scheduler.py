@@ -93,6 +93,9 @@ class Scheduler:
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: dict[int, Request] = {}  # slot -> request
         self._admitting: tuple[int, Request, Admission] | None = None  # a long prompt's slot, request, progress
+        # slots freed on the host (cancelled, preempted) that the device still computes as live until a step ends
+        # them: kept until a step runs, since a loop that frees the last running request runs no step
+        self._to_end: set[int] = set()
         self._wake = threading.Condition()
         self._stopping = False
         self._deadline = float("inf")  # when stopping: in-flight requests still running then are ended
@@ -147,15 +150,16 @@ class Scheduler:
                 if not self._waiting and not self._active and self._admitting is None:
                     self._wake.wait(IDLE_WAIT_S)
                     continue
-            freed = self._drop_cancelled()
+            self._to_end.update(self._drop_cancelled())
             self._admit()
             self._admit_next_chunk()
             self._report_occupancy()
             if not self._active:
                 continue
-            preempted = self._preempt()
+            self._to_end.update(self._preempt())
             cancel = np.zeros(self.engine.max_batch, bool)
-            cancel[[s for s in freed + preempted if s not in self._active]] = True
+            cancel[[s for s in self._to_end if s not in self._active]] = True  # a slot reused since is live again
+            self._to_end.clear()
             self._step(cancel)
             self._report_occupancy()
         self._end_all("the server shut down before the request finished")

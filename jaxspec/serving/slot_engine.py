@@ -68,6 +68,9 @@ class Admission:
     start: int = 0  # the next chunk's first position
     cached_pages: list[int] = dataclasses.field(default_factory=list)  # prefix pages restored, held until it ends
     slot_pages: list[int] = dataclasses.field(default_factory=list)  # the slot's cache pages, taken when it began
+    # the prefix index `cached_pages` are held in: an emptied prefix cache (`clear_prefix_cache`) is a new index,
+    # and the old one's holds and pages are gone with it
+    prefix: PrefixIndex | None = None
 
     @property
     def prefilled(self) -> bool:
@@ -392,7 +395,8 @@ class SlotEngine:
         """An admission that ends without being finished (its request cancelled or failed) gives back the cached
         pages it holds."""
         if a.cached_pages:
-            self.prefix.release(a.cached_pages)
+            if a.prefix is self.prefix:
+                self.prefix.release(a.cached_pages)
             a.cached_pages = []
         self._free_pages += a.slot_pages
         a.slot_pages = []
@@ -469,7 +473,7 @@ class SlotEngine:
             self._free_pages += slot_pages
             raise
         return Admission(padded, np.asarray(next_tokens(padded)), len(tokens), sampling, state_key, first_key, carry,
-                         start, cached, slot_pages)
+                         start, cached, slot_pages, self.prefix)
 
     def admit_chunk(self, a: Admission) -> None:
         """Prefill the next chunk of `a`'s prompt."""
@@ -490,7 +494,9 @@ class SlotEngine:
             finish = self._programs.get(("admission_finish",)) or self._program(*self._finish_spec(a.carry))
             one = finish(a.carry, jnp.asarray([a.length], jnp.int32), a.state_key)
             a.carry = None
-            self._save_prefix(a.tokens[0, : a.length].tolist(), a.cached_pages, one)
+            # the pages it restored are the start of its chain, unless the prefix cache was emptied since
+            have = a.cached_pages if a.prefix is self.prefix else []
+            self._save_prefix(a.tokens[0, : a.length].tolist(), have, one)
         except Exception:
             self._free_pages += pages
             raise
