@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "benchmark.ipynb"
 PLOTS = ("tok_per_s_vs_k.png", "acceptance_histogram.png", "verify_decode_ratio.png", "break_even.png")
@@ -60,3 +62,19 @@ def test_notebook_executes_headless_on_cpu(tmp_path, monkeypatch):
     results = json.loads((out / "results.json").read_text())
     assert results["device"] == "cpu" and set(results["cycles"]) == {"1", "2"} and set(results["steps"]) == {"1", "2"}
     assert all(r["median_ms"] > 0 for r in [*results["steps"].values(), *results["cycles"].values()])
+
+
+def test_run_notebook_refuses_bad_options_in_one_line(tmp_path, capsys):
+    """Options the notebook could not run with are refused before it starts, naming the option (each was a
+    traceback in a cell: a median of no calls, no decode step, too few layers for the draft, a T that is no number),
+    and no executed copy is written."""
+    module = _run_notebook_module()
+    executed = tmp_path / "executed.ipynb"
+    for argv, flag in ((["--iters", "0"], "--iters"), (["--tokens", "2,4"], "--tokens"),
+                       (["--tokens", "1,x"], "--tokens"), (["--ks", "0,1"], "--ks"), (["--layers", "2"], "--layers"),
+                       (["--repeats", "0"], "--repeats"), (["--max-new-tokens", "1"], "--max-new-tokens"),
+                       (["--context", "-1"], "--context")):
+        with pytest.raises(SystemExit) as e:
+            module.main(["--executed", str(executed), *argv])
+        assert e.value.code == 2 and flag in capsys.readouterr().err, argv
+    assert not executed.exists()
