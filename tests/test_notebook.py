@@ -1,6 +1,7 @@
 """notebooks/benchmark.ipynb executed headless (nbclient, a real Jupyter kernel) on CPU with a small parameter set:
 every code cell ran without an error, the device is named in the output, and every plot file was written."""
 
+import datetime
 import importlib.util
 import json
 import os
@@ -62,6 +63,11 @@ def test_notebook_executes_headless_on_cpu(tmp_path, monkeypatch):
     results = json.loads((out / "results.json").read_text())
     assert results["device"] == "cpu" and set(results["cycles"]) == {"1", "2"} and set(results["steps"]) == {"1", "2"}
     assert all(r["median_ms"] > 0 for r in [*results["steps"].values(), *results["cycles"].values()])
+    # a result carries its date and, beside each floor, the ratio to it, as bench.step's rows do
+    assert datetime.datetime.fromisoformat(results["date"]).tzinfo is not None
+    for r in [*results["steps"].values(), *results["cycles"].values()]:
+        for key in ("4p3", "copy"):
+            assert r[f"ratio_{key}"] == pytest.approx(r["median_ms"] / r[f"floor_ms_{key}"])
 
 
 def test_run_notebook_refuses_bad_options_in_one_line(tmp_path, capsys):
