@@ -5,6 +5,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,18 @@ def test_notebook_executes_headless_on_cpu(tmp_path, monkeypatch):
     for r in [*results["steps"].values(), *results["cycles"].values()]:
         for key in ("4p3", "copy"):
             assert r[f"ratio_{key}"] == pytest.approx(r["median_ms"] / r[f"floor_ms_{key}"])
+
+
+def test_the_run_the_notebook_cites_is_the_one_it_links():
+    """The markdown cell showing a committed bench figure names that run's date: the date in its result JSON."""
+    nb = json.loads(NOTEBOOK.read_text())
+    cited = [c for c in nb["cells"] if c["cell_type"] == "markdown" and "](../bench/results/" in "".join(c["source"])]
+    assert cited
+    for cell in cited:
+        text = "".join(cell["source"])
+        for link in re.findall(r"\]\((\.\./bench/results/[^)]+\.png)\)", text):
+            doc = json.loads((NOTEBOOK.parent / link).with_suffix(".json").read_text())
+            assert doc["date"][:10] in text, (link, doc["date"])
 
 
 def test_run_notebook_refuses_bad_options_in_one_line(tmp_path, capsys):
