@@ -19,7 +19,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -27,6 +26,7 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from bench.projection import load_json  # noqa: E402
 from bench.report import publish, run_stamp  # noqa: E402
 from convert.checkpoint import load_draft, load_target  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
@@ -194,11 +194,18 @@ def add_totals(result: dict) -> None:
 
 def summarise_file(path: Path) -> dict:
     """A bench JSON's result with its summaries and totals computed again from its rounds (figures added since the
-    run included): what `--summarise` prints."""
-    result = json.loads(Path(path).read_text())
-    for row in result["prompts"]:
-        row["summary"] = summarise(row)
-    add_totals(result)
+    run included): what `--summarise` prints. A file that cannot be read, or holds no bench.adaptive_prompts result,
+    is one line naming it (SystemExit)."""
+    result = load_json("--summarise", Path(path))
+    try:
+        if not result["prompts"]:
+            raise ValueError("no prompts")
+        for row in result["prompts"]:
+            row["summary"] = summarise(row)
+        add_totals(result)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SystemExit(f"--summarise {path}: not a bench.adaptive_prompts result ({type(e).__name__}: {e})") \
+            from None
     return result
 
 

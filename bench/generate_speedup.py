@@ -49,12 +49,22 @@ def parsed_arms(p: argparse.ArgumentParser, a) -> list[tuple[str, list[str]]]:
     return [parse_arm(t) for t in a.arms]
 
 
+def check_exit(proc: subprocess.CompletedProcess, cmd: list[str], flags: list[str]) -> None:
+    """A generate process that failed: status 2 is generate's own one-line refusal of bad input (an arm's flags),
+    reported as one line naming them (SystemExit); any other status is a failure of the run (RuntimeError)."""
+    if proc.returncode == 0:
+        return
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode == 2:
+        raise SystemExit(f"--arms: generate refused the flags {shlex.join(flags)!r}: {last}")
+    raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: {last}")
+
+
 def run_once(flags: list[str], mode: str, timeout_s: float) -> dict:
     """One `generate --baseline` process; its printed speedup, range and (adaptive) cycles per K."""
     cmd = [sys.executable, "-m", "jaxspec.generate", "--baseline", *flags] + (["--json"] if mode == "json" else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    check_exit(proc, cmd, flags)
     if mode == "json":
         doc = json.loads(proc.stdout)
         b, ad = doc["baseline"], doc.get("adaptive")

@@ -74,7 +74,8 @@ def markdown(result: dict) -> str:
         cycle = "-" if r["cycle_ms"] is None else f"{r['cycle_ms']:.2f}"
         tok = (["-"] * len(lengths) if r["cycle_tok_s"] is None
                else [f"{r['cycle_tok_s'][str(a)]:.0f}" for a in lengths])
-        lines.append(f"| {r['routing']} | {r['collective_us']:.0f} | {r['decode_collectives']} | "
+        # the latency as given (`:g`): a whole-number format showed 2.5 us as "2" and 0.5 us as "0"
+        lines.append(f"| {r['routing']} | {r['collective_us']:g} | {r['decode_collectives']} | "
                      f"{r['decode_ms']:.2f} | {r['plain_tok_s']:.0f} | {verify} | {cycle} | " + " | ".join(tok) + " |")
     return "\n".join(lines) + "\n"
 

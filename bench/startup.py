@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.generate_speedup import add_run_flags, parsed_arms
+from bench.generate_speedup import add_run_flags, check_exit, parsed_arms
 from bench.report import publish
 
 DEFAULT_ARMS = ["default=", "fixed=--no-speculative-adaptive"]
@@ -34,8 +34,7 @@ def run_once(flags: list[str], cache: Path, timeout_s: float) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    check_exit(proc, cmd, flags)
     doc = json.loads(proc.stdout)
     t, ad = doc["timings"], doc.get("adaptive")
     return dict(wall_s=wall, compile_s=t["compile_s"], measure_s=ad["measure_s"] if ad else 0.0,

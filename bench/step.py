@@ -355,7 +355,18 @@ def parse_args(argv):
                         "device), caches over data, steps and cycles traced in the mesh (the one-device MoE lab is "
                         "skipped); measures the all-reduce latency too")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    # checked before anything runs: each of these would otherwise time nothing (a median of no calls, a step of no
+    # tokens) or fail in every row, and still write a result that looks complete
+    dense = known_config("kimi-k2.5").first_k_dense_replace
+    if a.layers <= dense:
+        p.error(f"--layers must be > {dense} (the dense layers): the steps time the MoE layers, got {a.layers}")
+    for flag, values, least in (("--iters", [a.iters], 1), ("--batches", a.batches, 1), ("--tokens", a.tokens, 1),
+                                ("--contexts", a.contexts, 0), ("--cycle-k", a.cycle_k, 1),
+                                ("--loop-steps", [a.loop_steps], 0), ("--prefix-layers", [a.prefix_layers], 0)):
+        if any(v < least for v in values):
+            p.error(f"{flag} must be >= {least}, got {' '.join(map(str, values))}")
+    return a
 
 
 def main(argv=None) -> dict:

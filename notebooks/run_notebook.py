@@ -63,7 +63,33 @@ def parse_args(argv):
     p.add_argument("--budget-s", type=float, help="start no new configuration after this many seconds")
     p.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds (nbclient)")
     p.add_argument("--as-script", action="store_true", help="run the code cells in this process, no kernel")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    check_options(p, a)
+    return a
+
+
+def _ints(p, flag: str, text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"{flag} {text!r}: expected comma-separated integers")
+
+
+def check_options(p, a) -> None:
+    """What the notebook cannot run with, refused here in one line naming the option: inside the notebook each is a
+    traceback in a cell (a median of no calls, no decode step to compare with, a draft tapping layers the target
+    lacks), after the model is loaded."""
+    if a.tokens is not None:
+        tokens = _ints(p, "--tokens", a.tokens)
+        if not tokens or min(tokens) < 1 or 1 not in tokens:
+            p.error(f"--tokens {a.tokens!r}: T >= 1, and 1 among them (the decode step every ratio is taken to)")
+    if a.ks is not None and min(_ints(p, "--ks", a.ks), default=1) < 1:
+        p.error(f"--ks {a.ks!r}: draft lengths K >= 1")
+    for flag, value, least in (("--iters", a.iters, 1), ("--repeats", a.repeats, 1), ("--context", a.context, 0),
+                               ("--max-new-tokens", a.max_new_tokens, 2), ("--budget-s", a.budget_s, 0),
+                               ("--layers", a.layers, 3)):  # the draft taps three distinct target layers
+        if value is not None and value < least:
+            p.error(f"{flag} must be >= {least}, got {value}")
 
 
 def notebook_env(args) -> dict[str, str]:

@@ -132,3 +132,16 @@ def test_the_sweep_reports_other_first_tests_beside_the_tables_adaptive():
     result.update(device="cpu", jax="x", date="d", layers=3, tiny=True, batch=1, prompt_tokens=8, max_new_tokens=8,
                   repeats=1, adaptive_steps=[0, 1], costs_ms={})
     assert "- a = 0.5: 4 cycles 0.980; 2 cycles 0.800 {'0': 9, '1': 0}" in adaptive_acceptance.markdown(result)
+
+
+def test_summarise_names_a_file_it_cannot_read(tmp_path):
+    """--summarise of a missing file, of text that is not JSON and of another bench's JSON: one line naming the
+    flag and the file (SystemExit with a message), not a traceback."""
+    step = tmp_path / "step.json"
+    step.write_text(json.dumps({"device": "cpu", "steps": []}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for path in (tmp_path / "missing.json", bad, step):
+        with pytest.raises(SystemExit) as e:
+            adaptive_prompts.main(["--summarise", str(path)])
+        assert isinstance(e.value.code, str) and e.value.code.startswith("--summarise") and str(path) in e.value.code

@@ -36,3 +36,15 @@ def test_arms_summary_and_table():
     doc = markdown(dict(machine="cpu", jax="x", date="d", floor=0.95, rounds_note="5 rounds",
                         arms=[dict(name="fixed", flags=[], modes={"stream": rows})]))
     assert "| fixed | `(defaults)` | stream | 3 | 0.970 | 0.90 | 1.00 | 1 | 0.90, 1.00, 0.97 |" in doc
+
+
+@pytest.mark.parametrize("bench", ["generate_speedup", "startup"])
+def test_an_arm_generate_refuses_is_one_line_naming_its_flags(bench, tmp_path):
+    """generate refuses a bad flag in one line with status 2 (before it imports JAX): the bench names the arm's flags
+    in one line too, not a RuntimeError traceback."""
+    import importlib
+
+    module = importlib.import_module(f"bench.{bench}")
+    with pytest.raises(SystemExit) as e:
+        module.main(["--arms", "bad=--no-such-flag", "--runs", "1", "--out", str(tmp_path)])
+    assert isinstance(e.value.code, str) and e.value.code.startswith("--arms") and "--no-such-flag" in e.value.code

@@ -142,3 +142,19 @@ def test_repeated_moe_layers_share_one_draw():
     assert len(w.layers) == 5 and cfg.first_k_dense_replace == 1
     assert all(lw is w.layers[1] for lw in w.layers[2:])
     assert w.layers[0].mlp.gate.shape != w.layers[1].mlp.experts.gate.shape
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--iters", "0"], "--iters"),  # nothing to take a median of (every row an error, the run "complete")
+    (["--tokens", "0"], "--tokens"),  # a step of no tokens, timed against a floor of nothing
+    (["--batches", "0"], "--batches"),
+    (["--contexts", "-1"], "--contexts"),
+    (["--layers", "1"], "--layers"),  # K2.5's first layer is dense: one layer has no MoE layer to time
+    (["--cycle-k", "0"], "--cycle-k"),
+    (["--loop-steps", "-1"], "--loop-steps"),
+])
+def test_bad_flags_are_one_line_before_anything_runs(argv, flag, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--tiny", "--out", str(tmp_path), *argv])
+    assert e.value.code == 2 and flag in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no result file for a run that did not happen

@@ -1,10 +1,14 @@
 """notebooks/benchmark.ipynb executed headless (nbclient, a real Jupyter kernel) on CPU with a small parameter set:
 every code cell ran without an error, the device is named in the output, and every plot file was written."""
 
+import datetime
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "benchmark.ipynb"
@@ -60,3 +64,36 @@ def test_notebook_executes_headless_on_cpu(tmp_path, monkeypatch):
     results = json.loads((out / "results.json").read_text())
     assert results["device"] == "cpu" and set(results["cycles"]) == {"1", "2"} and set(results["steps"]) == {"1", "2"}
     assert all(r["median_ms"] > 0 for r in [*results["steps"].values(), *results["cycles"].values()])
+    # a result carries its date and, beside each floor, the ratio to it, as bench.step's rows do
+    assert datetime.datetime.fromisoformat(results["date"]).tzinfo is not None
+    for r in [*results["steps"].values(), *results["cycles"].values()]:
+        for key in ("4p3", "copy"):
+            assert r[f"ratio_{key}"] == pytest.approx(r["median_ms"] / r[f"floor_ms_{key}"])
+
+
+def test_the_run_the_notebook_cites_is_the_one_it_links():
+    """The markdown cell showing a committed bench figure names that run's date: the date in its result JSON."""
+    nb = json.loads(NOTEBOOK.read_text())
+    cited = [c for c in nb["cells"] if c["cell_type"] == "markdown" and "](../bench/results/" in "".join(c["source"])]
+    assert cited
+    for cell in cited:
+        text = "".join(cell["source"])
+        for link in re.findall(r"\]\((\.\./bench/results/[^)]+\.png)\)", text):
+            doc = json.loads((NOTEBOOK.parent / link).with_suffix(".json").read_text())
+            assert doc["date"][:10] in text, (link, doc["date"])
+
+
+def test_run_notebook_refuses_bad_options_in_one_line(tmp_path, capsys):
+    """Options the notebook could not run with are refused before it starts, naming the option (each was a
+    traceback in a cell: a median of no calls, no decode step, too few layers for the draft, a T that is no number),
+    and no executed copy is written."""
+    module = _run_notebook_module()
+    executed = tmp_path / "executed.ipynb"
+    for argv, flag in ((["--iters", "0"], "--iters"), (["--tokens", "2,4"], "--tokens"),
+                       (["--tokens", "1,x"], "--tokens"), (["--ks", "0,1"], "--ks"), (["--layers", "2"], "--layers"),
+                       (["--repeats", "0"], "--repeats"), (["--max-new-tokens", "1"], "--max-new-tokens"),
+                       (["--context", "-1"], "--context")):
+        with pytest.raises(SystemExit) as e:
+            module.main(["--executed", str(executed), *argv])
+        assert e.value.code == 2 and flag in capsys.readouterr().err, argv
+    assert not executed.exists()

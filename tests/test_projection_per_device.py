@@ -37,3 +37,13 @@ def test_a_file_that_is_not_a_per_device_result_is_named(tmp_path):
     result = main(["--per-device", str(good), "--out", str(tmp_path / "out"), "--collective-us", "0", "25"])
     assert [r["collective_us"] for r in result["rows"]] == [0.0, 25.0]
     assert result["rows"][0]["decode_ms"] == pytest.approx(5.0)
+
+
+def test_the_table_shows_the_latency_it_assumed(tmp_path):
+    """A latency below 1 us or between whole numbers shows as given, not rounded (2.5 had read "2", 0.5 "0")."""
+    good = tmp_path / "pd.json"
+    good.write_text(json.dumps(_doc()))
+    main(["--per-device", str(good), "--out", str(tmp_path / "out"), "--collective-us", "0.5", "2.5", "8"])
+    table = next((tmp_path / "out").glob("*.md")).read_text()
+    cells = [line.split(" | ")[1] for line in table.splitlines() if line.startswith("| neighbour |")]
+    assert cells == ["0.5", "2.5", "8"]
