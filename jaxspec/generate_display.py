@@ -3,6 +3,7 @@ thinking apart from it and its tool calls as JSON, the speedup line."""
 
 from __future__ import annotations
 
+import math
 import os
 import json
 from typing import TextIO
@@ -26,11 +27,13 @@ def echo_prompt(prompt: str, out: TextIO) -> None:
 def format_speedup(b: dict) -> str:
     """The --baseline line from SpeedupMeasurement.as_dict()."""
     how = "both streamed" if b["mode"] == "stream" else "both in the on-device loop"
+    head = (f"baseline (no speculation, same target; {how}, median of {b['rounds']} interleaved rounds): "
+            f"{b['decode_tokens_per_s']:.1f} tok/s vs speculative {b['speculative_decode_tokens_per_s']:.1f} tok/s")
+    if not math.isfinite(b["speedup"]):  # every plain run ended at the prefill's token (EOS first): nothing to time
+        return f"{head} -> no speedup: plain decoding decoded no token after the prefill's in any round"
     spread = (f"{b['speedup_min']:.2f}-{b['speedup_max']:.2f}x over {b['rounds']} rounds" if b["rounds"] > 1
               else "1 round")
-    return (f"baseline (no speculation, same target; {how}, median of {b['rounds']} interleaved rounds): "
-            f"{b['decode_tokens_per_s']:.1f} tok/s vs speculative {b['speculative_decode_tokens_per_s']:.1f} tok/s "
-            f"-> speedup {b['speedup']:.2f}x ({spread})")
+    return f"{head} -> speedup {b['speedup']:.2f}x ({spread})"
 
 
 class ChatDisplay:

@@ -19,6 +19,11 @@ def test_reads_the_printed_speedup_and_its_range():
     assert one.group(1) == "1.20" and one.group(2) is None
 
 
+def test_no_speedup_is_said_so_not_printed_as_nan():
+    line = format_speedup(_baseline(5, float("nan"), float("nan"), float("nan")))
+    assert "nan" not in line and "no speedup" in line and SPEEDUP_LINE.search(line) is None
+
+
 def test_reads_the_adaptive_histogram_line():
     line = ("adaptive: cycles per K {K=0: 112, K=1: 0, K=3: 5}; cost table ms/cycle {0: 2.26, 1: 4.38, 3: 6.49} "
             "(measured); expected 446.0 tok/s, achieved 404.7")
