@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from bench.report import publish
+from convert.json_input import parse_json
 
 KIMI_LAYERS = 61
 KIMI_DENSE_LAYERS = 1
@@ -154,11 +154,15 @@ def published_speedups(cycles: list[dict]) -> list[str]:
 
 
 def load_json(flag: str, path: Path) -> dict:
-    """The JSON file a flag names; SystemExit naming the flag and the file where it cannot be read."""
+    """The JSON object a flag's file holds (a bench's result); SystemExit naming the flag and the file where it cannot
+    be read or is not an object."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        doc = parse_json(path.read_text())
+    except (OSError, ValueError) as e:
         raise SystemExit(f"{flag} {path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise SystemExit(f"{flag} {path}: a JSON {type(doc).__name__}, not a bench's result (an object)")
+    return doc
 
 
 def merged_depth(docs: list[dict]) -> dict:

@@ -52,6 +52,9 @@ def test_inputs_without_what_it_needs_are_refused_by_name(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(SystemExit, match="--depth .*bad.json"):
         main(["--depth", str(bad), "--cycles", str(bad), "--out", str(tmp_path)])
+    bad.write_text("[1, 2]")  # JSON, but not a bench's result
+    with pytest.raises(SystemExit, match="--depth .*bad.json: a JSON list"):
+        main(["--depth", str(bad), "--cycles", str(bad), "--out", str(tmp_path)])
 
 
 def test_the_cli_writes_the_table(tmp_path):
