@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import publish, run_stamp  # noqa: E402
+from bench.report import own_stem, publish, run_stamp  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
 from jaxspec.adaptive_calls import RULE_FIELDS, Pool, PerCallPolicy, plain_loop, spec_loop, to_plain  # noqa: E402
@@ -479,7 +479,7 @@ def main(argv=None):
     out = Path(args.out)
     stem = f"adaptive-acceptance-{stamp.suffix}"
     out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / f"{stem}.png")
+    plot(result, out / f"{own_stem(out, stem)}.png")  # beside the JSON, under the stem it goes to
     publish(result, out, stem, markdown, log, also=" and .png")
     return result
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, floor_ms, step_bytes, unique_experts_per_layer  # noqa: E402
-from bench.report import fmt, run_stamp, write_json  # noqa: E402
+from bench.report import fmt, run_stamp, write_report  # noqa: E402
 from bench.step import PATH_KERNELS, bench_config, draw_weights, make_step, step_inputs  # noqa: E402
 from bench.timing import median_ms  # noqa: E402
 from model.decoder import forward  # noqa: E402
@@ -270,8 +270,7 @@ def main(argv=None) -> dict:
 
     def save():
         res["markdown"] = markdown(res)
-        write_json(res, out_dir, stem)
-        (out_dir / f"{stem}.md").write_text(res["markdown"])
+        write_report(res, out_dir, stem, lambda r: r["markdown"])
 
     cfg = bench_config(args.layers, args.tiny)
     w = draw_weights(cfg, args.tiny, "bf16")

@@ -61,7 +61,7 @@ from jax.sharding import AbstractMesh  # noqa: E402
 
 from bench.bytes_floor import HBM_TBS, draft_bytes, floor_ms, step_bytes  # noqa: E402
 from bench.cycle import MAX_NEW_TOKENS, initial_state, spec_pair  # noqa: E402
-from bench.report import fmt, publish, run_stamp  # noqa: E402
+from bench.report import fmt, own_stem, publish, run_stamp  # noqa: E402
 from bench.step import KERNEL_PATH_MOE, bench_config, random_cache, step_inputs, step_routes  # noqa: E402
 from bench.timing import device_loop_ms  # noqa: E402
 from jaxspec.models import SpecConfig, SpecWeights  # noqa: E402
@@ -846,7 +846,8 @@ def main(argv=None) -> dict:
     for e, c in zip(timed, compiled[len(probes):]):
         e["census"] = kernel_census(c.as_text())
         if args.hlo:
-            save_hlo(c.as_text(), Path(args.out), f"{stem}-{program_name(e, args.layers)}")
+            name = f"{own_stem(Path(args.out), stem)}-{program_name(e, args.layers)}"  # beside this run's JSON
+            save_hlo(c.as_text(), Path(args.out), name)
         e["kernels"] = sum(e["census"].values())
         e["run"] = Timed(c, e["program"].args, e["program"].donate[0], 1 if "k" not in e else 0, e.get("rewind"))
 

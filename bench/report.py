@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -191,19 +192,48 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+_OWN_STEMS: dict[tuple[Path, str], str] = {}  # (folder, stem a run asked for) -> the stem its files go under
+
+
+def own_stem(out_dir: Path, stem: str) -> str:
+    """The stem this process writes `stem`'s files under in `out_dir`: the same one for a run's later saves (a run
+    cut short keeps what it measured), another (`stem-2`, ...) where files of an earlier run hold it. Stems carry
+    the minute a run started, so two runs of a minute into one folder would otherwise overwrite the first's."""
+    key = (Path(out_dir).absolute(), stem)
+    if key not in _OWN_STEMS:
+        free, n = stem, 1
+        while any(Path(out_dir).glob(f"{glob_escape(free)}.*")):
+            n += 1
+            free = f"{stem}-{n}"
+        _OWN_STEMS[key] = free
+    return _OWN_STEMS[key]
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def write_text_whole(path: Path, text: str) -> None:
+    """`text` into `path` by a rename, so a run stopped while writing leaves the last whole save, not half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def write_json(result: dict, out_dir: Path, stem: str) -> Path:
-    """`result` as out_dir/stem.json (the labs' only output, the benches' beside their markdown); returns the path."""
+    """`result` as out_dir/<own stem>.json (the labs' only output, the benches' beside their markdown); returns the
+    path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{stem}.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    path = out_dir / f"{own_stem(out_dir, stem)}.json"
+    write_text_whole(path, json.dumps(result, indent=1, default=str))
     return path
 
 
 def write_report(result: dict, out_dir: Path, stem: str, render=markdown) -> Path:
-    """`result` as out_dir/stem.json and `render(result)` as out_dir/stem.md (bench.step's table by default);
+    """`result` as out_dir/<own stem>.json and `render(result)` beside it as .md (bench.step's table by default);
     returns the JSON's path."""
     path = write_json(result, out_dir, stem)
-    (out_dir / f"{stem}.md").write_text(render(result))
+    write_text_whole(path.with_suffix(".md"), render(result))
     return path
 
 
@@ -211,5 +241,5 @@ def publish(result: dict, out_dir: Path, stem: str, render, log, also: str = "")
     """`write_report`, then the table on `log` and where it went (`also` names any other file written beside)."""
     path = write_report(result, out_dir, stem, render)
     log(render(result))
-    log(f"wrote {out_dir}/{stem}.json and .md{also}")
+    log(f"wrote {path} and .md{also}")
     return path

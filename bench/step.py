@@ -480,8 +480,8 @@ def main(argv=None) -> dict:
                                              tiny=args.tiny)
             save()
     result["wall_s"] = time.time() - t_start
-    save()
-    log(f"wrote {args.out}/{stem}.json and .md in {result['wall_s']:.0f} s")
+    path = save()
+    log(f"wrote {path} and .md in {result['wall_s']:.0f} s")
     return result
 
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from bench import report
 from bench.step import main
 from bench.timing import device_loop_ms
 
@@ -158,3 +159,18 @@ def test_bad_flags_are_one_line_before_anything_runs(argv, flag, tmp_path, capsy
         main(["--tiny", "--out", str(tmp_path), *argv])
     assert e.value.code == 2 and flag in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # no result file for a run that did not happen
+
+
+def test_a_second_run_in_the_same_minute_does_not_overwrite_the_first(tmp_path):
+    """Result names carry the minute a run started: a run whose stem an earlier run's files hold writes beside them
+    under stem-2, and a run's own later saves (a run cut short keeps what it measured) go on replacing its files."""
+    first = report.write_report({"run": 1}, tmp_path, "bench-cpu-20261205-2200", lambda r: f"run {r['run']}\n")
+    report._OWN_STEMS.clear()  # what a new process starts from
+    second = report.write_report({"run": 2}, tmp_path, "bench-cpu-20261205-2200", lambda r: f"run {r['run']}\n")
+    again = report.write_report({"run": 3}, tmp_path, "bench-cpu-20261205-2200", lambda r: f"run {r['run']}\n")
+    assert first.name == "bench-cpu-20261205-2200.json"
+    assert second.name == again.name == "bench-cpu-20261205-2200-2.json"
+    assert json.loads(first.read_text()) == {"run": 1} and first.with_suffix(".md").read_text() == "run 1\n"
+    assert json.loads(second.read_text()) == {"run": 3} and second.with_suffix(".md").read_text() == "run 3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [first.name, second.name, first.with_suffix(".md").name, second.with_suffix(".md").name])

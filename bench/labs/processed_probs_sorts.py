@@ -71,9 +71,9 @@ def main(argv=None) -> int:
             print(f"{n:5d} {v:7d} {t_one:11.3f} {t_two:12.3f} {t_one / t_two:6.2f} {diff:12.2e}", flush=True)
     dev = jax.devices()[0]
     stem = f"processed-probs-sorts-{dev.platform}-{datetime.datetime.now().strftime('%Y%m%d-%H%M')}"
-    write_json(dict(device=dev.device_kind, jax=jax.__version__, sampling="t0.8 top_p0.9", rows=rows),
-               Path(a.out), stem)
-    print(f"wrote {a.out}/{stem}.json")
+    path = write_json(dict(device=dev.device_kind, jax=jax.__version__, sampling="t0.8 top_p0.9", rows=rows),
+                      Path(a.out), stem)
+    print(f"wrote {path}")
     return 0
 
 
