@@ -53,6 +53,107 @@ def pair(tmp_path_factory):
     return root
 
 
+TARGET_FLAGS = [
+    ("--steps", "0"), ("--steps", "-3"), ("--batch", "0"), ("--seq-len", "1"), ("--max-files", "0"),
+    ("--eval-every", "0"), ("--log-every", "0"), ("--eval-windows", "0"), ("--final-eval-windows", "-1"),
+    ("--warmup", "-1"), ("--lr", "nan"), ("--lr", "-1"), ("--weight-decay", "inf"), ("--bias-gamma", "nan"),
+    ("--held-out-percent", "101"), ("--held-out-percent", "-1"), ("--val-percent", "nan"), ("--vocab-size", "0"),
+]
+
+
+@pytest.mark.parametrize("flag,value", TARGET_FLAGS, ids=[f"{f}={v}" for f, v in TARGET_FLAGS])
+def test_train_target_flag_out_of_range(tmp_path, capsys, flag, value):
+    args = [a for a in SMALL if a != "--steps" and a != "2"] if flag == "--steps" else SMALL
+    code, err = run(capsys, train_target, "--out", tmp_path / "out", *args, flag, value)
+    one_error_line(code, err, flag)
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_target_time_budget_out_of_range(tmp_path, capsys):
+    code, err = run(capsys, train_target, "--out", tmp_path / "out", "--time-budget", "0")
+    one_error_line(code, err, "--time-budget")
+
+
+def test_train_target_splits_leave_no_training_files(tmp_path, capsys):
+    code, err = run(capsys, train_target, "--out", tmp_path / "out", *SMALL, "--held-out-percent", "60",
+                    "--val-percent", "40")
+    one_error_line(code, err, "--held-out-percent", "--val-percent")
+
+
+DRAFT_FLAGS = [
+    ("--eval-prompts", "0"), ("--ckpt-every", "0"), ("--eval-every", "0"), ("--ttt-steps", "0"),
+    ("--eval-depth", "0"), ("--rollouts", "0"), ("--rollout-batch", "0"), ("--generated-fraction", "1.5"),
+    ("--generated-fraction", "nan"), ("--draft-vocab-size", "0"), ("--draft-vocab-size", "-5"),
+    ("--prompt-len", "64"), ("--prompt-len", "0"), ("--reserve", "-1"), ("--finish-by", "nan"),
+]
+
+
+@pytest.mark.parametrize("flag,value", DRAFT_FLAGS, ids=[f"{f}={v}" for f, v in DRAFT_FLAGS])
+def test_train_draft_flag_out_of_range(pair, tmp_path, capsys, flag, value):
+    args = [a for a in DRAFT_SMALL if a != "--steps" and a != "2"] if flag == "--finish-by" else DRAFT_SMALL
+    code, err = run(capsys, train_draft, "--target", pair / "target", "--tokenizer", pair / "tokenizer.json",
+                    "--out", tmp_path / "draft", *args, flag, value)
+    one_error_line(code, err, flag)
+
+
+def test_corpus_root_with_nothing_to_train_on(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "latin1").mkdir()
+    (tmp_path / "latin1" / "a.py").write_bytes(b"x = '\xe9t\xe9'\n")
+    (tmp_path / "a_file.py").write_text("x = 1\n")
+    for root in (tmp_path / "missing", tmp_path / "empty", tmp_path / "latin1", tmp_path / "a_file.py"):
+        code, err = run(capsys, train_target, "--out", tmp_path / "out", *SMALL, "--corpus-root", root)
+        one_error_line(code, err, "--corpus-root", str(root))
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_corpus_too_small_for_a_window(tmp_path, capsys):
+    """One short file: no training window of --seq-len tokens (was a numpy ValueError from random_windows)."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "one.py").write_text("x = 1\n")
+    code, err = run(capsys, train_target, "--out", tmp_path / "out", *SMALL, "--held-out-percent", "0",
+                    "--val-percent", "0", "--corpus-root", tmp_path / "corpus")
+    one_error_line(code, err, "--seq-len")
+
+
+def test_draft_corpus_without_a_prompt_long_enough(tmp_path, capsys, pair):
+    """Held-out files all shorter than --prompt-len: no evaluation prompt (was a ValueError after the rollouts)."""
+    (tmp_path / "corpus").mkdir()
+    for i in range(40):
+        (tmp_path / "corpus" / f"m{i}.py").write_text(f"x{i} = {i}\n")
+    code, err = run(capsys, train_draft, "--target", pair / "target", "--tokenizer", pair / "tokenizer.json",
+                    "--out", tmp_path / "draft", *DRAFT_SMALL, "--max-files", "40", "--corpus-root", tmp_path / "corpus")
+    one_error_line(code, err, "--prompt-len")
+
+
+def test_tokenizer_that_is_not_one(tmp_path, capsys, pair):
+    (tmp_path / "garbage.json").write_bytes(b"\x00\x01 not json")
+    for tok in (tmp_path / "missing.json", tmp_path / "garbage.json", tmp_path):
+        code, err = run(capsys, train_target, "--out", tmp_path / "out", *SMALL, "--tokenizer", tok)
+        one_error_line(code, err, "--tokenizer", str(tok))
+        code, err = run(capsys, train_draft, "--target", pair / "target", "--tokenizer", tok,
+                        "--out", tmp_path / "draft", *DRAFT_SMALL)
+        one_error_line(code, err, "--tokenizer", str(tok))
+
+
+def test_target_that_is_not_a_train_target_output(tmp_path, capsys, pair):
+    (tmp_path / "no_weights").mkdir()
+    (tmp_path / "no_weights" / "config.json").write_text((pair / "target" / "config.json").read_text())
+    (tmp_path / "a_file").write_text("x")
+    for target in (tmp_path / "missing", pair, tmp_path / "no_weights", tmp_path / "a_file"):
+        code, err = run(capsys, train_draft, "--target", target, "--tokenizer", pair / "tokenizer.json",
+                        "--out", tmp_path / "draft", *DRAFT_SMALL)
+        one_error_line(code, err, "--target", str(target))
+        assert not (tmp_path / "draft").exists()
+
+
+def test_draft_tokenizer_of_another_vocabulary(tmp_path, capsys, pair):
+    """A tokenizer whose ids are not the target's: larger (was an IndexError) or not (trained a draft silently)."""
+    code, err = run(capsys, train_draft, "--target", pair / "target", "--tokenizer", pair / "other_tokenizer.json",
+                    "--out", tmp_path / "draft", *DRAFT_SMALL)
+    one_error_line(code, err, "--tokenizer", "400", "300")
+
+
 def test_interrupted_save_leaves_no_config(tmp_path, monkeypatch, pair):
     """config.json marks a finished model directory (the loaders and train_default_pair.sh look for it): it is
     written after the weights, so a save cut short cannot be taken for a model."""
