@@ -7,7 +7,8 @@ Data: windows of the corpus plus the target's own greedy continuations of traini
 sequences a greedy engine verifies). Evaluation: greedy continuations of prompts from validation files
 (during training) and held-out files (the final report), on which chain acceptance per depth is exact for
 a greedy chain engine (the draft's inputs are the accepted tokens and its own features, as in the engine). The draft vocabulary is the most frequent target tokens.
-Writes OUT/config.json (LlamaForCausalLMEagle3) + weights, OUT/../draft_metrics.json, OUT/../draft_curves.png.
+Writes OUT/config.json (LlamaForCausalLMEagle3) + weights, OUT/../draft_metrics.json, OUT/../draft_curves.png;
+OUT must be new or an empty directory (a resumed run writes it as a fresh one does, at the end).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from jaxspec.training.draft_step import DraftState, draft_eval, draft_train_step
 from jaxspec.training.draft_vocab import coverage, d2t_offsets, frequent_token_ids
 from jaxspec.training.greedy_rollout import greedy_continue
 from jaxspec.training.inputs import (cli as run_cli, load_target, load_tokenizer, read_corpus, require_at_least,
-                                     require_finite, require_splits)
+                                     require_finite, require_new_output, require_splits)
 from jaxspec.training.optimizer import AdamWSpec
 from jaxspec.training.orbax_resume import DraftCheckpoints
 from jaxspec.training.plots import plot_curves
@@ -135,6 +136,7 @@ def evaluate(draft_w, target_w, eval_NT, eval_mask_NT, batch, ids, in_vocab, cfg
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
+    require_new_output("--out", out)
     progress = Progress("draft", every=args.log_every)
     timings = {}
 

@@ -4,7 +4,8 @@
     python -m jaxspec.train_target --preset smoke --steps 20 --max-files 40 --out /tmp/smoke
 
 Writes OUT/tokenizer.json (trained here unless --tokenizer is given), OUT/target/ (config.json with
-INT4 experts + weights), OUT/target_metrics.json and OUT/target_loss.png.
+INT4 experts + weights), OUT/target_metrics.json and OUT/target_loss.png, all at the end of the run; OUT must be
+new or an empty directory.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from jaxspec.training.artifacts import save_model_dir
 from jaxspec.training.casting import compute_copy
 from jaxspec.training.corpus import split_sources, stdlib_root
 from jaxspec.training.inputs import (cli as run_cli, load_tokenizer, read_corpus, require_at_least, require_finite,
-                                     require_splits)
+                                     require_new_output, require_splits)
 from jaxspec.training.int4_experts import quantize_experts
 from jaxspec.training.plots import plot_curves
 from jaxspec.training.progress import Progress
@@ -100,7 +101,7 @@ def windows_for_eval(stream, seq: int, max_windows: int, batch: int, what: str):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    require_new_output("--out", out)
     progress = Progress("target", every=args.log_every)
     timings = {}
 
@@ -112,7 +113,6 @@ def main(argv=None) -> dict:
                          f"(--held-out-percent, --val-percent, --max-files)")
     tok = load_tokenizer("--tokenizer", args.tokenizer) if args.tokenizer else train_tokenizer(train_files,
                                                                                               args.vocab_size)
-    tok.save(str(out / "tokenizer.json"))
     timings["tokenizer_s"] = time.perf_counter() - t
     t = time.perf_counter()
     train_stream, held_stream = encode_files(tok, train_files), encode_files(tok, held_files)
@@ -220,6 +220,9 @@ def main(argv=None) -> dict:
                  f"{math.exp(nll_bf16):.3f}, INT4 experts {math.exp(nll_int4):.3f} "
                  f"({report['held_out']['bits_per_byte_int4_experts']:.3f} bits/byte); trained in {timings['train_s']:.0f}s")
 
+    # every output is written only now: a run stopped earlier leaves no tokenizer.json that would pass for a result
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
     save_model_dir(out / "target", config_int4, quantized)
     (out / "target_metrics.json").write_text(json.dumps(report, indent=1) + "\n")
     plot_curves(out / "target_loss.png", "target: next-token loss",

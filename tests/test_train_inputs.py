@@ -154,6 +154,34 @@ def test_draft_tokenizer_of_another_vocabulary(tmp_path, capsys, pair):
     one_error_line(code, err, "--tokenizer", "400", "300")
 
 
+def test_output_that_already_holds_something(tmp_path, capsys, pair):
+    """A user's non-empty directory or a file at --out is refused, untouched; an empty directory is fine."""
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "tokenizer.json").write_text("mine")
+    (tmp_path / "a_file").write_text("mine")
+    for out in (tmp_path / "user", tmp_path / "a_file"):
+        code, err = run(capsys, train_target, "--out", out, *SMALL)
+        one_error_line(code, err, "--out", str(out))
+        code, err = run(capsys, train_draft, "--target", pair / "target", "--tokenizer", pair / "tokenizer.json",
+                        "--out", out, *DRAFT_SMALL)
+        one_error_line(code, err, "--out", str(out))
+    assert (tmp_path / "user" / "tokenizer.json").read_text() == "mine" and (tmp_path / "a_file").read_text() == "mine"
+    assert [p.name for p in (tmp_path / "user").iterdir()] == ["tokenizer.json"]
+
+
+def test_interrupted_target_run_leaves_nothing_behind(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during training: no tokenizer.json without its target, and the same command can run again."""
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_target, "train_step", interrupted)
+    code, err = run(capsys, train_target, "--out", tmp_path / "out", *SMALL, "--max-files", "24",
+                    "--vocab-size", "300")
+    assert code == 130 and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 def test_interrupted_save_leaves_no_config(tmp_path, monkeypatch, pair):
     """config.json marks a finished model directory (the loaders and train_default_pair.sh look for it): it is
     written after the weights, so a save cut short cannot be taken for a model."""

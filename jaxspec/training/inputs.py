@@ -44,6 +44,16 @@ def require_splits(args) -> None:
                          f"training files (their sum must be below 100)")
 
 
+def require_new_output(flag: str, path: Path) -> None:
+    """Training writes into a new or empty directory only: it never overwrites what a user (or an earlier run)
+    put there, and files of an earlier run beside new ones would pass for one finished run."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        raise UsageError(f"{flag} {path}: already exists and is not empty (training does not overwrite; "
+                         f"remove it or choose another)")
+
+
 def load_tokenizer(flag: str, path: str | Path):
     from tokenizers import Tokenizer
 
