@@ -188,7 +188,7 @@ def main(argv=None) -> dict:
     state = DraftState(weights, opt.build(weights).init(weights))
     progress.log(f"draft: {count_params(weights) / 1e6:.2f}M parameters, {args.ttt_steps} training-time-test steps")
 
-    ckpts = DraftCheckpoints(args.ckpt_dir) if args.ckpt_dir else None
+    ckpts = DraftCheckpoints(args.ckpt_dir, run_key={"draft_ids": ids_np.tolist()}) if args.ckpt_dir else None
     start_step = 0
     curves = {"train_step": [], "train_loss": [], "eval_step": [], "eval_loss": [], "eval_accept": []}
     if ckpts is not None and ckpts.latest_step() is not None:

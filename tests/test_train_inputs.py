@@ -195,3 +195,32 @@ def test_interrupted_save_leaves_no_config(tmp_path, monkeypatch, pair):
     with pytest.raises(KeyboardInterrupt):
         save_model_dir(tmp_path / "target", json.loads((pair / "target" / "config.json").read_text()), w)
     assert not (tmp_path / "target" / "config.json").exists()
+
+
+def test_resume_from_checkpoints_of_another_run(tmp_path):
+    """--ckpt-dir of a run with other shapes (was an orbax ValueError traceback) or another draft vocabulary (same
+    shapes: resumed silently, the trained lm_head rows then stood for other tokens) is refused, naming --ckpt-dir."""
+    import numpy as np
+
+    from jaxspec.cli_common import UsageError
+    from jaxspec.training.orbax_resume import DraftCheckpoints
+
+    import jax.numpy as jnp
+
+    state = {"lm_head": jnp.ones((4, 2), jnp.float32)}
+    ckpts = DraftCheckpoints(tmp_path / "ckpt", run_key={"draft_ids": [0, 1, 2, 3]})
+    ckpts.save(2, state, {"train_step": [1, 2]}, 4)
+    ckpts.close()
+    same = DraftCheckpoints(tmp_path / "ckpt", run_key={"draft_ids": [0, 1, 2, 3]})
+    step, got, curves, total = same.restore(state)
+    assert (step, curves, total) == (2, {"train_step": [1, 2]}, 4)
+    np.testing.assert_array_equal(np.asarray(got["lm_head"]), state["lm_head"])
+    same.close()
+    other_vocab = DraftCheckpoints(tmp_path / "ckpt", run_key={"draft_ids": [0, 1, 2, 5]})
+    with pytest.raises(UsageError, match="--ckpt-dir.*draft vocabulary"):
+        other_vocab.restore(state)
+    other_vocab.close()
+    other_shape = DraftCheckpoints(tmp_path / "ckpt", run_key={"draft_ids": [0, 1, 2, 3]})
+    with pytest.raises(UsageError, match="--ckpt-dir"):
+        other_shape.restore({"lm_head": jnp.ones((3, 2), jnp.float32)})
+    other_shape.close()
