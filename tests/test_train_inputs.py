@@ -122,7 +122,8 @@ def test_draft_corpus_without_a_prompt_long_enough(tmp_path, capsys, pair):
     for i in range(40):
         (tmp_path / "corpus" / f"m{i}.py").write_text(f"x{i} = {i}\n")
     code, err = run(capsys, train_draft, "--target", pair / "target", "--tokenizer", pair / "tokenizer.json",
-                    "--out", tmp_path / "draft", *DRAFT_SMALL, "--max-files", "40", "--corpus-root", tmp_path / "corpus")
+                    "--out", tmp_path / "draft", *DRAFT_SMALL, "--max-files", "40",
+                    "--corpus-root", tmp_path / "corpus")
     one_error_line(code, err, "--prompt-len")
 
 
