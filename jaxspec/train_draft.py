@@ -7,29 +7,33 @@ Data: windows of the corpus plus the target's own greedy continuations of traini
 sequences a greedy engine verifies). Evaluation: greedy continuations of prompts from validation files
 (during training) and held-out files (the final report), on which chain acceptance per depth is exact for
 a greedy chain engine (the draft's inputs are the accepted tokens and its own features, as in the engine). The draft vocabulary is the most frequent target tokens.
-Writes OUT/config.json (LlamaForCausalLMEagle3) + weights, OUT/../draft_metrics.json, OUT/../draft_curves.png.
+Writes OUT/config.json (LlamaForCausalLMEagle3) + weights, OUT/../draft_metrics.json, OUT/../draft_curves.png;
+OUT must be new or an empty directory (a resumed run writes it as a fresh one does, at the end).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tokenizers import Tokenizer
 
-from jaxspec.training.artifacts import load_target_dir, save_model_dir
+from jaxspec.cli_common import OneLineParser, UsageError
+from jaxspec.training.artifacts import save_model_dir
 from jaxspec.training.casting import compute_copy
-from jaxspec.training.corpus import read_sources, split_sources
+from jaxspec.training.corpus import split_sources
 from jaxspec.training.draft_config import eagle3_config
 from jaxspec.training.draft_init import init_draft_for_training
 from jaxspec.training.draft_step import DraftState, draft_eval, draft_train_step
 from jaxspec.training.draft_vocab import coverage, d2t_offsets, frequent_token_ids
 from jaxspec.training.greedy_rollout import greedy_continue
+from jaxspec.training.inputs import (cli as run_cli, load_target, load_tokenizer, read_corpus, require_at_least,
+                                     require_finite, require_new_output, require_splits)
 from jaxspec.training.optimizer import AdamWSpec
 from jaxspec.training.orbax_resume import DraftCheckpoints
 from jaxspec.training.plots import plot_curves
@@ -42,7 +46,8 @@ from model.eagle3 import draft_config_from_dict
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m jaxspec.train_draft", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="out/train/target", help="trained target directory (config.json + weights)")
     p.add_argument("--tokenizer", default="out/train/tokenizer.json")
     p.add_argument("--out", default="out/train/draft")
@@ -76,6 +81,15 @@ def parse_args(argv=None):
     p.add_argument("--ckpt-every", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    require_at_least(args, 1, "draft_vocab_size", "max_files", "batch", "ttt_steps", "eval_depth", "steps", "rollouts",
+                     "rollout_batch", "prompt_len", "eval_prompts", "eval_every", "log_every", "ckpt_every")
+    require_at_least(args, 0, "warmup")
+    if args.prompt_len >= args.seq_len:  # the target continues each prompt within the window
+        raise UsageError(f"--prompt-len {args.prompt_len} must be below --seq-len {args.seq_len}")
+    require_finite(args, "time_budget", low_open=True)
+    require_finite(args, "finish_by", "reserve", "lr", "weight_decay")
+    require_finite(args, "generated_fraction", high=1.0)
+    require_splits(args)
     if args.steps is None and args.time_budget is None:
         args.time_budget = 180.0 if args.finish_by is None else 1.0  # replaced by the deadline after compiling
     args.eval_depth = min(args.eval_depth, args.ttt_steps)
@@ -122,18 +136,29 @@ def evaluate(draft_w, target_w, eval_NT, eval_mask_NT, batch, ids, in_vocab, cfg
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
+    require_new_output("--out", out)
     progress = Progress("draft", every=args.log_every)
     timings = {}
 
-    target_cfg, target_w = load_target_dir(args.target)
-    tok = Tokenizer.from_file(args.tokenizer)
+    target_cfg, target_w = load_target("--target", args.target)
+    tok = load_tokenizer("--tokenizer", args.tokenizer)
+    if tok.get_vocab_size() != target_cfg.vocab_size:  # its ids would name other tokens than the target's
+        raise UsageError(f"--tokenizer {args.tokenizer}: a vocabulary of {tok.get_vocab_size()} tokens, the target "
+                         f"{args.target} has {target_cfg.vocab_size} (give the tokenizer train_target wrote with it)")
     train_files, held_files, val_files = split_sources(
-        read_sources(args.corpus_root, max_files=args.max_files), args.held_out_percent, args.val_percent)
+        read_corpus(args.corpus_root, args.max_files), args.held_out_percent, args.val_percent)
     val_files = val_files or held_files  # tiny smoke corpora may have no validation file
     t = time.perf_counter()
     train_stream = encode_files(tok, train_files)
     held_file_tokens, val_file_tokens = encode_file_list(tok, held_files), encode_file_list(tok, val_files)
     timings["encode_s"] = time.perf_counter() - t
+    if len(train_stream) < args.seq_len:
+        raise UsageError(f"--seq-len {args.seq_len}: the training files hold {len(train_stream)} tokens, fewer than "
+                         f"one window")
+    for split, file_tokens in (("held-out", held_file_tokens), ("validation", val_file_tokens)):
+        if not any(len(f) >= args.prompt_len for f in file_tokens):  # its evaluation prompts come from one file each
+            raise UsageError(f"--prompt-len {args.prompt_len}: no {split} file holds that many tokens; raise "
+                             f"--held-out-percent / --val-percent or --max-files")
 
     ids_np = frequent_token_ids(train_stream, target_cfg.vocab_size, args.draft_vocab_size or
                                 eagle3_config(target_cfg, args.preset)["draft_vocab_size"])
@@ -163,7 +188,7 @@ def main(argv=None) -> dict:
     state = DraftState(weights, opt.build(weights).init(weights))
     progress.log(f"draft: {count_params(weights) / 1e6:.2f}M parameters, {args.ttt_steps} training-time-test steps")
 
-    ckpts = DraftCheckpoints(args.ckpt_dir) if args.ckpt_dir else None
+    ckpts = DraftCheckpoints(args.ckpt_dir, run_key={"draft_ids": ids_np.tolist()}) if args.ckpt_dir else None
     start_step = 0
     curves = {"train_step": [], "train_loss": [], "eval_step": [], "eval_loss": [], "eval_accept": []}
     if ckpts is not None and ckpts.latest_step() is not None:
@@ -261,5 +286,9 @@ def main(argv=None) -> dict:
     return report
 
 
+def cli(argv=None) -> int:
+    return run_cli(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

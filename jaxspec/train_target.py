@@ -4,7 +4,8 @@
     python -m jaxspec.train_target --preset smoke --steps 20 --max-files 40 --out /tmp/smoke
 
 Writes OUT/tokenizer.json (trained here unless --tokenizer is given), OUT/target/ (config.json with
-INT4 experts + weights), OUT/target_metrics.json and OUT/target_loss.png.
+INT4 experts + weights), OUT/target_metrics.json and OUT/target_loss.png, all at the end of the run; OUT must be
+new or an empty directory.
 """
 
 from __future__ import annotations
@@ -12,17 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tokenizers import Tokenizer
 
+from jaxspec.cli_common import OneLineParser, UsageError
 from jaxspec.training.artifacts import save_model_dir
 from jaxspec.training.casting import compute_copy
-from jaxspec.training.corpus import read_sources, split_sources, stdlib_root
+from jaxspec.training.corpus import split_sources, stdlib_root
+from jaxspec.training.inputs import (cli as run_cli, load_tokenizer, read_corpus, require_at_least, require_finite,
+                                     require_new_output, require_splits)
 from jaxspec.training.int4_experts import quantize_experts
 from jaxspec.training.plots import plot_curves
 from jaxspec.training.progress import Progress
@@ -37,7 +41,8 @@ from model.config import text_config_from_dict
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m jaxspec.train_target", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="out/train", help="output directory")
     p.add_argument("--preset", default="default", choices=["default", "smoke"])
     p.add_argument("--tokenizer", default=None, help="reuse this tokenizer.json instead of training one")
@@ -61,6 +66,14 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    require_at_least(args, 1, "steps", "batch", "max_files", "eval_every", "eval_windows", "final_eval_windows",
+                     "log_every")
+    require_at_least(args, 0, "warmup")
+    require_at_least(args, 2, "seq_len")  # a window predicts its tokens 1.. from 0..
+    require_at_least(args, 1, "vocab_size")
+    require_finite(args, "time_budget", low_open=True)
+    require_finite(args, "lr", "weight_decay", "bias_gamma")
+    require_splits(args)
     if args.steps is None and args.time_budget is None:
         args.time_budget = 300.0
     return args
@@ -80,7 +93,7 @@ def windows_for_eval(stream, seq: int, max_windows: int, batch: int, what: str):
     """Whole batches of tiled windows (-> windows, batch)."""
     windows = tiled_windows(stream, seq, max_windows)
     if len(windows) == 0:
-        raise SystemExit(f"the {what} files hold fewer than {seq} tokens: raise its percent or --max-files")
+        raise UsageError(f"--seq-len {seq}: the {what} files hold fewer tokens; raise its percent or --max-files")
     batch = min(batch, len(windows))
     return windows[: len(windows) // batch * batch], batch
 
@@ -88,15 +101,18 @@ def windows_for_eval(stream, seq: int, max_windows: int, batch: int, what: str):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    require_new_output("--out", out)
     progress = Progress("target", every=args.log_every)
     timings = {}
 
     t = time.perf_counter()
     train_files, held_files, val_files = split_sources(
-        read_sources(args.corpus_root, max_files=args.max_files), args.held_out_percent, args.val_percent)
-    tok = Tokenizer.from_file(args.tokenizer) if args.tokenizer else train_tokenizer(train_files, args.vocab_size)
-    tok.save(str(out / "tokenizer.json"))
+        read_corpus(args.corpus_root, args.max_files), args.held_out_percent, args.val_percent)
+    if not train_files:
+        raise UsageError(f"--corpus-root {args.corpus_root or stdlib_root()}: no file falls in the training split "
+                         f"(--held-out-percent, --val-percent, --max-files)")
+    tok = load_tokenizer("--tokenizer", args.tokenizer) if args.tokenizer else train_tokenizer(train_files,
+                                                                                              args.vocab_size)
     timings["tokenizer_s"] = time.perf_counter() - t
     t = time.perf_counter()
     train_stream, held_stream = encode_files(tok, train_files), encode_files(tok, held_files)
@@ -116,6 +132,8 @@ def main(argv=None) -> dict:
                  f"experts {cfg.n_routed_experts} top-{cfg.num_experts_per_tok}, aux layers {cfg.eagle_aux_layers}")
 
     seq = args.seq_len
+    if len(train_stream) < seq:
+        raise UsageError(f"--seq-len {seq}: the training files hold {len(train_stream)} tokens, fewer than one window")
     held_windows, eval_batch = windows_for_eval(held_stream, seq, args.final_eval_windows, args.batch, "held-out")
     if len(val_stream) >= seq:
         val_windows, _ = windows_for_eval(val_stream, seq, args.eval_windows, eval_batch, "validation")
@@ -202,6 +220,9 @@ def main(argv=None) -> dict:
                  f"{math.exp(nll_bf16):.3f}, INT4 experts {math.exp(nll_int4):.3f} "
                  f"({report['held_out']['bits_per_byte_int4_experts']:.3f} bits/byte); trained in {timings['train_s']:.0f}s")
 
+    # every output is written only now: a run stopped earlier leaves no tokenizer.json that would pass for a result
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
     save_model_dir(out / "target", config_int4, quantized)
     (out / "target_metrics.json").write_text(json.dumps(report, indent=1) + "\n")
     plot_curves(out / "target_loss.png", "target: next-token loss",
@@ -210,5 +231,9 @@ def main(argv=None) -> dict:
     return report
 
 
+def cli(argv=None) -> int:
+    return run_cli(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -76,6 +76,7 @@ def test_smoke_train_target_then_draft_with_resume(tmp_path):
     # resume: drop the last checkpoint, rerun, land on the same weights
     first = {k: np.asarray(v, np.float32) for k, v in np.load(tmp_path / "draft" / "weights-00000.npz").items()}
     shutil.rmtree(tmp_path / "ckpt" / "8")
+    shutil.rmtree(tmp_path / "draft")  # training never overwrites an output directory
     train_draft.main(draft_args)
     again = np.load(tmp_path / "draft" / "weights-00000.npz")
     for k, v in first.items():

@@ -25,8 +25,10 @@ WEIGHTS = "weights"
 def save_model_dir(directory: str | Path, config: dict, weights) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_flat(directory, WEIGHTS, jax.device_get(weights))
+    # config.json last: it marks a finished directory (the loaders read it first, train_default_pair.sh tests for it),
+    # so a save cut short leaves weights without one rather than a config that passes for a model
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def read_config(directory: str | Path) -> dict:
