@@ -7,8 +7,9 @@ Data: windows of the corpus plus the target's own greedy continuations of traini
 sequences a greedy engine verifies). Evaluation: greedy continuations of prompts from validation files
 (during training) and held-out files (the final report), on which chain acceptance per depth is exact for
 a greedy chain engine (the draft's inputs are the accepted tokens and its own features, as in the engine). The draft vocabulary is the most frequent target tokens.
-Writes OUT/config.json (LlamaForCausalLMEagle3) + weights, OUT/../draft_metrics.json, OUT/../draft_curves.png;
-OUT must be new or an empty directory (a resumed run writes it as a fresh one does, at the end).
+Writes OUT/config.json (LlamaForCausalLMEagle3) + weights, OUT/../draft_metrics.json, OUT/../draft_loss.png and
+OUT/../draft_acceptance.png; OUT must be new or an empty directory (a resumed run writes it as a fresh one does, at
+the end).
 """
 
 from __future__ import annotations

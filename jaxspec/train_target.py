@@ -186,6 +186,9 @@ def main(argv=None) -> dict:
     t = time.perf_counter()
     chosen_step, final = (best[1], best[2]) if best[2] is not None else (step, state.weights)
     nll_bf16 = held_out_nll(final, cfg, held_windows, eval_batch)
+    if not math.isfinite(nll_bf16):  # a diverged run's weights are no model: nothing ships, nothing is written
+        raise SystemExit(f"error: training diverged (held-out loss {nll_bf16} at step {chosen_step}); nothing was "
+                         f"written to {out} (try a lower --lr)")
     quantized = quantize_experts(jax.device_get(compute_copy(final)), INT4_GROUP_SIZE)
     config_int4 = mini_k25_config(tok.get_vocab_size(), args.preset, int4_experts=True)
     cfg_int4 = text_config_from_dict(config_int4)
@@ -197,7 +200,7 @@ def main(argv=None) -> dict:
         "config": config_int4,
         "parameters": count_params(weights),
         "chosen_step": chosen_step,
-        "validation_loss_at_chosen_step": best[0],
+        "validation_loss_at_chosen_step": best[0] if math.isfinite(best[0]) else None,  # None: never validated
         "held_out": {
             "windows": int(len(held_windows)),
             "tokens": int(held_windows.size),

@@ -7,6 +7,7 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxspec import train_draft, train_target
 from jaxspec.training.artifacts import load_draft_dir, load_target_dir
@@ -81,3 +82,14 @@ def test_smoke_train_target_then_draft_with_resume(tmp_path):
     again = np.load(tmp_path / "draft" / "weights-00000.npz")
     for k, v in first.items():
         np.testing.assert_array_equal(np.asarray(again[k], np.float32), v, err_msg=k)
+
+
+def test_a_diverged_target_run_ships_nothing(tmp_path):
+    """A learning rate that sends the loss to NaN: the run ends with one line saying so, and writes no tokenizer,
+    weights or metrics that would pass for a model (NaN weights, a metrics file holding NaN)."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match="training diverged"):
+        train_target.main(["--preset", "smoke", "--out", str(out), "--vocab-size", "320", "--steps", "2", "--warmup",
+                           "0", "--eval-every", "2", "--eval-windows", "4", "--final-eval-windows", "4", "--lr", "1e30",
+                           *SMOKE_DATA])
+    assert not out.exists()
