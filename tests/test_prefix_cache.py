@@ -108,12 +108,17 @@ def test_pages_held_by_an_admission_are_never_overwritten(plain):
         small.admit_chunk(a)
     first, done = small.finish_admission(0, a, 12)
     assert small.prefix.stats()["pages_referenced"] == 0
+    assert _decoded_in_slot_0(small, first, done, 12) == want
+
+
+def _decoded_in_slot_0(engine, first: int, done: bool, n: int) -> list[int]:
+    """The first `n` tokens of an admission finished into slot 0 (its first token given), the other slot idle."""
     out = [first]
-    while not done and len(out) < 12:
-        result = small.step(np.array([False, True]), any_sampled=False)
+    while not done and len(out) < n:
+        result = engine.step(np.array([False, True]), any_sampled=False)
         out += result.tokens[0]
         done = bool(result.done[0])
-    assert out[:12] == want
+    return out[:n]
 
 
 def test_a_cancelled_admission_gives_its_pages_back(cached):
@@ -154,12 +159,7 @@ def test_an_admission_outlives_a_prefix_cache_emptied_by_a_failed_save(plain):
     first, done = small.finish_admission(0, a, 12)  # its whole pages are saved into the new cache
     small.prefix.check_invariants()
     assert small.prefix.stats()["pages_referenced"] == 0 and small.cached_prefix_tokens(long) == 3 * PAGE_TOKENS
-    out = [first]
-    while not done and len(out) < 12:
-        result = small.step(np.array([False, True]), any_sampled=False)
-        out += result.tokens[0]
-        done = bool(result.done[0])
-    assert out[:12] == want
+    assert _decoded_in_slot_0(small, first, done, 12) == want
 
 
 def test_metrics_report_the_prefix_cache(cached):
