@@ -232,24 +232,52 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
 
 
 class StreamDecoder:
-    """Turn a growing token list into text increments that never split a UTF-8 character."""
+    """Turn a growing token list into text increments that never split a UTF-8 character.
+
+    Each push decodes only the tokens after the last emitted piece, with that piece's tokens before them as context
+    (a tokenizer may render a token by its neighbour, as sentencepiece drops the leading space of a decode's first
+    token): a generation of n tokens costs O(n) decoding, where decoding the whole list at every push cost O(n^2),
+    seconds of the server's event loop for each answer of thousands of tokens. A piece is emitted once its text
+    ends on a whole character (an incomplete multi-byte character decodes to U+FFFD at the end: it waits for its next
+    token)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = 0  # characters already returned
+        self.context = 0  # first token decoded with the next piece: the last emitted piece's
+        self.read = 0  # tokens whose text is emitted
+        self.emitted = 0  # characters emitted
 
     def push(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
-        text = self.tokenizer.decode(self.ids)
-        # an incomplete multi-byte character decodes to U+FFFD at the end: wait for its next token
-        stable = len(text.rstrip("\ufffd"))
-        out = text[self.emitted : stable] if stable > self.emitted else ""
-        self.emitted = max(self.emitted, stable)
+        head = self.tokenizer.decode(self.ids[self.context:self.read])
+        text = self.tokenizer.decode(self.ids[self.context:])
+        if not text.startswith(head):  # a decoder whose output is no prefix of a longer decode's: the whole text
+            whole = self.tokenizer.decode(self.ids)
+            stable = len(whole.rstrip("\ufffd"))
+            out = whole[self.emitted:stable] if stable > self.emitted else ""
+        elif len(text) > len(head) and not text.endswith("\ufffd"):
+            out = text[len(head):]
+        else:
+            return ""
+        self.context, self.read = self.read, len(self.ids)
+        self.emitted += len(out)
         return out
 
     def flush(self) -> str:
-        text = self.tokenizer.decode(self.ids)
-        out = text[self.emitted :]
-        self.emitted = len(text)
+        whole_tail = self.tokenizer.decode(self.ids[self.context:])
+        head = self.tokenizer.decode(self.ids[self.context:self.read])
+        out = (whole_tail[len(head):] if whole_tail.startswith(head)
+               else self.tokenizer.decode(self.ids)[self.emitted:])
+        self.context, self.read = self.read, len(self.ids)
+        self.emitted += len(out)
         return out
+
+    def mark(self) -> tuple[int, int, int, int]:
+        """Where the decoder stands, for `rewind`."""
+        return len(self.ids), self.context, self.read, self.emitted
+
+    def rewind(self, mark: tuple[int, int, int, int]) -> None:
+        """Back to `mark`, forgetting the tokens pushed since (a caller that pushes them again one at a time)."""
+        n, self.context, self.read, self.emitted = mark
+        del self.ids[n:]

@@ -68,3 +68,39 @@ def test_missing_and_broken_tokenizers(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="tokenizer.json"):
         load_tokenizer(tmp_path)
+
+
+class _CountingTokenizer:
+    """A tokenizer of fixed pieces that counts the tokens it decodes; like sentencepiece, a decode drops the leading
+    space of its first piece."""
+
+    def __init__(self, pieces):
+        self.pieces, self.decoded = pieces, 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        text = "".join(self.pieces[i] for i in ids)
+        return text[1:] if text.startswith(" ") else text
+
+
+def test_stream_decoder_decodes_each_token_a_bounded_number_of_times():
+    """A server streams answers of thousands of tokens: decoding the whole list at every push cost each answer
+    O(n^2) token decodes (seconds of the event loop at 16k tokens); each push now decodes the new tokens and the
+    last piece's. The text is the whole decode's, the space a sentencepiece decode drops at its start included."""
+    pieces = [" the", " cat", " sat", ".", "\n"]
+    ids = [i % len(pieces) for i in range(3000)]
+    tok = _CountingTokenizer(pieces)
+    dec = StreamDecoder(tok)
+    text = "".join([dec.push([i]) for i in ids] + [dec.flush()])
+    assert text == _CountingTokenizer(pieces).decode(ids)
+    assert tok.decoded <= 6 * len(ids)  # the whole list at every push: ~n^2 / 2 = 4.5 million
+
+
+def test_stream_decoder_rewinds_to_a_mark():
+    pieces = [" a", " b", " c", " d"]
+    dec = StreamDecoder(_CountingTokenizer(pieces))
+    assert dec.push([0, 1]) == "a b"
+    mark = dec.mark()
+    assert dec.push([2, 3]) == " c d"
+    dec.rewind(mark)
+    assert [dec.push([2]), dec.push([3]), dec.flush()] == [" c", " d", ""]

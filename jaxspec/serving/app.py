@@ -91,7 +91,7 @@ class _Text:
         self.tokens = 0
 
     def push(self, ids: list[int]) -> tuple[str, bool]:
-        mark = (len(self.decoder.ids), self.decoder.emitted, self.stopper.held)
+        mark = (self.decoder.mark(), self.stopper.held)
         out, stopped = self._push(ids)
         if not stopped or len(ids) == 1:
             self.tokens += len(ids)
@@ -100,8 +100,8 @@ class _Text:
         # pushed again one at a time, so that the text ends at the first token that completes one (as generated
         # token by token, whatever K or the step's length) and usage counts the tokens up to it, not those decoded
         # past it that the client never sees.
-        del self.decoder.ids[mark[0]:]
-        self.decoder.emitted, self.stopper.held = mark[1], mark[2]
+        self.decoder.rewind(mark[0])
+        self.stopper.held = mark[1]
         pieces = []
         for n, t in enumerate(ids, 1):
             piece, stopped = self._push([t])
