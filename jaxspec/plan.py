@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from convert.help_format import DefaultsHelpFormatter
+from jaxspec.cli_common import OneLineParser, run_with_exit_codes
 from jaxspec.defaults import DEFAULT_NUM_STEPS
 from jaxspec.prefill import DEFAULT_CHUNK, MIN_BUCKET
 from jaxspec.serving.prefix_pages import PAGE_TOKENS
@@ -376,8 +377,8 @@ def parse_mesh(text: str) -> tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxspec.plan", description=__doc__.split("\n")[0],
-                                formatter_class=DefaultsHelpFormatter)
+    p = OneLineParser(prog="python -m jaxspec.plan", description=__doc__.split("\n")[0],
+                      formatter_class=DefaultsHelpFormatter)
     p.add_argument("--config", default="kimi-k2.5", choices=KNOWN, help="target model configuration")
     p.add_argument("--draft", default="default",
                    help=f"draft config ({', '.join(KNOWN_DRAFTS)}), 'none', or 'default': the drafter published for "
@@ -408,19 +409,20 @@ FLAG_MINIMUMS = {"devices": 1, "batch": 1, "context": 1, "num_steps": 0, "prefix
 
 
 def main(argv=None) -> int:
+    """Prints the plan; 0 where it fits, 1 where it does not, 2 with one line `error: ...` for a bad flag."""
+    return run_with_exit_codes(lambda: _plan(argv), (ValueError,))
+
+
+def _plan(argv) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     for name, least in FLAG_MINIMUMS.items():
         value = getattr(a, name)
         if value is not None and value < least:
             parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
-    try:
-        plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
-                         draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps,
-                         prefix_cache_tokens=a.prefix_cache_tokens, cache_pages=a.cache_pages)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
+                     draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps,
+                     prefix_cache_tokens=a.prefix_cache_tokens, cache_pages=a.cache_pages)
     print(format_plan(plan))
     return 0 if plan.fits else 1
 
