@@ -57,6 +57,7 @@ def test_smoke_train_target_then_draft_with_resume(tmp_path):
     curves = target_report["curves"]
     assert len(curves["train_loss"]) == 12 and curves["train_loss"][-1] < curves["train_loss"][0]
     assert np.isfinite(target_report["held_out"]["ppl_int4_experts"])
+    assert target_report["held_out"]["independent_of_step_choice"] is True  # SMOKE_DATA keeps validation files
     cfg, w = load_target_dir(tmp_path / "target")  # config.json parses as DeepseekV3 with INT4 experts
     assert cfg.quant is not None and cfg.quant.method == "int4" and cfg.eagle_aux_layers == (0, 1, 2)
 
