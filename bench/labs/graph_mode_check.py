@@ -109,22 +109,22 @@ def run_one_mode(args) -> dict:
 
     def greedy(w, first_B1, cache):
         def body(i, carry):
-            toks_B1, c, out_S = carry
+            toks_B1, c, out_tokens = carry
             positions = jnp.full_like(toks_B1, args.context) + i
             out = forward(w, cfg, toks_B1, positions, c)
             nxt = jnp.argmax(out.logits[:, -1], axis=-1).astype(toks_B1.dtype)[:, None]
-            return nxt, out.cache, out_S.at[i].set(nxt[0, 0])
+            return nxt, out.cache, out_tokens.at[i].set(nxt[0, 0])
 
-        _, cache, tokens_S = jax.lax.fori_loop(0, args.steps, body,
-                                               (first_B1, cache, jnp.zeros((args.steps,), jnp.int32)))
-        return tokens_S, cache
+        _, cache, greedy_tokens = jax.lax.fori_loop(0, args.steps, body,
+                                                    (first_B1, cache, jnp.zeros((args.steps,), jnp.int32)))
+        return greedy_tokens, cache
 
     greedy_jit = jax.jit(greedy, donate_argnums=(2,))
     first_B1, _ = step_inputs(cfg, 1, 1, args.context, key)
-    tokens_S, _ = greedy_jit(w, first_B1, fresh_cache())
-    tokens = [int(t) for t in np.asarray(tokens_S)]
-    repeat_S, _ = greedy_jit(w, first_B1, fresh_cache())  # same executable, same inputs
-    tokens_repeat = [int(t) for t in np.asarray(repeat_S)]
+    greedy_tokens, _ = greedy_jit(w, first_B1, fresh_cache())
+    tokens = [int(t) for t in np.asarray(greedy_tokens)]
+    repeat_tokens, _ = greedy_jit(w, first_B1, fresh_cache())  # same executable, same inputs
+    tokens_repeat = [int(t) for t in np.asarray(repeat_tokens)]
     holder = {"cache": fresh_cache()}
 
     def loop_call():

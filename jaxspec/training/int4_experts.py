@@ -20,16 +20,16 @@ CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 def quantize_int4(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """[.., out, in] float -> (q int8 in [-8, 7] [.., out, in], scale bf16 [.., out, in/group])."""
     w = np.asarray(w, np.float32)
-    g_W = w.reshape(*w.shape[:-1], w.shape[-1] // group, group)
-    max_abs = np.abs(g_W).max(-1, keepdims=True)
+    grouped_XGI = w.reshape(*w.shape[:-1], w.shape[-1] // group, group)
+    max_abs = np.abs(grouped_XGI).max(-1, keepdims=True)
     best_err = np.full(max_abs.shape, np.inf, np.float32)
-    best_q = np.zeros(g_W.shape, np.int8)
+    best_q = np.zeros(grouped_XGI.shape, np.int8)
     best_scale = np.zeros(max_abs.shape, np.float32)
     for ratio in CLIP_RATIOS:
         # round the scale to bf16 first: the codes must be chosen against the scale that is stored
         scale = (np.maximum(max_abs * ratio, 1e-12) / 7.0).astype(ml_dtypes.bfloat16).astype(np.float32)
-        q = np.clip(np.rint(g_W / scale), -8, 7)
-        err = ((q * scale - g_W) ** 2).sum(-1, keepdims=True)
+        q = np.clip(np.rint(grouped_XGI / scale), -8, 7)
+        err = ((q * scale - grouped_XGI) ** 2).sum(-1, keepdims=True)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_q = np.where(better, q.astype(np.int8), best_q)
