@@ -368,6 +368,27 @@ def test_a_body_streamed_past_the_limit_is_refused_as_it_is_read():
     assert len(received) == MAX_BODY_BYTES // 2 ** 20 + 1
 
 
+def test_a_body_that_stops_coming_is_refused(monkeypatch):
+    """A Content-Length the client never fills: the read gives up after BODY_IDLE_S without a byte (408), rather
+    than holding the connection for as long as the client likes."""
+    from starlette.requests import Request as HTTPRequest
+
+    from jaxspec.serving import app
+
+    sent = iter([{"type": "http.request", "body": b'{"prompt": ', "more_body": True}])
+
+    async def receive():
+        try:
+            return next(sent)
+        except StopIteration:
+            await asyncio.sleep(3600)  # the rest never comes
+
+    monkeypatch.setattr(app, "BODY_IDLE_S", 0.05)
+    request = HTTPRequest({"type": "http", "method": "POST", "headers": [(b"content-length", b"1000")]}, receive)
+    with pytest.raises(app.BodyStalled, match="after 11 bytes"):
+        asyncio.run(app._json_body(request))
+
+
 def test_a_client_that_leaves_mid_body_is_one_log_line(server, caplog):
     host, port = server["base"].split("//")[1].split("/")[0].split(":")
     with caplog.at_level(logging.INFO):

@@ -36,6 +36,7 @@ from jaxspec.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
 # A request body's limit: a chat of a full 256k-token context is a few MB of JSON
 MAX_BODY_BYTES = 32 * 2 ** 20
+BODY_IDLE_S = 30.0  # the longest a request's body may go without a byte before the request is refused (408)
 log = logging.getLogger("jaxspec.serve")
 
 
@@ -151,13 +152,24 @@ class BodyTooLarge(Exception):
     pass
 
 
+class BodyStalled(Exception):
+    pass
+
+
 async def _json_body(request: HTTPRequest):
     """The request's JSON, read up to MAX_BODY_BYTES (a longer body is refused before it is all read)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise BodyTooLarge(f"the request body is {int(declared)} bytes, over the {MAX_BODY_BYTES} this server takes")
     raw = bytearray()
-    async for chunk in request.stream():
+    chunks = request.stream().__aiter__()
+    while True:
+        try:  # a client that stops sending mid-body (a Content-Length it never fills) would hold its connection
+            chunk = await asyncio.wait_for(chunks.__anext__(), BODY_IDLE_S)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise BodyStalled(f"no byte of the request body for {BODY_IDLE_S:g} s after {len(raw)} bytes") from None
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
             raise BodyTooLarge(f"the request body is over the {MAX_BODY_BYTES} bytes this server takes")
@@ -355,6 +367,9 @@ def _endpoint(service: Service, chat: bool):
         except BodyTooLarge as e:
             service.metrics.request_done("rejected")
             return _error(413, str(e), "invalid_request_error", "body")
+        except BodyStalled as e:
+            service.metrics.request_done("rejected")
+            return _error(408, str(e), "invalid_request_error", "body")
         except ClientDisconnect:  # gone before its request was read: nobody to answer
             service.metrics.request_done("rejected")
             log.warning("%s: the client disconnected before its request was read", http.url.path)
