@@ -243,7 +243,8 @@ def test_client_disconnect_frees_the_slot(server, solo):
 
 def test_overload_gets_429_and_the_server_recovers(server, solo, monkeypatch):
     """More requests at once than slots + queue: the excess is refused with 429; the accepted ones are dropped by
-    their clients at once (a dropped request leaves the queue without a prefill), and the server serves on.
+    their clients once every request has its answer (a dropped request leaves the queue without a prefill, and its
+    place in the queue at once: dropped earlier, it would let a later request in), and the server serves on.
 
     The engine thread is held in its first prefill until every client has its answer, so the queue fills however
     fast the machine drains it (on a loaded machine the requests can otherwise arrive slower than they are served);
@@ -261,19 +262,19 @@ def test_overload_gets_429_and_the_server_recovers(server, solo, monkeypatch):
 
     async def one(c, i):
         try:
-            stream = await c.completions.create(model="jaxspec", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=8,
-                                                temperature=0, stream=True)
+            return await c.completions.create(model="jaxspec", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=8,
+                                              temperature=0, stream=True)
         except openai.RateLimitError:
-            return 429
-        await stream.close()
-        return 200
+            return None
 
     async def run():
         c = aclient(server)
         first = asyncio.ensure_future(one(c, 0))
         assert await asyncio.to_thread(entered.wait, 60), "the first request never reached the prefill"
         rest = await asyncio.gather(*(one(c, i) for i in range(1, MAX_BATCH + MAX_QUEUE + 8)))
-        return [await first, *rest]
+        streams = [await first, *rest]
+        await asyncio.gather(*(s.close() for s in streams if s is not None))
+        return [429 if s is None else 200 for s in streams]
 
     try:
         statuses = asyncio.run(run())
