@@ -188,8 +188,8 @@ def test_32_concurrent_streams_each_equal_their_solo_output(server, solo):
         return "".join(p.text for p in pieces), pieces[-1].finish_reason, ids
 
     async def run():
-        c = aclient(server)
-        return await asyncio.gather(*(one(c, p, n) for p, n in jobs))
+        async with aclient(server) as c:  # closed inside the loop that opened it
+            return await asyncio.gather(*(one(c, p, n) for p, n in jobs))
 
     results = asyncio.run(run())
     assert len(results) == 32
@@ -205,10 +205,10 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(server):
     alone = client(server).completions.create(**kw).choices[0].text
 
     async def crowded():
-        c = aclient(server)
-        others = [c.completions.create(model="jaxspec", prompt=p, max_tokens=SOLO_TOKENS, temperature=t, seed=i)
-                  for i, (p, t) in enumerate(zip(PROMPTS, [0, 1.0, 0.7]))]
-        results = await asyncio.gather(c.completions.create(**kw), *others)
+        async with aclient(server) as c:
+            others = [c.completions.create(model="jaxspec", prompt=p, max_tokens=SOLO_TOKENS, temperature=t, seed=i)
+                      for i, (p, t) in enumerate(zip(PROMPTS, [0, 1.0, 0.7]))]
+            results = await asyncio.gather(c.completions.create(**kw), *others)
         return results[0].choices[0].text
 
     assert asyncio.run(crowded()) == alone
@@ -268,12 +268,12 @@ def test_overload_gets_429_and_the_server_recovers(server, solo, monkeypatch):
             return None
 
     async def run():
-        c = aclient(server)
-        first = asyncio.ensure_future(one(c, 0))
-        assert await asyncio.to_thread(entered.wait, 60), "the first request never reached the prefill"
-        rest = await asyncio.gather(*(one(c, i) for i in range(1, MAX_BATCH + MAX_QUEUE + 8)))
-        streams = [await first, *rest]
-        await asyncio.gather(*(s.close() for s in streams if s is not None))
+        async with aclient(server) as c:
+            first = asyncio.ensure_future(one(c, 0))
+            assert await asyncio.to_thread(entered.wait, 60), "the first request never reached the prefill"
+            rest = await asyncio.gather(*(one(c, i) for i in range(1, MAX_BATCH + MAX_QUEUE + 8)))
+            streams = [await first, *rest]
+            await asyncio.gather(*(s.close() for s in streams if s is not None))
         return [429 if s is None else 200 for s in streams]
 
     try:
