@@ -80,6 +80,14 @@ def parse_mesh(spec: str | None):
     return make_mesh(dims)
 
 
+def require_at_least(args, minimum: int, *names: str) -> None:
+    """A UsageError naming the first of the flags `names` (argparse dests; None: not given) below `minimum`."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
 def require_checkpoint_dir(flag: str, path: Path) -> None:
     """A UsageError naming `flag` unless `path` is a directory (one that exists but is not says so)."""
     if not path.is_dir():

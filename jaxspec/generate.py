@@ -19,7 +19,8 @@ from pathlib import Path
 from convert.json_input import parse_json
 from jaxspec.chat_template_flags import add_chat_template_flags, chat_template_kwargs
 from jaxspec.cli_common import (DEFAULT_MODEL_DIR, OneLineParser, UsageError, add_model_flags, eos_ids, find_draft,
-                                 parse_mesh, require_checkpoint_dir, run_with_exit_codes, with_moe_kernel)
+                                 parse_mesh, require_at_least, require_checkpoint_dir, run_with_exit_codes,
+                                 with_moe_kernel)
 from jaxspec.defaults import ADAPTIVE_KINDS, DEFAULT_NUM_STEPS, default_adaptive_kind, default_dtype
 from jaxspec.generate_display import ChatDisplay, echo_prompt, format_speedup
 from jaxspec.speculation_verdict import speculation_verdict
@@ -190,8 +191,7 @@ def _check_flags(a) -> int:
     if a.baseline and a.max_new_tokens < 2:  # the first token comes out of the prefill: no decoding to time
         raise UsageError(f"--baseline needs --max-new-tokens >= 2 (it times decoding after the prefill's token), "
                          f"got {a.max_new_tokens}")
-    if a.max_context is not None and a.max_context < 2:  # the engine would read 0 as "no cap"
-        raise UsageError(f"--max-context must be >= 2, got {a.max_context}")
+    require_at_least(a, 2, "max_context")  # the engine would read 0 as "no cap"
     if not a.chat and (a.chat_template_kwargs is not None or a.thinking is not None or a.tools is not None):
         raise UsageError("--chat-template-kwargs, --thinking and --tools shape a chat prompt: they need --chat")
     chat_template_kwargs(a)

@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from convert.help_format import DefaultsHelpFormatter
-from jaxspec.cli_common import OneLineParser, run_with_exit_codes
+from jaxspec.cli_common import OneLineParser, require_at_least, run_with_exit_codes
 from jaxspec.defaults import DEFAULT_NUM_STEPS
 from jaxspec.prefill import DEFAULT_CHUNK, MIN_BUCKET
 from jaxspec.serving.prefix_pages import PAGE_TOKENS
@@ -403,9 +403,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# the least each flag may be: below it the planner divides by zero, or counts negative bytes into a plan that "fits"
-FLAG_MINIMUMS = {"devices": 1, "batch": 1, "context": 1, "num_steps": 0, "prefix_cache_tokens": 0, "cache_pages": 1,
-                 "device_memory": 1}
 
 
 def main(argv=None) -> int:
@@ -416,10 +413,9 @@ def main(argv=None) -> int:
 def _plan(argv) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
-    for name, least in FLAG_MINIMUMS.items():
-        value = getattr(a, name)
-        if value is not None and value < least:
-            parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+    # below these the planner divides by zero, or counts negative bytes into a plan that "fits"
+    require_at_least(a, 1, "devices", "batch", "context", "cache_pages", "device_memory")
+    require_at_least(a, 0, "num_steps", "prefix_cache_tokens")
     plan = make_plan(a.config, a.devices, a.device_memory, a.context, a.batch, mesh_shape=a.mesh,
                      draft=None if a.draft == "none" else a.draft, experts=a.experts, num_steps=a.num_steps,
                      prefix_cache_tokens=a.prefix_cache_tokens, cache_pages=a.cache_pages)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.cli_common import OneLineParser, UsageError
+from jaxspec.cli_common import OneLineParser, UsageError, require_at_least
 from jaxspec.training.artifacts import save_model_dir
 from jaxspec.training.casting import compute_copy
 from jaxspec.training.corpus import split_sources
@@ -33,8 +33,8 @@ from jaxspec.training.draft_init import init_draft_for_training
 from jaxspec.training.draft_step import DraftState, draft_eval, draft_train_step
 from jaxspec.training.draft_vocab import coverage, d2t_offsets, frequent_token_ids
 from jaxspec.training.greedy_rollout import greedy_continue
-from jaxspec.training.inputs import (cli as run_cli, load_target, load_tokenizer, read_corpus, require_at_least,
-                                     require_finite, require_new_output, require_splits)
+from jaxspec.training.inputs import (cli as run_cli, load_target, load_tokenizer, read_corpus, require_finite,
+                                     require_new_output, require_splits)
 from jaxspec.training.optimizer import AdamWSpec
 from jaxspec.training.orbax_resume import DraftCheckpoints
 from jaxspec.training.plots import plot_curves

@@ -21,12 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.cli_common import OneLineParser, UsageError
+from jaxspec.cli_common import OneLineParser, UsageError, require_at_least
 from jaxspec.training.artifacts import save_model_dir
 from jaxspec.training.casting import compute_copy
 from jaxspec.training.corpus import split_sources, stdlib_root
-from jaxspec.training.inputs import (cli as run_cli, load_tokenizer, read_corpus, require_at_least, require_finite,
-                                     require_new_output, require_splits)
+from jaxspec.training.inputs import (cli as run_cli, load_tokenizer, read_corpus, require_finite, require_new_output,
+                                     require_splits)
 from jaxspec.training.int4_experts import quantize_experts
 from jaxspec.training.plots import plot_curves
 from jaxspec.training.progress import Progress

@@ -8,19 +8,11 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from jaxspec.cli_common import UsageError, run_with_exit_codes
+from jaxspec.cli_common import UsageError, require_at_least, run_with_exit_codes
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def require_at_least(args, minimum: int, *names: str) -> None:
-    """Integer flags (None: not given) that count steps, windows, files or tokens: below `minimum` means nothing."""
-    for name in names:
-        v = getattr(args, name)
-        if v is not None and v < minimum:
-            raise UsageError(f"{_flag(name)} must be >= {minimum}, got {v}")
 
 
 def require_finite(args, *names: str, low: float = 0.0, high: float = math.inf, low_open: bool = False) -> None:
