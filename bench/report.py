@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime
-import os
+import glob
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -202,15 +203,11 @@ def own_stem(out_dir: Path, stem: str) -> str:
     key = (Path(out_dir).absolute(), stem)
     if key not in _OWN_STEMS:
         free, n = stem, 1
-        while any(Path(out_dir).glob(f"{glob_escape(free)}.*")):
+        while any(Path(out_dir).glob(f"{glob.escape(free)}.*")):
             n += 1
             free = f"{stem}-{n}"
         _OWN_STEMS[key] = free
     return _OWN_STEMS[key]
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def write_text_whole(path: Path, text: str) -> None:
