@@ -250,25 +250,23 @@ class StreamDecoder:
 
     def push(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
-        head = self.tokenizer.decode(self.ids[self.context:self.read])
-        text = self.tokenizer.decode(self.ids[self.context:])
-        if not text.startswith(head):  # a decoder whose output is no prefix of a longer decode's: the whole text
-            whole = self.tokenizer.decode(self.ids)
-            stable = len(whole.rstrip("\ufffd"))
-            out = whole[self.emitted:stable] if stable > self.emitted else ""
-        elif len(text) > len(head) and not text.endswith("\ufffd"):
-            out = text[len(head):]
-        else:
-            return ""
-        self.context, self.read = self.read, len(self.ids)
-        self.emitted += len(out)
-        return out
+        return self._emit(final=False)
 
     def flush(self) -> str:
-        whole_tail = self.tokenizer.decode(self.ids[self.context:])
+        """The rest of the text, an incomplete last character included (as U+FFFD)."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
         head = self.tokenizer.decode(self.ids[self.context:self.read])
-        out = (whole_tail[len(head):] if whole_tail.startswith(head)
-               else self.tokenizer.decode(self.ids)[self.emitted:])
+        text = self.tokenizer.decode(self.ids[self.context:])
+        if text.startswith(head):
+            if not final and (len(text) <= len(head) or text.endswith("\ufffd")):
+                return ""
+            out = text[len(head):]
+        else:  # a decoder whose output is no prefix of a longer decode's: the whole text
+            whole = self.tokenizer.decode(self.ids)
+            stable = len(whole) if final else len(whole.rstrip("\ufffd"))
+            out = whole[self.emitted:stable] if stable > self.emitted else ""
         self.context, self.read = self.read, len(self.ids)
         self.emitted += len(out)
         return out
