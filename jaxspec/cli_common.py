@@ -80,12 +80,17 @@ def parse_mesh(spec: str | None):
     return make_mesh(dims)
 
 
+def flag_name(dest: str) -> str:
+    """The command-line flag of an argparse destination (`max_context` -> `--max-context`)."""
+    return "--" + dest.replace("_", "-")
+
+
 def require_at_least(args, minimum: int, *names: str) -> None:
     """A UsageError naming the first of the flags `names` (argparse dests; None: not given) below `minimum`."""
     for name in names:
         value = getattr(args, name)
         if value is not None and value < minimum:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+            raise UsageError(f"{flag_name(name)} must be >= {minimum}, got {value}")
 
 
 def require_checkpoint_dir(flag: str, path: Path) -> None:

@@ -8,11 +8,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from jaxspec.cli_common import UsageError, require_at_least, run_with_exit_codes
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+from jaxspec.cli_common import UsageError, flag_name, run_with_exit_codes
 
 
 def require_finite(args, *names: str, low: float = 0.0, high: float = math.inf, low_open: bool = False) -> None:
@@ -24,7 +20,7 @@ def require_finite(args, *names: str, low: float = 0.0, high: float = math.inf, 
         if not math.isfinite(v) or v > high or v < low or (low_open and v == low):
             where = f"{'(' if low_open else '['}{low:g}, {high:g}]" if math.isfinite(high) else \
                 f"{'>' if low_open else '>='} {low:g}"
-            raise UsageError(f"{_flag(name)} must be a finite number {'in ' if math.isfinite(high) else ''}{where}, "
+            raise UsageError(f"{flag_name(name)} must be a finite number {'in ' if math.isfinite(high) else ''}{where}, "
                              f"got {v}")
 
 
