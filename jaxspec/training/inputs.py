@@ -20,8 +20,8 @@ def require_finite(args, *names: str, low: float = 0.0, high: float = math.inf, 
         if not math.isfinite(v) or v > high or v < low or (low_open and v == low):
             where = f"{'(' if low_open else '['}{low:g}, {high:g}]" if math.isfinite(high) else \
                 f"{'>' if low_open else '>='} {low:g}"
-            raise UsageError(f"{flag_name(name)} must be a finite number {'in ' if math.isfinite(high) else ''}{where}, "
-                             f"got {v}")
+            within = "in " if math.isfinite(high) else ""
+            raise UsageError(f"{flag_name(name)} must be a finite number {within}{where}, got {v}")
 
 
 def require_splits(args) -> None:
