@@ -37,8 +37,10 @@ class Calls:
     k_per_cycle: list = dataclasses.field(default_factory=list)
     calls: int = 0  # device calls the decode made
     unsettled: tuple | None = None  # the last call's (log, first cycle, last cycle, K), not yet in the pool
-    expected_tokens: float = 0.0
-    expected_s: float = 0.0
+    # what each call ran, for the report: (K, cycles or steps, the rows' acceptance estimate or None, tokens or live
+    # rows). Priced once the tokens are out (`expected`): the decode's last read is followed by nothing but the
+    # host's test of whether the batch is done
+    tallies: list = dataclasses.field(default_factory=list)
 
     def choose(self, hits_BJ, trials_BJ, remaining_B, live_B, prior, margin, current):
         """(the K to run next, the rows' acceptance estimate): the fastest K, or `current` where leaving it does
@@ -66,14 +68,25 @@ class Calls:
     def plain(self, steps: int, tokens_B) -> None:
         """Plain decoding ran `steps` steps that emitted `tokens_B` a row."""
         self.k_per_cycle += [0] * steps
-        self.expected_tokens += float(np.sum(tokens_B))
-        self.expected_s += steps * float(self.costs[self.steps.index(0)])
+        self.tallies.append((0, steps, None, tokens_B))
 
     def ran(self, k: int, cycles: int, c_BJ, live_B) -> None:
+        """A call ran `cycles` cycles at K for the rows `live_B`, whose acceptance the host estimated as `c_BJ`."""
         self.k_per_cycle += [k] * cycles
-        e = expected_tokens_BN(c_BJ, self.steps)[:, self.steps.index(k)]
-        self.expected_tokens += cycles * float(np.sum(np.where(live_B, e, 0.0)))
-        self.expected_s += cycles * float(self.costs[self.steps.index(k)])
+        self.tallies.append((k, cycles, c_BJ, live_B))
+
+    def expected(self) -> tuple[float, float]:
+        """(the model's E[tokens], t(K) summed) over every cycle and plain step run: plain steps count the tokens
+        they emitted, a cycle the E[tokens | K] of the estimate its call ran on."""
+        tokens = seconds = 0.0
+        for k, n, c_BJ, rows in self.tallies:
+            if k == 0:
+                tokens += float(np.sum(rows))
+            else:
+                e_B = expected_tokens_BN(c_BJ, self.steps)[:, self.steps.index(k)]
+                tokens += n * float(np.sum(np.where(rows, e_B, 0.0)))
+            seconds += n * float(self.costs[self.steps.index(k)])
+        return tokens, seconds
 
 
 def _pool(engine, greedy: bool, j_max: int, window: int) -> Pool:
@@ -379,7 +392,7 @@ def _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s
     if plain_from is not None:  # a plain step emits one token a live row and accepts nothing
         accepted = [row + [0] * int(generated[i] - plain_from[i]) for i, row in enumerate(accepted)]
     report = AdaptiveReport(run.steps, tuple(float(c) for c in run.costs), source, measure_s, list(run.k_per_cycle),
-                            run.expected_tokens, run.expected_s, float(run.switch_s),
+                            *run.expected(), float(run.switch_s),
                             np.asarray(c_BJ, float).tolist(), run.calls)
     return GenerationResult(tokens, accepted, [int(x) for x in lengths], prefill_s, decode_s, compile_s,
                             spec_cycles + plain_steps, report)
