@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 53: where the by-call engine's decode spends the time beyond the fixed-K engine's at the same K, phase by phase
 # (bench.labs.engine_call_timeline: K = 3 on 'def fibonacci', K = 4 on 'x7#qP', ROUNDS interleaved rounds), then the
-# prompt bench (REPEATS interleaved rounds, its paired columns). Files under $OUT/k3, $OUT/k4, $OUT/adaptive-prompts
-# and $OUT/run.log.
+# prompt bench (REPEATS interleaved rounds, its paired columns), then the device's own text for the rule's replay on a
+# CPU (bench.labs.adaptive_replay oracle, bfloat16 as the bench runs; `python -m bench.labs.calls_replay --oracle`).
+# Files under $OUT/k3, $OUT/k4, $OUT/adaptive-prompts, $OUT/oracle-bf16.json and $OUT/run.log.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
@@ -18,5 +19,7 @@ mkdir -p "$OUT"
     timeout "${PROMPTS_TIMEOUT:-300}" python -m bench.adaptive_prompts --repeats "${REPEATS:-31}" \
         --out "$OUT/adaptive-prompts"
   fi
+  echo "== oracle $(date -u +%T)"
+  timeout "${ORACLE_TIMEOUT:-100}" python -m bench.labs.adaptive_replay oracle --dtype bfloat16 --out "$OUT/oracle-bf16.json"
   echo "== end $(date -u +%T)"
 } 2>&1 | grep -v "E1204\|W1204\|I1204\|E1205\|W1205\|I1205\|E1206\|W1206\|I1206\|gpu_hlo_schedule" | tee "$OUT/run.log"
