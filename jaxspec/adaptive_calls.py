@@ -302,25 +302,51 @@ def call_summary(state: SpecState, plain_steps=None, plain_from_B=None) -> jax.A
                                     progress(state)]))
 
 
-@dataclasses.dataclass(frozen=True)
 class CallSummary:
-    """`call_summary` read back on the host (numpy)."""
-    cycles: int
-    plain_steps: int  # plain decode steps the call's tail ran after its cycles (0: none)
-    plain_from_B: np.ndarray  # tokens each row had when those began
-    done_B: np.ndarray
-    generated_B: np.ndarray
-    log_BC: np.ndarray
-    out_tokens_BN: np.ndarray
+    """`call_summary` read back on the host (numpy): one array, each field cut from it where it is read. After a
+    generation's last call the host tests only the rows' done flags before the decode ends, so the rest is cut once
+    the tokens are out."""
+
+    def __init__(self, summary, b: int, c: int):
+        self.raw, self.b, self.c = np.asarray(summary), b, c
+        self._progress = 2 + b + b * c  # where the state's `progress` starts
+
+    @property
+    def cycles(self) -> int:
+        return int(self.raw[0])
+
+    @property
+    def plain_steps(self) -> int:  # plain decode steps the call's tail ran after its cycles (0: none)
+        return int(self.raw[1])
+
+    @property
+    def plain_from_B(self) -> np.ndarray:  # tokens each row had when those began
+        return self.raw[2:2 + self.b]
+
+    @property
+    def log_BC(self) -> np.ndarray:
+        return self.raw[2 + self.b:self._progress].reshape(self.b, self.c)
+
+    @property
+    def done_B(self) -> np.ndarray:
+        return self.raw[self._progress + self.b:self._progress + 2 * self.b].astype(bool)
+
+    @property
+    def generated_B(self) -> np.ndarray:
+        return read_progress(self.raw[self._progress:], self.b)[0]
+
+    @property
+    def out_tokens_BN(self) -> np.ndarray:
+        return read_progress(self.raw[self._progress:], self.b)[1]
+
+    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """(generated_B, out_tokens_BN)."""
+        return self.generated_B, self.out_tokens_BN
 
 
 def read_summary(summary, state: SpecState) -> CallSummary:
     """`call_summary` read back on the host, `state` (the call's output) giving its shapes."""
-    summary = np.asarray(summary)
-    b, c = state.accepted_log.shape
-    generated_B, out_tokens_BN, done_B = read_progress(summary[2 + b + b * c:], b)
-    return CallSummary(int(summary[0]), int(summary[1]), summary[2:2 + b], done_B, generated_B,
-                       summary[2 + b:2 + b + b * c].reshape(b, c), out_tokens_BN)
+    return CallSummary(summary, *state.accepted_log.shape)
 
 
 def plain_loop(w: SpecWeights, state: BaselineState, sp: dict, limit, *, cfg: SpecConfig, greedy: bool,

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
-                                    observed_GN, plain_loop, read_plain_summary, read_summary, rule_array, spec_loop,
-                                    stay_band, to_plain, window_counts)
+from jaxspec.adaptive_calls import (CallSummary, Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
+                                    observed_GN, plain_loop, read_plain_summary, rule_array, spec_loop, stay_band,
+                                    to_plain, window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -36,7 +36,7 @@ class Calls:
     switch_s: float
     k_per_cycle: list = dataclasses.field(default_factory=list)
     calls: int = 0  # device calls the decode made
-    unsettled: tuple | None = None  # the last call's (log, first cycle, last cycle, K), not yet in the pool
+    unsettled: tuple | None = None  # the last call's (CallSummary, first cycle, last cycle, K), not in the pool yet
     # what each call ran, for the report: (K, cycles or steps, the rows' acceptance estimate or None, tokens or live
     # rows). Priced once the tokens are out (`expected`): the decode's last read is followed by nothing but the
     # host's test of whether the batch is done
@@ -57,9 +57,9 @@ class Calls:
         estimate at the end (its window with the pool as the call found it), else `c_BJ`."""
         if self.unsettled is None:
             return c_BJ
-        log, start, cycles, k = self.unsettled
+        read, start, cycles, k = self.unsettled
         self.unsettled = None
-        log = np.asarray(jax.device_get(log))
+        log = read.log_BC
         hits, trials = window_counts(log, start, cycles, k, max(self.steps), policy.window)
         c_BJ = acceptance_BJ(hits, trials, self.pool.hits, self.pool.trials, np.float32(policy.prior))
         self.pool.add(*window_counts(log, start, cycles, k, max(self.steps), NO_LIMIT))
@@ -268,10 +268,11 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
     K loop (`spec_loop`), `call_plain(plain state) -> (state, summary)` plain decoding to the end (`plain_loop`);
     `first`: the first call's (`first_call`), where computed already. Returns (the final state, the speculative
     cycles' acceptance log where it ended in plain steps else None, the tokens each row had at the switch to plain
-    steps or None, the rows' last acceptance estimate, and the final (generated_B, out_tokens_BN) on the host: the
-    decode ends with its tokens read back, as `Engine.generate`'s does)."""
+    steps or None, the rows' last acceptance estimate, and a function that returns the final (generated_B,
+    out_tokens_BN) from what the host read: the decode ends with its tokens read back, as `Engine.generate`'s does,
+    and they are cut from that read once it has ended)."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
-    b = state.pending.shape[0]
+    b, log_shape = state.pending.shape[0], state.accepted_log.shape
     # what the host knows of the rows, from each call's summary; the prefilled state is not read back, so the first
     # call follows the prefill without a wait (`first_call`)
     generated, done, cycles = np.ones(b, np.int64), np.zeros(b, bool), 0
@@ -283,23 +284,23 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
             out, summary = call_plain(to_plain(state))
             steps, final, out_tokens = read_plain_summary(summary, b)
             run.plain(int(steps), final - generated)
-            return out, state.accepted_log, generated, c_BJ, (final, out_tokens)
+            return out, state.accepted_log, generated, c_BJ, lambda: (final, out_tokens)
         start, live_B = cycles, ~done
         if rule is None:
             rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
         (state, summary), rule = call_k(k, state, rule), None
         # one read of everything the host weighs next: each array read is a round trip to the device, which waits
-        read = read_summary(summary, state)
-        cycles, done, generated, log, out_tokens = (read.cycles, read.done_B, read.generated_B, read.log_BC,
-                                                    read.out_tokens_BN)
+        read = CallSummary(summary, *log_shape)
+        cycles, done = read.cycles, read.done_B
         run.ran(k, cycles - start, c_BJ, live_B)
         if read.plain_steps:  # the loop's plain tail ran plain decoding to the end in the same call
-            run.plain(read.plain_steps, generated - read.plain_from_B)
-            run.unsettled = (log, start, cycles, k)
-            return state, state.accepted_log, read.plain_from_B, c_BJ, (generated, out_tokens)
+            run.plain(read.plain_steps, read.generated_B - read.plain_from_B)
+            run.unsettled = (read, start, cycles, k)
+            return state, state.accepted_log, read.plain_from_B, c_BJ, read.tokens
         if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
-            run.unsettled = (log, start, cycles, k)
-            return state, None, None, c_BJ, (generated, out_tokens)
+            run.unsettled = (read, start, cycles, k)
+            return state, None, None, c_BJ, read.tokens
+        generated, log = read.generated_B, read.log_BC
         # the call's leaving test read its last `window` cycles; the host weighs them per position with the pool
         # as it was, and the pool then takes the whole call
         hits, trials = window_counts(log, start, cycles, k, j_max, window)
@@ -382,8 +383,9 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
 def _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run: Calls, source, measure_s,
             c_BJ, host=None) -> GenerationResult:
     """`spec_log`: the speculative cycles' acceptance log where the generation ended in plain steps (the final
-    state is then plain decoding's). `host`: the final (generated, out_tokens) already read, else None."""
-    generated, out_tokens = host if host is not None else jax.device_get((state.generated, state.out_tokens))
+    state is then plain decoding's). `host`: returns the final (generated, out_tokens) already read (`drive`), else
+    None."""
+    generated, out_tokens = host() if host is not None else jax.device_get((state.generated, state.out_tokens))
     tokens = [out_tokens[i, : generated[i]].tolist() for i in range(len(generated))]
     spec_cycles = sum(1 for k in run.k_per_cycle if k > 0)
     log = jax.device_get(state.accepted_log if spec_log is None else spec_log)
