@@ -291,41 +291,48 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
 
 
 def call_summary(state: SpecState, plain_steps=None, plain_from_B=None) -> jax.Array:
-    """What the host reads after a call, as one int32 array in host memory (`on_host`): the cycles run, the plain
+    """What the host reads after a call, as one int32 array in host memory (`on_host`): whether every row is done
+    (first, so that the host's test after a generation's last call reads one number), the cycles run, the plain
     steps a tail ran (0 without one), the tokens each row had when they began (`plain_from_B`; the state's own where
     None), the acceptance log, then the state's `progress` (tokens emitted and done per row, the token buffer). On a
     GPU each array read back costs its own transfer and wait (docs/performance.md, "Adaptive speculation by call")."""
     plain_steps = jnp.zeros((), jnp.int32) if plain_steps is None else plain_steps
     plain_from_B = state.generated if plain_from_B is None else plain_from_B
-    return on_host(jnp.concatenate([state.cycles.astype(jnp.int32)[None], plain_steps.astype(jnp.int32)[None],
+    return on_host(jnp.concatenate([jnp.all(state.done).astype(jnp.int32)[None],
+                                    state.cycles.astype(jnp.int32)[None], plain_steps.astype(jnp.int32)[None],
                                     plain_from_B.astype(jnp.int32), state.accepted_log.reshape(-1),
                                     progress(state)]))
 
 
 class CallSummary:
     """`call_summary` read back on the host (numpy): one array, each field cut from it where it is read. After a
-    generation's last call the host tests only the rows' done flags before the decode ends, so the rest is cut once
-    the tokens are out."""
+    generation's last call the host reads whether every row is done and ends the decode; the rest is cut once the
+    tokens are out. On a GPU each operation the host runs there costs several times what it costs warm (the host
+    thread has waited through the device's loop), so they are kept out of the decode's time."""
 
     def __init__(self, summary, b: int, c: int):
         self.raw, self.b, self.c = np.asarray(summary), b, c
-        self._progress = 2 + b + b * c  # where the state's `progress` starts
+        self._progress = 3 + b + b * c  # where the state's `progress` starts
+
+    @property
+    def all_done(self) -> bool:
+        return bool(self.raw[0])
 
     @property
     def cycles(self) -> int:
-        return int(self.raw[0])
-
-    @property
-    def plain_steps(self) -> int:  # plain decode steps the call's tail ran after its cycles (0: none)
         return int(self.raw[1])
 
     @property
+    def plain_steps(self) -> int:  # plain decode steps the call's tail ran after its cycles (0: none)
+        return int(self.raw[2])
+
+    @property
     def plain_from_B(self) -> np.ndarray:  # tokens each row had when those began
-        return self.raw[2:2 + self.b]
+        return self.raw[3:3 + self.b]
 
     @property
     def log_BC(self) -> np.ndarray:
-        return self.raw[2 + self.b:self._progress].reshape(self.b, self.c)
+        return self.raw[3 + self.b:self._progress].reshape(self.b, self.c)
 
     @property
     def done_B(self) -> np.ndarray:

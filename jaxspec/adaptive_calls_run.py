@@ -36,7 +36,9 @@ class Calls:
     switch_s: float
     k_per_cycle: list = dataclasses.field(default_factory=list)
     calls: int = 0  # device calls the decode made
-    unsettled: tuple | None = None  # the last call's (CallSummary, first cycle, last cycle, K), not in the pool yet
+    # the last call's (CallSummary, first cycle, K, the rows' acceptance estimate, live rows): neither tallied nor in
+    # the pool until `settle`, so the decode ends at the host's test of whether the batch is done
+    unsettled: tuple | None = None
     # what each call ran, for the report: (K, cycles or steps, the rows' acceptance estimate or None, tokens or live
     # rows). Priced once the tokens are out (`expected`): the decode's last read is followed by nothing but the
     # host's test of whether the batch is done
@@ -53,13 +55,16 @@ class Calls:
         return (self.steps[int(best)] if leave else current), c_BJ
 
     def settle(self, policy, c_BJ):
-        """The last call's counts into the pool, after the generation's timing; returns the rows' acceptance
-        estimate at the end (its window with the pool as the call found it), else `c_BJ`."""
+        """The last call's cycles tallied and its counts into the pool, after the generation's timing; returns the
+        rows' acceptance estimate at the end (its window with the pool as the call found it), else `c_BJ`."""
         if self.unsettled is None:
             return c_BJ
-        read, start, cycles, k = self.unsettled
+        read, start, k, c_ran_BJ, live_B = self.unsettled
         self.unsettled = None
-        log = read.log_BC
+        cycles, log = read.cycles, read.log_BC
+        self.ran(k, cycles - start, c_ran_BJ, live_B)
+        if read.plain_steps:  # the loop's plain tail ran plain decoding to the end in the same call
+            self.plain(read.plain_steps, read.generated_B - read.plain_from_B)
         hits, trials = window_counts(log, start, cycles, k, max(self.steps), policy.window)
         c_BJ = acceptance_BJ(hits, trials, self.pool.hits, self.pool.trials, np.float32(policy.prior))
         self.pool.add(*window_counts(log, start, cycles, k, max(self.steps), NO_LIMIT))
@@ -270,7 +275,8 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
     cycles' acceptance log where it ended in plain steps else None, the tokens each row had at the switch to plain
     steps or None, the rows' last acceptance estimate, and a function that returns the final (generated_B,
     out_tokens_BN) from what the host read: the decode ends with its tokens read back, as `Engine.generate`'s does,
-    and they are cut from that read once it has ended)."""
+    and they are cut from that read once it has ended). The last call of K is left to `Calls.settle`, which tallies
+    its cycles and pools its counts after the decode's timing."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
     b, log_shape = state.pending.shape[0], state.accepted_log.shape
     # what the host knows of the rows, from each call's summary; the prefilled state is not read back, so the first
@@ -291,16 +297,13 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
         (state, summary), rule = call_k(k, state, rule), None
         # one read of everything the host weighs next: each array read is a round trip to the device, which waits
         read = CallSummary(summary, *log_shape)
-        cycles, done = read.cycles, read.done_B
-        run.ran(k, cycles - start, c_BJ, live_B)
-        if read.plain_steps:  # the loop's plain tail ran plain decoding to the end in the same call
-            run.plain(read.plain_steps, read.generated_B - read.plain_from_B)
-            run.unsettled = (read, start, cycles, k)
-            return state, state.accepted_log, read.plain_from_B, c_BJ, read.tokens
-        if done.all():  # the last call: its counts reach the pool once the generation's tokens are out (`settle`)
-            run.unsettled = (read, start, cycles, k)
+        if read.all_done:  # the last call: tallied, and its counts in the pool, once the tokens are out (`settle`)
+            run.unsettled = (read, start, k, c_BJ, live_B)
+            if read.plain_steps:  # the loop's plain tail ran plain decoding to the end in the same call
+                return state, state.accepted_log, read.plain_from_B, c_BJ, read.tokens
             return state, None, None, c_BJ, read.tokens
-        generated, log = read.generated_B, read.log_BC
+        cycles, done, generated, log = read.cycles, read.done_B, read.generated_B, read.log_BC
+        run.ran(k, cycles - start, c_BJ, live_B)
         # the call's leaving test read its last `window` cycles; the host weighs them per position with the pool
         # as it was, and the pool then takes the whole call
         hits, trials = window_counts(log, start, cycles, k, j_max, window)

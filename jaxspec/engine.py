@@ -165,11 +165,12 @@ class Engine:
         compiled = ready[0]
         t0 = time.perf_counter()
         state, progress_read = compiled(self.weights, state, sp)
-        # the decode ends with its tokens on the host, as every engine's does
-        generated, out_tokens, _ = read_progress(progress_read, len(prompts))
-        host = (generated, out_tokens)
+        # the decode ends with its tokens on the host, as every engine's does; they are cut from that one array
+        # after it, as the by-call engine's are (`adaptive_calls.CallSummary`)
+        progress_read = np.asarray(progress_read)
         decode_s = time.perf_counter() - t0
-        return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, host=host)
+        generated, out_tokens, _ = read_progress(progress_read, len(prompts))
+        return self._result(state, lengths, prefill_s, decode_s, compile_s, speculative, host=(generated, out_tokens))
 
     # --- streaming ----------------------------------------------------------------------------------
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),

@@ -105,7 +105,7 @@ def simulated_call(draw, max_new: int, window: int, tails: tuple[int, ...]):
                 break
         done = np.array([generated >= max_new])
         out = SimState(s.pending, log, done, np.array([generated]), s.out_tokens, cycles)
-        summary = np.concatenate([[cycles, plain_steps, plain_from], log.reshape(-1), [generated],
+        summary = np.concatenate([[int(done.all()), cycles, plain_steps, plain_from], log.reshape(-1), [generated],
                                   done.astype(np.int64), s.out_tokens.reshape(-1)])
         return out, summary
 

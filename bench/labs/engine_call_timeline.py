@@ -11,7 +11,8 @@ they are the ones `generate` runs; the by-call decode is `adaptive_calls_run.dri
 - `after`: from there until the decode returns: the read of what the host reads (the fixed engine's progress, the
   by-call `call_summary`) and, by call, the host's bookkeeping and its test of whether the batch is done.
 The `_wait` variants wait for the loop's state before that, which splits off the device's remaining time
-(`device`), so their `after` is the read and the host's work alone. `generate` rows time each engine's own `Engine.generate` in the same rounds, and
+(`device`), so their `after` is the read and the host's work alone. The `_parts` variants (`parts_decode`) split
+one call of each program finer, after waiting for the very array the host reads. `generate` rows time each engine's own `Engine.generate` in the same rounds, and
 `generate_gc_off` the same with Python's garbage collector off (its passes run at allocation counts the host's
 bookkeeping moves). Per variant and phase: the median over --rounds after a warm-up, and the spread of the total.
 Writes engine-call-timeline-<device>-<date>.json and .md to --out.
@@ -28,16 +29,17 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bench.adaptive_prompts import PROMPTS, encode, load_pair
 from bench.report import publish, run_stamp
 from jaxspec import adaptive_calls_run as calls_run
-from jaxspec.adaptive_calls import PerCallPolicy
+from jaxspec.adaptive_calls import CallSummary, PerCallPolicy
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
-from jaxspec.state import on_host, progress, read_progress
+from jaxspec.state import on_host, progress
 
-PHASES = ("dispatch", "device", "after", "total")
+PHASES = ("dispatch", "device", "read", "tests", "drop", "after", "total")
 
 
 def fixed_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
@@ -58,7 +60,7 @@ def fixed_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
     if wait:
         jax.block_until_ready(state.generated)
     t2 = time.perf_counter()
-    read_progress(progress_read, 1)
+    progress_read = np.asarray(progress_read)  # where `Engine.generate`'s decode ends, the array read dropped
     t3 = time.perf_counter()
     return dict(dispatch=t1 - t0, device=t2 - t1, after=t3 - t2, total=t3 - t0)
 
@@ -86,10 +88,49 @@ def calls_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
     t0 = time.perf_counter()
     calls_run.drive(state, call_k, call_plain, run, engine.adaptive, max_new, first)
     t1 = time.perf_counter()
+    run.settle(engine.adaptive, None)  # after the timing, as `adaptive_calls_run.generate` does
     if run.calls != 1:
         raise RuntimeError(f"the generation ran {run.calls} calls: this lab times one-call generations")
     return dict(dispatch=marks["dispatched"] - t0, device=marks["ready"] - marks["dispatched"],
                 after=t1 - marks["ready"], total=t1 - t0)
+
+
+def parts_decode(engine: Engine, prompt, max_new: int, by_call: bool) -> dict:
+    """One call of the engine's loop program (the fixed engine's, or the by-call K loop as its first call runs it)
+    split finer: `dispatch` as above, `device` until the array the host reads is ready (its copy to host memory
+    done), `read` the host's conversion of it to numpy, `tests` (by call) reading whether every row is done and
+    whether a plain tail ran, as `drive` does after a generation's last call, `drop` releasing the array read;
+    `after` = read + tests + drop."""
+    greedy = SamplingParams()
+    if by_call:
+        state, sp, _, _, _, loops, run, _, first = calls_run._start(engine, [prompt], max_new, greedy, 0, False)
+        program, rule = loops[first[0]], (first[2],)
+        shape = state.accepted_log.shape
+    else:
+        sp = greedy.validate().as_arrays()
+        step = engine._step_fn(True, True, max_new)
+
+        def loop(w, s, sp):
+            s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)
+            return s, on_host(progress(s))
+
+        spec = lambda state: ("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))  # noqa: E731
+        state, _, _, _, program = engine._prefill([prompt], max_new, greedy, 0, True, then=spec)
+        rule = ()
+    t0 = time.perf_counter()
+    state, out = program(engine.weights, state, sp, *rule)
+    t1 = time.perf_counter()
+    jax.block_until_ready(out)
+    t2 = time.perf_counter()
+    read = CallSummary(out, *shape) if by_call else np.asarray(out)
+    t3 = time.perf_counter()
+    if by_call and read.all_done and read.plain_steps:
+        raise RuntimeError("a plain tail ran: this lab times calls at K to the end")
+    t4 = time.perf_counter()
+    del out  # the array read, dropped as the engines drop it before their decode ends
+    t5 = time.perf_counter()
+    return dict(dispatch=t1 - t0, device=t2 - t1, read=t3 - t2, tests=t4 - t3, drop=t5 - t4, after=t5 - t2,
+                total=t5 - t0)
 
 
 def generate_decode(engine: Engine, prompt, max_new: int, gc_off: bool) -> dict:
@@ -130,6 +171,8 @@ def main(argv=None):
         "calls": lambda: calls_decode(calls, prompt, n, False),
         "fixed_wait": lambda: fixed_decode(fixed, prompt, n, True),
         "calls_wait": lambda: calls_decode(calls, prompt, n, True),
+        "fixed_parts": lambda: parts_decode(fixed, prompt, n, False),
+        "calls_parts": lambda: parts_decode(calls, prompt, n, True),
         "fixed_generate": lambda: generate_decode(fixed, prompt, n, False),
         "calls_generate": lambda: generate_decode(calls, prompt, n, False),
         "fixed_generate_gc_off": lambda: generate_decode(fixed, prompt, n, True),
@@ -149,7 +192,8 @@ def main(argv=None):
         rows[name]["total_range"] = [min(by_phase["total"]), max(by_phase["total"])]
         rows[name]["total_rounds"] = by_phase["total"]
     paired = {}
-    for a, b in (("calls", "fixed"), ("calls_wait", "fixed_wait"), ("calls_generate", "fixed_generate"),
+    for a, b in (("calls", "fixed"), ("calls_wait", "fixed_wait"), ("calls_parts", "fixed_parts"),
+                 ("calls_generate", "fixed_generate"),
                  ("calls_generate_gc_off", "fixed_generate_gc_off")):
         paired[f"{a} - {b}"] = statistics.median(x - y for x, y in zip(times[a]["total"], times[b]["total"]))
     stamp = run_stamp()

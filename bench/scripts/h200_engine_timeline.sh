@@ -19,7 +19,10 @@ mkdir -p "$OUT"
     timeout "${PROMPTS_TIMEOUT:-300}" python -m bench.adaptive_prompts --repeats "${REPEATS:-31}" \
         --out "$OUT/adaptive-prompts"
   fi
-  echo "== oracle $(date -u +%T)"
-  timeout "${ORACLE_TIMEOUT:-100}" python -m bench.labs.adaptive_replay oracle --dtype bfloat16 --out "$OUT/oracle-bf16.json"
+  if [ "${ORACLE:-1}" = 1 ]; then
+    echo "== oracle $(date -u +%T)"
+    timeout "${ORACLE_TIMEOUT:-100}" python -m bench.labs.adaptive_replay oracle --dtype bfloat16 \
+        --out "$OUT/oracle-bf16.json"
+  fi
   echo "== end $(date -u +%T)"
 } 2>&1 | grep -v "E1204\|W1204\|I1204\|E1205\|W1205\|I1205\|E1206\|W1206\|I1206\|gpu_hlo_schedule" | tee "$OUT/run.log"
