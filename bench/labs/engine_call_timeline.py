@@ -86,7 +86,8 @@ def calls_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
         raise RuntimeError("the first call went to plain decoding: this lab times one call at K")
 
     t0 = time.perf_counter()
-    calls_run.drive(state, call_k, call_plain, run, engine.adaptive, max_new, first)
+    # the result kept, as `generate` keeps it: dropped here, the returned state's arrays would be freed in the timing
+    state, *_ = calls_run.drive(state, call_k, call_plain, run, engine.adaptive, max_new, first)
     t1 = time.perf_counter()
     run.settle(engine.adaptive, None)  # after the timing, as `adaptive_calls_run.generate` does
     if run.calls != 1:
