@@ -42,8 +42,8 @@ from jaxspec.state import on_host, progress
 PHASES = ("dispatch", "device", "read", "tests", "drop", "after", "total")
 
 
-def fixed_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
-    """The fixed engine's decode as `Engine.generate` runs it (its cached programs), in phases (seconds)."""
+def fixed_prefilled(engine: Engine, prompt, max_new: int):
+    """(the prefilled state, the sampling arrays, the fixed engine's compiled loop) as `Engine.generate` has them."""
     greedy = SamplingParams()
     sp = greedy.validate().as_arrays()
     step = engine._step_fn(True, True, max_new)
@@ -54,6 +54,12 @@ def fixed_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
 
     spec = lambda state: ("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))  # noqa: E731
     state, _, _, _, compiled = engine._prefill([prompt], max_new, greedy, 0, True, then=spec)
+    return state, sp, compiled
+
+
+def fixed_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
+    """The fixed engine's decode as `Engine.generate` runs it (its cached programs), in phases (seconds)."""
+    state, sp, compiled = fixed_prefilled(engine, prompt, max_new)
     t0 = time.perf_counter()
     state, progress_read = compiled(engine.weights, state, sp)
     t1 = time.perf_counter()
@@ -108,16 +114,7 @@ def parts_decode(engine: Engine, prompt, max_new: int, by_call: bool) -> dict:
         program, rule = loops[first[0]], (first[2],)
         shape = state.accepted_log.shape
     else:
-        sp = greedy.validate().as_arrays()
-        step = engine._step_fn(True, True, max_new)
-
-        def loop(w, s, sp):
-            s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)
-            return s, on_host(progress(s))
-
-        spec = lambda state: ("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))  # noqa: E731
-        state, _, _, _, program = engine._prefill([prompt], max_new, greedy, 0, True, then=spec)
-        rule = ()
+        (state, sp, program), rule = fixed_prefilled(engine, prompt, max_new), ()
     t0 = time.perf_counter()
     state, out = program(engine.weights, state, sp, *rule)
     t1 = time.perf_counter()
