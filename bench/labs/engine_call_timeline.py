@@ -57,8 +57,15 @@ def fixed_prefilled(engine: Engine, prompt, max_new: int):
     return state, sp, compiled
 
 
+def tokens_of(state) -> list[int]:
+    """The first row's tokens of a decode's final state (read after its timing)."""
+    generated, out_tokens = jax.device_get((state.generated, state.out_tokens))
+    return out_tokens[0, :generated[0]].tolist()
+
+
 def fixed_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
-    """The fixed engine's decode as `Engine.generate` runs it (its cached programs), in phases (seconds)."""
+    """The fixed engine's decode as `Engine.generate` runs it (its cached programs), in phases (seconds), and the
+    tokens it made."""
     state, sp, compiled = fixed_prefilled(engine, prompt, max_new)
     t0 = time.perf_counter()
     state, progress_read = compiled(engine.weights, state, sp)
@@ -68,12 +75,12 @@ def fixed_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
     t2 = time.perf_counter()
     progress_read = np.asarray(progress_read)  # where `Engine.generate`'s decode ends, the array read dropped
     t3 = time.perf_counter()
-    return dict(dispatch=t1 - t0, device=t2 - t1, after=t3 - t2, total=t3 - t0)
+    return dict(dispatch=t1 - t0, device=t2 - t1, after=t3 - t2, total=t3 - t0, tokens=tokens_of(state))
 
 
 def calls_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
     """The by-call engine's decode as `adaptive_calls_run.generate` runs it (its `_start` and `drive`), where the
-    first call finishes the batch, in phases (seconds)."""
+    first call finishes the batch, in phases (seconds), and the tokens it made."""
     greedy = SamplingParams()
     state, sp, _, _, _, loops, run, _, first = calls_run._start(engine, [prompt], max_new, greedy, 0, False)
     if first is None:
@@ -93,13 +100,14 @@ def calls_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
 
     t0 = time.perf_counter()
     # the result kept, as `generate` keeps it: dropped here, the returned state's arrays would be freed in the timing
-    state, *_ = calls_run.drive(state, call_k, call_plain, run, engine.adaptive, max_new, first)
+    state, *_, host = calls_run.drive(state, call_k, call_plain, run, engine.adaptive, max_new, first)
     t1 = time.perf_counter()
     run.settle(engine.adaptive, None)  # after the timing, as `adaptive_calls_run.generate` does
     if run.calls != 1:
         raise RuntimeError(f"the generation ran {run.calls} calls: this lab times one-call generations")
+    generated, out_tokens = host()
     return dict(dispatch=marks["dispatched"] - t0, device=marks["ready"] - marks["dispatched"],
-                after=t1 - marks["ready"], total=t1 - t0)
+                after=t1 - marks["ready"], total=t1 - t0, tokens=out_tokens[0, :generated[0]].tolist())
 
 
 def parts_decode(engine: Engine, prompt, max_new: int, by_call: bool) -> dict:
@@ -128,7 +136,7 @@ def parts_decode(engine: Engine, prompt, max_new: int, by_call: bool) -> dict:
     del out  # the array read, dropped as the engines drop it before their decode ends
     t5 = time.perf_counter()
     return dict(dispatch=t1 - t0, device=t2 - t1, read=t3 - t2, tests=t4 - t3, drop=t5 - t4, after=t5 - t2,
-                total=t5 - t0)
+                total=t5 - t0, tokens=tokens_of(state))
 
 
 def generate_decode(engine: Engine, prompt, max_new: int, gc_off: bool) -> dict:
