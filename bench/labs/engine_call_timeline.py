@@ -7,14 +7,17 @@ The fixed engine's and the by-call engine's compiled loops cost the same called 
 (docs/performance.md, "Adaptive speculation by call"). Here each engine's decode is replayed with the engine's own
 prefill and programs (`Engine._prefill`, `adaptive_calls_run._start`; the programs come from the engines' cache, so
 they are the ones `generate` runs; the by-call decode is `adaptive_calls_run.drive` itself) and timed in phases:
-- `dispatch`: the call of the loop's program until it returns (the host walking its arguments, the launch);
+- `dispatch`: the call of the loop's program until it returns (on a GPU that is after the loop has run: XLA runs
+  a while loop's iterations from the host);
 - `after`: from there until the decode returns: the read of what the host reads (the fixed engine's progress, the
   by-call `call_summary`) and, by call, the host's bookkeeping and its test of whether the batch is done.
-The `_wait` variants wait for the loop's state before that, which splits off the device's remaining time
-(`device`), so their `after` is the read and the host's work alone. The `_parts` variants (`parts_decode`) split
-one call of each program finer, after waiting for the very array the host reads. `generate` rows time each engine's own `Engine.generate` in the same rounds, and
-`generate_gc_off` the same with Python's garbage collector off (its passes run at allocation counts the host's
-bookkeeping moves). Per variant and phase: the median over --rounds after a warm-up, and the spread of the total.
+The `_wait` variants wait for the loop's state before that, which splits off the device's remaining time (`device`),
+so their `after` is the read and the host's work alone. The `_parts` variants (`parts_decode`) split one call of
+each program finer, after waiting for the very array the host reads. `generate` rows time each engine's own
+`Engine.generate` in the same rounds (`default_generate`: by call with the default K set 0..K, which `generate` runs
+on a GPU, where `calls` has the set {K}), and `generate_gc_off` the same with Python's garbage collector off (its
+passes run at allocation counts the host's bookkeeping moves). Per variant and phase: the median over --rounds after
+a warm-up, and the spread of the total.
 Writes engine-call-timeline-<device>-<date>.json and .md to --out.
 """
 
@@ -169,7 +172,8 @@ def main(argv=None):
     prompt = encode(tok, PROMPTS[args.prompt][1])
     fixed = Engine(cfg, w, num_steps=args.k)
     calls = Engine(cfg, w, num_steps=args.k, adaptive=PerCallPolicy(steps=(args.k,)))
-    for eng in (fixed, calls):
+    default = Engine(cfg, w, num_steps=args.k, adaptive=PerCallPolicy())  # the default set, as generate runs it
+    for eng in (fixed, calls, default):
         eng.generate([prompt], args.max_new_tokens)  # compile, measure the cost table, warm up
     n = args.max_new_tokens
     variants = {
@@ -181,6 +185,7 @@ def main(argv=None):
         "calls_parts": lambda: parts_decode(calls, prompt, n, True),
         "fixed_generate": lambda: generate_decode(fixed, prompt, n, False),
         "calls_generate": lambda: generate_decode(calls, prompt, n, False),
+        "default_generate": lambda: generate_decode(default, prompt, n, False),
         "fixed_generate_gc_off": lambda: generate_decode(fixed, prompt, n, True),
         "calls_generate_gc_off": lambda: generate_decode(calls, prompt, n, True),
     }
@@ -199,7 +204,7 @@ def main(argv=None):
         rows[name]["total_rounds"] = by_phase["total"]
     paired = {}
     for a, b in (("calls", "fixed"), ("calls_wait", "fixed_wait"), ("calls_parts", "fixed_parts"),
-                 ("calls_generate", "fixed_generate"),
+                 ("calls_generate", "fixed_generate"), ("default_generate", "fixed_generate"),
                  ("calls_generate_gc_off", "fixed_generate_gc_off")):
         paired[f"{a} - {b}"] = statistics.median(x - y for x, y in zip(times[a]["total"], times[b]["total"]))
     stamp = run_stamp()
