@@ -347,8 +347,9 @@ class CallSummary:
         return read_progress(self.raw[self._progress:], self.b)[1]
 
     def tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """(generated_B, out_tokens_BN)."""
-        return self.generated_B, self.out_tokens_BN
+        """(generated_B, out_tokens_BN), cut from the progress in one pass."""
+        generated_B, out_tokens_BN, _ = read_progress(self.raw[self._progress:], self.b)
+        return generated_B, out_tokens_BN
 
 
 def read_summary(summary, state: SpecState) -> CallSummary:
