@@ -29,7 +29,7 @@ from jaxspec.sampling import SamplingParams
 from jaxspec.sharded import compile_programs, output_shapes, weights_to_run
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import progress as state_progress
-from jaxspec.state import new_tokens, on_host, read_progress, with_progress
+from jaxspec.state import loop_with_progress, new_tokens, read_progress, with_progress
 from model.kv_cache import round_capacity
 
 
@@ -137,11 +137,7 @@ class Engine:
             return adaptive_calls_run.generate(self, prompts, max_new_tokens, sampling, seed)
         sp = sampling.validate().as_arrays()
         adaptive = speculative and self.adaptive is not None
-        step = self._step_fn(speculative, sampling.greedy, max_new_tokens)
-        def loop(w, s, sp):  # the state, and its progress written to the host's memory (`on_host`)
-            s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)
-            return s, on_host(state_progress(s))
-
+        loop = loop_with_progress(self._step_fn(speculative, sampling.greedy, max_new_tokens))
         loop_spec = lambda state: ("loop_spec" if speculative else "loop_base", loop, {}, (self.weights, state, sp),  # noqa: E731
                                    (1,), (sampling.greedy, max_new_tokens))
         state, prefill_s, compile_s, lengths, *ready = self._prefill(prompts, max_new_tokens, sampling, seed,

@@ -67,6 +67,16 @@ def new_tokens(progress_read, shown) -> list[list[int]]:
     return new
 
 
+def loop_with_progress(step):
+    """`step` in a device loop until every row is done; returns the state and its progress in the host's memory
+    (`on_host`), which the host reads once the loop ends."""
+    def loop(w, state, sp):
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), state)
+        return state, on_host(progress(state))
+
+    return loop
+
+
 def with_progress(step):
     """`step` that also returns its progress (a new array in host memory, `on_host`: the state is donated to the
     next cycle, queued before the host reads this)."""

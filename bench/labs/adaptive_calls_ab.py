@@ -52,7 +52,7 @@ from jaxspec.adaptive_calls_run import NO_LIMIT, _programs, never_leaving
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
 from jaxspec.spec_step import speculative_cycle, speculative_cycle_accepting
-from jaxspec.state import on_host, progress
+from jaxspec.state import loop_with_progress
 
 
 TRACED_LOOPS = ("loop_progress", "loop_leaving", "loop_fresh", "loop_stale")
@@ -62,12 +62,7 @@ def engine_programs(engine: Engine, calls_engine: Engine, state, max_new: int, k
     """The fixed engine's compiled loop and the per-call engine's K loop, as `Engine.generate` compiled them."""
     greedy = SamplingParams()
     sp = greedy.validate().as_arrays()
-    step = engine._step_fn(True, True, max_new)
-
-    def loop(w, s, sp):  # as `Engine.generate` builds it
-        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)
-        return s, on_host(progress(s))
-
+    loop = loop_with_progress(engine._step_fn(True, True, max_new))  # as `Engine.generate` builds it
     fixed = engine._compile("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))[0]
     calls = _programs(calls_engine, state, sp, True, max_new, False)[0][k]
     runs = {"program_fixed": lambda s: fixed(engine.weights, s, sp)[0],
@@ -215,12 +210,9 @@ def loops_alone(engine: Engine, calls_engine: Engine, prompt, max_new: int, k: i
     decayed = jax.jit(lambda w, s, r: spec_loop_decayed(w, s, {}, r, window=32, **kw), donate_argnums=1)
     fresh = jax.jit(lambda w, s, r: spec_loop_fresh(w, s, {}, r, window=32, **kw), donate_argnums=1)
     stale = jax.jit(lambda w, s, r: spec_loop_stale(w, s, {}, r, window=32, **kw), donate_argnums=1)
-    progress_out = jax.jit(lambda w, s: fixed_then_progress(w, s), donate_argnums=1)
+    # the fixed engine's loop: its progress written to the host's memory
+    progress_out = jax.jit(lambda w, s: loop_with_progress(cycle)(w, s, {}), donate_argnums=1)
     start_cycles = state.cycles
-
-    def fixed_then_progress(w, s):  # the fixed engine's loop: its progress written to the host's memory
-        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s)
-        return s, on_host(progress(s))
 
     def fixed_then_summary(w, s, r):  # the fixed loop, the rule read once after it: what a call's output adds
         s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: cycle(w, s, {}), s)

@@ -40,7 +40,7 @@ from jaxspec import adaptive_calls_run as calls_run
 from jaxspec.adaptive_calls import CallSummary, PerCallPolicy
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
-from jaxspec.state import on_host, progress
+from jaxspec.state import loop_with_progress
 
 PHASES = ("dispatch", "device", "read", "tests", "drop", "after", "total")
 
@@ -49,12 +49,7 @@ def fixed_prefilled(engine: Engine, prompt, max_new: int):
     """(the prefilled state, the sampling arrays, the fixed engine's compiled loop) as `Engine.generate` has them."""
     greedy = SamplingParams()
     sp = greedy.validate().as_arrays()
-    step = engine._step_fn(True, True, max_new)
-
-    def loop(w, s, sp):  # as `Engine.generate` builds it; the program key finds the one it compiled
-        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(w, s, sp), s)
-        return s, on_host(progress(s))
-
+    loop = loop_with_progress(engine._step_fn(True, True, max_new))  # the program key finds the one generate built
     spec = lambda state: ("loop_spec", loop, {}, (engine.weights, state, sp), (1,), (True, max_new))  # noqa: E731
     state, _, _, _, compiled = engine._prefill([prompt], max_new, greedy, 0, True, then=spec)
     return state, sp, compiled
@@ -103,14 +98,13 @@ def calls_decode(engine: Engine, prompt, max_new: int, wait: bool) -> dict:
 
     t0 = time.perf_counter()
     # the result kept, as `generate` keeps it: dropped here, the returned state's arrays would be freed in the timing
-    state, *_, host = calls_run.drive(state, call_k, call_plain, run, engine.adaptive, max_new, first)
+    state, *_ = calls_run.drive(state, call_k, call_plain, run, engine.adaptive, max_new, first)
     t1 = time.perf_counter()
     run.settle(engine.adaptive, None)  # after the timing, as `adaptive_calls_run.generate` does
     if run.calls != 1:
         raise RuntimeError(f"the generation ran {run.calls} calls: this lab times one-call generations")
-    generated, out_tokens = host()
     return dict(dispatch=marks["dispatched"] - t0, device=marks["ready"] - marks["dispatched"],
-                after=t1 - marks["ready"], total=t1 - t0, tokens=out_tokens[0, :generated[0]].tolist())
+                after=t1 - marks["ready"], total=t1 - t0, tokens=tokens_of(state))
 
 
 def parts_decode(engine: Engine, prompt, max_new: int, by_call: bool) -> dict:
