@@ -29,14 +29,21 @@ estimate and choice keep K). Where the host, weighing every position, keeps the 
 of that K waits twice as many cycles before its first test, so a band that is too narrow costs a few calls, not one
 every `min_cycles`.
 
-Plain decoding is for the rest of the generation: a plain step does not run the draft, so the draft's cache would
-miss the positions it skipped. The state is converted (`to_plain`) and the plain loop runs to the end. That is how a
-drafter that never matches is switched off within `min_cycles` cycles of the first call. The loops of the K in
-`plain_tails` go on with plain decoding in their own call where their test leaves for it (the band's `plain_high`),
-so that switch costs no call, which on a small model is the price of a few plain steps. Each tail compiles a plain
-step into its loop, and a tail on every K would take the 61-layer set past twice a fixed-K loop's build; K = 1 is
-where a fresh pool's prior starts a small model, whose calls are dearest against its steps (docs/performance.md,
-"Plain decoding in the K loop's call").
+Plain decoding and the draft. A plain step does not run the draft, so the draft's cache misses the positions it
+skipped. A plain call therefore keeps the draft current where speculation could still pay (`probe_loop`): every
+`probe_every` plain steps one draft forward over them (`jaxspec.adaptive.catch_up`) writes the draft cache and
+observes c_1 for free (the draft's prediction at each position against the token the target emitted), and the call
+ends where that block's c_1 says the host would leave plain decoding for a K (`plain_leave_remaining`: per flat c_1,
+the fewest tokens still wanted for which the switch pays), so a prompt whose text turns predictable after a stretch
+the draft could not follow gets speculation back. That is one call for a drafter that never matches, as before,
+switched off within `min_cycles` cycles of the first call, and a catch-up's draft forward every `probe_every`
+steps. Where no K could pay even at full acceptance (a CPU's cost table, a drafter plug the probe cannot observe, a
+few tokens left), the state is converted (`to_plain`) and the plain loop runs to the end without catch-ups. The
+loops of the K in `plain_tails` go on with plain decoding in their own call where their test leaves for it (the
+band's `plain_high`), so that switch costs no call, which on a small model is the price of a few plain steps; that
+tail runs to the end. Each tail compiles a plain step into its loop, and a tail on every K would take the 61-layer
+set past twice a fixed-K loop's build; K = 1 is where a fresh pool's prior starts a small model, whose calls are
+dearest against its steps (docs/performance.md, "Plain decoding in the K loop's call").
 
 Losslessness does not depend on K: every cycle is the fixed-K cycle or a plain step, from fresh randomness.
 """
@@ -49,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.adaptive import Backlog, catch_up, plain_decode
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
@@ -69,6 +77,9 @@ class PerCallPolicy:
     window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
     margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
     plain_tails: tuple[int, ...] = (1,)  # the K whose loop goes on with plain decoding in its call (see above)
+    # plain steps between the draft's catch-ups in a plain call (each observes c_1: `probe_loop`); 0: plain decoding
+    # runs to the end without them
+    probe_every: int = 32
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     switch_s: float | None = None  # the price of one more call; None: the measured table's (0 with given costs)
 
@@ -91,6 +102,8 @@ class PerCallPolicy:
             raise ValueError(f"adaptive prior must be in [0, 1], got {self.prior}")
         if self.min_cycles < 1 or self.window < 1:
             raise ValueError("adaptive min_cycles and window must be >= 1")
+        if self.probe_every < 0:
+            raise ValueError(f"adaptive probe_every must be >= 0, got {self.probe_every}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"adaptive margin must be in [0, 1), got {self.margin}")
         if self.costs is not None:
@@ -168,7 +181,7 @@ def fastest_G(times_GN, margin: float, seen_GN=None):
     """Index of the K to run for each row of times (columns in increasing K): the smallest K whose time is within
     `margin` of the fastest and whose every position has been observed (`seen_GN`, from `observed_GN`; None: all),
     else the fastest. Near a tie the smaller K is the safer estimate: plain decoding's time is known, a K's is
-    estimated from few cycles, and plain decoding once chosen runs to the end without another call; a deeper
+    estimated from few cycles, and a plain call goes back to a K only where its probes see the draft right; a deeper
     position is observed only when the ones before it were accepted, so its estimate rests on fewer cycles and on
     the pool's counts from other prompts, whose acceptance at depth differs the most, and one K too deep lost more
     than one K too shallow where the two were close. A depth nobody has observed is different: it expects what
@@ -222,6 +235,27 @@ def stay_band(k: int, remaining_B, live_B, cost_N, steps: tuple[int, ...], switc
     return float(mean_accepted_G[~leave_G].min()), float(mean_accepted_G[~leave_G].max()), plain_high
 
 
+def plain_leave_remaining(cost_N, steps: tuple[int, ...], switch_s: float, margin: float, pool_hits_J, pool_trials_J,
+                          prior: float, observed: int) -> np.ndarray:
+    """[BAND_GRID]: for a plain call's probe that observed c_1 = c (the grid of `stay_band`) in `observed` entries a
+    row, the fewest tokens the slowest live row must still want for the host to leave plain decoding for a K (inf
+    where none pays at that c). The host's own estimate (`acceptance_BJ`: the deeper positions follow c_1 and the
+    pool) and choice (`fastest_G`, the switch priced as `better_k` prices it): T(K) = t(K) R / E[K] scales with the
+    tokens R still wanted, so leaving pays where R (t(0) (1 - margin) - t(K) / E[K]) exceeds the switch."""
+    j_max = max(steps)
+    c_G = np.linspace(0.0, 1.0, BAND_GRID)
+    trials_GJ = np.zeros((BAND_GRID, j_max))
+    trials_GJ[:, 0] = observed
+    hits_GJ = trials_GJ * c_G[:, None]
+    est_GJ = acceptance_BJ(hits_GJ, trials_GJ, pool_hits_J, pool_trials_J, prior)
+    per_token_GN = np.asarray(cost_N, np.float64)[None] / expected_tokens_BN(est_GJ, steps)
+    best_G = fastest_G(per_token_GN, margin, observed_GN(trials_GJ + np.asarray(pool_trials_J)[None], steps))
+    gain_G = (1.0 - margin) * per_token_GN[:, steps.index(0)] - per_token_GN[np.arange(BAND_GRID), best_G]
+    with np.errstate(divide="ignore"):
+        need_G = np.where(gain_G > 0, max(float(switch_s), 0.0) / np.maximum(gain_G, 1e-30), np.inf)
+    return np.where((best_G != steps.index(0)) & (gain_G > 0), np.maximum(need_G, 1.0), np.inf)
+
+
 # --- the programs ---------------------------------------------------------------------------------------------
 def window_column(log_BC, c, start):
     """Sum and count of the cycles the acceptance log holds in column c, zero where c is before the call's first
@@ -249,7 +283,7 @@ def spec_loop(w: SpecWeights, state: SpecState, sp: dict, rule_F, *, cfg: SpecCo
     accepted a cycle over the call's last `window` cycles leaves the rule's band (`rule_array`, `stay_band`).
     `plain_tail`: where the test left with that mean at or below the rule's `plain_high`, plain decode steps follow
     to the end of the batch in the same call (the state's target side and outputs are then plain decoding's; its
-    draft side is stale, as plain decoding runs to the end). Returns the state and its `call_summary`.
+    draft side is stale, as that tail runs to the end). Returns the state and its `call_summary`.
 
     The window's sum and count ride in the loop's carry, updated by the cycle's own column and the one leaving the
     window, and the body computes the loop's go flag: on a GPU the predicate runs as its own kernel every cycle, and
@@ -378,6 +412,106 @@ def read_plain_summary(summary, b: int):
     summary = np.asarray(summary)
     generated_B, out_tokens_BN, _ = read_progress(summary[1:], b)
     return int(summary[0]), generated_B, out_tokens_BN
+
+
+# What a plain call's leaving test reads besides the state (`probe_loop`), one float32 array: per c_1 of the band's
+# grid the tokens the slowest live row must still want for the host to leave (`plain_leave_remaining`), then the
+# steps the call runs before its first test, and the steps it may run at most.
+PROBE_MIN_STEPS, PROBE_LIMIT = BAND_GRID, BAND_GRID + 1
+
+
+def probe_array(need_G, min_steps: int, limit: int) -> np.ndarray:
+    return np.concatenate([np.asarray(need_G, np.float32), np.array([min_steps, limit], np.float32)])
+
+
+def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: SpecConfig, greedy: bool,
+               max_new_tokens: int, width: int) -> tuple[SpecState, jax.Array]:
+    """Plain decode steps in blocks of `width`, each followed by the draft's catch-up over the block
+    (`jaxspec.adaptive.catch_up`: the draft cache written, c_1 observed at every entry), until the batch is done,
+    the limit of steps ran, or (after the minimum) a block's mean c_1 over the batch is one at which the host would
+    leave plain decoding for the tokens the slowest live row still wants (`probe_array`). The state is then as a
+    speculative cycle expects it. Returns the state and its `probe_summary` (the last block's counts)."""
+    b = state.pending.shape[0]
+    start = state.cycles
+    aux = len(cfg.target.aux_layer_ids) * cfg.target.hidden_size
+    empty = Backlog(jnp.zeros((b, width), jnp.int32), jnp.zeros((b, width, aux), state.draft_hidden.dtype),
+                    jnp.ones((b, width), jnp.float32), jnp.zeros((b,), jnp.int32))
+    none_B1 = jnp.zeros((b, 1), jnp.float32)
+    grid = BAND_GRID - 1
+
+    def block(carry):
+        s, _, _, _ = carry
+        first = s.cycles
+
+        def more(c):
+            return jnp.any(~c[0].done) & (c[0].cycles - first < width) & (c[0].cycles - start < probe_F[PROBE_LIMIT])
+
+        step = lambda c: plain_decode(w, cfg, c[0], c[1], sp, greedy=greedy, max_new_tokens=max_new_tokens)  # noqa: E731
+        s, backlog = jax.lax.while_loop(more, step, (s, empty))
+        # counts from zero with no discount (ema 0): the block's own observations
+        s, _, (hits_B1, trials_B1) = catch_up(w, cfg, s, backlog, (none_B1, none_B1), sp, greedy=greedy, ema=0.0)
+        mean = jnp.sum(hits_B1) / jnp.maximum(jnp.sum(trials_B1), 1.0)
+        slowest = jnp.max(jnp.where(s.done, 0, max_new_tokens - s.generated)).astype(jnp.float32)
+        ran = (s.cycles - start).astype(jnp.float32)
+        leave = ((ran >= probe_F[PROBE_MIN_STEPS]) & (jnp.sum(trials_B1) > 0)
+                 & (slowest >= probe_F[jnp.round(mean * grid).astype(jnp.int32)]))
+        go = jnp.any(~s.done) & (ran < probe_F[PROBE_LIMIT]) & ~leave
+        return s, hits_B1[:, 0], trials_B1[:, 0], go
+
+    zero_B = jnp.zeros((b,), jnp.float32)
+    go = jnp.any(~state.done) & (probe_F[PROBE_LIMIT] > 0)
+    state, hits_B, trials_B, _ = jax.lax.while_loop(lambda c: c[3], block, (state, zero_B, zero_B, go))
+    return state, probe_summary(state, state.cycles - start, hits_B, trials_B)
+
+
+def probe_summary(state: SpecState, steps, hits_B, trials_B) -> jax.Array:
+    """What the host reads after a plain call with probes, as one int32 array in host memory (`on_host`): whether
+    every row is done, the cycles the state has run (plain steps count as cycles that accepted nothing), the plain
+    steps the call ran, the last block's c_1 counts per row (float32, their bits), then the state's `progress`."""
+    bits = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # noqa: E731
+    return on_host(jnp.concatenate([jnp.all(state.done).astype(jnp.int32)[None],
+                                    state.cycles.astype(jnp.int32)[None], steps.astype(jnp.int32)[None],
+                                    bits(hits_B), bits(trials_B), progress(state)]))
+
+
+class ProbeSummary:
+    """`probe_summary` read back on the host (numpy) for `b` rows, each field cut where it is read."""
+
+    def __init__(self, summary, b: int):
+        self.raw, self.b = np.asarray(summary), b
+
+    @property
+    def all_done(self) -> bool:
+        return bool(self.raw[0])
+
+    @property
+    def cycles(self) -> int:
+        return int(self.raw[1])
+
+    @property
+    def steps(self) -> int:
+        return int(self.raw[2])
+
+    @property
+    def c1_hits_B(self) -> np.ndarray:
+        return self.raw[3:3 + self.b].view(np.float32)
+
+    @property
+    def c1_trials_B(self) -> np.ndarray:
+        return self.raw[3 + self.b:3 + 2 * self.b].view(np.float32)
+
+    @property
+    def done_B(self) -> np.ndarray:
+        return read_progress(self.raw[3 + 2 * self.b:], self.b)[2]
+
+    @property
+    def generated_B(self) -> np.ndarray:
+        return read_progress(self.raw[3 + 2 * self.b:], self.b)[0]
+
+    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """(generated_B, out_tokens_BN)."""
+        generated_B, out_tokens_BN, _ = read_progress(self.raw[3 + 2 * self.b:], self.b)
+        return generated_B, out_tokens_BN
 
 
 def to_plain(state: SpecState) -> BaselineState:

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (CallSummary, Pool, acceptance_BJ, better_k, expected_tokens_BN, finish_times_N,
-                                    observed_GN, plain_loop, read_plain_summary, rule_array, spec_loop, stay_band,
-                                    to_plain, window_counts)
+from jaxspec.adaptive_calls import (BAND_GRID, CallSummary, Pool, ProbeSummary, acceptance_BJ, better_k, expected_tokens_BN,
+                                    finish_times_N, observed_GN, plain_leave_remaining, plain_loop, probe_array,
+                                    probe_loop, read_plain_summary, rule_array, spec_loop, stay_band, to_plain,
+                                    window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -25,6 +26,7 @@ from jaxspec.state import new_tokens, read_progress, with_progress
 from jaxspec.state import progress as state_progress
 
 NO_LIMIT = np.iinfo(np.int32).max
+PROBE = "probe"  # the key of the plain loop with the draft's catch-ups among a generation's programs (`probe_loop`)
 
 
 @dataclasses.dataclass
@@ -36,6 +38,9 @@ class Calls:
     switch_s: float
     k_per_cycle: list = dataclasses.field(default_factory=list)
     calls: int = 0  # device calls the decode made
+    # plain steps at the end that ran on plain decoding's state (`to_plain`: not in the acceptance log); those of a
+    # plain call with probes are cycles of the log that accepted nothing
+    unlogged: int = 0
     # the last call's (CallSummary, first cycle, K, the rows' acceptance estimate, live rows): neither tallied nor in
     # the pool until `settle`, so the decode ends at the host's test of whether the batch is done
     unsettled: tuple | None = None
@@ -59,8 +64,16 @@ class Calls:
         rows' acceptance estimate at the end (its window with the pool as the call found it), else `c_BJ`."""
         if self.unsettled is None:
             return c_BJ
-        read, start, k, c_ran_BJ, live_B = self.unsettled
+        # rows: a K call's live rows; a plain call's, the tokens each row had before it
+        read, start, k, c_ran_BJ, rows = self.unsettled
         self.unsettled = None
+        if k == 0:  # a plain call with probes: its steps, and the c_1 its last block observed
+            self.plain(read.steps, read.generated_B - rows, logged=True)
+            hits, trials = c1_counts(read, max(self.steps))
+            c_BJ = acceptance_BJ(hits, trials, self.pool.hits, self.pool.trials, np.float32(policy.prior))
+            self.pool.add(hits, trials)
+            return c_BJ
+        live_B = rows
         cycles, log = read.cycles, read.log_BC
         self.ran(k, cycles - start, c_ran_BJ, live_B)
         if read.plain_steps:  # the loop's plain tail ran plain decoding to the end in the same call
@@ -70,9 +83,11 @@ class Calls:
         self.pool.add(*window_counts(log, start, cycles, k, max(self.steps), NO_LIMIT))
         return c_BJ
 
-    def plain(self, steps: int, tokens_B) -> None:
-        """Plain decoding ran `steps` steps that emitted `tokens_B` a row."""
+    def plain(self, steps: int, tokens_B, logged: bool = False) -> None:
+        """Plain decoding ran `steps` steps that emitted `tokens_B` a row (`logged`: as cycles of the acceptance log,
+        a plain call with probes)."""
         self.k_per_cycle += [0] * steps
+        self.unlogged += 0 if logged else steps
         self.tallies.append((0, steps, None, tokens_B))
 
     def ran(self, k: int, cycles: int, c_BJ, live_B) -> None:
@@ -114,6 +129,24 @@ def never_leaving(limit: int) -> np.ndarray:
     return rule_array(-np.inf, np.inf, 0, limit)
 
 
+def c1_counts(read: ProbeSummary, j_max: int):
+    """(hits_BJ, trials_BJ) of a plain call's last block: c_1 observed at every entry, the deeper positions not."""
+    hits, trials = np.zeros((read.b, j_max), np.float32), np.zeros((read.b, j_max), np.float32)
+    hits[:, 0], trials[:, 0] = read.c1_hits_B, read.c1_trials_B
+    return hits, trials
+
+
+def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int):
+    """A plain call's leaving test inputs (`probe_array`), or None where no c_1 would take the host off plain
+    decoding for the tokens the slowest live row still wants: plain decoding then runs to the end without probes."""
+    need_G = plain_leave_remaining(run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits, run.pool.trials,
+                                   policy.prior, policy.probe_every)
+    slowest = float(np.max(np.where(live_B, remaining_B, 0)))
+    if not need_G[-1] <= slowest:  # not even full acceptance pays the switch back
+        return None
+    return probe_array(need_G, min_steps, NO_LIMIT)
+
+
 def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool) -> list[tuple]:
     """The `Engine._compile` specs of the loops, one per K of the set in order (`state`: the prefilled state or its
     shapes): device loops (`spec_loop`, `plain_loop`) or, streamed, single cycles that also return their
@@ -139,7 +172,21 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
             fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
                                    max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=k in tails)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
+    if probes(engine, streamed):
+        fn = functools.partial(probe_loop, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens,
+                               width=policy.probe_every)
+        specs.append(("calls_loop_probe", fn, {}, (w, state, sp, probe_array(np.zeros(BAND_GRID), 0, 0)), (1,),
+                      baked + (policy.probe_every,)))
     return specs
+
+
+def probes(engine, streamed: bool) -> bool:
+    """Whether a plain call keeps the draft current and observes c_1 (`probe_loop`): plain decoding in the K set,
+    the EAGLE-3 draft's own predictions (a drafter plug is not what the catch-up's draft forward predicts with),
+    and the device loop (a streamed generation's plain steps run to the end)."""
+    policy = engine.adaptive
+    return (not streamed and policy.probe_every > 0 and engine.drafter is None
+            and 0 in policy.resolve_steps(engine.k))
 
 
 def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
@@ -226,7 +273,7 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
                               streamed=streamed)
     state, prefill_s, compile_s, lengths, *loops = engine._prefill(prompts, max_new_tokens, sampling, seed, True,
                                                                    then=specs, meanwhile=meanwhile)
-    programs = dict(zip(steps, loops))
+    programs = dict(zip(steps + ((PROBE,) if len(loops) > len(steps) else ()), loops))
     if "run" in early:
         run, (_, _, source, measure_s) = early["run"], early["costs"]
     else:
@@ -259,38 +306,60 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
     state, sp, prefill_s, compile_s, lengths, loops, run, (source, measure_s), first = _start(
         engine, prompts, max_new_tokens, sampling, seed, streamed=False)
     t0 = time.perf_counter()
+    call_probe = None if PROBE not in loops else lambda s, probe_F: loops[PROBE](engine.weights, s, sp, probe_F)
     state, spec_log, plain_from, c_BJ, host = drive(
         state, lambda k, s, rule: loops[k](engine.weights, s, sp, rule),
-        lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens, first)
+        lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens, first,
+        call_probe)
     decode_s = time.perf_counter() - t0
     c_BJ = run.settle(policy, c_BJ)
     return _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s, run, source, measure_s,
                    c_BJ, host)
 
 
-def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, first=None):
+def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, first=None, call_probe=None):
     """The calls of one generation from its prefilled state: `call_k(k, state, rule) -> (state, summary)` runs the
-    K loop (`spec_loop`), `call_plain(plain state) -> (state, summary)` plain decoding to the end (`plain_loop`);
-    `first`: the first call's (`first_call`), where computed already. Returns (the final state, the speculative
-    cycles' acceptance log where it ended in plain steps else None, the tokens each row had at the switch to plain
-    steps or None, the rows' last acceptance estimate, and a function that returns the final (generated_B,
-    out_tokens_BN) from what the host read: the decode ends with its tokens read back, as `Engine.generate`'s does,
-    and they are cut from that read once it has ended). The last call of K is left to `Calls.settle`, which tallies
-    its cycles and pools its counts after the decode's timing."""
+    K loop (`spec_loop`), `call_plain(plain state) -> (state, summary)` plain decoding to the end (`plain_loop`),
+    `call_probe(state, probe_F) -> (state, summary)` plain decoding with the draft's catch-ups until its test
+    leaves (`probe_loop`; None: plain decoding always runs to the end); `first`: the first call's (`first_call`),
+    where computed already. Returns (the final state, the acceptance log where it ended on plain decoding's state
+    else None, the tokens each row had at the switch to that state or None, the rows' last acceptance estimate,
+    and a function that returns the final (generated_B, out_tokens_BN) from what the host read: the decode ends
+    with its tokens read back, as `Engine.generate`'s does, and they are cut from that read once it has ended). The
+    last call is left to `Calls.settle`, which tallies it and pools its counts after the decode's timing."""
     window, margin, j_max = policy.window, policy.margin, max(run.steps)
     b, log_shape = state.pending.shape[0], state.accepted_log.shape
     # what the host knows of the rows, from each call's summary; the prefilled state is not read back, so the first
     # call follows the prefill without a wait (`first_call`)
     generated, done, cycles = np.ones(b, np.int64), np.zeros(b, bool), 0
     k, c_BJ, rule = first if first is not None else first_call(run, policy, b, max_new_tokens)
-    min_cycles = policy.min_cycles
-    while True:  # a call's summary says whether the batch is done; the plain loop always runs to the end
+    # a plain call's steps before its first test: each plain call runs at least twice the last one's, so a drafter
+    # whose probes and cycles disagree costs a few calls a generation, not one every block
+    min_cycles, probe_min_steps = policy.min_cycles, 0
+    while True:  # a call's summary says whether the batch is done; plain decoding's own loop runs to the end
         run.calls += 1
         if k == 0:
-            out, summary = call_plain(to_plain(state))
-            steps, final, out_tokens = read_plain_summary(summary, b)
-            run.plain(int(steps), final - generated)
-            return out, state.accepted_log, generated, c_BJ, lambda: (final, out_tokens)
+            probe_F = None if call_probe is None else probe_inputs(run, max_new_tokens - generated, ~done, policy,
+                                                                   probe_min_steps)
+            if probe_F is None:
+                out, summary = call_plain(to_plain(state))
+                steps, final, out_tokens = read_plain_summary(summary, b)
+                run.plain(int(steps), final - generated)
+                return out, state.accepted_log, generated, c_BJ, lambda: (final, out_tokens)
+            before = generated
+            state, summary = call_probe(state, probe_F)
+            read = ProbeSummary(summary, b)
+            if read.all_done:
+                run.unsettled = (read, cycles, 0, c_BJ, before)
+                return state, None, None, c_BJ, read.tokens
+            cycles, done, generated = read.cycles, read.done_B, read.generated_B
+            run.plain(read.steps, generated - before, logged=True)
+            hits, trials = c1_counts(read, j_max)
+            k_next, c_BJ = run.choose(hits, trials, max_new_tokens - generated, ~done, policy.prior, margin, 0)
+            run.pool.add(hits, trials)
+            probe_min_steps = min(max(policy.probe_every, 2 * probe_min_steps), NO_LIMIT)
+            min_cycles, k = policy.min_cycles, k_next
+            continue
         start, live_B = cycles, ~done
         if rule is None:
             rule = rule_inputs(run, k, max_new_tokens - generated, live_B, policy, min_cycles, NO_LIMIT)
@@ -390,14 +459,13 @@ def _result(state, spec_log, lengths, plain_from, prefill_s, decode_s, compile_s
     None."""
     generated, out_tokens = host() if host is not None else jax.device_get((state.generated, state.out_tokens))
     tokens = [out_tokens[i, : generated[i]].tolist() for i in range(len(generated))]
-    spec_cycles = sum(1 for k in run.k_per_cycle if k > 0)
+    logged = len(run.k_per_cycle) - run.unlogged  # cycles in the acceptance log (a probed plain step's accepts 0)
     log = jax.device_get(state.accepted_log if spec_log is None else spec_log)
-    accepted = [[int(a) for a in row[:spec_cycles] if a >= 0] for row in log]
-    plain_steps = run.k_per_cycle.count(0)
+    accepted = [[int(a) for a in row[:logged] if a >= 0] for row in log]
     if plain_from is not None:  # a plain step emits one token a live row and accepts nothing
         accepted = [row + [0] * int(generated[i] - plain_from[i]) for i, row in enumerate(accepted)]
     report = AdaptiveReport(run.steps, tuple(float(c) for c in run.costs), source, measure_s, list(run.k_per_cycle),
                             *run.expected(), float(run.switch_s),
                             np.asarray(c_BJ, float).tolist(), run.calls)
     return GenerationResult(tokens, accepted, [int(x) for x in lengths], prefill_s, decode_s, compile_s,
-                            spec_cycles + plain_steps, report)
+                            len(run.k_per_cycle), report)

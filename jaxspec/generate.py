@@ -99,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--no-speculative-adaptive: a fixed K")
     p.add_argument("--speculative-adaptive-kind", choices=ADAPTIVE_KINDS, default=None,
                    help="how adaptive speculation changes K: per_call (between calls of fixed-K programs; plain "
-                        "decoding, once chosen, runs to the end) or per_cycle (one program that can change K, and "
-                        "go back from plain decoding to drafting, every cycle) (default: per_call)")
+                        "decoding goes back to drafting where the draft, caught up every 32 plain steps, predicts "
+                        "well again) or per_cycle (one program that can change K every cycle) (default: per_call)")
     p.add_argument("--speculative-adaptive-costs", type=str, default=None, metavar="JSON",
                    help='ms per cycle for each K of the adaptive set, inline (\'{"0": 9.5, "1": 11, "2": 12, '
                         '"3": 13, "4": 14.5}\') or a JSON file (default: measured on the device at start-up)')

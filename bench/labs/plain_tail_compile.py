@@ -36,8 +36,9 @@ def one(layers: int, k: int, what: str, tiny: bool) -> float:
     spec_cfg, sw, state = abstract_pair(bench_config(layers, tiny), tiny)
     if what == "fixed":
         return timed_compile([fixed_loop_spec(spec_cfg, sw, state, k)])
-    steps, window, tails = PerCallPolicy(plain_tails=tails_of(what)).validate(k).compiled(k)
-    return timed_compile(per_call_specs(spec_cfg, sw, state, steps, window, tails))
+    policy = PerCallPolicy(plain_tails=tails_of(what)).validate(k)
+    steps, window, tails = policy.compiled(k)
+    return timed_compile(per_call_specs(spec_cfg, sw, state, steps, window, tails, policy.probe_every))
 
 
 def main(argv=None):
