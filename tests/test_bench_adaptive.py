@@ -145,3 +145,22 @@ def test_summarise_names_a_file_it_cannot_read(tmp_path):
         with pytest.raises(SystemExit) as e:
             adaptive_prompts.main(["--summarise", str(path)])
         assert isinstance(e.value.code, str) and e.value.code.startswith("--summarise") and str(path) in e.value.code
+
+
+def test_fresh_cli_times_new_engines_with_and_without_probes(tmp_path):
+    """bench.adaptive_fresh on one prompt, a few tokens: every engine's row, the adaptive engines built anew for each
+    run (their stretches cover the run's cycles), the random draft's row, and the markdown table."""
+    from bench import adaptive_fresh
+
+    result = adaptive_fresh.main(["--prompts", "2", "--k", "1", "--adaptive-max", "2", "--max-new-tokens", "8",
+                                  "--repeats", "1", "--dtype", "float32", "--out", str(tmp_path)])
+    assert [r["draft"] for r in result["rows"]] == ["trained", "random"]
+    for row in result["rows"]:
+        runs = row["runs"]
+        assert set(runs) == {"baseline", "K=1", "adaptive", "adaptive_no_probe"}
+        assert runs["adaptive"]["tokens"] == runs["baseline"]["tokens"] == runs["K=1"]["tokens"]
+        assert sum(n for _, n in runs["adaptive"]["k_runs"]) == runs["adaptive"]["cycles"]
+        assert row["summary"]["best_fixed"] == "K=1" and row["summary"]["speedup"]["baseline"] == 1.0
+    assert adaptive_fresh.k_runs([3, 3, 0, 0, 0, 4]) == [[3, 2], [0, 3], [4, 1]]
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert "| random |" in md and "no probes" in md
