@@ -418,6 +418,10 @@ def read_plain_summary(summary, b: int):
 # grid the tokens the slowest live row must still want for the host to leave (`plain_leave_remaining`), then the
 # steps the call runs before its first test, and the steps it may run at most.
 PROBE_MIN_STEPS, PROBE_LIMIT = BAND_GRID, BAND_GRID + 1
+# steps of a plain call's first block: the blocks double from it to the catch-up's width, so a text that turns
+# predictable soon after the draft lost it gets speculation back within a few steps, and a drafter that never
+# matches pays a few more catch-ups a call
+FIRST_BLOCK = 8
 
 
 def probe_array(need_G, min_steps: int, limit: int) -> np.ndarray:
@@ -426,10 +430,10 @@ def probe_array(need_G, min_steps: int, limit: int) -> np.ndarray:
 
 def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: SpecConfig, greedy: bool,
                max_new_tokens: int, width: int) -> tuple[SpecState, jax.Array]:
-    """Plain decode steps in blocks of `width`, each followed by the draft's catch-up over the block
-    (`jaxspec.adaptive.catch_up`: the draft cache written, c_1 observed at every entry), until the batch is done,
-    the limit of steps ran, or (after the minimum) a block's mean c_1 over the batch is one at which the host would
-    leave plain decoding for the tokens the slowest live row still wants (`probe_array`). The state is then as a
+    """Plain decode steps in blocks (FIRST_BLOCK steps, doubling up to `width`), each followed by the draft's
+    catch-up over the block (`jaxspec.adaptive.catch_up`: the draft cache written, c_1 observed at every entry),
+    until the batch is done, the limit of steps ran, or (after the minimum) a block's mean c_1 over the batch is one
+    at which the host would leave plain decoding for the tokens the slowest live row still wants (`probe_array`). The state is then as a
     speculative cycle expects it. Returns the state and its `probe_summary` (the last block's counts)."""
     b = state.pending.shape[0]
     start = state.cycles
@@ -440,11 +444,11 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
     grid = BAND_GRID - 1
 
     def block(carry):
-        s, _, _, _ = carry
+        s, _, _, _, size = carry
         first = s.cycles
 
         def more(c):
-            return jnp.any(~c[0].done) & (c[0].cycles - first < width) & (c[0].cycles - start < probe_F[PROBE_LIMIT])
+            return jnp.any(~c[0].done) & (c[0].cycles - first < size) & (c[0].cycles - start < probe_F[PROBE_LIMIT])
 
         step = lambda c: plain_decode(w, cfg, c[0], c[1], sp, greedy=greedy, max_new_tokens=max_new_tokens)  # noqa: E731
         s, backlog = jax.lax.while_loop(more, step, (s, empty))
@@ -456,11 +460,12 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
         leave = ((ran >= probe_F[PROBE_MIN_STEPS]) & (jnp.sum(trials_B1) > 0)
                  & (slowest >= probe_F[jnp.round(mean * grid).astype(jnp.int32)]))
         go = jnp.any(~s.done) & (ran < probe_F[PROBE_LIMIT]) & ~leave
-        return s, hits_B1[:, 0], trials_B1[:, 0], go
+        return s, hits_B1[:, 0], trials_B1[:, 0], go, jnp.minimum(2 * size, width)
 
     zero_B = jnp.zeros((b,), jnp.float32)
     go = jnp.any(~state.done) & (probe_F[PROBE_LIMIT] > 0)
-    state, hits_B, trials_B, _ = jax.lax.while_loop(lambda c: c[3], block, (state, zero_B, zero_B, go))
+    carry = (state, zero_B, zero_B, go, jnp.int32(min(FIRST_BLOCK, width)))
+    state, hits_B, trials_B, _, _ = jax.lax.while_loop(lambda c: c[3], block, carry)
     return state, probe_summary(state, state.cycles - start, hits_B, trials_B)
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (BAND_GRID, CallSummary, Pool, ProbeSummary, acceptance_BJ, better_k, expected_tokens_BN,
+from jaxspec.adaptive_calls import (BAND_GRID, FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ, better_k, expected_tokens_BN,
                                     finish_times_N, observed_GN, plain_leave_remaining, plain_loop, probe_array,
                                     probe_loop, read_plain_summary, rule_array, spec_loop, stay_band, to_plain,
                                     window_counts)
@@ -139,8 +139,10 @@ def c1_counts(read: ProbeSummary, j_max: int):
 def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int):
     """A plain call's leaving test inputs (`probe_array`), or None where no c_1 would take the host off plain
     decoding for the tokens the slowest live row still wants: plain decoding then runs to the end without probes."""
+    # priced for the call's first block, the fewest observations its test reads (the host's estimate weighs them
+    # against the prior, so a block of more observations would leave a little sooner)
     need_G = plain_leave_remaining(run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits, run.pool.trials,
-                                   policy.prior, policy.probe_every)
+                                   policy.prior, min(FIRST_BLOCK, policy.probe_every))
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
     if not need_G[-1] <= slowest:  # not even full acceptance pays the switch back
         return None

@@ -32,7 +32,7 @@ def probe_run(pair):
 
 
 def test_after_a_plain_call_the_draft_is_what_a_prefill_over_its_tokens_leaves(pair, probe_run):
-    """Six plain steps in blocks of 4 and 2, each caught up: the pending token, the target's length and the draft's
+    """Six plain steps in blocks of 4 and 2 (the catch-up's width), each caught up: the pending token, the target's length and the draft's
     prediction at the last position equal those of a prefill over the prompt and the tokens emitted before the
     pending one (a stale draft cache would predict from the prompt's positions only)."""
     eng, loop, prefilled = probe_run
@@ -137,10 +137,11 @@ def test_speculation_comes_back_where_the_text_turns_predictable():
     assert res.tokens == plain and res.adaptive.calls == 3
     first_plain = ks.index(0)
     back = first_plain + ks[first_plain:].index(next(k for k in ks[first_plain:] if k > 0))
-    assert 0 < first_plain <= 8 and set(ks[first_plain:back]) == {0} and back - first_plain == 32
+    # blocks of 8, 16, 32 steps: the call leaves after the block that sees the draft right again
+    assert 0 < first_plain <= 8 and set(ks[first_plain:back]) == {0} and back - first_plain in (8, 24)
     after = res.accepted[0][back:]
     assert set(ks[back:]) == {ks[back]} and np.mean(after) >= 2.0
-    assert len(res.accepted[0]) == len(ks) == res.cycles and res.stats.cycles == len(ks) - 32
+    assert len(res.accepted[0]) == len(ks) == res.cycles and res.stats.cycles == len(ks) - (back - first_plain)
 
     off = engine(0)
     stays = off.generate([prompt], n)
