@@ -136,7 +136,7 @@ def c1_counts(read: ProbeSummary, j_max: int):
     return hits, trials
 
 
-def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int):
+def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int, limit: int = NO_LIMIT):
     """A plain call's leaving test inputs (`probe_array`), or None where no c_1 would take the host off plain
     decoding for the tokens the slowest live row still wants: plain decoding then runs to the end without probes."""
     # priced for the call's first block, the fewest observations its test reads (the host's estimate weighs them
@@ -146,7 +146,7 @@ def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int):
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
     if not need_G[-1] <= slowest:  # not even full acceptance pays the switch back
         return None
-    return probe_array(need_G, min_steps, NO_LIMIT)
+    return probe_array(need_G, min_steps, limit)
 
 
 def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool) -> list[tuple]:
@@ -174,7 +174,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
             fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
                                    max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=k in tails)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
-    if probes(engine, streamed):
+    if probes(engine):
         fn = functools.partial(probe_loop, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens,
                                width=policy.probe_every)
         specs.append(("calls_loop_probe", fn, {}, (w, state, sp, probe_array(np.zeros(BAND_GRID), 0, 0)), (1,),
@@ -182,13 +182,12 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
     return specs
 
 
-def probes(engine, streamed: bool) -> bool:
-    """Whether a plain call keeps the draft current and observes c_1 (`probe_loop`): plain decoding in the K set,
-    the EAGLE-3 draft's own predictions (a drafter plug is not what the catch-up's draft forward predicts with),
-    and the device loop (a streamed generation's plain steps run to the end)."""
+def probes(engine) -> bool:
+    """Whether a plain call keeps the draft current and observes c_1 (`probe_loop`): plain decoding in the K set
+    and the EAGLE-3 draft's own predictions (a drafter plug is not what the catch-up's draft forward predicts
+    with). The device loop and streaming run the same program (streaming one block a call)."""
     policy = engine.adaptive
-    return (not streamed and policy.probe_every > 0 and engine.drafter is None
-            and 0 in policy.resolve_steps(engine.k))
+    return policy.probe_every > 0 and engine.drafter is None and 0 in policy.resolve_steps(engine.k)
 
 
 def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
@@ -387,7 +386,9 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
 def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
            pipelined: bool = True) -> Iterator[list[list[int]] | GenerationResult]:
     """`Engine.stream` by call: one cycle a call as fixed K streams, the rule run on the host between them from
-    the tokens each cycle emitted (a live row that emitted n tokens accepted n - 1 drafts)."""
+    the tokens each cycle emitted (a live row that emitted n tokens accepted n - 1 drafts). Plain decoding with
+    probes runs one block of FIRST_BLOCK steps a call (`probe_loop`), its tokens shown as the block ends, and the
+    host weighs the block's c_1 as `drive` does."""
     policy = engine.adaptive
     steps, window, _ = policy.compiled(engine.k)
     min_cycles, margin = policy.min_cycles, policy.margin
@@ -398,20 +399,42 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
     progress = read_progress(jax.device_get(state_progress(state)), b)
     k, c_BJ = run.choose(zeros, zeros, max_new_tokens - progress[0], ~progress[2], policy.prior, margin, None)
     shown = np.zeros(b, np.int64)
-    dispatched: list[int] = []  # K of every call queued (the past-the-end ones change nothing)
+    dispatched: list = []  # K of every call queued (PROBE: a plain block with probes; past-the-end calls change nothing)
     at_k: list[np.ndarray] = []  # accepted per row of each cycle observed since K last changed (-1: not live)
     plain_from = spec_log = None
+    probe_F = None  # where plain decoding runs with probes: the block calls' test inputs
+
+    def plain_inputs(generated, done):
+        if PROBE not in cycles_by_k:
+            return None
+        return probe_inputs(run, max_new_tokens - generated, ~done, policy, 0, limit=FIRST_BLOCK)
+
+    if k == 0:
+        probe_F = plain_inputs(progress[0], progress[2])
 
     def dispatch(s):
         nonlocal plain_from, spec_log
+        if k == 0 and probe_F is not None:
+            dispatched.append(PROBE)
+            s, summary = cycles_by_k[PROBE](engine.weights, s, sp, probe_F)
+            return s, (PROBE, summary)
         if k == 0 and plain_from is None:
             plain_from, spec_log = np.asarray(jax.device_get(s.generated)), s.accepted_log
             s = to_plain(s)
         dispatched.append(k)
-        return cycles_by_k[k](engine.weights, s, sp)
+        s, queued = cycles_by_k[k](engine.weights, s, sp)
+        return s, (k, queued)
+
+    def read(call):
+        kind, out = call
+        if kind == PROBE:
+            probed = ProbeSummary(jax.device_get(out), b)
+            generated_B, out_tokens_BN = probed.tokens()
+            return (generated_B, out_tokens_BN, probed.done_B), kind, probed
+        return read_progress(jax.device_get(out), b), kind, None
 
     decode_s, t0 = 0.0, time.perf_counter()
-    in_flight = None
+    in_flight, kind, probed = None, None, None  # the call whose progress is read now (None: the prefill's)
     if pipelined and not progress[2].all():
         state, in_flight = dispatch(state)
     while True:
@@ -422,9 +445,19 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
             decode_s += time.perf_counter() - t0
             yield new
             t0 = time.perf_counter()
+        if kind == PROBE:
+            run.plain(probed.steps, emitted, logged=True)
+        elif kind is not None and kind > 0 and (emitted > 0).any():
+            run.ran(kind, 1, c_BJ, emitted > 0)
         if done.all():
             break
-        if k > 0 and len(dispatched) > (1 if pipelined else 0):  # the cycle read now ran at the K before the last call
+        # a block read after the host took a K again (streaming queues one call ahead) decides nothing
+        if kind == PROBE and k == 0:  # the block's c_1 against the host's rule, as `drive` weighs a plain call
+            hits, trials = c1_counts(probed, j_max)
+            k, c_BJ = run.choose(hits, trials, max_new_tokens - generated, ~done, policy.prior, margin, 0)
+            run.pool.add(hits, trials)
+            probe_F = plain_inputs(generated, done) if k == 0 else None
+        elif kind == k and k > 0:  # a cycle of the K in use
             at_k.append(np.where(emitted > 0, emitted - 1, -1))
             if len(at_k) >= min_cycles:
                 log = np.stack(at_k[-window:], axis=1)
@@ -433,21 +466,16 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
                 if k_next != k:
                     run.pool.add(*window_counts(np.stack(at_k, axis=1), 0, len(at_k), k, j_max, NO_LIMIT))
                     at_k, k = [], k_next
+                    probe_F = plain_inputs(generated, done) if k == 0 else None
         state, queued = dispatch(state)
         if pipelined:
-            progress, in_flight = read_progress(jax.device_get(in_flight), b), queued
+            (progress, kind, probed), in_flight = read(in_flight), queued
         else:
-            progress = read_progress(jax.device_get(queued), b)
+            progress, kind, probed = read(queued)
     jax.block_until_ready(state)
     decode_s += time.perf_counter() - t0
     if at_k and k > 0:
         run.pool.add(*window_counts(np.stack(at_k, axis=1), 0, len(at_k), k, j_max, NO_LIMIT))
-    spec_cycles = int(state.cycles) if plain_from is None else None
-    ran = [kk for kk in dispatched if kk > 0]
-    if spec_cycles is None:  # the cycles before the switch to plain steps
-        spec_cycles = len(ran)
-    for kk in ran[:spec_cycles]:
-        run.ran(kk, 1, c_BJ, np.ones(b, bool))
     run.calls = len(dispatched)
     if plain_from is not None:
         run.plain(int(state.steps), np.asarray(jax.device_get(state.generated)) - plain_from)

@@ -1,6 +1,7 @@
 """Plain calls that keep the draft current (jaxspec.adaptive_calls.probe_loop): the draft after a plain call is what a
 prefill over the same tokens leaves, the call's test leaves where the host would, the host takes speculation back
-where the text turns predictable (the embedded pair), and plain decoding runs to the end where nothing could pay."""
+where the text turns predictable (the embedded pair; in the device loop and streamed), and plain decoding runs to
+the end where nothing could pay."""
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +143,15 @@ def test_speculation_comes_back_where_the_text_turns_predictable():
     after = res.accepted[0][back:]
     assert set(ks[back:]) == {ks[back]} and np.mean(after) >= 2.0
     assert len(res.accepted[0]) == len(ks) == res.cycles and res.stats.cycles == len(ks) - (back - first_plain)
+    # streamed: plain decoding a block of 8 steps a call, the same way back
+    events = list(engine(32).stream([prompt], n))
+    streamed = events[-1]
+    ks = streamed.adaptive.k_per_cycle
+    assert [sum((ev[0] for ev in events[:-1]), [])] == streamed.tokens == plain
+    first_plain = ks.index(0)
+    back = first_plain + ks[first_plain:].index(next(k for k in ks[first_plain:] if k > 0))
+    assert 0 < first_plain <= 8 and (back - first_plain) % 8 == 0 and back - first_plain <= 32
+    assert np.mean(streamed.accepted[0][back:]) >= 2.0 and len(streamed.accepted[0]) == len(ks) == streamed.cycles
 
     off = engine(0)
     stays = off.generate([prompt], n)
