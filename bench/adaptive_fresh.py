@@ -80,8 +80,8 @@ def markdown(res: dict) -> str:
              f"jaxspec/default_model ({res['dtype']}), greedy, {res['max_new_tokens']} new tokens, a new adaptive "
              f"engine each run (K up to {res['k_max']}); median of {res['repeats']} interleaved rounds. Cells: "
              "speed-up over plain decoding (its tok/s first); paired: median over rounds of the same-round ratio.", "",
-             "| draft | prompt | plain tok/s | " + " | ".join(fixed) + " | adaptive | no probes | adaptive / best fixed, "
-             "paired | adaptive / no probes, paired | adaptive's K stretches (last run) | no probes' (last run) |",
+             "| draft | prompt | plain tok/s | " + " | ".join(fixed) + " | adaptive | no probes | adaptive / best "
+             "fixed, paired | adaptive / no probes, paired | adaptive's K stretches (last run) | no probes' (last run) |",
              "|---" * (len(fixed) + 9) + "|"]
     for row in res["rows"]:
         s, runs = row["summary"], row["runs"]

@@ -1,7 +1,7 @@
 """`python -m bench.compile_adaptive`: what adaptive speculation by call costs to build against the fixed-K engine,
 by depth. The fixed-K engine compiles one device loop of K-draft cycles; adaptive by call compiles one loop per K of
-its set (`jaxspec.adaptive_calls.spec_loop`, `plain_loop` for K = 0, and `probe_loop`, plain decoding that keeps the
-draft current) side by side, as `Engine.generate` does
+its set (`jaxspec.adaptive_calls.spec_loop`, and for K = 0 `probe_loop`, plain decoding that keeps the draft
+current) side by side, as `Engine.generate` does
 (`jaxspec.sharded.compile_programs`: one thread a program). Kimi-K2.5 shapes with INT4 experts at batch 1 over a 1k
 context, built from shapes alone (nothing is drawn or run), JAX's persistent cache off so every compile is cold.
 Writes compile-adaptive-<device>-<date>.json and .md to --out.
@@ -21,13 +21,12 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bench.compile_depth import CONTEXT, abstract_target
 from bench.cycle import initial_state, spec_configs, spec_pair
 from bench.report import fmt, write_report
 from bench.step import bench_config
-from jaxspec.adaptive_calls import BAND_GRID, PerCallPolicy, plain_loop, probe_array, probe_loop, spec_loop, to_plain
+from jaxspec.adaptive_calls import PerCallPolicy, plain_loop, plain_to_the_end, probe_loop, spec_loop, to_plain
 from jaxspec.adaptive_calls_run import never_leaving
 from jaxspec.models import SpecWeights
 from jaxspec.sharded import compile_programs
@@ -61,12 +60,15 @@ def fixed_loop_spec(spec_cfg, sw, state, k: int):
 
 def per_call_specs(spec_cfg, sw, state, steps: tuple[int, ...], window: int, tails: tuple[int, ...],
                    probe_every: int):
-    """Adaptive by call's programs for the K set `steps` (the K in `tails` with their plain tail; with plain
-    decoding in the set and `probe_every` > 0, last, the plain loop that keeps the draft current), as
-    `jaxspec.adaptive_calls_run._programs` builds them."""
+    """Adaptive by call's programs for the K set `steps` (the K in `tails` with their plain tail; K = 0 the plain
+    loop that keeps the draft current, or with `probe_every` 0 plain decoding's own loop), as
+    `jaxspec.adaptive_calls_run._programs` builds them for the EAGLE-3 draft."""
     specs = []
     for k in steps:
-        if k == 0:
+        if k == 0 and probe_every > 0:
+            fn = functools.partial(probe_loop, cfg=spec_cfg, greedy=True, max_new_tokens=MAX_NEW, width=probe_every)
+            specs.append((lambda w, s, f, fn=fn: fn(w, s, {}, f), (sw, state, plain_to_the_end(0)), (1,)))
+        elif k == 0:
             fn = functools.partial(plain_loop, cfg=spec_cfg, greedy=True, max_new_tokens=MAX_NEW)
             specs.append((lambda w, s, n, fn=fn: fn(w, s, {}, n), (sw, jax.eval_shape(to_plain, state),
                                                                     jax.ShapeDtypeStruct((), jnp.int32)), (1,)))
@@ -74,10 +76,6 @@ def per_call_specs(spec_cfg, sw, state, steps: tuple[int, ...], window: int, tai
             fn = functools.partial(spec_loop, cfg=spec_cfg, k=k, window=window, greedy=True, max_new_tokens=MAX_NEW,
                                    plain_tail=k in tails)
             specs.append((lambda w, s, r, fn=fn: fn(w, s, {}, r), (sw, state, never_leaving(0)), (1,)))
-    if 0 in steps and probe_every > 0:
-        fn = functools.partial(probe_loop, cfg=spec_cfg, greedy=True, max_new_tokens=MAX_NEW, width=probe_every)
-        specs.append((lambda w, s, f, fn=fn: fn(w, s, {}, f), (sw, state, probe_array(np.zeros(BAND_GRID), 0, 0)),
-                      (1,)))
     return specs
 
 
@@ -126,8 +124,8 @@ def main(argv=None):
             row = dict(layers=layers, fixed_s=timed_compile([fixed_loop_spec(spec_cfg, sw, state, args.k)]))
             specs = per_call_specs(spec_cfg, sw, state, steps, window, tails, policy.probe_every)
             row["per_call_s"] = timed_compile(specs)
-            if args.alone:  # the largest K's loop
-                row["slowest_alone_s"] = timed_compile(specs[len(steps) - 1:len(steps)])
+            if args.alone:
+                row["slowest_alone_s"] = timed_compile(specs[-1:])
             result["rows"].append(row)
             print(f"{layers:3d} layers: fixed K={args.k} {row['fixed_s']:.2f} s, by call {row['per_call_s']:.2f} s "
                   f"({row['per_call_s'] / row['fixed_s']:.2f}x)", flush=True)

@@ -30,15 +30,16 @@ of that K waits twice as many cycles before its first test, so a band that is to
 every `min_cycles`.
 
 Plain decoding and the draft. A plain step does not run the draft, so the draft's cache misses the positions it
-skipped. A plain call therefore keeps the draft current where speculation could still pay (`probe_loop`): every
-`probe_every` plain steps one draft forward over them (`jaxspec.adaptive.catch_up`) writes the draft cache and
+skipped. A plain call therefore keeps the draft current where speculation could still pay (`probe_loop`): after each
+block of plain steps (FIRST_BLOCK, doubling to `probe_every`) one draft forward over them
+(`jaxspec.adaptive.catch_up`) writes the draft cache and
 observes c_1 for free (the draft's prediction at each position against the token the target emitted), and the call
 ends where that block's c_1 says the host would leave plain decoding for a K (`plain_leave_remaining`: per flat c_1,
 the fewest tokens still wanted for which the switch pays), so a prompt whose text turns predictable after a stretch
 the draft could not follow gets speculation back. That is one call for a drafter that never matches, as before,
-switched off within `min_cycles` cycles of the first call, and a catch-up's draft forward every `probe_every`
-steps. Where no K could pay even at full acceptance (a CPU's cost table, a drafter plug the probe cannot observe, a
-few tokens left), the state is converted (`to_plain`) and the plain loop runs to the end without catch-ups. The
+switched off within `min_cycles` cycles of the first call, and a catch-up's draft forward a block. Where no K could pay even at full acceptance (a CPU's cost table, a few tokens left) the plain call runs to
+the end as one block (`plain_to_the_end`), and without probes (a drafter plug, whose drafts the catch-up's draft
+forward does not predict) the state is converted (`to_plain`) for plain decoding's own loop. The
 loops of the K in `plain_tails` go on with plain decoding in their own call where their test leaves for it (the
 band's `plain_high`), so that switch costs no call, which on a small model is the price of a few plain steps; that
 tail runs to the end. Each tail compiles a plain step into its loop, and a tail on every K would take the 61-layer
@@ -415,26 +416,34 @@ def read_plain_summary(summary, b: int):
 
 
 # What a plain call's leaving test reads besides the state (`probe_loop`), one float32 array: per c_1 of the band's
-# grid the tokens the slowest live row must still want for the host to leave (`plain_leave_remaining`), then the
-# steps the call runs before its first test, and the steps it may run at most.
-PROBE_MIN_STEPS, PROBE_LIMIT = BAND_GRID, BAND_GRID + 1
+# grid the tokens the slowest live row must still want for the host to leave (`plain_leave_remaining`), the steps
+# the call runs before its first test, the steps it may run at most, and the steps of its first block.
+PROBE_MIN_STEPS, PROBE_LIMIT, PROBE_FIRST_BLOCK = BAND_GRID, BAND_GRID + 1, BAND_GRID + 2
 # steps of a plain call's first block: the blocks double from it to the catch-up's width, so a text that turns
 # predictable soon after the draft lost it gets speculation back within a few steps, and a drafter that never
 # matches pays a few more catch-ups a call
 FIRST_BLOCK = 8
 
 
-def probe_array(need_G, min_steps: int, limit: int) -> np.ndarray:
-    return np.concatenate([np.asarray(need_G, np.float32), np.array([min_steps, limit], np.float32)])
+def probe_array(need_G, min_steps: int, limit: int, first_block: int) -> np.ndarray:
+    return np.concatenate([np.asarray(need_G, np.float32), np.array([min_steps, limit, first_block], np.float32)])
+
+
+def plain_to_the_end(limit: int) -> np.ndarray:
+    """A plain call that never leaves and never catches up before its end: one block of at most `limit` steps (its
+    one catch-up, at the end, sees only the block's first entries; the draft is left behind, as nothing drafts
+    after it). The cost table's plain rounds run it too."""
+    return probe_array(np.full(BAND_GRID, np.inf), 0, limit, limit)
 
 
 def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: SpecConfig, greedy: bool,
                max_new_tokens: int, width: int) -> tuple[SpecState, jax.Array]:
-    """Plain decode steps in blocks (FIRST_BLOCK steps, doubling up to `width`), each followed by the draft's
-    catch-up over the block (`jaxspec.adaptive.catch_up`: the draft cache written, c_1 observed at every entry),
-    until the batch is done, the limit of steps ran, or (after the minimum) a block's mean c_1 over the batch is one
-    at which the host would leave plain decoding for the tokens the slowest live row still wants (`probe_array`). The state is then as a
-    speculative cycle expects it. Returns the state and its `probe_summary` (the last block's counts)."""
+    """Plain decode steps in blocks (the first of `probe_array`'s steps, doubling up to `width`), each followed by
+    the draft's catch-up over the block (`jaxspec.adaptive.catch_up`: the draft cache written, c_1 observed at
+    every entry), until the batch is done, the limit of steps ran, or (after the minimum) a block's mean c_1 over
+    the batch is one at which the host would leave plain decoding for the tokens the slowest live row still wants.
+    The state is then as a speculative cycle expects it (but after a block longer than `width`:
+    `plain_to_the_end`). Returns the state and its `probe_summary` (the last block's counts)."""
     b = state.pending.shape[0]
     start = state.cycles
     aux = len(cfg.target.aux_layer_ids) * cfg.target.hidden_size
@@ -448,9 +457,12 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
         first = s.cycles
 
         def more(c):
-            return jnp.any(~c[0].done) & (c[0].cycles - first < size) & (c[0].cycles - start < probe_F[PROBE_LIMIT])
+            in_block = (c[0].cycles - first).astype(jnp.float32) < size
+            return jnp.any(~c[0].done) & in_block & ((c[0].cycles - start).astype(jnp.float32) < probe_F[PROBE_LIMIT])
 
-        step = lambda c: plain_decode(w, cfg, c[0], c[1], sp, greedy=greedy, max_new_tokens=max_new_tokens)  # noqa: E731
+        def step(c):
+            return plain_decode(w, cfg, c[0], c[1], sp, greedy=greedy, max_new_tokens=max_new_tokens)
+
         s, backlog = jax.lax.while_loop(more, step, (s, empty))
         # counts from zero with no discount (ema 0): the block's own observations
         s, _, (hits_B1, trials_B1) = catch_up(w, cfg, s, backlog, (none_B1, none_B1), sp, greedy=greedy, ema=0.0)
@@ -460,11 +472,12 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
         leave = ((ran >= probe_F[PROBE_MIN_STEPS]) & (jnp.sum(trials_B1) > 0)
                  & (slowest >= probe_F[jnp.round(mean * grid).astype(jnp.int32)]))
         go = jnp.any(~s.done) & (ran < probe_F[PROBE_LIMIT]) & ~leave
-        return s, hits_B1[:, 0], trials_B1[:, 0], go, jnp.minimum(2 * size, width)
+        return s, hits_B1[:, 0], trials_B1[:, 0], go, jnp.minimum(2 * size, cap)
 
     zero_B = jnp.zeros((b,), jnp.float32)
     go = jnp.any(~state.done) & (probe_F[PROBE_LIMIT] > 0)
-    carry = (state, zero_B, zero_B, go, jnp.int32(min(FIRST_BLOCK, width)))
+    cap = jnp.maximum(probe_F[PROBE_FIRST_BLOCK], width)  # a first block past the width is the whole call
+    carry = (state, zero_B, zero_B, go, jnp.minimum(probe_F[PROBE_FIRST_BLOCK], cap))
     state, hits_B, trials_B, _, _ = jax.lax.while_loop(lambda c: c[3], block, carry)
     return state, probe_summary(state, state.cycles - start, hits_B, trials_B)
 

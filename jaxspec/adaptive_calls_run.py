@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (BAND_GRID, FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ, better_k, expected_tokens_BN,
-                                    finish_times_N, observed_GN, plain_leave_remaining, plain_loop, probe_array,
-                                    probe_loop, read_plain_summary, rule_array, spec_loop, stay_band, to_plain,
-                                    window_counts)
+from jaxspec.adaptive_calls import (BAND_GRID, FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ,
+                                    better_k, expected_tokens_BN, finish_times_N, observed_GN, plain_leave_remaining,
+                                    plain_loop, plain_to_the_end, probe_array, probe_loop, read_plain_summary,
+                                    rule_array, spec_loop, stay_band, to_plain, window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -26,7 +26,9 @@ from jaxspec.state import new_tokens, read_progress, with_progress
 from jaxspec.state import progress as state_progress
 
 NO_LIMIT = np.iinfo(np.int32).max
-PROBE = "probe"  # the key of the plain loop with the draft's catch-ups among a generation's programs (`probe_loop`)
+# the key of the plain loop with the draft's catch-ups among a generation's programs (`probe_loop`); in the device
+# loop it is K = 0's program too
+PROBE = "probe"
 
 
 @dataclasses.dataclass
@@ -146,23 +148,28 @@ def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int, limit:
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
     if not need_G[-1] <= slowest:  # not even full acceptance pays the switch back
         return None
-    return probe_array(need_G, min_steps, limit)
+    return probe_array(need_G, min_steps, limit, min(FIRST_BLOCK, policy.probe_every))
 
 
 def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool) -> list[tuple]:
     """The `Engine._compile` specs of the loops, one per K of the set in order (`state`: the prefilled state or its
-    shapes): device loops (`spec_loop`, `plain_loop`) or, streamed, single cycles that also return their
-    progress."""
+    shapes): device loops (`spec_loop`; for K = 0 `probe_loop` where plain calls probe, else `plain_loop`) or,
+    streamed, single cycles that also return their progress, then `probe_loop` where plain calls probe."""
     policy = engine.adaptive
     steps, window, tails = policy.compiled(engine.k)
     plain_state = to_plain(state)  # a restructuring: its shapes need no trace
     w = engine.weights
     baked = (greedy, max_new_tokens, policy.compiled(engine.k))
+    probe = ("calls_loop_probe", functools.partial(probe_loop, cfg=engine.cfg, greedy=greedy,
+                                                   max_new_tokens=max_new_tokens, width=policy.probe_every),
+             {}, (w, state, sp, plain_to_the_end(0)), (1,), baked + (policy.probe_every,))
     specs = []
     for k in steps:
         if k == 0 and streamed:
             step = functools.partial(baseline_step, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
             specs.append(("calls_cycle_plain", with_progress(step), {}, (w, plain_state, sp), (1,), baked))
+        elif k == 0 and probes(engine):
+            specs.append(probe)
         elif k == 0:
             fn = functools.partial(plain_loop, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
             specs.append(("calls_loop_plain", fn, {}, (w, plain_state, sp, jnp.int32(0)), (1,), baked))
@@ -174,12 +181,17 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
             fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
                                    max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=k in tails)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
-    if probes(engine):
-        fn = functools.partial(probe_loop, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens,
-                               width=policy.probe_every)
-        specs.append(("calls_loop_probe", fn, {}, (w, state, sp, probe_array(np.zeros(BAND_GRID), 0, 0)), (1,),
-                      baked + (policy.probe_every,)))
+    if streamed and probes(engine):
+        specs.append(probe)
     return specs
+
+
+def _keyed(steps: tuple[int, ...], loops: list, engine, streamed: bool) -> dict:
+    """{K: program} (`_program_specs`' order), with the plain loop that probes under PROBE where there is one."""
+    programs = dict(zip(steps, loops))
+    if probes(engine):
+        programs[PROBE] = loops[-1] if streamed else programs[0]
+    return programs
 
 
 def probes(engine) -> bool:
@@ -195,7 +207,7 @@ def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bo
     seconds)."""
     steps = engine.adaptive.resolve_steps(engine.k)
     built = engine._compile_together(_program_specs(engine, state, sp, greedy, max_new_tokens, streamed))
-    return {k: program for k, (program, _) in zip(steps, built)}, sum(c for _, c in built)
+    return _keyed(steps, [program for program, _ in built], engine, streamed), sum(c for _, c in built)
 
 
 def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
@@ -209,14 +221,18 @@ def _cost_table(engine, state, sp, programs, greedy: bool, streamed: bool):
     steps = policy.resolve_steps(engine.k)
     key = engine.cost_key(state, greedy, "per_call_stream" if streamed else "per_call")
 
+    probed = probes(engine) and not streamed  # K = 0's device loop is the plain loop that probes
+
     def run_forced(copy, branch, n):
         k, program = steps[branch], programs[steps[branch]]
-        s = to_plain(copy) if k == 0 else copy
-        count = (lambda x: int(x.steps)) if k == 0 else (lambda x: int(x.cycles))
+        s = to_plain(copy) if k == 0 and not probed else copy
+        count = (lambda x: int(x.steps)) if k == 0 and not probed else (lambda x: int(x.cycles))
         start = count(s)
         if streamed:
             for _ in range(n):
                 s, _ = program(engine.weights, s, sp)
+        elif k == 0 and probed:
+            s, _ = program(engine.weights, s, sp, plain_to_the_end(n))
         elif k == 0:
             s, _ = program(engine.weights, s, sp, np.int32(n))
         else:
@@ -274,7 +290,7 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
                               streamed=streamed)
     state, prefill_s, compile_s, lengths, *loops = engine._prefill(prompts, max_new_tokens, sampling, seed, True,
                                                                    then=specs, meanwhile=meanwhile)
-    programs = dict(zip(steps + ((PROBE,) if len(loops) > len(steps) else ()), loops))
+    programs = _keyed(steps, loops, engine, streamed)
     if "run" in early:
         run, (_, _, source, measure_s) = early["run"], early["costs"]
     else:
@@ -308,6 +324,7 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
         engine, prompts, max_new_tokens, sampling, seed, streamed=False)
     t0 = time.perf_counter()
     call_probe = None if PROBE not in loops else lambda s, probe_F: loops[PROBE](engine.weights, s, sp, probe_F)
+    # without probes: plain decoding's own loop over the converted state
     state, spec_log, plain_from, c_BJ, host = drive(
         state, lambda k, s, rule: loops[k](engine.weights, s, sp, rule),
         lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens, first,
@@ -342,6 +359,8 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
         if k == 0:
             probe_F = None if call_probe is None else probe_inputs(run, max_new_tokens - generated, ~done, policy,
                                                                    probe_min_steps)
+            if probe_F is None and call_probe is not None:  # nothing could pay: no catch-up before the end
+                probe_F = plain_to_the_end(NO_LIMIT)
             if probe_F is None:
                 out, summary = call_plain(to_plain(state))
                 steps, final, out_tokens = read_plain_summary(summary, b)
@@ -399,7 +418,7 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
     progress = read_progress(jax.device_get(state_progress(state)), b)
     k, c_BJ = run.choose(zeros, zeros, max_new_tokens - progress[0], ~progress[2], policy.prior, margin, None)
     shown = np.zeros(b, np.int64)
-    dispatched: list = []  # K of every call queued (PROBE: a plain block with probes; past-the-end calls change nothing)
+    dispatched: list = []  # K of every call queued (PROBE: a plain block; past-the-end calls change nothing)
     at_k: list[np.ndarray] = []  # accepted per row of each cycle observed since K last changed (-1: not live)
     plain_from = spec_log = None
     probe_F = None  # where plain decoding runs with probes: the block calls' test inputs

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.adaptive_calls import (BAND_GRID, PerCallPolicy, ProbeSummary, Pool, plain_leave_remaining, probe_array,
-                                    probe_loop)
+from jaxspec.adaptive_calls import (BAND_GRID, PerCallPolicy, ProbeSummary, Pool, plain_leave_remaining,
+                                    plain_to_the_end, probe_array, probe_loop)
 from jaxspec.adaptive_calls_run import Calls, probe_inputs
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
@@ -20,7 +20,7 @@ COSTS = ((0, 1.0), (1, 1.6), (2, 1.8), (3, 2.0))  # speculation pays only with h
 
 
 def never(min_steps: int = 0, limit: int = 1000) -> np.ndarray:
-    return probe_array(np.full(BAND_GRID, np.inf), min_steps, limit)
+    return probe_array(np.full(BAND_GRID, np.inf), min_steps, limit, 4)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,9 @@ def probe_run(pair):
 
 
 def test_after_a_plain_call_the_draft_is_what_a_prefill_over_its_tokens_leaves(pair, probe_run):
-    """Six plain steps in blocks of 4 and 2 (the catch-up's width), each caught up: the pending token, the target's length and the draft's
-    prediction at the last position equal those of a prefill over the prompt and the tokens emitted before the
-    pending one (a stale draft cache would predict from the prompt's positions only)."""
+    """Six plain steps in blocks of 4 and 2 (the catch-up's width), each caught up: the pending token, the target's
+    length and the draft's prediction at the last position equal those of a prefill over the prompt and the tokens
+    emitted before the pending one (a stale draft cache would predict from the prompt's positions only)."""
     eng, loop, prefilled = probe_run
     out, summary = loop(prefilled(), never(limit=6))
     read = ProbeSummary(summary, len(PROMPTS_3))
@@ -63,14 +63,28 @@ def test_a_plain_call_leaves_after_a_block_whose_c1_pays_the_switch(probe_run):
     table of zeros leaves after the first block, its minimum of steps holds it for whole blocks, and an all-inf
     table runs to the end of the batch."""
     _, loop, prefilled = probe_run
-    leave = probe_array(np.zeros(BAND_GRID), 0, 1000)
+    leave = probe_array(np.zeros(BAND_GRID), 0, 1000, 4)
     assert ProbeSummary(loop(prefilled(), leave)[1], 3).steps == 4
-    leave_late = probe_array(np.zeros(BAND_GRID), 6, 1000)
+    leave_late = probe_array(np.zeros(BAND_GRID), 6, 1000, 4)
     assert ProbeSummary(loop(prefilled(), leave_late)[1], 3).steps == 8  # the second block reaches 6
     # a table the slowest row's wants never reach: to the end
-    out, summary = loop(prefilled(), probe_array(np.full(BAND_GRID, MAX_NEW + 1.0), 0, 1000))
+    out, summary = loop(prefilled(), probe_array(np.full(BAND_GRID, MAX_NEW + 1.0), 0, 1000, 4))
     read = ProbeSummary(summary, 3)
     assert read.all_done and read.steps == MAX_NEW - 1 and (np.asarray(out.generated) == MAX_NEW).all()
+    # plain decoding to the end (or the limit): one block, never a test before it
+    assert ProbeSummary(loop(prefilled(), plain_to_the_end(9))[1], 3).steps == 9
+
+
+def test_a_plain_calls_blocks_double_from_the_first_up_to_the_width(pair, probe_run):
+    """Width 8, a first block of 2: blocks of 2, 4, 8, 8 steps; a test after the minimum of 5 steps leaves after
+    the second block (6 steps), one after 7 after the third (14), and the last block's counts are its own."""
+    cfg, w = pair
+    _, _, prefilled = probe_run
+    loop = jax.jit(lambda s, probe_F: probe_loop(w, s, {}, probe_F, cfg=cfg, greedy=True, max_new_tokens=MAX_NEW,
+                                                 width=8))
+    for min_steps, steps, last_block in ((5, 6, 4), (7, 14, 8), (15, 22, 8)):
+        read = ProbeSummary(loop(prefilled(), probe_array(np.zeros(BAND_GRID), min_steps, 1000, 2))[1], 3)
+        assert read.steps == steps and read.c1_trials_B.tolist() == [last_block] * 3
 
 
 def test_the_plain_calls_table_follows_the_hosts_choice():
@@ -94,7 +108,7 @@ def test_the_plain_calls_table_follows_the_hosts_choice():
     assert probe_inputs(run([1.0, 2.0, 3.0, 4.0], 0.0), np.array([20, 3]), live, policy, 0) is None
     assert probe_inputs(run(cost, 100.0), np.array([20, 3]), live, policy, 0) is None
     got = probe_inputs(run(cost, 2.0), np.array([200, 3]), live, policy, 16)
-    assert got.shape == (BAND_GRID + 2,) and got[BAND_GRID] == 16
+    assert got.shape == (BAND_GRID + 3,) and got[BAND_GRID] == 16 and got[-1] == 8  # the first block
 
 
 def test_a_drafter_plug_or_no_probes_keep_plain_decoding_to_the_end(pair):

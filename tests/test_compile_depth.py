@@ -88,8 +88,8 @@ def test_the_gpu_program_lowers_each_kernel_once_whatever_the_depth(as_on_a_hopp
 
 def test_the_adaptive_build_bench_lowers_what_the_by_call_engine_compiles():
     """bench.compile_adaptive's programs: the fixed engine's loop and one loop per K of the by-call set, K = 0 the
-    plain loop over the converted state, and the plain loop that keeps the draft current; each lowers at the bench's
-    shapes, and the table reads their ratio."""
+    plain loop that keeps the draft current (without probes, the plain loop over the converted state); each lowers
+    at the bench's shapes, and the table reads their ratio."""
     from bench import compile_adaptive
     from jaxspec.adaptive_calls import PerCallPolicy
 
@@ -97,6 +97,7 @@ def test_the_adaptive_build_bench_lowers_what_the_by_call_engine_compiles():
     steps, window, tails = PerCallPolicy().compiled(2)
     specs = [compile_adaptive.fixed_loop_spec(spec_cfg, sw, state, 2)]
     specs += compile_adaptive.per_call_specs(spec_cfg, sw, state, steps, window, tails, PerCallPolicy().probe_every)
+    specs += compile_adaptive.per_call_specs(spec_cfg, sw, state, (0,), window, (), 0)
     assert steps == (0, 1, 2) and len(specs) == 5
     for fn, args, donate in specs:
         assert "while" in jax.jit(fn, donate_argnums=donate).lower(*args).as_text()
