@@ -90,3 +90,19 @@ def test_in_the_prompt_benchs_order_each_prompt_follows_its_own_generations(tmp_
     for r, s in zip(rotated, sequential):
         assert s["adaptive"]["default"]["over_best"] >= r["adaptive"]["default"]["over_best"] - 1e-9
     assert sequential[0]["adaptive"]["default"]["over_best"] > rotated[0]["adaptive"]["default"]["over_best"]
+
+
+def test_plain_calls_probe_as_the_engines_do():
+    """A text the draft cannot follow for its first 10 tokens, then always: the first call leaves for plain
+    decoding, whose blocks (8, 16) see the draft right again, and the host speculates for the rest; without probes
+    plain decoding runs to the end. A text it never follows: plain to the end either way, in one plain call."""
+    from bench.labs.calls_replay import H200_EMBEDDED
+
+    turns = on_text(np.array([0] * 10 + [4] * 200))
+    probed = replay(turns, PerCallPolicy(), *H200_EMBEDDED, 128)
+    ks = probed["ks"]
+    assert ks[:4] == [3] * 4 and ks[4:28] == [0] * 24 and set(ks[28:]) == {4} and probed["calls"] == 3
+    unprobed = replay(turns, PerCallPolicy(probe_every=0), *H200_EMBEDDED, 128)
+    assert set(unprobed["ks"][4:]) == {0} and probed["tokens_per_s"] > 1.3 * unprobed["tokens_per_s"]
+    never = replay(on_text(np.zeros(210, int)), PerCallPolicy(), *H200_EMBEDDED, 128)
+    assert set(never["ks"][4:]) == {0} and never["calls"] == 2

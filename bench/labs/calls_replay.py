@@ -7,8 +7,9 @@ few percent between runs: too coarse to choose between versions of the host rule
 simulated device: a call at K runs cycles whose accepted drafts are drawn as the controllable drafter draws them
 (each position right with probability a, independently; a cycle accepts the drafts before the first wrong one),
 with `spec_loop`'s leaving test (the mean over the call's last `window` cycles against the band after the call's
-minimum). Time is priced, not measured: each cycle costs the cost table's t(K), and every call after the first
-the price of one more call. Fixed K is priced the same way (one call). What it cannot hold: the by-call engine's
+minimum), and plain calls with `probe_loop`'s blocks and test (each plain step's c_1 observed as a draft of one
+would be accepted there). Time is priced, not measured: each cycle costs the cost table's t(K) (the plain calls'
+catch-ups nothing), and every call after the first the price of one more call. Fixed K is priced the same way (one call). What it cannot hold: the by-call engine's
 cost at the same K beyond its cycles (a few tenths of a ms a call on the H200, docs/performance.md), and any drift
 of the cost table. Per a: mean tok/s over --seeds generations of fixed K = 0..4 and of each policy variant, and
 adaptive over the best fixed K.
@@ -33,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxspec.adaptive_calls import (RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, RULE_PLAIN_HIGH, PerCallPolicy,
-                                    Pool, rule_array)
+from jaxspec.adaptive_calls import (BAND_GRID, PROBE_FIRST_BLOCK, PROBE_LIMIT, PROBE_MIN_STEPS, RULE_HIGH, RULE_LIMIT,
+                                    RULE_LOW, RULE_MIN_CYCLES, RULE_PLAIN_HIGH, PerCallPolicy, Pool, rule_array)
 from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, first_call
 
 # the 4-layer K2.5-shaped model on the H200 (bench/results/wave3/adaptive-vary-seed-1723): ms per cycle, one more call
@@ -112,6 +113,40 @@ def simulated_call(draw, max_new: int, window: int, tails: tuple[int, ...]):
     return call
 
 
+def simulated_probe(draw, max_new: int, width: int):
+    """`call_probe(state, probe_F) -> (state, summary)` for `drive`: `probe_loop`'s blocks of plain steps and its
+    leaving test; each plain step's c_1 observation is whether a draft of one there would be accepted
+    (`draw(1, generated)`). The catch-ups' draft forwards are not priced."""
+
+    def call(s, probe_F):
+        probe_F = np.asarray(probe_F)
+        log, generated, cycles = s.accepted_log.copy(), int(s.generated[0]), s.cycles
+        start, size = cycles, float(probe_F[PROBE_FIRST_BLOCK])
+        cap = max(size, width)
+        hits = trials = 0.0
+        while generated < max_new and cycles - start < probe_F[PROBE_LIMIT]:
+            hits = trials = 0.0
+            first = cycles
+            while generated < max_new and cycles - first < size and cycles - start < probe_F[PROBE_LIMIT]:
+                hits, trials = hits + draw(1, generated), trials + 1.0
+                log[0, cycles] = 0
+                generated, cycles = generated + 1, cycles + 1
+            size = min(2 * size, cap)
+            slowest = max_new - generated if generated < max_new else 0
+            mean = hits / max(trials, 1.0)
+            if (cycles - start >= probe_F[PROBE_MIN_STEPS] and trials > 0
+                    and slowest >= probe_F[int(round(mean * (BAND_GRID - 1)))]):
+                break
+        done = np.array([generated >= max_new])
+        out = SimState(s.pending, log, done, np.array([generated]), s.out_tokens, cycles)
+        bits = np.array([hits, trials], np.float32).view(np.int32)
+        summary = np.concatenate([[int(done.all()), cycles, cycles - start], bits, [generated],
+                                  done.astype(np.int64), s.out_tokens.reshape(-1)]).astype(np.int32)
+        return out, summary
+
+    return call
+
+
 def replay(draw, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new: int, probe_first: bool = False,
            pool: Pool | None = None) -> dict:
     """One generation of `max_new` tokens by call: tok/s (tokens after the first), its calls and its K a cycle.
@@ -136,7 +171,9 @@ def replay(draw, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new: int
                         steps=plain_steps[-1]), summary
 
     tails = policy.resolve_tails(len(costs_ms) - 1)
-    drive(state, simulated_call(draw, max_new, policy.window, tails), call_plain, run, policy, max_new, first)
+    # plain calls probe as the engine's do with its EAGLE-3 draft (`adaptive_calls_run.probes`)
+    probe = simulated_probe(draw, max_new, policy.probe_every) if policy.probe_every > 0 and 0 in steps else None
+    drive(state, simulated_call(draw, max_new, policy.window, tails), call_plain, run, policy, max_new, first, probe)
     run.settle(policy, None)  # the last call's counts reach the pool, as after the engine's timing
     ks = run.k_per_cycle
     seconds = sum(costs_ms[k] for k in ks) * 1e-3 + (run.calls - 1) * switch_ms * 1e-3
