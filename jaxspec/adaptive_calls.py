@@ -339,15 +339,13 @@ def call_summary(state: SpecState, plain_steps=None, plain_from_B=None) -> jax.A
                                     progress(state)]))
 
 
-class CallSummary:
-    """`call_summary` read back on the host (numpy): one array, each field cut from it where it is read. After a
-    generation's last call the host reads whether every row is done and ends the decode; the rest is cut once the
-    tokens are out. On a GPU each operation the host runs there costs several times what it costs warm (the host
-    thread has waited through the device's loop), so they are kept out of the decode's time."""
+class CallRead:
+    """What every call's summary starts with (whether every row is done, the cycles the state has run, the plain
+    steps the call ran) and ends with (the state's `progress`), read back on the host; each field cut where it is
+    read."""
 
-    def __init__(self, summary, b: int, c: int):
-        self.raw, self.b, self.c = np.asarray(summary), b, c
-        self._progress = 3 + b + b * c  # where the state's `progress` starts
+    def __init__(self, summary, b: int, progress_at: int):
+        self.raw, self.b, self._progress = np.asarray(summary), b, progress_at
 
     @property
     def all_done(self) -> bool:
@@ -358,16 +356,8 @@ class CallSummary:
         return int(self.raw[1])
 
     @property
-    def plain_steps(self) -> int:  # plain decode steps the call's tail ran after its cycles (0: none)
+    def plain_steps(self) -> int:  # plain decode steps the call ran (a K loop's: after its cycles; 0: none)
         return int(self.raw[2])
-
-    @property
-    def plain_from_B(self) -> np.ndarray:  # tokens each row had when those began
-        return self.raw[3:3 + self.b]
-
-    @property
-    def log_BC(self) -> np.ndarray:
-        return self.raw[3 + self.b:self._progress].reshape(self.b, self.c)
 
     @property
     def done_B(self) -> np.ndarray:
@@ -377,14 +367,33 @@ class CallSummary:
     def generated_B(self) -> np.ndarray:
         return read_progress(self.raw[self._progress:], self.b)[0]
 
-    @property
-    def out_tokens_BN(self) -> np.ndarray:
-        return read_progress(self.raw[self._progress:], self.b)[1]
-
     def tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """(generated_B, out_tokens_BN), cut from the progress in one pass."""
         generated_B, out_tokens_BN, _ = read_progress(self.raw[self._progress:], self.b)
         return generated_B, out_tokens_BN
+
+
+class CallSummary(CallRead):
+    """`call_summary` read back on the host (numpy): one array, each field cut from it where it is read. After a
+    generation's last call the host reads whether every row is done and ends the decode; the rest is cut once the
+    tokens are out. On a GPU each operation the host runs there costs several times what it costs warm (the host
+    thread has waited through the device's loop), so they are kept out of the decode's time."""
+
+    def __init__(self, summary, b: int, c: int):
+        super().__init__(summary, b, 3 + b + b * c)
+        self.c = c
+
+    @property
+    def plain_from_B(self) -> np.ndarray:  # tokens each row had when the call's plain steps began
+        return self.raw[3:3 + self.b]
+
+    @property
+    def log_BC(self) -> np.ndarray:
+        return self.raw[3 + self.b:self._progress].reshape(self.b, self.c)
+
+    @property
+    def out_tokens_BN(self) -> np.ndarray:
+        return read_progress(self.raw[self._progress:], self.b)[1]
 
 
 def read_summary(summary, state: SpecState) -> CallSummary:
@@ -492,23 +501,11 @@ def probe_summary(state: SpecState, steps, hits_B, trials_B) -> jax.Array:
                                     bits(hits_B), bits(trials_B), progress(state)]))
 
 
-class ProbeSummary:
-    """`probe_summary` read back on the host (numpy) for `b` rows, each field cut where it is read."""
+class ProbeSummary(CallRead):
+    """`probe_summary` read back on the host (numpy) for `b` rows."""
 
     def __init__(self, summary, b: int):
-        self.raw, self.b = np.asarray(summary), b
-
-    @property
-    def all_done(self) -> bool:
-        return bool(self.raw[0])
-
-    @property
-    def cycles(self) -> int:
-        return int(self.raw[1])
-
-    @property
-    def steps(self) -> int:
-        return int(self.raw[2])
+        super().__init__(summary, b, 3 + 2 * b)
 
     @property
     def c1_hits_B(self) -> np.ndarray:
@@ -517,19 +514,6 @@ class ProbeSummary:
     @property
     def c1_trials_B(self) -> np.ndarray:
         return self.raw[3 + self.b:3 + 2 * self.b].view(np.float32)
-
-    @property
-    def done_B(self) -> np.ndarray:
-        return read_progress(self.raw[3 + 2 * self.b:], self.b)[2]
-
-    @property
-    def generated_B(self) -> np.ndarray:
-        return read_progress(self.raw[3 + 2 * self.b:], self.b)[0]
-
-    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """(generated_B, out_tokens_BN)."""
-        generated_B, out_tokens_BN, _ = read_progress(self.raw[3 + 2 * self.b:], self.b)
-        return generated_B, out_tokens_BN
 
 
 def to_plain(state: SpecState) -> BaselineState:

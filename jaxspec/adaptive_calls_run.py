@@ -70,7 +70,7 @@ class Calls:
         read, start, k, c_ran_BJ, rows = self.unsettled
         self.unsettled = None
         if k == 0:  # a plain call with probes: its steps, and the c_1 its last block observed
-            self.plain(read.steps, read.generated_B - rows, logged=True)
+            self.plain(read.plain_steps, read.generated_B - rows, logged=True)
             hits, trials = c1_counts(read, max(self.steps))
             c_BJ = acceptance_BJ(hits, trials, self.pool.hits, self.pool.trials, np.float32(policy.prior))
             self.pool.add(hits, trials)
@@ -373,7 +373,7 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
                 run.unsettled = (read, cycles, 0, c_BJ, before)
                 return state, None, None, c_BJ, read.tokens
             cycles, done, generated = read.cycles, read.done_B, read.generated_B
-            run.plain(read.steps, generated - before, logged=True)
+            run.plain(read.plain_steps, generated - before, logged=True)
             hits, trials = c1_counts(read, j_max)
             k_next, c_BJ = run.choose(hits, trials, max_new_tokens - generated, ~done, policy.prior, margin, 0)
             run.pool.add(hits, trials)
@@ -465,7 +465,7 @@ def stream(engine, prompts, max_new_tokens: int, sampling: SamplingParams, seed:
             yield new
             t0 = time.perf_counter()
         if kind == PROBE:
-            run.plain(probed.steps, emitted, logged=True)
+            run.plain(probed.plain_steps, emitted, logged=True)
         elif kind is not None and kind > 0 and (emitted > 0).any():
             run.ran(kind, 1, c_BJ, emitted > 0)
         if done.all():

@@ -40,7 +40,7 @@ def test_after_a_plain_call_the_draft_is_what_a_prefill_over_its_tokens_leaves(p
     out, summary = loop(prefilled(), never(limit=6))
     read = ProbeSummary(summary, len(PROMPTS_3))
     assert summary.sharding.memory_kind == "pinned_host"
-    assert read.steps == 6 and read.cycles == int(out.cycles) == 6 and not read.all_done
+    assert read.plain_steps == 6 and read.cycles == int(out.cycles) == 6 and not read.all_done
     generated, out_tokens = read.tokens()
     assert (generated == np.asarray(out.generated)).all() and (out_tokens == np.asarray(out.out_tokens)).all()
     assert (read.done_B == np.asarray(out.done)).all() and (generated == 7).all()
@@ -64,15 +64,15 @@ def test_a_plain_call_leaves_after_a_block_whose_c1_pays_the_switch(probe_run):
     table runs to the end of the batch."""
     _, loop, prefilled = probe_run
     leave = probe_array(np.zeros(BAND_GRID), 0, 1000, 4)
-    assert ProbeSummary(loop(prefilled(), leave)[1], 3).steps == 4
+    assert ProbeSummary(loop(prefilled(), leave)[1], 3).plain_steps == 4
     leave_late = probe_array(np.zeros(BAND_GRID), 6, 1000, 4)
-    assert ProbeSummary(loop(prefilled(), leave_late)[1], 3).steps == 8  # the second block reaches 6
+    assert ProbeSummary(loop(prefilled(), leave_late)[1], 3).plain_steps == 8  # the second block reaches 6
     # a table the slowest row's wants never reach: to the end
     out, summary = loop(prefilled(), probe_array(np.full(BAND_GRID, MAX_NEW + 1.0), 0, 1000, 4))
     read = ProbeSummary(summary, 3)
-    assert read.all_done and read.steps == MAX_NEW - 1 and (np.asarray(out.generated) == MAX_NEW).all()
+    assert read.all_done and read.plain_steps == MAX_NEW - 1 and (np.asarray(out.generated) == MAX_NEW).all()
     # plain decoding to the end (or the limit): one block, never a test before it
-    assert ProbeSummary(loop(prefilled(), plain_to_the_end(9))[1], 3).steps == 9
+    assert ProbeSummary(loop(prefilled(), plain_to_the_end(9))[1], 3).plain_steps == 9
 
 
 def test_a_plain_calls_blocks_double_from_the_first_up_to_the_width(pair, probe_run):
@@ -84,7 +84,7 @@ def test_a_plain_calls_blocks_double_from_the_first_up_to_the_width(pair, probe_
                                                  width=8))
     for min_steps, steps, last_block in ((5, 6, 4), (7, 14, 8), (15, 22, 8)):
         read = ProbeSummary(loop(prefilled(), probe_array(np.zeros(BAND_GRID), min_steps, 1000, 2))[1], 3)
-        assert read.steps == steps and read.c1_trials_B.tolist() == [last_block] * 3
+        assert read.plain_steps == steps and read.c1_trials_B.tolist() == [last_block] * 3
 
 
 def test_the_plain_calls_table_follows_the_hosts_choice():
