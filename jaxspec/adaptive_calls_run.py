@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (BAND_GRID, FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ,
+from jaxspec.adaptive_calls import (FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ,
                                     better_k, expected_tokens_BN, finish_times_N, observed_GN, plain_leave_remaining,
                                     plain_loop, plain_to_the_end, probe_array, probe_loop, read_plain_summary,
                                     rule_array, spec_loop, stay_band, to_plain, window_counts)
@@ -322,9 +322,9 @@ def generate(engine, prompts, max_new_tokens: int, sampling: SamplingParams, see
     policy = engine.adaptive
     state, sp, prefill_s, compile_s, lengths, loops, run, (source, measure_s), first = _start(
         engine, prompts, max_new_tokens, sampling, seed, streamed=False)
-    t0 = time.perf_counter()
     call_probe = None if PROBE not in loops else lambda s, probe_F: loops[PROBE](engine.weights, s, sp, probe_F)
-    # without probes: plain decoding's own loop over the converted state
+    t0 = time.perf_counter()
+    # without probes K = 0 is plain decoding's own loop over the converted state
     state, spec_log, plain_from, c_BJ, host = drive(
         state, lambda k, s, rule: loops[k](engine.weights, s, sp, rule),
         lambda s: loops[0](engine.weights, s, sp, np.int32(NO_LIMIT)), run, policy, max_new_tokens, first,
