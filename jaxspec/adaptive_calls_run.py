@@ -141,10 +141,11 @@ def c1_counts(read: ProbeSummary, j_max: int):
 def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int, limit: int = NO_LIMIT):
     """A plain call's leaving test inputs (`probe_array`), or None where no c_1 would take the host off plain
     decoding for the tokens the slowest live row still wants: plain decoding then runs to the end without probes."""
-    # priced for the call's first block, the fewest observations its test reads (the host's estimate weighs them
-    # against the prior, so a block of more observations would leave a little sooner)
+    # priced for a whole block of `probe_every` observations, the most a test reads: the host weighs a block's counts
+    # against the pool's, and where even a whole block at full acceptance would not take it off plain decoding, no
+    # block will (a shorter first block may leave where the host then stays: the next call tests later)
     need_G = plain_leave_remaining(run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits, run.pool.trials,
-                                   policy.prior, min(FIRST_BLOCK, policy.probe_every))
+                                   policy.prior, policy.probe_every)
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
     if not need_G[-1] <= slowest:  # not even full acceptance pays the switch back
         return None
