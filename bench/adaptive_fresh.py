@@ -81,7 +81,8 @@ def markdown(res: dict) -> str:
              f"engine each run (K up to {res['k_max']}); median of {res['repeats']} interleaved rounds. Cells: "
              "speed-up over plain decoding (its tok/s first); paired: median over rounds of the same-round ratio.", "",
              "| draft | prompt | plain tok/s | " + " | ".join(fixed) + " | adaptive | no probes | adaptive / best "
-             "fixed, paired | adaptive / no probes, paired | adaptive's K stretches (last run) | no probes' (last run) |",
+             "fixed, paired | adaptive / no probes, paired | adaptive's K stretches (last run) | "
+             "no probes' (last run) |",
              "|---" * (len(fixed) + 9) + "|"]
     for row in res["rows"]:
         s, runs = row["summary"], row["runs"]

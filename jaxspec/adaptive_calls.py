@@ -32,19 +32,19 @@ every `min_cycles`.
 Plain decoding and the draft. A plain step does not run the draft, so the draft's cache misses the positions it
 skipped. A plain call therefore keeps the draft current where speculation could still pay (`probe_loop`): after each
 block of plain steps (FIRST_BLOCK, doubling to `probe_every`) one draft forward over them
-(`jaxspec.adaptive.catch_up`) writes the draft cache and
-observes c_1 for free (the draft's prediction at each position against the token the target emitted), and the call
-ends where that block's c_1 says the host would leave plain decoding for a K (`plain_leave_remaining`: per flat c_1,
-the fewest tokens still wanted for which the switch pays), so a prompt whose text turns predictable after a stretch
-the draft could not follow gets speculation back. That is one call for a drafter that never matches, as before,
-switched off within `min_cycles` cycles of the first call, and a catch-up's draft forward a block. Where no K could pay even at full acceptance (a CPU's cost table, a few tokens left) the plain call runs to
-the end as one block (`plain_to_the_end`), and without probes (a drafter plug, whose drafts the catch-up's draft
-forward does not predict) the state is converted (`to_plain`) for plain decoding's own loop. The
-loops of the K in `plain_tails` go on with plain decoding in their own call where their test leaves for it (the
-band's `plain_high`), so that switch costs no call, which on a small model is the price of a few plain steps; that
-tail runs to the end. Each tail compiles a plain step into its loop, and a tail on every K would take the 61-layer
-set past twice a fixed-K loop's build; K = 1 is where a fresh pool's prior starts a small model, whose calls are
-dearest against its steps (docs/performance.md, "Plain decoding in the K loop's call").
+(`jaxspec.adaptive.catch_up`) writes the draft cache and observes c_1 for free (the draft's prediction at each
+position against the token the target emitted), and the call ends where that block's c_1 says the host would leave
+plain decoding for a K (`plain_leave_remaining`: per flat c_1, the fewest tokens still wanted for which the switch
+pays), so a prompt whose text turns predictable after a stretch the draft could not follow gets speculation back.
+That is one call for a drafter that never matches, as before, switched off within `min_cycles` cycles of the first
+call, and a catch-up's draft forward a block. Where no K could pay even at full acceptance (a CPU's cost table, a
+few tokens left) the plain call runs to the end as one block (`plain_to_the_end`), and without probes (a drafter
+plug, whose drafts the catch-up's draft forward does not predict) the state is converted (`to_plain`) for plain
+decoding's own loop. The loops of the K in `plain_tails` go on with plain decoding in their own call where their
+test leaves for it (the band's `plain_high`), so that switch costs no call, which on a small model is the price of a
+few plain steps; that tail runs to the end. Each tail compiles a plain step into its loop, and a tail on every K
+would take the 61-layer set past twice a fixed-K loop's build; K = 1 is where a fresh pool's prior starts a small
+model, whose calls are dearest against its steps (docs/performance.md, "Plain decoding in the K loop's call").
 
 Losslessness does not depend on K: every cycle is the fixed-K cycle or a plain step, from fresh randomness.
 """
@@ -78,8 +78,8 @@ class PerCallPolicy:
     window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
     margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
     plain_tails: tuple[int, ...] = (1,)  # the K whose loop goes on with plain decoding in its call (see above)
-    # plain steps between the draft's catch-ups in a plain call (each observes c_1: `probe_loop`); 0: plain decoding
-    # runs to the end without them
+    # the longest block of plain steps between the draft's catch-ups in a plain call (blocks start at FIRST_BLOCK and
+    # double; each catch-up observes c_1: `probe_loop`); 0: plain decoding runs to the end without them
     probe_every: int = 32
     costs: tuple[tuple[int, float], ...] | None = None  # ((K, seconds per cycle), ...); None: measured on the device
     switch_s: float | None = None  # the price of one more call; None: the measured table's (0 with given costs)

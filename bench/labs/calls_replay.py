@@ -1,18 +1,18 @@
-"""`python -m bench.labs.calls_replay`: adaptive speculation by call replayed offline against a flat acceptance a,
-or against the embedded pair's own text.
+"""`python -m bench.labs.calls_replay`: adaptive speculation by call replayed offline against a flat acceptance a, or
+against the embedded pair's own text.
 
-`bench.adaptive_acceptance` on the H200 gives one row per a for a few minutes of a GPU, and each row moves by a
-few percent between runs: too coarse to choose between versions of the host rule. This lab runs the host's own
+`bench.adaptive_acceptance` on the H200 gives one row per a for a few minutes of a GPU, and each row moves by a few
+percent between runs: too coarse to choose between versions of the host rule. This lab runs the host's own
 `jaxspec.adaptive_calls_run.drive` (its first choice, stay bands, choices between calls and pooling) over a
 simulated device: a call at K runs cycles whose accepted drafts are drawn as the controllable drafter draws them
-(each position right with probability a, independently; a cycle accepts the drafts before the first wrong one),
-with `spec_loop`'s leaving test (the mean over the call's last `window` cycles against the band after the call's
+(each position right with probability a, independently; a cycle accepts the drafts before the first wrong one), with
+`spec_loop`'s leaving test (the mean over the call's last `window` cycles against the band after the call's
 minimum), and plain calls with `probe_loop`'s blocks and test (each plain step's c_1 observed as a draft of one
 would be accepted there). Time is priced, not measured: each cycle costs the cost table's t(K) (the plain calls'
-catch-ups nothing), and every call after the first the price of one more call. Fixed K is priced the same way (one call). What it cannot hold: the by-call engine's
-cost at the same K beyond its cycles (a few tenths of a ms a call on the H200, docs/performance.md), and any drift
-of the cost table. Per a: mean tok/s over --seeds generations of fixed K = 0..4 and of each policy variant, and
-adaptive over the best fixed K.
+catch-ups nothing), and every call after the first the price of one more call. Fixed K is priced the same way (one
+call). What it cannot hold: the by-call engine's cost at the same K beyond its cycles (a few tenths of a ms a call
+on the H200, docs/performance.md), and any drift of the cost table. Per a: mean tok/s over --seeds generations of
+fixed K = 0..4 and of each policy variant, and adaptive over the best fixed K.
 
 With `--oracle` the drafts come from text instead: `bench.labs.adaptive_replay oracle`'s N[g] for each prompt of
 `bench.adaptive_prompts` (greedy decoding makes acceptance a property of the position: a cycle that starts after g

@@ -1,10 +1,11 @@
 """`python -m bench.labs.plain_program_compile`: what the by-call set's K = 0 program costs to build for a GPU, on a
-machine without one (jax's CUDA plugin compiles for an H200 target: `bench.labs.gpu_census`): the fixed engine's
-K = 4 loop, plain decoding's own loop (`plain_loop`, K = 0 without probes), the plain loop that keeps the draft
-current (`probe_loop`, K = 0 with them) and the by-call K = 4 loop, each compiled alone and cold (trace, lower,
-XLA), in --rounds rounds; with --parts, what the probe loop is made of: its plain step (`jaxspec.adaptive.plain_decode`
-over the speculative state) in one loop, and the same in two nested loops (blocks) without the catch-up. Kimi-K2.5 shapes from `bench.compile_adaptive` (INT4 experts, batch 1, 1k context). One
-program at a time: the seconds add up as a one-core build would, where the engine compiles its set side by side.
+machine without one (jax's CUDA plugin compiles for an H200 target: `bench.labs.gpu_census`): the fixed engine's K =
+4 loop, plain decoding's own loop (`plain_loop`, K = 0 without probes), the plain loop that keeps the draft current
+(`probe_loop`, K = 0 with them) and the by-call K = 4 loop, each compiled alone and cold (trace, lower, XLA), in
+--rounds rounds; with --parts, what the probe loop is made of: its plain step (`jaxspec.adaptive.plain_decode` over
+the speculative state) in one loop, and the same in two nested loops (blocks) without the catch-up. Kimi-K2.5 shapes
+from `bench.compile_adaptive` (INT4 experts, batch 1, 1k context). One program at a time: the seconds add up as a
+one-core build would, where the engine compiles its set side by side.
 """
 
 from __future__ import annotations
