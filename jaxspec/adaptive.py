@@ -166,6 +166,12 @@ class Backlog:
     count_B: jax.Array  # [B] int32: entries in use
 
 
+def empty_backlog(b: int, width: int, aux_width: int, dtype) -> Backlog:
+    """A backlog of `width` entries a row for `b` rows, none in use (`aux_width`: the target's aux feature width)."""
+    return Backlog(jnp.zeros((b, width), jnp.int32), jnp.zeros((b, width, aux_width), dtype),
+                   jnp.ones((b, width), jnp.float32), jnp.zeros((b,), jnp.int32))
+
+
 @struct.dataclass
 class AdaptiveState:
     spec: SpecState  # out_tokens sized for the largest K of the set
@@ -222,11 +228,9 @@ def init_adaptive_state(spec: SpecState, aux_width: int, steps: tuple[int, ...],
     """Wrap a prefilled SpecState (its out_tokens sized for max(steps)); `cost_N` seconds per cycle per K in steps,
     `first_run_s` the price of a branch's first run in a call."""
     b = spec.pending.shape[0]
-    w = policy.backlog_width
     return AdaptiveState(
         spec=spec,
-        backlog=Backlog(jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w, aux_width), spec.draft_hidden.dtype),
-                        jnp.ones((b, w), jnp.float32), jnp.zeros((b,), jnp.int32)),
+        backlog=empty_backlog(b, policy.backlog_width, aux_width, spec.draft_hidden.dtype),
         hits_BJ=jnp.zeros((b, max(steps)), jnp.float32).at[:, 0].set(PRIOR_START * policy.prior),
         trials_BJ=jnp.zeros((b, max(steps)), jnp.float32).at[:, 0].set(PRIOR_START),
         prior=jnp.float32(policy.prior),

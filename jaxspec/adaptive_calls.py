@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.adaptive import Backlog, catch_up, plain_decode
+from jaxspec.adaptive import catch_up, empty_backlog, plain_decode
 from jaxspec.baseline_step import baseline_step
 from jaxspec.models import SpecConfig, SpecWeights
 from jaxspec.spec_step import speculative_cycle
@@ -456,8 +456,7 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
     b = state.pending.shape[0]
     start = state.cycles
     aux = len(cfg.target.aux_layer_ids) * cfg.target.hidden_size
-    empty = Backlog(jnp.zeros((b, width), jnp.int32), jnp.zeros((b, width, aux), state.draft_hidden.dtype),
-                    jnp.ones((b, width), jnp.float32), jnp.zeros((b,), jnp.int32))
+    empty = empty_backlog(b, width, aux, state.draft_hidden.dtype)
     none_B1 = jnp.zeros((b, 1), jnp.float32)
     grid = BAND_GRID - 1
 

@@ -358,15 +358,14 @@ def drive(state, call_k, call_plain, run: Calls, policy, max_new_tokens: int, fi
     while True:  # a call's summary says whether the batch is done; plain decoding's own loop runs to the end
         run.calls += 1
         if k == 0:
-            probe_F = None if call_probe is None else probe_inputs(run, max_new_tokens - generated, ~done, policy,
-                                                                   probe_min_steps)
-            if probe_F is None and call_probe is not None:  # nothing could pay: no catch-up before the end
-                probe_F = plain_to_the_end(NO_LIMIT)
-            if probe_F is None:
+            if call_probe is None:
                 out, summary = call_plain(to_plain(state))
                 steps, final, out_tokens = read_plain_summary(summary, b)
                 run.plain(int(steps), final - generated)
                 return out, state.accepted_log, generated, c_BJ, lambda: (final, out_tokens)
+            probe_F = probe_inputs(run, max_new_tokens - generated, ~done, policy, probe_min_steps)
+            if probe_F is None:  # nothing could pay: no catch-up before the end
+                probe_F = plain_to_the_end(NO_LIMIT)
             before = generated
             state, summary = call_probe(state, probe_F)
             read = ProbeSummary(summary, b)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from bench.compile_adaptive import MAX_NEW, abstract_pair, fixed_loop_spec, per_call_specs
 from bench.labs.gpu_census import compile_for, gpu_device
 from bench.step import bench_config
-from jaxspec.adaptive import Backlog, plain_decode
+from jaxspec.adaptive import empty_backlog, plain_decode
 from jaxspec.adaptive_calls import PerCallPolicy
 
 
@@ -31,8 +31,7 @@ def plain_steps_spec(spec_cfg, sw, state, nested: bool, width: int = 32):
     aux = len(spec_cfg.target.aux_layer_ids) * spec_cfg.target.hidden_size
 
     def fn(w, s, n):
-        empty = Backlog(jnp.zeros((b, width), jnp.int32), jnp.zeros((b, width, aux), s.draft_hidden.dtype),
-                        jnp.ones((b, width), jnp.float32), jnp.zeros((b,), jnp.int32))
+        empty = empty_backlog(b, width, aux, s.draft_hidden.dtype)
 
         def step(c):
             return plain_decode(w, spec_cfg, c[0], c[1], {}, greedy=True, max_new_tokens=MAX_NEW)
