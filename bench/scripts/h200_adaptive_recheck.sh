@@ -20,4 +20,4 @@ common=(--dtype bfloat16 --max-tokens 128 --requests-per-worker "${RPW:-8}" --co
   timeout 150 python -m bench.adaptive_acceptance --layers 4 --target chained --max-new-tokens 128 --repeats 3 \
       --acceptance ${ACCEPTANCE:-0 0.95} --out "$OUT/adaptive-acceptance"
   echo "== end $(date -u +%T)"
-} 2>&1 | grep -v "E1203\|W1203\|I1203" | tee "$OUT/run.log"
+} 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run.log"

@@ -33,4 +33,4 @@ switch=()
         --min-cycles ${MIN_CYCLES:-4 2} ${VARY_SEED:+--vary-seed} --out "$OUT/adaptive-acceptance"
   fi
   echo "== end $(date -u +%T)"
-} 2>&1 | grep -v "E1203\|W1203\|I1203" | tee "$OUT/run-$STAGE.log"
+} 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run-$STAGE.log"

@@ -19,4 +19,4 @@ mkdir -p "$OUT"
   timeout "${PROMPTS_TIMEOUT:-300}" python -m bench.adaptive_prompts --repeats "${REPEATS:-21}" \
       --out "$OUT/adaptive-prompts"
   echo "== end $(date -u +%T)"
-} 2>&1 | grep -v "E1204\|W1204\|I1204" | tee "$OUT/run.log"
+} 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run.log"

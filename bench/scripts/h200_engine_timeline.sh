@@ -25,4 +25,4 @@ mkdir -p "$OUT"
         --out "$OUT/oracle-bf16.json"
   fi
   echo "== end $(date -u +%T)"
-} 2>&1 | grep -v "E1204\|W1204\|I1204\|E1205\|W1205\|I1205\|E1206\|W1206\|I1206\|gpu_hlo_schedule" | tee "$OUT/run.log"
+} 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run.log"

@@ -26,4 +26,4 @@ mkdir -p "$OUT"
         --out "$OUT/mismatched-drafter"
   fi
   echo "== end $(date -u +%T)"
-} 2>&1 | grep -v "E1204\|W1204\|I1204\|E1205\|W1205\|I1205\|gpu_hlo_schedule" | tee "$OUT/run.log"
+} 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run.log"

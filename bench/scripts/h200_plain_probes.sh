@@ -28,5 +28,5 @@ mkdir -p "$OUT"
     timeout "${COMPILE_TIMEOUT:-200}" python -m bench.compile_adaptive --layers $COMPILE_LAYERS --out "$OUT/compile"
   fi
   echo "== end $(date -u +%T)"
-} 2>&1 | grep -v "E1206\|W1206\|I1206\|gpu_hlo_schedule" | tee "$OUT/run.log"
+} 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run.log"
 find "$OUT" -name '*.md' -delete

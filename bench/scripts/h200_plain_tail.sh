@@ -37,4 +37,4 @@ mkdir -p "$OUT"
     fi
   fi
   echo "== end $(date -u +%T)"
-} 2>&1 | grep -v "E1204\|W1204\|I1204\|gpu_hlo_schedule" | tee "$OUT/run-$STAGE.log"
+} 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run-$STAGE.log"
