@@ -3,8 +3,13 @@ by depth. The fixed-K engine compiles one device loop of K-draft cycles; adaptiv
 its set (`jaxspec.adaptive_calls.spec_loop`, and for K = 0 `probe_loop`, plain decoding that keeps the draft
 current) side by side, as `Engine.generate` does
 (`jaxspec.sharded.compile_programs`: one thread a program). Kimi-K2.5 shapes with INT4 experts at batch 1 over a 1k
-context, built from shapes alone (nothing is drawn or run), JAX's persistent cache off so every compile is cold.
-Writes compile-adaptive-<device>-<date>.json and .md to --out.
+context, built from shapes alone (nothing is drawn or run), JAX's persistent cache off.
+
+Each build runs in a fresh process: XLA keeps in a process (and in the engine's autotuning directory,
+`jaxspec.xla_flags`) the GEMM kernels it timed, so a build after another would skip the autotuning the first one
+paid. Two rows a depth: `cold`, each build with an empty autotuning directory of its own (a machine's first run),
+and `kept`, each build again with the directory its cold build filled (a later build on the same machine, e.g.
+after a setting changed the programs). Writes compile-adaptive-<device>-<date>.json and .md to --out.
 
     python -m bench.compile_adaptive --layers 4 61
     python -m bench.compile_adaptive --tiny --layers 3 --out /tmp/ca      # a CPU smoke run
@@ -15,7 +20,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +41,7 @@ from jaxspec.models import SpecWeights
 from jaxspec.sharded import compile_programs
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import on_host, progress
+from jaxspec.xla_flags import AUTOTUNE_CACHE_ENV, AUTOTUNE_CACHE_FLAG
 from model.kv_cache import round_capacity
 
 MAX_NEW = 128
@@ -86,16 +96,45 @@ def timed_compile(specs) -> float:
     return time.perf_counter() - t0
 
 
+BUILDS = ("fixed", "per_call", "slowest")  # the fixed loop; the by-call set; the set's largest-K loop alone
+
+
+def build_here(layers: int, k: int, what: str, tiny: bool) -> float:
+    """Seconds to build `what` (one of BUILDS) in this process, JAX's persistent cache off."""
+    jax.config.update("jax_enable_compilation_cache", False)
+    spec_cfg, sw, state = abstract_pair(bench_config(layers, tiny), tiny)
+    if what == "fixed":
+        return timed_compile([fixed_loop_spec(spec_cfg, sw, state, k)])
+    policy = PerCallPolicy()
+    steps, window, tails = policy.compiled(k)
+    specs = per_call_specs(spec_cfg, sw, state, steps, window, tails, policy.probe_every)
+    return timed_compile(specs if what == "per_call" else specs[-1:])
+
+
+def build_fresh(layers: int, k: int, what: str, tiny: bool, autotune_dir: Path) -> float:
+    """`build_here` in a new process whose autotuning is kept in `autotune_dir` (and only there)."""
+    env = dict(os.environ, **{AUTOTUNE_CACHE_ENV: str(autotune_dir)})
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(AUTOTUNE_CACHE_FLAG))
+    cmd = [sys.executable, "-m", "bench.compile_adaptive", "--one", what, "--layers", str(layers), "--k", str(k)]
+    done = subprocess.run(cmd + (["--tiny"] if tiny else []), capture_output=True, text=True, env=env, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode or not lines:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise RuntimeError(f"the {what} build failed: {last[-1500:]}")
+    return json.loads(lines[-1])["seconds"]
+
+
 def markdown(result: dict) -> str:
     lines = [f"# Building adaptive by call against fixed K: {result['device']}, jax {result['jax']}, {result['date']}",
              "", f"Kimi-K2.5 shapes, INT4 experts, batch 1, {result['context']}-token context, greedy, from shapes; "
-             f"cold compiles (trace + lower + XLA), seconds. Fixed: one loop of K = {result['k']} cycles; by call: "
-             f"the loops of K set {result['steps']} compiled side by side on {result['cpus']} host cores.", "",
-             "| layers | fixed K loop | by call, all loops | by call / fixed | slowest by-call loop alone |",
-             "|---|---|---|---|---|"]
+             f"trace + lower + XLA, seconds, each build in a fresh process. Fixed: one loop of K = {result['k']} "
+             f"cycles; by call: the loops of K set {result['steps']} compiled side by side on {result['cpus']} host "
+             "cores. Autotuning cold: an empty directory per build; kept: the directory its cold build filled.", "",
+             "| layers | autotuning | fixed K loop | by call, all loops | by call / fixed | largest-K loop alone |",
+             "|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['layers']} | {fmt(r['fixed_s'], 2)} | {fmt(r['per_call_s'], 2)} | "
-                     f"{fmt(r['per_call_s'] / r['fixed_s'], 2)} | {fmt(r.get('slowest_alone_s'), 2)} |")
+        lines.append(f"| {r['layers']} | {r['autotune']} | {fmt(r['fixed_s'], 2)} | {fmt(r['per_call_s'], 2)} | "
+                     f"{fmt(r['per_call_s'] / r['fixed_s'], 2)} | {fmt(r.get('slowest_s'), 2)} |")
     for e in result["errors"]:
         lines.append(f"\nerror: {e}")
     return "\n".join(lines) + "\n"
@@ -105,34 +144,42 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.compile_adaptive", description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, nargs="+", default=[4, 61])
     p.add_argument("--k", type=int, default=4, help="the fixed engine's K and the by-call set's largest")
-    p.add_argument("--alone", action="store_true", help="also compile the by-call set's largest-K loop alone")
+    p.add_argument("--alone", action="store_true", help="also build the by-call set's largest-K loop alone")
+    p.add_argument("--autotune", nargs="+", choices=["cold", "kept"], default=["cold", "kept"])
     p.add_argument("--tiny", action="store_true", help="small dimensions (a CPU smoke run)")
+    p.add_argument("--one", choices=BUILDS, default=None, help=argparse.SUPPRESS)  # a child: build, print seconds
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
     if args.k < 1 or min(args.layers) < 3:
         p.error("--k must be >= 1 and --layers >= 3 (the draft taps three distinct target layers)")
-    jax.config.update("jax_enable_compilation_cache", False)
+    if args.one is not None:
+        print(json.dumps(dict(seconds=build_here(args.layers[0], args.k, args.one, args.tiny))), flush=True)
+        return None
     dev = jax.devices()[0]
-    policy = PerCallPolicy()
-    steps, window, tails = policy.compiled(args.k)
+    steps, _, _ = PerCallPolicy().compiled(args.k)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=datetime.date.today().isoformat(),
                   context=CONTEXT, k=args.k, steps=list(steps), cpus=os.cpu_count(), rows=[], errors=[])
     stem = f"compile-adaptive-{dev.platform}-{result['date']}"
+    builds = ["fixed", "per_call"] + (["slowest"] if args.alone else [])
     for layers in args.layers:
-        try:
-            spec_cfg, sw, state = abstract_pair(bench_config(layers, args.tiny), args.tiny)
-            row = dict(layers=layers, fixed_s=timed_compile([fixed_loop_spec(spec_cfg, sw, state, args.k)]))
-            specs = per_call_specs(spec_cfg, sw, state, steps, window, tails, policy.probe_every)
-            row["per_call_s"] = timed_compile(specs)
-            if args.alone:
-                row["slowest_alone_s"] = timed_compile(specs[-1:])
-            result["rows"].append(row)
-            print(f"{layers:3d} layers: fixed K={args.k} {row['fixed_s']:.2f} s, by call {row['per_call_s']:.2f} s "
-                  f"({row['per_call_s'] / row['fixed_s']:.2f}x)", flush=True)
-        except Exception as e:  # noqa: BLE001 - one depth's failure is reported, the others still run
-            result["errors"].append(f"{layers} layers: {type(e).__name__}: {e}"[:2000])
-            print(result["errors"][-1], flush=True)
-        write_report(result, Path(args.out), stem, markdown)  # a run cut short keeps what it measured
+        with tempfile.TemporaryDirectory(prefix="jaxspec-autotune-") as tmp:
+            dirs = {what: Path(tmp) / what for what in builds}  # one autotuning directory per build, kept for "kept"
+            for autotune in ["cold", "kept"]:
+                if autotune not in args.autotune and not (autotune == "cold" and "kept" in args.autotune):
+                    continue
+                row = dict(layers=layers, autotune=autotune)
+                try:
+                    for what in builds:
+                        row[f"{what}_s"] = build_fresh(layers, args.k, what, args.tiny, dirs[what])
+                except Exception as e:  # noqa: BLE001 - one row's failure is reported, the others still run
+                    result["errors"].append(f"{layers} layers, {autotune}: {type(e).__name__}: {e}"[:2000])
+                    print(result["errors"][-1], flush=True)
+                    row = None
+                if row is not None and autotune in args.autotune:
+                    result["rows"].append(row)
+                    print(f"{layers:3d} layers, autotuning {autotune}: fixed K={args.k} {row['fixed_s']:.2f} s, by "
+                          f"call {row['per_call_s']:.2f} s ({row['per_call_s'] / row['fixed_s']:.2f}x)", flush=True)
+                write_report(result, Path(args.out), stem, markdown)  # a run cut short keeps what it measured
     return result
 
 

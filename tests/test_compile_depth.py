@@ -103,5 +103,14 @@ def test_the_adaptive_build_bench_lowers_what_the_by_call_engine_compiles():
         assert "while" in jax.jit(fn, donate_argnums=donate).lower(*args).as_text()
     text = compile_adaptive.markdown(dict(device="cpu", jax=jax.__version__, date="today", context=1024, k=2,
                                           steps=list(steps), cpus=2, errors=[],
-                                          rows=[dict(layers=3, fixed_s=2.0, per_call_s=3.0)]))
-    assert "| 3 | 2.00 | 3.00 | 1.50 | - |" in text
+                                          rows=[dict(layers=3, autotune="cold", fixed_s=2.0, per_call_s=3.0)]))
+    assert "| 3 | cold | 2.00 | 3.00 | 1.50 | - |" in text
+
+
+def test_the_adaptive_build_bench_builds_in_a_fresh_process_and_names_a_failed_build(tmp_path):
+    """Each build runs in a child process (its autotuning in its own directory); a child that fails is an error
+    naming the build, not a time."""
+    from bench import compile_adaptive
+
+    with pytest.raises(RuntimeError, match="the fixed build failed: .*--layers >= 3"):
+        compile_adaptive.build_fresh(2, 2, "fixed", True, tmp_path / "autotune")

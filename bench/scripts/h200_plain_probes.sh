@@ -3,7 +3,8 @@
 # engine's first generation on prompts the draft cannot follow at first, and a random draft's price of the probes
 # (bench.adaptive_fresh); a drafter that never matches at full width (bench.mismatched_drafter, LAYERS layers); the
 # prompt bench with the engine's pool shared across prompts (bench.adaptive_prompts, REPEATS rounds); the by-call
-# set's build against the fixed loop (bench.compile_adaptive, COMPILE_LAYERS). Only the JSON files and run.log are
+# set's build against the fixed loop, each build in a fresh process, cold and with its autotuning kept
+# (bench.compile_adaptive, COMPILE_LAYERS). Only the JSON files and run.log are
 # kept (the device returns few files; each .md is rendered from its JSON by the bench's `markdown`).
 set -u
 export PYTHONUNBUFFERED=1
@@ -25,7 +26,7 @@ mkdir -p "$OUT"
   if [ -n "${COMPILE_LAYERS:-}" ]; then
     echo "== compile $(date -u +%T)"
     # shellcheck disable=SC2086
-    timeout "${COMPILE_TIMEOUT:-200}" python -m bench.compile_adaptive --layers $COMPILE_LAYERS --out "$OUT/compile"
+    timeout "${COMPILE_TIMEOUT:-280}" python -m bench.compile_adaptive --layers $COMPILE_LAYERS --out "$OUT/compile"
   fi
   echo "== end $(date -u +%T)"
 } 2>&1 | grep -v -E "^[EWI][0-9]{4} |gpu_hlo_schedule" | tee "$OUT/run.log"
