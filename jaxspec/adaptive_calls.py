@@ -424,18 +424,32 @@ def read_plain_summary(summary, b: int):
     return int(summary[0]), generated_B, out_tokens_BN
 
 
-# What a plain call's leaving test reads besides the state (`probe_loop`), one float32 array: per c_1 of the band's
-# grid the tokens the slowest live row must still want for the host to leave (`plain_leave_remaining`), the steps
-# the call runs before its first test, the steps it may run at most, and the steps of its first block.
-PROBE_MIN_STEPS, PROBE_LIMIT, PROBE_FIRST_BLOCK = BAND_GRID, BAND_GRID + 1, BAND_GRID + 2
 # steps of a plain call's first block: the blocks double from it to the catch-up's width, so a text that turns
 # predictable soon after the draft lost it gets speculation back within a few steps, and a drafter that never
 # matches pays a few more catch-ups a call
 FIRST_BLOCK = 8
+# leaving tables a plain call reads, one per block from its first, each priced for its block's observations (every
+# later block reads the last: a block past it observes more, so it leaves no sooner than the host would): the host
+# weighs a block's c_1 counts against the pool's, so a longer block at the same c_1 takes it back sooner
+PROBE_TABLES = 3
+# What a plain call's leaving test reads besides the state (`probe_loop`), one float32 array: per block (PROBE_TABLES)
+# and per c_1 of the band's grid the tokens the slowest live row must still want for the host to leave
+# (`plain_leave_remaining`), then the steps the call runs before its first test, the steps it may run at most, and
+# the steps of its first block.
+PROBE_MIN_STEPS = PROBE_TABLES * BAND_GRID
+PROBE_LIMIT, PROBE_FIRST_BLOCK = PROBE_MIN_STEPS + 1, PROBE_MIN_STEPS + 2
+
+
+def probe_observations(width: int) -> tuple[int, ...]:
+    """The c_1 observations a row has in each of a plain call's first PROBE_TABLES blocks (they double from
+    FIRST_BLOCK up to `width`), one per leaving table."""
+    return tuple(min(FIRST_BLOCK << i, width) for i in range(PROBE_TABLES))
 
 
 def probe_array(need_G, min_steps: int, limit: int, first_block: int) -> np.ndarray:
-    return np.concatenate([np.asarray(need_G, np.float32), np.array([min_steps, limit, first_block], np.float32)])
+    """The leaving test's inputs: `need_G` one table a block ([PROBE_TABLES, BAND_GRID]) or one for every block."""
+    need_SG = np.broadcast_to(np.asarray(need_G, np.float32), (PROBE_TABLES, BAND_GRID))
+    return np.concatenate([need_SG.reshape(-1), np.array([min_steps, limit, first_block], np.float32)])
 
 
 def plain_to_the_end(limit: int) -> np.ndarray:
@@ -450,8 +464,8 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
     """Plain decode steps in blocks (the first of `probe_array`'s steps, doubling up to `width`), each followed by
     the draft's catch-up over the block (`jaxspec.adaptive.catch_up`: the draft cache written, c_1 observed at
     every entry), until the batch is done, the limit of steps ran, or (after the minimum) a block's mean c_1 over
-    the batch is one at which the host would leave plain decoding for the tokens the slowest live row still wants.
-    The state is then as a speculative cycle expects it (but after a block longer than `width`:
+    the batch is one at which the host would leave plain decoding for the tokens the slowest live row still wants
+    (the block's own table: `probe_observations`). The state is then as a speculative cycle expects it (but after a block longer than `width`:
     `plain_to_the_end`). Returns the state and its `probe_summary` (the last block's counts)."""
     b = state.pending.shape[0]
     start = state.cycles
@@ -461,7 +475,7 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
     grid = BAND_GRID - 1
 
     def block(carry):
-        s, _, _, _, size = carry
+        s, _, _, _, size, index = carry
         first = s.cycles
 
         def more(c):
@@ -478,15 +492,16 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
         slowest = jnp.max(jnp.where(s.done, 0, max_new_tokens - s.generated)).astype(jnp.float32)
         ran = (s.cycles - start).astype(jnp.float32)
         leave = ((ran >= probe_F[PROBE_MIN_STEPS]) & (jnp.sum(trials_B1) > 0)
-                 & (slowest >= probe_F[jnp.round(mean * grid).astype(jnp.int32)]))
+                 & (slowest >= probe_F[index * BAND_GRID + jnp.round(mean * grid).astype(jnp.int32)]))
         go = jnp.any(~s.done) & (ran < probe_F[PROBE_LIMIT]) & ~leave
-        return s, hits_B1[:, 0], trials_B1[:, 0], go, jnp.minimum(2 * size, cap)
+        return s, hits_B1[:, 0], trials_B1[:, 0], go, jnp.minimum(2 * size, cap), jnp.minimum(index + 1, last)
 
     zero_B = jnp.zeros((b,), jnp.float32)
     go = jnp.any(~state.done) & (probe_F[PROBE_LIMIT] > 0)
     cap = jnp.maximum(probe_F[PROBE_FIRST_BLOCK], width)  # a first block past the width is the whole call
-    carry = (state, zero_B, zero_B, go, jnp.minimum(probe_F[PROBE_FIRST_BLOCK], cap))
-    state, hits_B, trials_B, _, _ = jax.lax.while_loop(lambda c: c[3], block, carry)
+    last = PROBE_TABLES - 1
+    carry = (state, zero_B, zero_B, go, jnp.minimum(probe_F[PROBE_FIRST_BLOCK], cap), jnp.zeros((), jnp.int32))
+    state, hits_B, trials_B, *_ = jax.lax.while_loop(lambda c: c[3], block, carry)
     return state, probe_summary(state, state.cycles - start, hits_B, trials_B)
 
 

@@ -16,8 +16,8 @@ import numpy as np
 from jaxspec import adaptive_costs
 from jaxspec.adaptive_calls import (FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ,
                                     better_k, expected_tokens_BN, finish_times_N, observed_GN, plain_leave_remaining,
-                                    plain_loop, plain_to_the_end, probe_array, probe_loop, read_plain_summary,
-                                    rule_array, spec_loop, stay_band, to_plain, window_counts)
+                                    plain_loop, plain_to_the_end, probe_array, probe_loop, probe_observations,
+                                    read_plain_summary, rule_array, spec_loop, stay_band, to_plain, window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -141,15 +141,16 @@ def c1_counts(read: ProbeSummary, j_max: int):
 def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int, limit: int = NO_LIMIT):
     """A plain call's leaving test inputs (`probe_array`), or None where no c_1 would take the host off plain
     decoding for the tokens the slowest live row still wants: plain decoding then runs to the end without probes."""
-    # priced for a whole block of `probe_every` observations, the most a test reads: the host weighs a block's counts
-    # against the pool's, and where even a whole block at full acceptance would not take it off plain decoding, no
-    # block will (a shorter first block may leave where the host then stays: the next call tests later)
-    need_G = plain_leave_remaining(run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits, run.pool.trials,
-                                   policy.prior, policy.probe_every)
+    # one table a block, priced for its observations: the host weighs a block's counts against the pool's, so a
+    # short first block may need a c_1 a longer one does not; where even the longest block at full acceptance would
+    # not take the host off plain decoding, no block will
+    need_SG = np.stack([plain_leave_remaining(run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits,
+                                              run.pool.trials, policy.prior, observed)
+                        for observed in probe_observations(policy.probe_every)])
     slowest = float(np.max(np.where(live_B, remaining_B, 0)))
-    if not need_G[-1] <= slowest:  # not even full acceptance pays the switch back
+    if not np.min(need_SG[:, -1]) <= slowest:  # not even full acceptance pays the switch back
         return None
-    return probe_array(need_G, min_steps, limit, min(FIRST_BLOCK, policy.probe_every))
+    return probe_array(need_SG, min_steps, limit, min(FIRST_BLOCK, policy.probe_every))
 
 
 def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool) -> list[tuple]:

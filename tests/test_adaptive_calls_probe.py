@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.adaptive_calls import (BAND_GRID, PerCallPolicy, ProbeSummary, Pool, plain_leave_remaining,
-                                    plain_to_the_end, probe_array, probe_loop)
+from jaxspec.adaptive_calls import (BAND_GRID, PROBE_TABLES, PerCallPolicy, ProbeSummary, Pool, plain_leave_remaining,
+                                    plain_to_the_end, probe_array, probe_loop, probe_observations)
 from jaxspec.adaptive_calls_run import Calls, probe_inputs
 from jaxspec.engine import Engine
 from jaxspec.sampling import SamplingParams
@@ -85,6 +85,12 @@ def test_a_plain_calls_blocks_double_from_the_first_up_to_the_width(pair, probe_
     for min_steps, steps, last_block in ((5, 6, 4), (7, 14, 8), (15, 22, 8)):
         read = ProbeSummary(loop(prefilled(), probe_array(np.zeros(BAND_GRID), min_steps, 1000, 2))[1], 3)
         assert read.plain_steps == steps and read.c1_trials_B.tolist() == [last_block] * 3
+    # each block reads its own table (the last one every block after it): a first table no c_1 passes holds the
+    # call past its first block, and a call whose tables all hold it past the third runs to the end
+    hold_first = np.stack([np.full(BAND_GRID, np.inf)] + [np.zeros(BAND_GRID)] * (PROBE_TABLES - 1))
+    assert ProbeSummary(loop(prefilled(), probe_array(hold_first, 0, 1000, 2))[1], 3).plain_steps == 6
+    only_late = np.stack([np.full(BAND_GRID, np.inf)] * (PROBE_TABLES - 1) + [np.zeros(BAND_GRID)])
+    assert ProbeSummary(loop(prefilled(), probe_array(only_late, 0, 1000, 2))[1], 3).plain_steps == 14
 
 
 def test_the_plain_calls_table_follows_the_hosts_choice():
@@ -108,7 +114,33 @@ def test_the_plain_calls_table_follows_the_hosts_choice():
     assert probe_inputs(run([1.0, 2.0, 3.0, 4.0], 0.0), np.array([20, 3]), live, policy, 0) is None
     assert probe_inputs(run(cost, 100.0), np.array([20, 3]), live, policy, 0) is None
     got = probe_inputs(run(cost, 2.0), np.array([200, 3]), live, policy, 16)
-    assert got.shape == (BAND_GRID + 3,) and got[BAND_GRID] == 16 and got[-1] == 8  # the first block
+    assert got.shape == (PROBE_TABLES * BAND_GRID + 3,) and got[PROBE_TABLES * BAND_GRID] == 16
+    assert got[-1] == 8  # the first block
+
+
+def test_each_blocks_table_leaves_where_the_host_then_leaves():
+    """The leaving table of each block is priced for that block's observations (8, 16, 32 a row), so that where a
+    block's test leaves, the host, weighing the same counts against a pool of failed cycles, chooses a K; and where
+    the host would stay, the test does not leave (a first block priced as a whole one left where the host stayed,
+    and the next plain call's minimum then held plain decoding for 56 more steps)."""
+    cost = np.array([c for _, c in COSTS])
+    policy, remaining, live = PerCallPolicy(steps=STEPS), np.array([120]), np.array([True])
+    calls = Calls(STEPS, Pool(3, 32.0), cost, 2.0)
+    calls.pool.add(np.zeros((1, 3)), np.array([[4.0, 0.0, 0.0]]))  # four cycles that accepted nothing
+    tables = probe_inputs(calls, remaining, live, policy, 0)[:PROBE_TABLES * BAND_GRID].reshape(PROBE_TABLES, -1)
+    grid = np.linspace(0.0, 1.0, BAND_GRID)
+    checked = set()
+    for table, observed in zip(tables, probe_observations(policy.probe_every)):
+        for g in range(0, BAND_GRID, 5):
+            hits = np.array([[grid[g] * observed, 0.0, 0.0]])
+            k, _ = calls.choose(hits, np.array([[observed, 0.0, 0.0]]), remaining, live, policy.prior,
+                                policy.margin, 0)
+            if abs(table[g] - remaining[0]) > 0.05 * remaining[0]:  # away from the boundary: the same answer
+                assert (table[g] <= remaining[0]) == (k != 0), (observed, grid[g], table[g], k)
+                checked.add(k != 0)
+    assert checked == {True, False}
+    # more observations at the same c_1 take the host back sooner
+    assert (tables[0] >= tables[-1]).all() and (tables[0] > tables[-1]).any()
 
 
 def test_a_drafter_plug_or_no_probes_keep_plain_decoding_to_the_end(pair):

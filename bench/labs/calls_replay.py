@@ -34,8 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxspec.adaptive_calls import (BAND_GRID, PROBE_FIRST_BLOCK, PROBE_LIMIT, PROBE_MIN_STEPS, RULE_HIGH, RULE_LIMIT,
-                                    RULE_LOW, RULE_MIN_CYCLES, RULE_PLAIN_HIGH, PerCallPolicy, Pool, rule_array)
+from jaxspec.adaptive_calls import (BAND_GRID, PROBE_FIRST_BLOCK, PROBE_LIMIT, PROBE_MIN_STEPS, PROBE_TABLES,
+                                    RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, RULE_PLAIN_HIGH, PerCallPolicy,
+                                    Pool, rule_array)
 from jaxspec.adaptive_calls_run import NO_LIMIT, Calls, drive, first_call
 
 # the 4-layer K2.5-shaped model on the H200 (bench/results/wave3/adaptive-vary-seed-1723): ms per cycle, one more call
@@ -121,7 +122,7 @@ def simulated_probe(draw, max_new: int, width: int):
     def call(s, probe_F):
         probe_F = np.asarray(probe_F)
         log, generated, cycles = s.accepted_log.copy(), int(s.generated[0]), s.cycles
-        start, size = cycles, float(probe_F[PROBE_FIRST_BLOCK])
+        start, size, index = cycles, float(probe_F[PROBE_FIRST_BLOCK]), 0
         cap = max(size, width)
         hits = trials = 0.0
         while generated < max_new and cycles - start < probe_F[PROBE_LIMIT]:
@@ -135,8 +136,9 @@ def simulated_probe(draw, max_new: int, width: int):
             slowest = max_new - generated if generated < max_new else 0
             mean = hits / max(trials, 1.0)
             if (cycles - start >= probe_F[PROBE_MIN_STEPS] and trials > 0
-                    and slowest >= probe_F[int(round(mean * (BAND_GRID - 1)))]):
+                    and slowest >= probe_F[index * BAND_GRID + int(round(mean * (BAND_GRID - 1)))]):
                 break
+            index = min(index + 1, PROBE_TABLES - 1)
         done = np.array([generated >= max_new])
         out = SimState(s.pending, log, done, np.array([generated]), s.out_tokens, cycles)
         bits = np.array([hits, trials], np.float32).view(np.int32)
