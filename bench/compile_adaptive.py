@@ -111,10 +111,12 @@ def build_here(layers: int, k: int, what: str, tiny: bool) -> float:
     return timed_compile(specs if what == "per_call" else specs[-1:])
 
 
-def build_fresh(layers: int, k: int, what: str, tiny: bool, autotune_dir: Path) -> float:
-    """`build_here` in a new process whose autotuning is kept in `autotune_dir` (and only there)."""
+def build_fresh(layers: int, k: int, what: str, tiny: bool, autotune_dir: Path, xla_flags: str = "") -> float:
+    """`build_here` in a new process whose autotuning is kept in `autotune_dir` (and only there), with `xla_flags`
+    added to the engine's."""
     env = dict(os.environ, **{AUTOTUNE_CACHE_ENV: str(autotune_dir)})
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(AUTOTUNE_CACHE_FLAG))
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(AUTOTUNE_CACHE_FLAG)]
+    env["XLA_FLAGS"] = " ".join(flags + xla_flags.split())
     cmd = [sys.executable, "-m", "bench.compile_adaptive", "--one", what, "--layers", str(layers), "--k", str(k)]
     done = subprocess.run(cmd + (["--tiny"] if tiny else []), capture_output=True, text=True, env=env, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -129,7 +131,8 @@ def markdown(result: dict) -> str:
              "", f"Kimi-K2.5 shapes, INT4 experts, batch 1, {result['context']}-token context, greedy, from shapes; "
              f"trace + lower + XLA, seconds, each build in a fresh process. Fixed: one loop of K = {result['k']} "
              f"cycles; by call: the loops of K set {result['steps']} compiled side by side on {result['cpus']} host "
-             "cores. Autotuning cold: an empty directory per build; kept: the directory its cold build filled.", "",
+             "cores. Autotuning cold: an empty directory per build; kept: the directory its cold build filled."
+             + (f" XLA flags added: `{result['xla_flags']}`." if result.get("xla_flags") else ""), "",
              "| layers | autotuning | fixed K loop | by call, all loops | by call / fixed | largest-K loop alone |",
              "|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -146,6 +149,8 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=4, help="the fixed engine's K and the by-call set's largest")
     p.add_argument("--alone", action="store_true", help="also build the by-call set's largest-K loop alone")
     p.add_argument("--autotune", nargs="+", choices=["cold", "kept"], default=["cold", "kept"])
+    p.add_argument("--label", default="", help="a name for this run's files (beside the device and date)")
+    p.add_argument("--xla-flags", default="", help="XLA flags every build adds (a comparison of XLA's options)")
     p.add_argument("--tiny", action="store_true", help="small dimensions (a CPU smoke run)")
     p.add_argument("--one", choices=BUILDS, default=None, help=argparse.SUPPRESS)  # a child: build, print seconds
     p.add_argument("--out", default="bench/results")
@@ -158,8 +163,9 @@ def main(argv=None):
     dev = jax.devices()[0]
     steps, _, _ = PerCallPolicy().compiled(args.k)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=datetime.date.today().isoformat(),
-                  context=CONTEXT, k=args.k, steps=list(steps), cpus=os.cpu_count(), rows=[], errors=[])
-    stem = f"compile-adaptive-{dev.platform}-{result['date']}"
+                  context=CONTEXT, k=args.k, steps=list(steps), cpus=os.cpu_count(), xla_flags=args.xla_flags,
+                  rows=[], errors=[])
+    stem = f"compile-adaptive-{dev.platform}-{result['date']}" + (f"-{args.label}" if args.label else "")
     builds = ["fixed", "per_call"] + (["slowest"] if args.alone else [])
     for layers in args.layers:
         with tempfile.TemporaryDirectory(prefix="jaxspec-autotune-") as tmp:
@@ -170,7 +176,7 @@ def main(argv=None):
                 row = dict(layers=layers, autotune=autotune)
                 try:
                     for what in builds:
-                        row[f"{what}_s"] = build_fresh(layers, args.k, what, args.tiny, dirs[what])
+                        row[f"{what}_s"] = build_fresh(layers, args.k, what, args.tiny, dirs[what], args.xla_flags)
                 except Exception as e:  # noqa: BLE001 - one row's failure is reported, the others still run
                     result["errors"].append(f"{layers} layers, {autotune}: {type(e).__name__}: {e}"[:2000])
                     print(result["errors"][-1], flush=True)
