@@ -106,3 +106,16 @@ def test_plain_calls_probe_as_the_engines_do():
     assert set(unprobed["ks"][4:]) == {0} and probed["tokens_per_s"] > 1.3 * unprobed["tokens_per_s"]
     never = replay(on_text(np.zeros(210, int)), PerCallPolicy(), *H200_EMBEDDED, 128)
     assert set(never["ks"][4:]) == {0} and never["calls"] == 2
+
+
+def test_a_new_engine_comes_back_from_plain_decoding_where_the_text_turns(tmp_path, capsys):
+    """`--turns-at`: drafts fail before token 9 and are all accepted after it. A new engine leaves its first K for
+    plain decoding, and the plain call's blocks (8 and 16 steps, each read against a table priced for its own
+    observations) take it back after 24 plain steps; a first block read as a whole one left where the host then
+    stayed, and the next call's minimum held plain decoding for 64 steps."""
+    rows = main(["--turns-at", "9", "--costs-ms", "0.1537", "0.217", "0.2335", "0.244", "0.274", "--switch-ms", "0.5",
+                 "--out", str(tmp_path)])
+    got = rows[0]["adaptive"]["default"]
+    assert got["stretches"][0][0] > 0 and got["stretches"][1] == [0, 24] and got["stretches"][2][0] > 0
+    assert got["calls"] == 3 and got["over_best"] > 0.75
+    assert "turns at 9" in capsys.readouterr().out and (tmp_path / "calls-replay-turning.json").exists()

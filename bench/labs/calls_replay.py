@@ -227,6 +227,9 @@ def main(argv=None):
     p.add_argument("--order", choices=("rotated", "sequential"), default="rotated",
                    help="with --oracle: passes over all prompts in rotated order, or each prompt's warm-up and rounds "
                         "in a row (as bench.adaptive_prompts runs them)")
+    p.add_argument("--turns-at", type=int, nargs="+", default=None,
+                   help="instead of --acceptance: a new engine's first generation on a text whose drafts all fail "
+                        "before this token and are all accepted after it (one row per token)")
     p.add_argument("--out", default=None, help="write calls-replay.json here")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -245,6 +248,8 @@ def main(argv=None):
         p.error(f"--variants: {e}")
     if args.oracle is not None:
         return text_rows(args, variants)
+    if args.turns_at is not None:
+        return turning_rows(args, variants)
     rows = []
     for a in args.acceptance:
         row = dict(a=a, fixed={}, adaptive={})
@@ -270,6 +275,46 @@ def main(argv=None):
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "calls-replay.json").write_text(json.dumps(dict(args=vars(args), rows=rows), indent=1))
+
+
+def turns_at(token: int):
+    """`draw` for a text the draft cannot follow before `token` and follows exactly after it."""
+    return lambda k, generated: 0 if generated < token else k
+
+
+def stretches(ks: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for k in ks:
+        if runs and runs[-1][0] == k:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1])
+    return runs
+
+
+def turning_rows(args, variants) -> list[dict]:
+    """Per --turns-at token: fixed K = 0..4 and each variant's first generation with a fresh pool (a new process's
+    engine), with the K it ran in stretches."""
+    rows = []
+    for token in args.turns_at:
+        draw = turns_at(token)
+        row = dict(turns_at=token, fixed={k: fixed(draw, k, args.costs_ms, args.max_new_tokens)
+                                          for k in range(len(args.costs_ms))}, adaptive={})
+        best = max(row["fixed"].values())
+        for name, (policy, probe_first, old_rule) in variants.items():
+            with every_depth_observed() if old_rule else contextlib.nullcontext():
+                run = replay(draw, policy, args.costs_ms, args.switch_ms, args.max_new_tokens, probe_first)
+            row["adaptive"][name] = dict(tokens_per_s=run["tokens_per_s"], over_best=run["tokens_per_s"] / best,
+                                         calls=run["calls"], stretches=stretches(run["ks"]))
+        rows.append(row)
+        print(f"turns at {token}: best fixed {best:.0f} tok/s; "
+              + "; ".join(f"{n} {v['over_best']:.3f} of it, {v['calls']} calls, K stretches {v['stretches']}"
+                          for n, v in row["adaptive"].items()), flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "calls-replay-turning.json").write_text(json.dumps(dict(args=vars(args), rows=rows),
+                                                                             indent=1))
+    return rows
 
 
 def text_rows(args, variants) -> list[dict]:
