@@ -120,12 +120,17 @@ def output_shapes(fn, args: tuple, mesh: Mesh | None = None):
 
 def compile_programs(specs: list[tuple], mesh: Mesh | None = None) -> list:
     """Ahead-of-time compile each `(fn, args, donate)` of `specs` (`lower_program`). JAX traces and lowers them one
-    after another; XLA then compiles them side by side, one thread each (a program's optimisation passes run on
-    one core, and at Kimi's depth each takes tens of seconds), or loads them from the persistent cache."""
-    lowered = [lower_program(fn, args, donate, mesh) for fn, args, donate in specs]
-    with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
-        compiled = list(pool.map(lambda lw: lw[0].compile(), lowered))
-    return [c if ins is None else MeshProgram(c, ins) for c, (_, ins) in zip(compiled, lowered)]
+    after another, and XLA compiles each as soon as it is lowered, side by side, one thread each (a program's
+    optimisation passes run on one core, and at Kimi's depth each takes tens of seconds), or loads it from the
+    persistent cache: a set of programs is built in about its slowest program's time after the first is lowered,
+    not after the last."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(specs), os.cpu_count() or 1))) as pool:
+        started = []
+        for fn, args, donate in specs:
+            lowered, in_shardings = lower_program(fn, args, donate, mesh)
+            started.append((pool.submit(lowered.compile), in_shardings))
+        compiled = [(job.result(), ins) for job, ins in started]
+    return [c if ins is None else MeshProgram(c, ins) for c, ins in compiled]
 
 
 def compile_program(fn, args: tuple, donate: tuple = (), mesh: Mesh | None = None):
