@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -38,7 +39,7 @@ from bench.step import bench_config
 from jaxspec.adaptive_calls import PerCallPolicy, plain_loop, plain_to_the_end, probe_loop, spec_loop, to_plain
 from jaxspec.adaptive_calls_run import never_leaving
 from jaxspec.models import SpecWeights
-from jaxspec.sharded import compile_programs
+from jaxspec.sharded import compile_programs, lower_program
 from jaxspec.spec_step import speculative_cycle
 from jaxspec.state import on_host, progress
 from jaxspec.xla_flags import AUTOTUNE_CACHE_ENV, AUTOTUNE_CACHE_FLAG
@@ -89,36 +90,46 @@ def per_call_specs(spec_cfg, sw, state, steps: tuple[int, ...], window: int, tai
     return specs
 
 
-def timed_compile(specs) -> float:
+def timed_compile(specs, lower_all_first: bool = False) -> float:
     jax.clear_caches()  # JAX keeps what it traced and compiled in memory too
     t0 = time.perf_counter()
-    compile_programs(specs)
+    (compile_after_lowering_all if lower_all_first else compile_programs)(specs)
     return time.perf_counter() - t0
+
+
+def compile_after_lowering_all(specs) -> list:
+    """`compile_programs` as it was before it overlapped lowering and compiling: every program lowered, then all
+    compiled side by side (a comparison for this bench)."""
+    lowered = [lower_program(fn, args, donate) for fn, args, donate in specs]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
+        return list(pool.map(lambda lw: lw[0].compile(), lowered))
 
 
 BUILDS = ("fixed", "per_call", "slowest")  # the fixed loop; the by-call set; the set's largest-K loop alone
 
 
-def build_here(layers: int, k: int, what: str, tiny: bool) -> float:
+def build_here(layers: int, k: int, what: str, tiny: bool, lower_all_first: bool = False) -> float:
     """Seconds to build `what` (one of BUILDS) in this process, JAX's persistent cache off."""
     jax.config.update("jax_enable_compilation_cache", False)
     spec_cfg, sw, state = abstract_pair(bench_config(layers, tiny), tiny)
     if what == "fixed":
-        return timed_compile([fixed_loop_spec(spec_cfg, sw, state, k)])
+        return timed_compile([fixed_loop_spec(spec_cfg, sw, state, k)], lower_all_first)
     policy = PerCallPolicy()
     steps, window, tails = policy.compiled(k)
     specs = per_call_specs(spec_cfg, sw, state, steps, window, tails, policy.probe_every)
-    return timed_compile(specs if what == "per_call" else specs[-1:])
+    return timed_compile(specs if what == "per_call" else specs[-1:], lower_all_first)
 
 
-def build_fresh(layers: int, k: int, what: str, tiny: bool, autotune_dir: Path, xla_flags: str = "") -> float:
+def build_fresh(layers: int, k: int, what: str, tiny: bool, autotune_dir: Path, xla_flags: str = "",
+                lower_all_first: bool = False) -> float:
     """`build_here` in a new process whose autotuning is kept in `autotune_dir` (and only there), with `xla_flags`
     added to the engine's."""
     env = dict(os.environ, **{AUTOTUNE_CACHE_ENV: str(autotune_dir)})
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(AUTOTUNE_CACHE_FLAG)]
     env["XLA_FLAGS"] = " ".join(flags + xla_flags.split())
     cmd = [sys.executable, "-m", "bench.compile_adaptive", "--one", what, "--layers", str(layers), "--k", str(k)]
-    done = subprocess.run(cmd + (["--tiny"] if tiny else []), capture_output=True, text=True, env=env, check=False)
+    cmd += (["--tiny"] if tiny else []) + (["--lower-all-first"] if lower_all_first else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode or not lines:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -132,7 +143,8 @@ def markdown(result: dict) -> str:
              f"trace + lower + XLA, seconds, each build in a fresh process. Fixed: one loop of K = {result['k']} "
              f"cycles; by call: the loops of K set {result['steps']} compiled side by side on {result['cpus']} host "
              "cores. Autotuning cold: an empty directory per build; kept: the directory its cold build filled."
-             + (f" XLA flags added: `{result['xla_flags']}`." if result.get("xla_flags") else ""), "",
+             + (f" XLA flags added: `{result['xla_flags']}`." if result.get("xla_flags") else "")
+             + (" Every program lowered before any compiles." if result.get("lower_all_first") else ""), "",
              "| layers | autotuning | fixed K loop | by call, all loops | by call / fixed | largest-K loop alone |",
              "|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -151,6 +163,8 @@ def main(argv=None):
     p.add_argument("--autotune", nargs="+", choices=["cold", "kept"], default=["cold", "kept"])
     p.add_argument("--label", default="", help="a name for this run's files (beside the device and date)")
     p.add_argument("--xla-flags", default="", help="XLA flags every build adds (a comparison of XLA's options)")
+    p.add_argument("--lower-all-first", action="store_true",
+                   help="lower every program before XLA compiles any (as the engine did before it overlapped them)")
     p.add_argument("--tiny", action="store_true", help="small dimensions (a CPU smoke run)")
     p.add_argument("--one", choices=BUILDS, default=None, help=argparse.SUPPRESS)  # a child: build, print seconds
     p.add_argument("--out", default="bench/results")
@@ -158,13 +172,14 @@ def main(argv=None):
     if args.k < 1 or min(args.layers) < 3:
         p.error("--k must be >= 1 and --layers >= 3 (the draft taps three distinct target layers)")
     if args.one is not None:
-        print(json.dumps(dict(seconds=build_here(args.layers[0], args.k, args.one, args.tiny))), flush=True)
+        seconds = build_here(args.layers[0], args.k, args.one, args.tiny, args.lower_all_first)
+        print(json.dumps(dict(seconds=seconds)), flush=True)
         return None
     dev = jax.devices()[0]
     steps, _, _ = PerCallPolicy().compiled(args.k)
     result = dict(device=dev.device_kind, jax=jax.__version__, date=datetime.date.today().isoformat(),
                   context=CONTEXT, k=args.k, steps=list(steps), cpus=os.cpu_count(), xla_flags=args.xla_flags,
-                  rows=[], errors=[])
+                  lower_all_first=args.lower_all_first, rows=[], errors=[])
     stem = f"compile-adaptive-{dev.platform}-{result['date']}" + (f"-{args.label}" if args.label else "")
     builds = ["fixed", "per_call"] + (["slowest"] if args.alone else [])
     for layers in args.layers:
@@ -176,7 +191,8 @@ def main(argv=None):
                 row = dict(layers=layers, autotune=autotune)
                 try:
                     for what in builds:
-                        row[f"{what}_s"] = build_fresh(layers, args.k, what, args.tiny, dirs[what], args.xla_flags)
+                        row[f"{what}_s"] = build_fresh(layers, args.k, what, args.tiny, dirs[what], args.xla_flags,
+                                                       args.lower_all_first)
                 except Exception as e:  # noqa: BLE001 - one row's failure is reported, the others still run
                     result["errors"].append(f"{layers} layers, {autotune}: {type(e).__name__}: {e}"[:2000])
                     print(result["errors"][-1], flush=True)
