@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.adaptive_fresh import k_runs
 from jaxspec.adaptive_calls import (BAND_GRID, PROBE_FIRST_BLOCK, PROBE_LIMIT, PROBE_MIN_STEPS, PROBE_TABLES,
                                     RULE_HIGH, RULE_LIMIT, RULE_LOW, RULE_MIN_CYCLES, RULE_PLAIN_HIGH, PerCallPolicy,
                                     Pool, rule_array)
@@ -282,16 +283,6 @@ def turns_at(token: int):
     return lambda k, generated: 0 if generated < token else k
 
 
-def stretches(ks: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for k in ks:
-        if runs and runs[-1][0] == k:
-            runs[-1][1] += 1
-        else:
-            runs.append([k, 1])
-    return runs
-
-
 def turning_rows(args, variants) -> list[dict]:
     """Per --turns-at token: fixed K = 0..4 and each variant's first generation with a fresh pool (a new process's
     engine), with the K it ran in stretches."""
@@ -305,7 +296,7 @@ def turning_rows(args, variants) -> list[dict]:
             with every_depth_observed() if old_rule else contextlib.nullcontext():
                 run = replay(draw, policy, args.costs_ms, args.switch_ms, args.max_new_tokens, probe_first)
             row["adaptive"][name] = dict(tokens_per_s=run["tokens_per_s"], over_best=run["tokens_per_s"] / best,
-                                         calls=run["calls"], stretches=stretches(run["ks"]))
+                                         calls=run["calls"], stretches=k_runs(run["ks"]))
         rows.append(row)
         print(f"turns at {token}: best fixed {best:.0f} tok/s; "
               + "; ".join(f"{n} {v['over_best']:.3f} of it, {v['calls']} calls, K stretches {v['stretches']}"
