@@ -465,8 +465,9 @@ def probe_loop(w: SpecWeights, state: SpecState, sp: dict, probe_F, *, cfg: Spec
     the draft's catch-up over the block (`jaxspec.adaptive.catch_up`: the draft cache written, c_1 observed at
     every entry), until the batch is done, the limit of steps ran, or (after the minimum) a block's mean c_1 over
     the batch is one at which the host would leave plain decoding for the tokens the slowest live row still wants
-    (the block's own table: `probe_observations`). The state is then as a speculative cycle expects it (but after a block longer than `width`:
-    `plain_to_the_end`). Returns the state and its `probe_summary` (the last block's counts)."""
+    (the block's own table: `probe_observations`). The state is then as a speculative cycle expects it (but after
+    a block longer than `width`: `plain_to_the_end`). Returns the state and its `probe_summary` (the last block's
+    counts)."""
     b = state.pending.shape[0]
     start = state.cycles
     aux = len(cfg.target.aux_layer_ids) * cfg.target.hidden_size

@@ -122,8 +122,10 @@ def compile_programs(specs: list[tuple], mesh: Mesh | None = None) -> list:
     """Ahead-of-time compile each `(fn, args, donate)` of `specs` (`lower_program`). JAX traces and lowers them one
     after another, and XLA compiles each as soon as it is lowered, side by side, one thread each (a program's
     optimisation passes run on one core, and at Kimi's depth each takes tens of seconds), or loads it from the
-    persistent cache: a set of programs is built in about its slowest program's time after the first is lowered,
-    not after the last."""
+    persistent cache. So a set's build overlaps the later programs' lowering, and on a GPU the programs' GEMM
+    autotuning does not all run on the device at once: a later program finds in the process's autotuning cache what
+    an earlier one already timed (docs/performance.md, "Each block priced for its own observations; the set's
+    build, cold")."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(specs), os.cpu_count() or 1))) as pool:
         started = []
         for fn, args, donate in specs:
