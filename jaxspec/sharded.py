@@ -126,12 +126,17 @@ def compile_programs(specs: list[tuple], mesh: Mesh | None = None) -> list:
     autotuning does not all run on the device at once: a later program finds in the process's autotuning cache what
     an earlier one already timed (docs/performance.md, "Each block priced for its own observations; the set's
     build, cold")."""
-    with ThreadPoolExecutor(max_workers=max(1, min(len(specs), os.cpu_count() or 1))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(specs), os.cpu_count() or 1)))
+    try:
         started = []
         for fn, args, donate in specs:
             lowered, in_shardings = lower_program(fn, args, donate, mesh)
             started.append((pool.submit(lowered.compile), in_shardings))
         compiled = [(job.result(), ins) for job, ins in started]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # the error now: no queued build runs for a set that failed
+        raise
+    pool.shutdown()
     return [c if ins is None else MeshProgram(c, ins) for c, ins in compiled]
 
 
