@@ -156,7 +156,8 @@ def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int, limit:
 def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool) -> list[tuple]:
     """The `Engine._compile` specs of the loops, one per K of the set in order (`state`: the prefilled state or its
     shapes): device loops (`spec_loop`; for K = 0 `probe_loop` where plain calls probe, else `plain_loop`) or,
-    streamed, single cycles that also return their progress, then `probe_loop` where plain calls probe."""
+    streamed, `probe_loop` where plain calls probe, then single cycles that also return their progress. The probe
+    loop, the set's slowest build, comes first: each program goes to XLA as soon as it is lowered."""
     policy = engine.adaptive
     steps, window, tails = policy.compiled(engine.k)
     plain_state = to_plain(state)  # a restructuring: its shapes need no trace
@@ -165,7 +166,7 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
     probe = ("calls_loop_probe", functools.partial(probe_loop, cfg=engine.cfg, greedy=greedy,
                                                    max_new_tokens=max_new_tokens, width=policy.probe_every),
              {}, (w, state, sp, plain_to_the_end(0)), (1,), baked + (policy.probe_every,))
-    specs = []
+    specs = [probe] if streamed and probes(engine) else []
     for k in steps:
         if k == 0 and streamed:
             step = functools.partial(baseline_step, cfg=engine.cfg, greedy=greedy, max_new_tokens=max_new_tokens)
@@ -183,16 +184,15 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
             fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
                                    max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=k in tails)
             specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
-    if streamed and probes(engine):
-        specs.append(probe)
     return specs
 
 
 def _keyed(steps: tuple[int, ...], loops: list, engine, streamed: bool) -> dict:
     """{K: program} (`_program_specs`' order), with the plain loop that probes under PROBE where there is one."""
-    programs = dict(zip(steps, loops))
+    streamed_probe = streamed and probes(engine)
+    programs = dict(zip(steps, loops[1:] if streamed_probe else loops))
     if probes(engine):
-        programs[PROBE] = loops[-1] if streamed else programs[0]
+        programs[PROBE] = loops[0] if streamed_probe else programs[0]
     return programs
 
 
