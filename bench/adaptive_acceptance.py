@@ -120,19 +120,20 @@ def programs(spec_cfg, ks, steps, policy: AdaptivePolicy, max_new: int, capacity
 
 
 def per_call_programs(spec_cfg, steps, policy: PerCallPolicy, max_new: int):
-    """Adaptive by call: one `spec_loop` per K >= 1 (a, continuation and the rule's inputs as arguments) and the
-    plain loop, as `jaxspec.adaptive_calls_run` compiles them for the engine."""
+    """Adaptive by call: one `spec_loop` per K >= 1 (a, continuation and the rule's inputs as arguments), the plain
+    loop, and the loops of the K that may carry a plain tail with it (built where the measured table asks for them,
+    `PerCallPolicy.built_tails`), as `jaxspec.adaptive_calls_run` compiles them for the engine."""
     greedy_kw = dict(cfg=spec_cfg, greedy=True, max_new_tokens=max_new)
     _, window, tails = policy.compiled(max(steps))
 
-    def loop(k):
+    def loop(k, tail: bool):
         def run(w, s, rule, rate, cont):
             drafter = functools.partial(controlled_drafter, rate=rate, continuation_BS=cont)
-            return spec_loop(w, s, {}, rule, k=k, window=window, drafter=drafter, plain_tail=k in tails, **greedy_kw)
+            return spec_loop(w, s, {}, rule, k=k, window=window, drafter=drafter, plain_tail=tail, **greedy_kw)
         return jax.jit(run, donate_argnums=1)
 
     plain = jax.jit(lambda w, s, limit: plain_loop(w, s, {}, limit, **greedy_kw), donate_argnums=1)
-    return {k: loop(k) for k in steps if k > 0}, plain
+    return {k: loop(k, False) for k in steps if k > 0}, plain, {k: loop(k, True) for k in tails}
 
 
 def compiled_side_by_side(prompt, base_prefill, sprefill, base_loop, fixed: dict, per_call):
@@ -146,21 +147,21 @@ def compiled_side_by_side(prompt, base_prefill, sprefill, base_loop, fixed: dict
                "base_loop": (base_loop, (sw, base_state), (1,))}
     entries.update({("fixed", k): (loop, (sw, spec_state, rate, cont), (1,)) for k, loop in fixed.items()})
     if per_call is not None:
-        loops, plain = per_call
+        loops, plain, _ = per_call
         rule = jax.ShapeDtypeStruct((RULE_FIELDS,), jnp.float32)
         entries.update({("calls", k): (loop, (sw, spec_state, rule, rate, cont), (1,)) for k, loop in loops.items()})
         entries["plain"] = (plain, (sw, jax.eval_shape(to_plain, spec_state), jax.ShapeDtypeStruct((), jnp.int32)),
                             (1,))
     built = dict(zip(entries, compile_programs(list(entries.values()))))
     fixed = {k: built[("fixed", k)] for k in fixed}
-    if per_call is not None:
-        per_call = ({k: built[("calls", k)] for k in per_call[0]}, built["plain"])
+    if per_call is not None:  # the tailed loops compile on first use, where the table asks for them
+        per_call = ({k: built[("calls", k)] for k in per_call[0]}, built["plain"], per_call[2])
     return built["base_prefill"], built["sprefill"], built["base_loop"], fixed, per_call
 
 
-def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain) -> dict:
-    """Adaptive by call at each a (`loops`, `plain`: `per_call_programs`): a fresh pool for every run (what one
-    `generate` process starts from)."""
+def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain, tailed) -> dict:
+    """Adaptive by call at each a (`loops`, `plain`, `tailed`: `per_call_programs`): a fresh pool for every run (what
+    one `generate` process starts from)."""
     policy = PerCallPolicy(steps=tuple(args.adaptive_steps), **({"min_cycles": args.min_cycles[0]}
                                                                  if args.min_cycles else {}))
     steps = policy.resolve_steps(max(args.adaptive_steps))
@@ -179,6 +180,8 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
     log("adaptive (per call) cost table (ms per cycle): " + ", ".join(f"K={k}: {1e3 * c:.3f}" for k, c in
                                                                        zip(steps, table.costs_s))
         + f"; one more call {1e3 * table.first_run_s:.3f} ms")
+    tails = policy.built_tails(j_max, table.costs_s, table.first_run_s)
+    loops = {**loops, **{k: tailed[k] for k in tails}}  # compiled in the first row's warm-up
     rows, variants = {}, {}
     for a, m in [(a, m) for m in (args.min_cycles or [None]) for a in args.acceptance]:
         if m is not None and m != policy.min_cycles:  # a variant's rows beside the first's
@@ -211,7 +214,7 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain)
         log(f"adaptive (per call, first test after {policy.min_cycles} cycles) a={a}: {decoded / seconds:.1f} tok/s, "
             f"K chosen {got['k_histogram']} in {got['calls']} calls")
     return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, table.costs_s)},
-                first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps),
+                first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps), plain_tails=list(tails),
                 min_cycles=(args.min_cycles or [PerCallPolicy.min_cycles])[0],
                 min_cycles_variants=variants or None)
 

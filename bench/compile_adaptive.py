@@ -2,7 +2,9 @@
 by depth. The fixed-K engine compiles one device loop of K-draft cycles; adaptive by call compiles one loop per K of
 its set (`jaxspec.adaptive_calls.spec_loop`, and for K = 0 `probe_loop`, plain decoding that keeps the draft
 current) side by side, as `Engine.generate` does
-(`jaxspec.sharded.compile_programs`: one thread a program). Kimi-K2.5 shapes with INT4 experts at batch 1 over a 1k
+(`jaxspec.sharded.compile_programs`: one thread a program): without plain tails, as a first run builds it (no cost
+table yet) and as any run does where a call costs less than a plain step (`PerCallPolicy.built_tails`); with
+`--tailed` also the set whose tailed K carry their plain tail, as a run whose table asks for them builds it. Kimi-K2.5 shapes with INT4 experts at batch 1 over a 1k
 context, built from shapes alone (nothing is drawn or run), JAX's persistent cache off.
 
 Each build runs in a fresh process: XLA keeps in a process (and in the engine's autotuning directory,
@@ -105,7 +107,8 @@ def compile_after_lowering_all(specs) -> list:
         return list(pool.map(lambda lw: lw[0].compile(), lowered))
 
 
-BUILDS = ("fixed", "per_call", "slowest")  # the fixed loop; the by-call set; the set's largest-K loop alone
+# the fixed loop; the by-call set; the same with the policy's plain tails; the set's largest-K loop alone
+BUILDS = ("fixed", "per_call", "per_call_tailed", "slowest")
 
 
 def build_here(layers: int, k: int, what: str, tiny: bool, lower_all_first: bool = False) -> float:
@@ -116,8 +119,9 @@ def build_here(layers: int, k: int, what: str, tiny: bool, lower_all_first: bool
         return timed_compile([fixed_loop_spec(spec_cfg, sw, state, k)], lower_all_first)
     policy = PerCallPolicy()
     steps, window, tails = policy.compiled(k)
-    specs = per_call_specs(spec_cfg, sw, state, steps, window, tails, policy.probe_every)
-    return timed_compile(specs if what == "per_call" else specs[-1:], lower_all_first)
+    specs = per_call_specs(spec_cfg, sw, state, steps, window, tails if what == "per_call_tailed" else (),
+                           policy.probe_every)
+    return timed_compile(specs[-1:] if what == "slowest" else specs, lower_all_first)
 
 
 def build_fresh(layers: int, k: int, what: str, tiny: bool, autotune_dir: Path, xla_flags: str = "",
@@ -145,11 +149,13 @@ def markdown(result: dict) -> str:
              "cores. Autotuning cold: an empty directory per build; kept: the directory its cold build filled."
              + (f" XLA flags added: `{result['xla_flags']}`." if result.get("xla_flags") else "")
              + (" Every program lowered before any compiles." if result.get("lower_all_first") else ""), "",
-             "| layers | autotuning | fixed K loop | by call, all loops | by call / fixed | largest-K loop alone |",
-             "|---|---|---|---|---|---|"]
+             "| layers | autotuning | fixed K loop | by call, all loops | by call / fixed | with plain tails | "
+             "tails / fixed | largest-K loop alone |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        tailed = r.get("per_call_tailed_s")
         lines.append(f"| {r['layers']} | {r['autotune']} | {fmt(r['fixed_s'], 2)} | {fmt(r['per_call_s'], 2)} | "
-                     f"{fmt(r['per_call_s'] / r['fixed_s'], 2)} | {fmt(r.get('slowest_s'), 2)} |")
+                     f"{fmt(r['per_call_s'] / r['fixed_s'], 2)} | {fmt(tailed, 2)} | "
+                     f"{fmt(None if tailed is None else tailed / r['fixed_s'], 2)} | {fmt(r.get('slowest_s'), 2)} |")
     for e in result["errors"]:
         lines.append(f"\nerror: {e}")
     return "\n".join(lines) + "\n"
@@ -160,6 +166,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, nargs="+", default=[4, 61])
     p.add_argument("--k", type=int, default=4, help="the fixed engine's K and the by-call set's largest")
     p.add_argument("--alone", action="store_true", help="also build the by-call set's largest-K loop alone")
+    p.add_argument("--tailed", action="store_true",
+                   help="also build the by-call set with the policy's plain tails (where a call costs over a step)")
     p.add_argument("--autotune", nargs="+", choices=["cold", "kept"], default=["cold", "kept"])
     p.add_argument("--label", default="", help="a name for this run's files (beside the device and date)")
     p.add_argument("--xla-flags", default="", help="XLA flags every build adds (a comparison of XLA's options)")
@@ -181,7 +189,7 @@ def main(argv=None):
                   context=CONTEXT, k=args.k, steps=list(steps), cpus=os.cpu_count(), xla_flags=args.xla_flags,
                   lower_all_first=args.lower_all_first, rows=[], errors=[])
     stem = f"compile-adaptive-{dev.platform}-{result['date']}" + (f"-{args.label}" if args.label else "")
-    builds = ["fixed", "per_call"] + (["slowest"] if args.alone else [])
+    builds = ["fixed", "per_call"] + (["per_call_tailed"] if args.tailed else []) + (["slowest"] if args.alone else [])
     for layers in args.layers:
         with tempfile.TemporaryDirectory(prefix="jaxspec-autotune-") as tmp:
             dirs = {what: Path(tmp) / what for what in builds}  # one autotuning directory per build, kept for "kept"
@@ -200,7 +208,10 @@ def main(argv=None):
                 if row is not None and autotune in args.autotune:
                     result["rows"].append(row)
                     print(f"{layers:3d} layers, autotuning {autotune}: fixed K={args.k} {row['fixed_s']:.2f} s, by "
-                          f"call {row['per_call_s']:.2f} s ({row['per_call_s'] / row['fixed_s']:.2f}x)", flush=True)
+                          f"call {row['per_call_s']:.2f} s ({row['per_call_s'] / row['fixed_s']:.2f}x)"
+                          + (f", with plain tails {row['per_call_tailed_s']:.2f} s "
+                             f"({row['per_call_tailed_s'] / row['fixed_s']:.2f}x)" if "per_call_tailed_s" in row else ""),
+                          flush=True)
                 write_report(result, Path(args.out), stem, markdown)  # a run cut short keeps what it measured
     return result
 

@@ -42,9 +42,12 @@ few tokens left) the plain call runs to the end as one block (`plain_to_the_end`
 plug, whose drafts the catch-up's draft forward does not predict) the state is converted (`to_plain`) for plain
 decoding's own loop. The loops of the K in `plain_tails` go on with plain decoding in their own call where their
 test leaves for it (the band's `plain_high`), so that switch costs no call, which on a small model is the price of a
-few plain steps; that tail runs to the end. Each tail compiles a plain step into its loop, and a tail on every K
-would take the 61-layer set past twice a fixed-K loop's build; K = 1 is where a fresh pool's prior starts a small
-model, whose calls are dearest against its steps (docs/performance.md, "Plain decoding in the K loop's call").
+few plain steps; that tail runs to the end. Each tail compiles a plain step into its loop: a second target forward,
+which doubles that loop's build, and the set builds its programs side by side, so its build is its slowest
+program's. A tail is therefore built only where the cost table says a call costs more than a plain step
+(`PerCallPolicy.built_tails`): a small model, where K = 1 is also where a fresh pool's prior starts. At Kimi's depth
+a call is a fraction of a step, the tail saves no measurable time and would take the set's build past twice a
+fixed-K loop's (docs/performance.md, "Plain decoding in the K loop's call", "The tail where a call outweighs a step").
 
 Losslessness does not depend on K: every cycle is the fixed-K cycle or a plain step, from fresh randomness.
 """
@@ -77,7 +80,8 @@ class PerCallPolicy:
     min_cycles: int = 4
     window: int = 32  # the call's most recent cycles its estimate reads (also the pool's cap, in observations)
     margin: float = 0.03  # the fraction of T(K) another K must save beyond the switch's price
-    plain_tails: tuple[int, ...] = (1,)  # the K whose loop goes on with plain decoding in its call (see above)
+    # the K whose loop goes on with plain decoding in its call where a call costs more than a plain step (see above)
+    plain_tails: tuple[int, ...] = (1,)
     # the longest block of plain steps between the draft's catch-ups in a plain call (blocks start at FIRST_BLOCK and
     # double; each catch-up observes c_1: `probe_loop`); 0: plain decoding runs to the end without them
     probe_every: int = 32
@@ -118,9 +122,19 @@ class PerCallPolicy:
         return self
 
     def compiled(self, k_max: int) -> tuple:
-        """What the loop programs bake in: (K set, window, K with a plain tail). The band, the minimum and the
-        call's limit are arguments."""
+        """What the loop programs bake in: (K set, window, K that may carry a plain tail). The band, the minimum and
+        the call's limit are arguments; which tails are built follows the cost table (`built_tails`)."""
         return (self.resolve_steps(k_max), self.window, self.resolve_tails(k_max))
+
+    def built_tails(self, k_max: int, costs_N, switch_s: float) -> tuple[int, ...]:
+        """The K of `resolve_tails` whose loops are built with their plain tail under the cost table `costs_N`
+        (seconds per cycle of each K of the set) and the price of one more call `switch_s`: all of them where a call
+        costs more than a plain step, else none. The tail saves one call at a switch to plain decoding and costs
+        its loop's build a plain step's target forward; where a call is cheaper than a step the saving is below a
+        step a switch."""
+        steps = self.resolve_steps(k_max)
+        tails = self.resolve_tails(k_max)
+        return tails if tails and switch_s > float(costs_N[steps.index(0)]) else ()
 
 
 # What a call's leaving test reads besides the state, one float32 array (one transfer a call; an argument, so one

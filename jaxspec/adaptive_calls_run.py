@@ -153,13 +153,15 @@ def probe_inputs(run: Calls, remaining_B, live_B, policy, min_steps: int, limit:
     return probe_array(need_SG, min_steps, limit, min(FIRST_BLOCK, policy.probe_every))
 
 
-def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool) -> list[tuple]:
+def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool,
+                   tails: tuple[int, ...] = ()) -> list[tuple]:
     """The `Engine._compile` specs of the loops, one per K of the set in order (`state`: the prefilled state or its
-    shapes): device loops (`spec_loop`; for K = 0 `probe_loop` where plain calls probe, else `plain_loop`) or,
-    streamed, `probe_loop` where plain calls probe, then single cycles that also return their progress. The probe
-    loop, the set's slowest build, comes first: each program goes to XLA as soon as it is lowered."""
+    shapes): device loops (`spec_loop`, the K in `tails` with their plain tail; for K = 0 `probe_loop` where plain
+    calls probe, else `plain_loop`) or, streamed, `probe_loop` where plain calls probe, then single cycles that also
+    return their progress. The probe loop, the set's slowest build but for a tailed loop, comes first: each program
+    goes to XLA as soon as it is lowered."""
     policy = engine.adaptive
-    steps, window, tails = policy.compiled(engine.k)
+    steps = policy.resolve_steps(engine.k)
     plain_state = to_plain(state)  # a restructuring: its shapes need no trace
     w = engine.weights
     baked = (greedy, max_new_tokens, policy.compiled(engine.k))
@@ -181,10 +183,18 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
                                      max_new_tokens=max_new_tokens, drafter=engine.drafter)
             specs.append((f"calls_cycle_{k}", with_progress(step), {}, (w, state, sp), (1,), baked))
         else:
-            fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
-                                   max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=k in tails)
-            specs.append((f"calls_loop_{k}", fn, {}, (w, state, sp, never_leaving(0)), (1,), baked))
+            specs.append(_k_loop_spec(engine, state, sp, greedy, max_new_tokens, k, k in tails))
     return specs
+
+
+def _k_loop_spec(engine, state, sp, greedy: bool, max_new_tokens: int, k: int, tail: bool) -> tuple:
+    """The `Engine._compile` spec of K's device loop (`spec_loop`), with its plain tail where `tail`."""
+    policy = engine.adaptive
+    _, window, _ = policy.compiled(engine.k)
+    fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
+                           max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=tail)
+    return (f"calls_loop_{k}" + ("_tail" if tail else ""), fn, {}, (engine.weights, state, sp, never_leaving(0)), (1,),
+            (greedy, max_new_tokens, policy.compiled(engine.k)))
 
 
 def _keyed(steps: tuple[int, ...], loops: list, engine, streamed: bool) -> dict:
@@ -204,11 +214,12 @@ def probes(engine) -> bool:
     return policy.probe_every > 0 and engine.drafter is None and 0 in policy.resolve_steps(engine.k)
 
 
-def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool):
+def _programs(engine, state, sp, greedy: bool, max_new_tokens: int, streamed: bool, tails: tuple[int, ...] = ()):
     """{K: program} for every K of the set (`_program_specs`), compiled side by side. Returns (programs, compile
     seconds)."""
     steps = engine.adaptive.resolve_steps(engine.k)
-    built = engine._compile_together(_program_specs(engine, state, sp, greedy, max_new_tokens, streamed))
+    specs = _program_specs(engine, state, sp, greedy, max_new_tokens, streamed, tails)
+    built = engine._compile_together(specs)
     return _keyed(steps, [program for program, _ in built], engine, streamed), sum(c for _, c in built)
 
 
@@ -287,9 +298,13 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
                 rule = jax.device_put(rule)
             early["first"] = k, c_BJ, rule
 
-    # the loops compile beside the prefill, so the first call follows the prefill without a host gap
-    specs = functools.partial(_program_specs, engine, sp=sp, greedy=sampling.greedy, max_new_tokens=max_new_tokens,
-                              streamed=streamed)
+    def specs(shapes):
+        # the loops compile beside the prefill, so the first call follows the prefill without a host gap; the plain
+        # tails the cost table asks for where it is known already (`PerCallPolicy.built_tails`)
+        known = None if streamed else _known_costs(engine, shapes, sampling.greedy, streamed)
+        early["tails"] = () if known is None else policy.built_tails(engine.k, known[0], known[1])
+        return _program_specs(engine, shapes, sp, sampling.greedy, max_new_tokens, streamed, early["tails"])
+
     state, prefill_s, compile_s, lengths, *loops = engine._prefill(prompts, max_new_tokens, sampling, seed, True,
                                                                    then=specs, meanwhile=meanwhile)
     programs = _keyed(steps, loops, engine, streamed)
@@ -298,6 +313,15 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
     else:
         costs, switch, source, measure_s = _cost_table(engine, state, sp, programs, sampling.greedy, streamed)
         run = _calls(engine, steps, window, sampling.greedy, costs, switch)
+        # a table measured only now: the loops it gives a plain tail are built again with it (a later process
+        # finds the table and builds them so at once)
+        late = () if streamed else tuple(k for k in policy.built_tails(engine.k, costs, switch)
+                                         if k not in early["tails"])
+        if late:
+            built = engine._compile_together([_k_loop_spec(engine, state, sp, sampling.greedy, max_new_tokens, k, True)
+                                              for k in late])
+            programs.update(zip(late, (program for program, _ in built)))
+            compile_s += sum(seconds for _, seconds in built)
     return (state, sp, prefill_s, compile_s, lengths, programs, run, (source, measure_s), early.get("first"))
 
 

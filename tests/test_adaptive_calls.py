@@ -3,6 +3,7 @@ output equal to plain decoding while K changes between calls, a drafter that nev
 streamed run, and sampled output distributed as plain sampling."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -189,17 +190,43 @@ def never_matching_drafter(key, w, cfg, state, k, greedy, sp):
 
 
 def test_a_plain_tail_spares_the_call_to_plain_decoding(pair, baseline_tokens):
-    """A drafter that never matches under a policy whose first K carries the plain tail: one call, its drafting
-    cycles then plain steps to the end, plain decoding's tokens, and the report counts both (without the tail:
-    `test_a_drafter_that_never_matches_is_switched_off_and_said`, two calls)."""
+    """A drafter that never matches under a policy whose first K may carry the plain tail, and a call dearer than a
+    plain step: one call, its drafting cycles then plain steps to the end, plain decoding's tokens, and the report
+    counts both. A call cheaper than a plain step builds no tail: plain decoding takes a call of its own."""
     cfg, w = pair
-    eng = Engine(cfg, w, num_steps=3, drafter=never_matching_drafter, adaptive=PerCallPolicy(
-        steps=STEPS, costs=COSTS, prior=0.9, min_cycles=3, plain_tails=(3,)))
-    res = eng.generate(PROMPTS_3, MAX_NEW)
+    policy = PerCallPolicy(steps=STEPS, costs=COSTS, switch_s=1.5, prior=0.9, min_cycles=3, plain_tails=(3,))
+    assert policy.built_tails(3, [c for _, c in COSTS], 1.5) == (3,)
+    assert policy.built_tails(3, [c for _, c in COSTS], 0.5) == ()
+    res = Engine(cfg, w, num_steps=3, drafter=never_matching_drafter, adaptive=policy).generate(PROMPTS_3, MAX_NEW)
     assert res.tokens == baseline_tokens and res.adaptive.calls == 1
     ks = res.adaptive.k_per_cycle
     assert ks[:3] == [3, 3, 3] and set(ks[3:]) == {0} and res.cycles == len(ks)
     assert all(len(acc) == len(toks) - 1 for acc, toks in zip(res.accepted, res.tokens))  # 0 accepted a token
+    cheap = dataclasses.replace(policy, switch_s=0.5)
+    res = Engine(cfg, w, num_steps=3, drafter=never_matching_drafter, adaptive=cheap).generate(PROMPTS_3, MAX_NEW)
+    assert res.tokens == baseline_tokens and res.adaptive.calls == 2 and res.adaptive.k_per_cycle == ks
+
+
+def test_a_table_measured_after_the_build_adds_the_tails_it_asks_for(pair, baseline_tokens, monkeypatch):
+    """No table known at the build: the set is built without tails; a measured table whose call is dearer than a
+    plain step then builds the tailed loop before the first call, and a later generation, finding the table, builds
+    nothing more."""
+    from jaxspec import adaptive_costs
+
+    cfg, w = pair
+    monkeypatch.setattr(adaptive_costs, "_MEMORY", {})  # this table stays in this test
+    monkeypatch.setattr(adaptive_costs, "measure", lambda *a, **k: adaptive_costs.Measured((1e-3, 1.6e-3, 1.8e-3,
+                                                                                            2e-3), 1.5e-3))
+    eng = Engine(cfg, w, num_steps=3, drafter=never_matching_drafter, adaptive=PerCallPolicy(
+        steps=STEPS, prior=0.9, min_cycles=3, plain_tails=(3,)))
+    first = eng.generate(PROMPTS_3, MAX_NEW)
+    built = eng.compile_count
+    assert first.adaptive.cost_source == "measured" and first.adaptive.calls == 1  # the tail ran, no second call
+    assert first.tokens == baseline_tokens and set(first.adaptive.k_per_cycle[3:]) == {0}
+    eng.acceptance_pools.clear()  # a fresh pool: the first call runs K = 3 again
+    second = eng.generate(PROMPTS_3, MAX_NEW)
+    assert second.adaptive.cost_source == "cached" and second.tokens == baseline_tokens
+    assert second.adaptive.calls == 1 and eng.compile_count == built  # the set with the tail, found, not built again
 
 
 def test_the_plain_loop_stops_at_its_limit_and_its_summary_reads_back_as_its_state(calls_engine):

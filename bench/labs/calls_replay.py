@@ -173,7 +173,7 @@ def replay(draw, policy: PerCallPolicy, costs_ms, switch_ms: float, max_new: int
         return SimState(s.pending, None, np.ones(1, bool), np.array([max_new]), s.out_tokens,
                         steps=plain_steps[-1]), summary
 
-    tails = policy.resolve_tails(len(costs_ms) - 1)
+    tails = policy.built_tails(len(costs_ms) - 1, costs_ms, switch_ms)  # as the engine builds them for this table
     # plain calls probe as the engine's do with its EAGLE-3 draft (`adaptive_calls_run.probes`)
     probe = simulated_probe(draw, max_new, policy.probe_every) if policy.probe_every > 0 and 0 in steps else None
     drive(state, simulated_call(draw, max_new, policy.window, tails), call_plain, run, policy, max_new, first, probe)
