@@ -1,11 +1,11 @@
 """`python -m bench.compile_adaptive`: what adaptive speculation by call costs to build against the fixed-K engine,
 by depth. The fixed-K engine compiles one device loop of K-draft cycles; adaptive by call compiles one loop per K of
 its set (`jaxspec.adaptive_calls.spec_loop`, and for K = 0 `probe_loop`, plain decoding that keeps the draft
-current) side by side, as `Engine.generate` does
-(`jaxspec.sharded.compile_programs`: one thread a program): without plain tails, as a first run builds it (no cost
-table yet) and as any run does where a call costs less than a plain step (`PerCallPolicy.built_tails`); with
-`--tailed` also the set whose tailed K carry their plain tail, as a run whose table asks for them builds it. Kimi-K2.5 shapes with INT4 experts at batch 1 over a 1k
-context, built from shapes alone (nothing is drawn or run), JAX's persistent cache off.
+current) side by side, as `Engine.generate` does (`jaxspec.sharded.compile_programs`: one thread a program): without
+plain tails, as a first run builds it (no cost table yet) and as any run does where a call costs less than a plain
+step (`PerCallPolicy.built_tails`); with `--tailed` also the set whose tailed K carry their plain tail, as a run
+whose table asks for them builds it. Kimi-K2.5 shapes with INT4 experts at batch 1 over a 1k context, built from
+shapes alone (nothing is drawn or run), JAX's persistent cache off.
 
 Each build runs in a fresh process: XLA keeps in a process (and in the engine's autotuning directory,
 `jaxspec.xla_flags`) the GEMM kernels it timed, so a build after another would skip the autotuning the first one
@@ -141,6 +141,11 @@ def build_fresh(layers: int, k: int, what: str, tiny: bool, autotune_dir: Path, 
     return json.loads(lines[-1])["seconds"]
 
 
+def _tailed_cells(row: dict) -> str:
+    tailed = row.get("per_call_tailed_s")
+    return "" if tailed is None else f", with plain tails {tailed:.2f} s ({tailed / row['fixed_s']:.2f}x)"
+
+
 def markdown(result: dict) -> str:
     lines = [f"# Building adaptive by call against fixed K: {result['device']}, jax {result['jax']}, {result['date']}",
              "", f"Kimi-K2.5 shapes, INT4 experts, batch 1, {result['context']}-token context, greedy, from shapes; "
@@ -209,9 +214,7 @@ def main(argv=None):
                     result["rows"].append(row)
                     print(f"{layers:3d} layers, autotuning {autotune}: fixed K={args.k} {row['fixed_s']:.2f} s, by "
                           f"call {row['per_call_s']:.2f} s ({row['per_call_s'] / row['fixed_s']:.2f}x)"
-                          + (f", with plain tails {row['per_call_tailed_s']:.2f} s "
-                             f"({row['per_call_tailed_s'] / row['fixed_s']:.2f}x)" if "per_call_tailed_s" in row else ""),
-                          flush=True)
+                          + _tailed_cells(row), flush=True)
                 write_report(result, Path(args.out), stem, markdown)  # a run cut short keeps what it measured
     return result
 
