@@ -99,12 +99,19 @@ def test_the_adaptive_build_bench_lowers_what_the_by_call_engine_compiles():
     specs += compile_adaptive.per_call_specs(spec_cfg, sw, state, steps, window, tails, PerCallPolicy().probe_every)
     specs += compile_adaptive.per_call_specs(spec_cfg, sw, state, (0,), window, (), 0)
     assert steps == (0, 1, 2) and len(specs) == 5
-    for fn, args, donate in specs:
-        assert "while" in jax.jit(fn, donate_argnums=donate).lower(*args).as_text()
+    whiles = [jax.jit(fn, donate_argnums=donate).lower(*args).as_text().count("stablehlo.while")
+              for fn, args, donate in specs]
+    assert min(whiles) >= 1
+    # the first run's set (no table yet): K = 1's loop without its plain tail (the tail's loop of plain steps)
+    untailed = compile_adaptive.per_call_specs(spec_cfg, sw, state, steps, window, (), PerCallPolicy().probe_every)
+    fn, args, donate = untailed[steps.index(1)]
+    assert tails == (1,) and whiles[1 + steps.index(1)] > jax.jit(
+        fn, donate_argnums=donate).lower(*args).as_text().count("stablehlo.while")
     text = compile_adaptive.markdown(dict(device="cpu", jax=jax.__version__, date="today", context=1024, k=2,
                                           steps=list(steps), cpus=2, errors=[],
-                                          rows=[dict(layers=3, autotune="cold", fixed_s=2.0, per_call_s=3.0)]))
-    assert "| 3 | cold | 2.00 | 3.00 | 1.50 | - |" in text
+                                          rows=[dict(layers=3, autotune="cold", fixed_s=2.0, per_call_s=3.0,
+                                                     per_call_tailed_s=5.0)]))
+    assert "| 3 | cold | 2.00 | 3.00 | 1.50 | 5.00 | 2.50 | - |" in text
 
 
 def test_the_adaptive_build_bench_builds_in_a_fresh_process_and_names_a_failed_build(tmp_path):
