@@ -129,12 +129,18 @@ class PerCallPolicy:
     def built_tails(self, k_max: int, costs_N, switch_s: float) -> tuple[int, ...]:
         """The K of `resolve_tails` whose loops are built with their plain tail under the cost table `costs_N`
         (seconds per cycle of each K of the set) and the price of one more call `switch_s`: all of them where a call
-        costs more than a plain step, else none. The tail saves one call at a switch to plain decoding and costs
-        its loop's build a plain step's target forward; where a call is cheaper than a step the saving is below a
-        step a switch."""
-        steps = self.resolve_steps(k_max)
+        costs more than a plain step (`call_outweighs_step`), else none. The tail saves one call at a switch to
+        plain decoding and costs its loop's build a plain step's target forward; where a call is cheaper than a step
+        the saving is below a step a switch."""
         tails = self.resolve_tails(k_max)
-        return tails if tails and switch_s > float(costs_N[steps.index(0)]) else ()
+        return tails if tails and call_outweighs_step(costs_N, self.resolve_steps(k_max), switch_s) else ()
+
+
+def call_outweighs_step(costs_N, steps: tuple[int, ...], switch_s: float) -> bool:
+    """Whether one more call costs more than a plain step under the cost table `costs_N` (seconds per cycle of each K
+    of `steps`; False without plain decoding in the set): a small model's regime, where the rule avoids calls (a
+    plain tail, wide stay bands); at depth a call is a fraction of a step."""
+    return 0 in steps and switch_s > float(costs_N[steps.index(0)])
 
 
 # What a call's leaving test reads besides the state, one float32 array (one transfer a call; an argument, so one

@@ -14,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import adaptive_costs
-from jaxspec.adaptive_calls import (FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ,
-                                    better_k, expected_tokens_BN, finish_times_N, observed_GN, plain_leave_remaining,
-                                    plain_loop, plain_to_the_end, probe_array, probe_loop, probe_observations,
-                                    read_plain_summary, rule_array, spec_loop, stay_band, to_plain, window_counts)
+from jaxspec.adaptive_calls import (FIRST_BLOCK, CallSummary, Pool, ProbeSummary, acceptance_BJ, better_k,
+                                    call_outweighs_step, expected_tokens_BN, finish_times_N, observed_GN,
+                                    plain_leave_remaining, plain_loop, plain_to_the_end, probe_array, probe_loop,
+                                    probe_observations, read_plain_summary, rule_array, spec_loop, stay_band, to_plain,
+                                    window_counts)
 from jaxspec.baseline_step import baseline_step
 from jaxspec.generation_result import AdaptiveReport, GenerationResult
 from jaxspec.sampling import SamplingParams
@@ -120,9 +121,18 @@ def _pool(engine, greedy: bool, j_max: int, window: int) -> Pool:
 
 def rule_inputs(run: Calls, k: int, remaining_B, live_B, policy, min_cycles: int, limit: int) -> np.ndarray:
     """The leaving test's inputs for a call of at most `limit` cycles at K (`stay_band` for windows of the call's
-    first test), one array (`rule_array`)."""
-    low, high, plain_high = stay_band(k, remaining_B, live_B, run.costs, run.steps, run.switch_s, policy.margin,
-                                      run.pool.hits, run.pool.trials, policy.prior, min(min_cycles, policy.window))
+    first test), one array (`rule_array`). Where a call costs no more than a plain step, the band's low edge is at
+    least where a full window would send the host to plain decoding: the first test's band, priced for its few
+    cycles, leans on the pool and the prior, and a K they made look good (K = 1 at an acceptance of 0.15 at
+    Kimi's depth) would otherwise run to the end of the batch though its window shows plain decoding faster. A
+    window that dips there on noise costs a call, which there is cheap; where a call is dear the band stays wide
+    (docs/performance.md, "A loop leaves for plain decoding on a full window's evidence")."""
+    args = (k, remaining_B, live_B, run.costs, run.steps, run.switch_s, policy.margin, run.pool.hits,
+            run.pool.trials, policy.prior)
+    low, high, plain_high = stay_band(*args, min(min_cycles, policy.window))
+    if not call_outweighs_step(run.costs, run.steps, run.switch_s):
+        full_window_plain = np.float32(stay_band(*args, policy.window)[2])
+        low = max(low, float(np.nextafter(full_window_plain, np.float32(np.inf))))  # that mean itself leaves
     return rule_array(low, high, min_cycles, limit, plain_high)
 
 

@@ -4,6 +4,7 @@ streamed run, and sampled output distributed as plain sampling."""
 
 import collections
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -95,6 +96,31 @@ def test_stay_band_holds_the_acceptance_where_k_is_best():
         PerCallPolicy(plain_tails=(4,)).validate(3)
     assert PerCallPolicy(steps=(1, 2), plain_tails=(1,)).resolve_tails(2) == ()  # no plain decoding to go on with
     assert PerCallPolicy(steps=(0, 2, 3), plain_tails=(1, 2)).compiled(3) == ((0, 2, 3), 32, (2,))
+
+
+def test_where_a_call_is_cheap_a_loop_leaves_for_plain_decoding_on_a_full_windows_evidence():
+    """The first test's band is priced for its few cycles against the pool and the prior; where one more call costs
+    no more than a plain step its low edge rises to where a full window would send the host to plain decoding, and
+    where a call is dear it stays as priced (a dip there costs more than a call's worth of steps)."""
+    from jaxspec.adaptive_calls import RULE_LOW, call_outweighs_step
+    from jaxspec.adaptive_calls_run import Calls, rule_inputs
+
+    steps, costs = (0, 1, 2, 3, 4), np.array([10.97, 13.95, 17.34, 21.29, 25.00]) * 1e-3  # 61 layers, one H200
+    policy = PerCallPolicy().validate(4)
+    pool = Pool(4, float(policy.window))
+    pool.add(np.array([[0.6, 0.09, 0.0, 0.0]]), np.array([[4.0, 0.6, 0.0, 0.0]]))  # 4 cycles of K = 2 at c ~ 0.15
+    remaining, live = np.array([120]), np.array([True])
+    band = functools.partial(stay_band, 1, remaining, live, costs, steps)
+    first = band(4e-3, policy.margin, pool.hits, pool.trials, policy.prior, policy.min_cycles)
+    full = band(4e-3, policy.margin, pool.hits, pool.trials, policy.prior, policy.window)
+    assert first[0] < 0.15 < full[2]  # a window mean of 0.15 keeps K = 1 at the first test's band, not at a full one
+    cheap = rule_inputs(Calls(steps, pool, costs, 4e-3), 1, remaining, live, policy, policy.min_cycles, 10**6)
+    assert not call_outweighs_step(costs, steps, 4e-3)
+    assert cheap[RULE_LOW] == pytest.approx(full[2], abs=1e-6) and cheap[RULE_LOW] > full[2]
+    dear = rule_inputs(Calls(steps, pool, costs, 12e-3), 1, remaining, live, policy, policy.min_cycles, 10**6)
+    assert call_outweighs_step(costs, steps, 12e-3)
+    assert dear[RULE_LOW] == pytest.approx(band(12e-3, policy.margin, pool.hits, pool.trials, policy.prior,
+                                                 policy.min_cycles)[0])
 
 
 # --- engines ------------------------------------------------------------------------------------------------

@@ -37,6 +37,19 @@ def test_the_host_rule_runs_over_the_simulated_calls():
     assert untailed["tokens_per_s"] < never["tokens_per_s"]  # which costs the price of one more call
 
 
+def test_at_depth_a_k_the_prior_made_look_good_does_not_run_to_the_end():
+    """61-layer costs (a call a third of a step) at a flat acceptance of 0.15: the prior's first call leaves, the
+    host's estimate, still leaning on the prior, may take K = 1, and its loop leaves once its window shows plain
+    decoding faster (with the first test's band alone it ran K = 1 to the end: 0.94 of plain decoding)."""
+    costs, policy = (10.97, 13.95, 17.34, 21.29, 25.00), PerCallPolicy().validate(4)
+    plain = fixed(flat(np.random.default_rng(0), 0.15), 0, costs, 128)
+    runs = [replay(flat(np.random.default_rng(seed), 0.15), policy, costs, 4.0, 128) for seed in range(40)]
+    longest_k1 = [max((len(r["ks"]) - i for i in range(len(r["ks"])) if r["ks"][i:] == [1] * (len(r["ks"]) - i)),
+                      default=0) for r in runs]
+    assert max(longest_k1) < 64  # no generation ends on a long run of K = 1
+    assert np.mean([r["tokens_per_s"] for r in runs]) > 0.96 * plain
+
+
 def test_the_command_line_writes_its_rows(tmp_path, capsys):
     main(["--acceptance", "0", "--seeds", "3", "--variants", '{"min 3": {"min_cycles": 3}}', "--out",
           str(tmp_path)])
