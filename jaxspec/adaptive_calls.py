@@ -27,7 +27,9 @@ one figure, kept in the loop's carry: the mean drafts accepted a cycle over the 
 against a band the host computed before the call (`stay_band`: the flat acceptances for which the host's own
 estimate and choice keep K). Where the host, weighing every position, keeps the K a call left anyway, the next call
 of that K waits twice as many cycles before its first test, so a band that is too narrow costs a few calls, not one
-every `min_cycles`.
+every `min_cycles`. Where a call costs no more than a plain step, the band's low edge is at least where a full
+window would send the host to plain decoding (`adaptive_calls_run.rule_inputs`), so a K that the pool and the prior
+made look good does not run to the end of the batch.
 
 Plain decoding and the draft. A plain step does not run the draft, so the draft's cache misses the positions it
 skipped. A plain call therefore keeps the draft current where speculation could still pay (`probe_loop`): after each
