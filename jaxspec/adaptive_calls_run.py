@@ -199,12 +199,11 @@ def _program_specs(engine, state, sp, greedy: bool, max_new_tokens: int, streame
 
 def _k_loop_spec(engine, state, sp, greedy: bool, max_new_tokens: int, k: int, tail: bool) -> tuple:
     """The `Engine._compile` spec of K's device loop (`spec_loop`), with its plain tail where `tail`."""
-    policy = engine.adaptive
-    _, window, _ = policy.compiled(engine.k)
-    fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=window, greedy=greedy,
+    compiled = engine.adaptive.compiled(engine.k)
+    fn = functools.partial(spec_loop, cfg=engine.cfg, k=k, window=compiled[1], greedy=greedy,
                            max_new_tokens=max_new_tokens, drafter=engine.drafter, plain_tail=tail)
     return (f"calls_loop_{k}" + ("_tail" if tail else ""), fn, {}, (engine.weights, state, sp, never_leaving(0)), (1,),
-            (greedy, max_new_tokens, policy.compiled(engine.k)))
+            (greedy, max_new_tokens, compiled))
 
 
 def _keyed(steps: tuple[int, ...], loops: list, engine, streamed: bool) -> dict:
@@ -297,7 +296,7 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
     early = {}
 
     def meanwhile(pending_state):
-        known = _known_costs(engine, pending_state, sampling.greedy, streamed)
+        known = early["known"]  # looked up from the state's shapes when its programs were specified (`specs`)
         if known is None:
             return
         early["run"] = run = _calls(engine, steps, window, sampling.greedy, *known[:2])
@@ -311,8 +310,8 @@ def _start(engine, prompts, max_new_tokens, sampling: SamplingParams, seed, stre
     def specs(shapes):
         # the loops compile beside the prefill, so the first call follows the prefill without a host gap; the plain
         # tails the cost table asks for where it is known already (`PerCallPolicy.built_tails`)
-        known = None if streamed else _known_costs(engine, shapes, sampling.greedy, streamed)
-        early["tails"] = () if known is None else policy.built_tails(engine.k, known[0], known[1])
+        early["known"] = known = _known_costs(engine, shapes, sampling.greedy, streamed)
+        early["tails"] = () if known is None or streamed else policy.built_tails(engine.k, known[0], known[1])
         return _program_specs(engine, shapes, sp, sampling.greedy, max_new_tokens, streamed, early["tails"])
 
     state, prefill_s, compile_s, lengths, *loops = engine._prefill(prompts, max_new_tokens, sampling, seed, True,
