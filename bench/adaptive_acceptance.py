@@ -13,8 +13,10 @@ rejected, so the report gives the acceptance each run measured beside the a it a
 
 a and the continuation are arguments of the compiled loops (one program per K for every a). Adaptive runs with
 the cost table measured on this device at start-up (`jaxspec.adaptive_costs.measure`) and `probe=False`: its
-free probe would measure the random EAGLE-3 draft, not this drafter. Per (K, a): the median over --repeats of the
-decode loop's wall time after one warm-up run. Writes adaptive-acceptance-<device>-<date>.json, .md and .png
+free probe would measure the random EAGLE-3 draft, not this drafter. Per a, plain decoding, each fixed K and
+adaptive by call take turns in --repeats rounds after a warm-up round (the order rotating each round; --vary-seed: a
+draw of the acceptances per round, the same for every engine of the round), each engine's median decode wall time,
+and adaptive's rate over the others' paired by round; the per-cycle kind times each (K, a) alone. Writes adaptive-acceptance-<device>-<date>.json, .md and .png
 (tokens/s against a) to --out.
 """
 
@@ -31,13 +33,15 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.cycle import spec_pair  # noqa: E402
-from bench.report import own_stem, publish, run_stamp  # noqa: E402
+from bench.report import fmt, own_stem, publish, run_stamp  # noqa: E402
+from bench.timing import paired_ratio  # noqa: E402
 from bench.step import bench_config, draw_weights  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy, adaptive_loop, forced_schedule, init_adaptive_state  # noqa: E402
 from jaxspec.adaptive_calls import RULE_FIELDS, Pool, PerCallPolicy, plain_loop, spec_loop, to_plain  # noqa: E402
@@ -159,9 +163,12 @@ def compiled_side_by_side(prompt, base_prefill, sprefill, base_loop, fixed: dict
     return built["base_prefill"], built["sprefill"], built["base_loop"], fixed, per_call
 
 
-def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain, tailed) -> dict:
-    """Adaptive by call at each a (`loops`, `plain`, `tailed`: `per_call_programs`): a fresh pool for every run (what
-    one `generate` process starts from)."""
+def sweep_per_call(args, log, sw, sprefill, base_prefill, base_loop, prompt, cont, decoded, fixed, loops, plain,
+                   tailed) -> dict:
+    """Per a, plain decoding, each fixed K and adaptive by call (`loops`, `plain`, `tailed`: `per_call_programs`;
+    a fresh pool for every run, what one `generate` process starts from) take turns in each of --repeats rounds
+    (`interleaved`), every engine of a round on the same draw of the drafter's acceptances: the comparison the table
+    makes is then between runs of the same moment, and `summary` pairs them by round."""
     policy = PerCallPolicy(steps=tuple(args.adaptive_steps), **({"min_cycles": args.min_cycles[0]}
                                                                  if args.min_cycles else {}))
     steps = policy.resolve_steps(max(args.adaptive_steps))
@@ -181,60 +188,108 @@ def sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, loops, plain,
                                                                        zip(steps, table.costs_s))
         + f"; one more call {1e3 * table.first_run_s:.3f} ms")
     tails = policy.built_tails(j_max, table.costs_s, table.first_run_s)
-    loops = {**loops, **{k: tailed[k] for k in tails}}  # compiled in the first row's warm-up
-    rows, variants = {}, {}
-    for a, m in [(a, m) for m in (args.min_cycles or [None]) for a in args.acceptance]:
-        if m is not None and m != policy.min_cycles:  # a variant's rows beside the first's
-            policy = dataclasses.replace(policy, min_cycles=m)
+    loops = {**loops, **{k: tailed[k] for k in tails}}  # compiled in the first round's warm-up
+
+    def by_call(a: float, min_cycles: int) -> tuple[Contender, list]:
+        """Adaptive by call at `a` with its first test after `min_cycles` cycles, and the list its runs' `Calls`
+        go to."""
+        pol = dataclasses.replace(policy, min_cycles=min_cycles)
         made = []
 
         def start(rep):
             """The prefilled state; beside it, the generation's first choice and rule (`Engine.generate` computes
             them while the device prefills, so they are not the decode's time)."""
-            calls = Calls(steps, Pool(j_max, policy.window), np.asarray(table.costs_s, np.float32),
-                          table.first_run_s)
-            made.append((calls, first_call(calls, policy, args.batch, args.max_new_tokens)))
+            calls = Calls(steps, Pool(j_max, pol.window), np.asarray(table.costs_s, np.float32), table.first_run_s)
+            made.append((calls, first_call(calls, pol, args.batch, args.max_new_tokens)))
             return sprefill(*keyed(prompt, rep, args.vary_seed))
 
         def run(s):
             calls, first = made[-1]
             out, *_ = drive(s, lambda k, st, r: loops[k](sw, st, r, np.float32(a), cont),
-                            lambda st: plain(sw, st, np.int32(NO_LIMIT)), calls, policy, args.max_new_tokens, first)
+                            lambda st: plain(sw, st, np.int32(NO_LIMIT)), calls, pol, args.max_new_tokens, first)
             return out
+        return Contender(start, run), made
 
-        seconds, out = _timed(start, run, args.repeats)
-        made[-1][0].settle(policy, None)  # the last call's cycles, tallied after the timing as the engine does
-        ks = made[-1][0].k_per_cycle
-        got = {"tokens_per_s": decoded / seconds, "k_histogram": {str(k): ks.count(k) for k in steps},
-               "calls": made[-1][0].calls,
-               "same_tokens": bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==
-                                           cont[:, : args.max_new_tokens]))}
-        first = m is None or m == args.min_cycles[0]
-        (rows if first else variants.setdefault(str(m), {}))[a] = got
-        log(f"adaptive (per call, first test after {policy.min_cycles} cycles) a={a}: {decoded / seconds:.1f} tok/s, "
-            f"K chosen {got['k_histogram']} in {got['calls']} calls")
+    def fixed_k(a: float, k: int, seen: list) -> Contender:
+        return Contender(lambda rep: sprefill(*keyed(prompt, rep, args.vary_seed)),
+                         lambda s: fixed[k](sw, s, np.float32(a), cont),
+                         lambda o: seen.append(_acceptance(o.accepted_log, k)))
+
+    firsts = args.min_cycles or [policy.min_cycles]
+    rows = {"K=0": {"acceptance": None, "by_a": {}, "rounds": {}}, **{f"K={k}": {} for k in fixed}, "adaptive": {}}
+    variants = {}
+    same = lambda out: bool(jnp.all(out.out_tokens[:, : args.max_new_tokens] ==  # noqa: E731
+                                    cont[:, : args.max_new_tokens]))
+    for a in args.acceptance:
+        seen = {k: [] for k in fixed}
+        contenders = {"K=0": Contender(lambda rep: base_prefill(*prompt), lambda s: base_loop(sw, s))}
+        contenders.update({f"K={k}": fixed_k(a, k, seen[k]) for k in fixed})
+        adaptive = {m: by_call(a, m) for m in firsts}
+        contenders.update({f"adaptive {m}": c for m, (c, _) in adaptive.items()})
+        times, outs = interleaved(contenders, args.repeats)
+        rates = {name: [decoded / t for t in ts] for name, ts in times.items()}
+        rows["K=0"]["by_a"][a], rows["K=0"]["rounds"][a] = statistics.median(rates["K=0"]), rates["K=0"]
+        for k in fixed:
+            name = f"K={k}"
+            rows[name][a] = {"tokens_per_s": statistics.median(rates[name]), "rounds": rates[name],
+                             "acceptance": _mean(seen[k]), "same_tokens": same(outs[name])}
+            log(f"{name} a={a}: {rows[name][a]['tokens_per_s']:.1f} tok/s, measured acceptance "
+                f"{rows[name][a]['acceptance']}")
+        for m, (_, made) in adaptive.items():
+            made[-1][0].settle(dataclasses.replace(policy, min_cycles=m), None)  # its last run's last call, as
+            ks = made[-1][0].k_per_cycle  # the engine tallies it: after the timing
+            name = f"adaptive {m}"
+            got = {"tokens_per_s": statistics.median(rates[name]), "rounds": rates[name],
+                   "k_histogram": {str(k): ks.count(k) for k in steps}, "calls": made[-1][0].calls,
+                   "same_tokens": same(outs[name])}
+            (rows["adaptive"] if m == firsts[0] else variants.setdefault(str(m), {}))[a] = got
+            log(f"adaptive (per call, first test after {m} cycles) a={a}: {got['tokens_per_s']:.1f} tok/s, "
+                f"K chosen {got['k_histogram']} in {got['calls']} calls; plain decoding "
+                f"{rows['K=0']['by_a'][a]:.1f} tok/s in the same rounds")
+    rows["K=0"]["tokens_per_s"] = statistics.median([r for a in args.acceptance for r in rows["K=0"]["rounds"][a]])
     return dict(rows=rows, costs_ms={str(k): 1e3 * c for k, c in zip(steps, table.costs_s)},
                 first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps), plain_tails=list(tails),
-                min_cycles=(args.min_cycles or [PerCallPolicy.min_cycles])[0],
-                min_cycles_variants=variants or None)
+                min_cycles=firsts[0], min_cycles_variants=variants or None, adaptive_kind="per_call",
+                interleaved=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    """One engine of a round: `start(rep)` its prefilled state for round `rep` (not timed), `run(state)` its decode,
+    `seen(out)` what a timed run's output tells (None: nothing)."""
+    start: Callable
+    run: Callable
+    seen: Callable | None = None
+
+
+def interleaved(contenders: dict, repeats: int) -> tuple[dict, dict]:
+    """Each contender's wall times of `run(start(rep))` (a decode loop on a fresh prefilled state, until its tokens
+    are on the host as `Engine.generate` times it) over `repeats` rounds after a warm-up round (rep 0), every
+    contender once a round in an order rotated by one each round, so a drift of the device's speed falls on all of
+    them alike; and each one's last output."""
+    names = list(contenders)
+    times, outs = {name: [] for name in names}, {}
+    for rep in range(repeats + 1):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            c = contenders[name]
+            state = c.start(rep)
+            jax.block_until_ready(state)
+            t0 = time.perf_counter()
+            out = c.run(state)
+            jax.device_get((out.generated, out.out_tokens))
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+                if c.seen is not None:
+                    c.seen(out)
+            outs[name] = out
+    return times, outs
 
 
 def _timed(start, run, repeats: int, observe=None):
-    """Median wall time of `run(start(rep))` (a decode loop on a fresh prefilled state for repeat `rep`, the prefill
-    not timed, until its tokens are on the host as `Engine.generate` times it) over `repeats` after one warm-up
-    (rep 0); and the last state it returned. `observe(state)` sees every timed repeat's output."""
-    times = []
-    for rep in range(repeats + 1):
-        state = start(rep)
-        jax.block_until_ready(state)
-        t0 = time.perf_counter()
-        out = run(state)
-        jax.device_get((out.generated, out.out_tokens))
-        if rep:
-            times.append(time.perf_counter() - t0)
-            if observe is not None:
-                observe(out)
-    return statistics.median(times), out
+    """Median wall time of one engine alone (`interleaved`) and its last output."""
+    times, outs = interleaved({"": Contender(start, run, observe)}, repeats)
+    return statistics.median(times[""]), outs[""]
 
 
 def keyed(prompt: tuple, rep: int, vary: bool) -> tuple:
@@ -300,6 +355,10 @@ def sweep(args, log) -> dict:
         rows["K=0"]["chain_holds"] = float(np.mean(got == np.stack(expect, axis=1)))
         log(f"chained target: {rows['K=0']['chain_holds']:.3f} of plain decoding's tokens follow the chain")
     log(f"K=0 (plain decoding): {decoded / seconds:.1f} tok/s")
+    if args.adaptive_kind == "per_call":
+        got = sweep_per_call(args, log, sw, sprefill, base_prefill, base_loop, prompt, cont, decoded, fixed, *per_call)
+        got["rows"]["K=0"].update({k: v for k, v in rows["K=0"].items() if k == "chain_holds"})
+        return got
     for k, loop in fixed.items():
         rows[f"K={k}"] = {}
         for a in args.acceptance:
@@ -312,10 +371,6 @@ def sweep(args, log) -> dict:
                                                              cont[:, : args.max_new_tokens]))}
             log(f"K={k} a={a}: {decoded / seconds:.1f} tok/s, measured acceptance {rows[f'K={k}'][a]['acceptance']}")
 
-    if args.adaptive_kind == "per_call":
-        got = sweep_per_call(args, log, sw, sprefill, prompt, cont, decoded, *per_call)
-        rows["adaptive"] = got.pop("rows")
-        return dict(rows=rows, adaptive_kind="per_call", **got)
     aux_width = len(spec_cfg.target.aux_layer_ids) * spec_cfg.target.hidden_size
     start = lambda table, rep=0: init_adaptive_state(sprefill(*keyed(prompt, rep, args.vary_seed)),  # noqa: E731
                                                      aux_width, steps, policy, *table)
@@ -347,20 +402,36 @@ def sweep(args, log) -> dict:
                 first_run_ms=1e3 * table.first_run_s, adaptive_steps=list(steps))
 
 
+def _at(by_a: dict, a: float):
+    """The entry for acceptance `a` of a row, whether its keys are floats (a sweep's own result) or their strings
+    (the result read back from its JSON)."""
+    return by_a[a] if a in by_a else by_a[str(a)]
+
+
 def summary(result: dict) -> list[dict]:
-    """Per a: tok/s of each fixed K (K = 0 does not depend on a) and adaptive, the best fixed K, adaptive / best."""
+    """Per a: tok/s of each fixed K and adaptive, the best fixed K, adaptive / best and / plain. Plain decoding does
+    not depend on a; an interleaved sweep timed it in each a's rounds, and its figure there is the one compared.
+    Where the rounds were kept, `..._paired`: the median over rounds of adaptive's rate over the other's in the same
+    round (`paired_ratio`)."""
     rows = result["rows"]
     out = []
     for a in result["acceptance"]:
-        fixed = {"K=0": rows["K=0"]["tokens_per_s"]}
-        fixed.update({name: r[a]["tokens_per_s"] for name, r in rows.items() if name not in ("K=0", "adaptive")})
+        plain = rows["K=0"]
+        fixed = {"K=0": _at(plain["by_a"], a) if plain.get("by_a") else plain["tokens_per_s"]}
+        fixed.update({name: _at(r, a)["tokens_per_s"] for name, r in rows.items() if name not in ("K=0", "adaptive")})
+        rounds = {"K=0": _at(plain["rounds"], a) if plain.get("rounds") else None}
+        rounds.update({name: _at(r, a).get("rounds") for name, r in rows.items() if name not in ("K=0", "adaptive")})
         best = max(fixed, key=fixed.get)
-        ad = rows["adaptive"][a]["tokens_per_s"]
-        out.append(dict(a=a, fixed=fixed, adaptive=ad, best=best, adaptive_over_best=ad / fixed[best],
-                        adaptive_over_plain=ad / fixed["K=0"]))
+        ad = _at(rows["adaptive"], a)
+        paired = lambda other: (paired_ratio(ad["rounds"], rounds[other])  # noqa: E731
+                                if ad.get("rounds") and rounds[other] else None)
+        out.append(dict(a=a, fixed=fixed, adaptive=ad["tokens_per_s"], best=best,
+                        adaptive_over_best=ad["tokens_per_s"] / fixed[best],
+                        adaptive_over_plain=ad["tokens_per_s"] / fixed["K=0"],
+                        adaptive_over_best_paired=paired(best), adaptive_over_plain_paired=paired("K=0")))
         variants = result.get("min_cycles_variants") or {}
         if variants:  # adaptive with another first test, over the same best
-            out[-1]["by_min_cycles"] = {m: v[a]["tokens_per_s"] / fixed[best] for m, v in variants.items()}
+            out[-1]["by_min_cycles"] = {m: _at(v, a)["tokens_per_s"] / fixed[best] for m, v in variants.items()}
     return out
 
 
@@ -374,32 +445,37 @@ def markdown(result: dict) -> str:
         f"on-device loop; controllable drafter (bench/adaptive_acceptance.py). Adaptive "
         f"{result.get('adaptive_kind', 'per_cycle')}, K set "
         f"{result['adaptive_steps']}, cost table (ms/cycle, measured here): {result['costs_ms']}. "
-        f"Median of {result['repeats']} runs"
-        + (", each with its own draw of the drafter's acceptances (the measured acceptance: their mean)"
-           if result.get("vary_seed") else "") + f". Target: {result.get('target', 'random')}"
+        + (f"Plain decoding, each fixed K and adaptive take turns in {result['repeats']} rounds per a (after a "
+           "warm-up round, the order rotating), each engine's median" if result.get("interleaved")
+           else f"Median of {result['repeats']} runs")
+        + ((", each round its own draw of the drafter's acceptances, the same for every engine of the round"
+            if result.get("interleaved") else ", each with its own draw of the drafter's acceptances")
+           + " (the measured acceptance: their mean)" if result.get("vary_seed") else "") + f". Target: {result.get('target', 'random')}"
         + (f" ({result['rows']['K=0']['chain_holds']:.3f} of plain decoding's tokens follow its chain)"
            if 'chain_holds' in result['rows']['K=0'] else "") + ".", "",
         "| a | " + " | ".join(f"{n} tok/s" for n in names) + " | adaptive tok/s | best fixed | adaptive / best | "
-        "adaptive K histogram |",
-        "|---" * (len(names) + 5) + "|",
+        "the two, paired by round | adaptive K histogram |",
+        "|---" * (len(names) + 6) + "|",
     ]
     for row in summary(result):
-        hist = result["rows"]["adaptive"][row["a"]]["k_histogram"]
+        hist = _at(result["rows"]["adaptive"], row["a"])["k_histogram"]
         lines.append(f"| {row['a']} | " + " | ".join(f"{row['fixed'][n]:.1f}" for n in names)
-                     + f" | {row['adaptive']:.1f} | {row['best']} | {row['adaptive_over_best']:.3f} | {hist} |")
+                     + f" | {row['adaptive']:.1f} | {row['best']} | {row['adaptive_over_best']:.3f} | "
+                     f"{fmt(row['adaptive_over_best_paired'])} | {hist} |")
     variants = result.get("min_cycles_variants") or {}
     if variants:
         lines += ["", f"Adaptive over the best fixed K with its first test after {result['min_cycles']} cycles (above) "
                   "and after other counts (the K histogram in brackets):", ""]
         for row in summary(result):
-            others = "; ".join(f"{m} cycles {r:.3f} {variants[m][row['a']]['k_histogram']}"
+            others = "; ".join(f"{m} cycles {r:.3f} {_at(variants[m], row['a'])['k_histogram']}"
                                for m, r in row["by_min_cycles"].items())
             lines.append(f"- a = {row['a']}: {result['min_cycles']} cycles {row['adaptive_over_best']:.3f}; {others}")
     lines += ["", "Measured conditional acceptance per fixed K (asked a -> measured):", ""]
     for name, r in result["rows"].items():
         if name not in ("K=0", "adaptive"):
-            lines.append(f"- {name}: " + ", ".join(f"{a} -> {r[a]['acceptance']:.3f}" if r[a]["acceptance"] is not None
-                                                   else f"{a} -> -" for a in result["acceptance"]))
+            seen = {a: _at(r, a)["acceptance"] for a in result["acceptance"]}
+            lines.append(f"- {name}: " + ", ".join(f"{a} -> {seen[a]:.3f}" if seen[a] is not None else f"{a} -> -"
+                                                   for a in result["acceptance"]))
     return "\n".join(lines) + "\n"
 
 

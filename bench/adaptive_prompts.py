@@ -28,6 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from bench.projection import load_json  # noqa: E402
 from bench.report import publish, run_stamp  # noqa: E402
+from bench.timing import paired_ratio  # noqa: E402
 from convert.checkpoint import load_draft, load_target  # noqa: E402
 from jaxspec.adaptive import AdaptivePolicy  # noqa: E402
 from jaxspec.adaptive_calls import PerCallPolicy  # noqa: E402
@@ -111,14 +112,6 @@ def best_copy_over_best(rounds_by_engine: dict) -> float | None:
         best = max(medians, key=medians.get)
         scores.append(statistics.median(rounds_by_engine[best][score::2]) / medians[best])
     return statistics.mean(scores)
-
-
-def paired_ratio(rounds: list[float], against: list[float]) -> float | None:
-    """Median over rounds of one engine's rate over another's in the same round. A round runs every engine once, in
-    a rotated order, so a slow moment of the host or device falls on both of a pair and divides out, where a ratio
-    of medians keeps it. None without rounds."""
-    ratios = [a / b for a, b in zip(rounds, against) if b > 0]
-    return statistics.median(ratios) if ratios else None
 
 
 def summarise(row: dict) -> dict:

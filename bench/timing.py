@@ -40,6 +40,14 @@ def median_ms(run, warmup: int = 3, iters: int = 20, wait=jax.block_until_ready)
 LOOP_WARMUP = 2  # calls of a device loop before timing
 
 
+def paired_ratio(rounds: list[float], against: list[float]) -> float | None:
+    """Median over rounds of one engine's rate over another's in the same round. A round runs every engine once, in
+    a rotated order, so a slow moment of the host or device falls on both of a pair and divides out, where a ratio
+    of medians keeps it. None without rounds."""
+    ratios = [a / b for a, b in zip(rounds, against) if b > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def summarize_rounds(row: dict, floor_ms: float) -> str:
     """A lab row timed in round-robin rounds (`row["round_ms"]`): set its median `ms` and `ratio` to `floor_ms`, and
     return "<median> us  floor <floor> us  x<ratio>" for the log line."""

@@ -3,6 +3,7 @@ drafter; JSON, markdown and the plot) and bench.adaptive_prompts (the embedded p
 
 import functools
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -132,6 +133,39 @@ def test_the_sweep_reports_other_first_tests_beside_the_tables_adaptive():
     result.update(device="cpu", jax="x", date="d", layers=3, tiny=True, batch=1, prompt_tokens=8, max_new_tokens=8,
                   repeats=1, adaptive_steps=[0, 1], costs_ms={})
     assert "- a = 0.5: 4 cycles 0.980; 2 cycles 0.800 {'0': 9, '1': 0}" in adaptive_acceptance.markdown(result)
+
+
+def test_interleaved_rounds_rotate_the_engines_after_an_untimed_warm_up():
+    order = []
+
+    def contender(name):
+        out = types.SimpleNamespace(generated=jnp.zeros(1), out_tokens=jnp.zeros(1))
+        return adaptive_acceptance.Contender(lambda rep: jnp.full((), rep), lambda s: order.append((name, int(s)))
+                                             or out, lambda o: order.append((name, "seen")))
+
+    times, outs = adaptive_acceptance.interleaved({n: contender(n) for n in "abc"}, repeats=3)
+    runs = [o for o in order if o[1] != "seen"]
+    assert [n for n, _ in runs] == list("abc" "bca" "cab" "abc")  # each round starts one later
+    assert [rep for _, rep in runs] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    assert order[:3] == [("a", 0), ("b", 0), ("c", 0)]  # the warm-up round is neither timed nor seen
+    assert all(len(t) == 3 for t in times.values()) and sum(o[1] == "seen" for o in order) == 9
+    assert set(outs) == set("abc")
+
+
+def test_an_interleaved_sweep_compares_adaptive_with_plain_of_its_own_rounds_and_pairs_them():
+    # plain decoding ran slower in a = 0.5's rounds (100) than over the sweep (110): adaptive is held to the 100
+    rows = {"K=0": {"tokens_per_s": 110.0, "by_a": {0.5: 100.0}, "rounds": {0.5: [100.0, 50.0, 100.0]}},
+            "K=1": {0.5: {"tokens_per_s": 90.0, "rounds": [90.0, 45.0, 90.0], "acceptance": 0.5}},
+            "adaptive": {0.5: {"tokens_per_s": 96.0, "rounds": [98.0, 49.0, 96.0], "k_histogram": {"0": 9}}}}
+    result = dict(acceptance=[0.5], rows=rows, device="cpu", jax="x", date="d", layers=3, tiny=True, batch=1,
+                  prompt_tokens=8, max_new_tokens=8, repeats=3, adaptive_steps=[0, 1], costs_ms={}, interleaved=True)
+    (row,) = adaptive_acceptance.summary(result)
+    assert row["best"] == "K=0" and row["adaptive_over_best"] == pytest.approx(0.96)
+    assert row["adaptive_over_best_paired"] == row["adaptive_over_plain_paired"] == pytest.approx(0.98)
+    # read back from its JSON (the a's are strings there): the same table
+    again = json.loads(json.dumps(result))
+    assert adaptive_acceptance.summary(again)[0]["adaptive_over_best_paired"] == pytest.approx(0.98)
+    assert "| 0.5 | 100.0 | 90.0 | 96.0 | K=0 | 0.960 | 0.980 |" in adaptive_acceptance.markdown(again)
 
 
 def test_summarise_names_a_file_it_cannot_read(tmp_path):
