@@ -16,8 +16,8 @@ the cost table measured on this device at start-up (`jaxspec.adaptive_costs.meas
 free probe would measure the random EAGLE-3 draft, not this drafter. Per a, plain decoding, each fixed K and
 adaptive by call take turns in --repeats rounds after a warm-up round (the order rotating each round; --vary-seed: a
 draw of the acceptances per round, the same for every engine of the round), each engine's median decode wall time,
-and adaptive's rate over the others' paired by round; the per-cycle kind times each (K, a) alone. Writes adaptive-acceptance-<device>-<date>.json, .md and .png
-(tokens/s against a) to --out.
+and adaptive's rate over the others' paired by round; the per-cycle kind times each (K, a) alone. Writes
+adaptive-acceptance-<device>-<date>.json, .md and .png (tokens/s against a) to --out.
 """
 
 from __future__ import annotations
@@ -450,7 +450,8 @@ def markdown(result: dict) -> str:
            else f"Median of {result['repeats']} runs")
         + ((", each round its own draw of the drafter's acceptances, the same for every engine of the round"
             if result.get("interleaved") else ", each with its own draw of the drafter's acceptances")
-           + " (the measured acceptance: their mean)" if result.get("vary_seed") else "") + f". Target: {result.get('target', 'random')}"
+           + " (the measured acceptance: their mean)" if result.get("vary_seed") else "")
+        + f". Target: {result.get('target', 'random')}"
         + (f" ({result['rows']['K=0']['chain_holds']:.3f} of plain decoding's tokens follow its chain)"
            if 'chain_holds' in result['rows']['K=0'] else "") + ".", "",
         "| a | " + " | ".join(f"{n} tok/s" for n in names) + " | adaptive tok/s | best fixed | adaptive / best | "
