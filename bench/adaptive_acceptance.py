@@ -287,9 +287,9 @@ def interleaved(contenders: dict, repeats: int) -> tuple[dict, dict]:
 
 
 def _timed(start, run, repeats: int, observe=None):
-    """Median wall time of one engine alone (`interleaved`) and its last output."""
+    """Median wall time of one engine alone (`interleaved`; None with no timed repeat) and its last output."""
     times, outs = interleaved({"": Contender(start, run, observe)}, repeats)
-    return statistics.median(times[""]), outs[""]
+    return statistics.median(times[""]) if times[""] else None, outs[""]
 
 
 def keyed(prompt: tuple, rep: int, vary: bool) -> tuple:
@@ -343,9 +343,13 @@ def sweep(args, log) -> dict:
         prompt, base_prefill, sprefill, base_loop, fixed, per_call)
     log(f"programs compiled side by side in {time.perf_counter() - t0:.1f} s")
 
-    seconds, plain = _timed(lambda rep: base_prefill(*prompt), lambda s: base_loop(sw, s), args.repeats)
+    # plain decoding's continuation, the controllable drafter's truth; the by-call sweep times plain decoding in
+    # every round beside the others, so it runs it once here, untimed
+    by_call = args.adaptive_kind == "per_call"
+    seconds, plain = _timed(lambda rep: base_prefill(*prompt), lambda s: base_loop(sw, s), 0 if by_call else
+                            args.repeats)
     cont = plain.out_tokens
-    rows = {"K=0": {"tokens_per_s": decoded / seconds, "acceptance": None}}
+    rows = {"K=0": {"tokens_per_s": None if by_call else decoded / seconds, "acceptance": None}}
     if args.target == "chained":  # the share of plain decoding's tokens that follow f (1.0: the chain holds)
         expect, last = [], tokens[:, args.prompt_tokens - 1]
         for _ in range(args.max_new_tokens):
@@ -354,11 +358,11 @@ def sweep(args, log) -> dict:
         got = np.asarray(cont)[:, : args.max_new_tokens]
         rows["K=0"]["chain_holds"] = float(np.mean(got == np.stack(expect, axis=1)))
         log(f"chained target: {rows['K=0']['chain_holds']:.3f} of plain decoding's tokens follow the chain")
-    log(f"K=0 (plain decoding): {decoded / seconds:.1f} tok/s")
-    if args.adaptive_kind == "per_call":
+    if by_call:
         got = sweep_per_call(args, log, sw, sprefill, base_prefill, base_loop, prompt, cont, decoded, fixed, *per_call)
         got["rows"]["K=0"].update({k: v for k, v in rows["K=0"].items() if k == "chain_holds"})
         return got
+    log(f"K=0 (plain decoding): {decoded / seconds:.1f} tok/s")
     for k, loop in fixed.items():
         rows[f"K={k}"] = {}
         for a in args.acceptance:
